@@ -1,0 +1,1 @@
+//! Kiln end-to-end test harness.

@@ -1,0 +1,1 @@
+//! Kiln Grafana datasource plugin.

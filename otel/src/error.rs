@@ -1,0 +1,32 @@
+//! Errors of the profile formats. Every variant is the client's mistake: the gateway maps them
+//! to 400, except [`Error::TooLarge`], which is 413.
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A profile that cannot be accepted, with the reason a client can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The body, once decompressed, is larger than the configured limit.
+    #[error("decompressed profile exceeds the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    /// The gzip stream is corrupt or truncated.
+    #[error("invalid gzip data: {0}")]
+    Gzip(String),
+    /// The protobuf does not decode.
+    #[error("invalid pprof protobuf: {0}")]
+    Protobuf(String),
+    /// The profile decodes but breaks a rule of the format.
+    #[error("invalid profile: {0}")]
+    Invalid(String),
+    /// A text profile line cannot be parsed.
+    #[error("invalid {format} profile at line {line}: {reason}")]
+    Text {
+        format: &'static str,
+        line: usize,
+        reason: String,
+    },
+    /// The `name` parameter or a label is malformed.
+    #[error("invalid labels: {0}")]
+    Labels(String),
+}

@@ -1,0 +1,26 @@
+//! Profile formats for Kiln.
+//!
+//! Everything a profile goes through between the wire and the storage engine:
+//!
+//! ```text
+//!  bytes ──► decompress (bounded) ──► pprof decode / folded / lines parse
+//!        ──► normalize (one series per sample type, labels, span ids, merge) ──► NormalizedProfile
+//! ```
+//!
+//! The output, [`model::NormalizedProfile`], carries resolved symbols (functions, locations,
+//! mappings) and, for every series, its label set, profile type and samples with location stacks.
+
+pub mod compress;
+pub mod error;
+pub mod folded;
+pub mod labels;
+pub mod model;
+pub mod normalize;
+pub mod pprof;
+
+pub use error::{Error, Result};
+pub use model::{
+    Function, Labels, Line, Location, Mapping, NormalizedProfile, ProfileType, Sample, Series,
+    Symbols,
+};
+pub use normalize::{IngestMeta, NormalizeLimits};

@@ -1,0 +1,237 @@
+//! The normalized profile: what the gateway hands to the storage engine.
+
+use std::fmt;
+
+/// Label name of the profile name (the first part of a profile type id).
+pub const LABEL_NAME: &str = "__name__";
+/// Label name of the service.
+pub const LABEL_SERVICE_NAME: &str = "service_name";
+/// Label that carries the profile type id in selectors.
+pub const LABEL_PROFILE_TYPE: &str = "__profile_type__";
+/// Service name used when a profile names none.
+pub const UNKNOWN_SERVICE: &str = "unknown_service";
+
+/// A sorted, de-duplicated label set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Labels(Vec<(String, String)>);
+
+impl Labels {
+    /// Builds a label set; later pairs win over earlier ones with the same name, empty values
+    /// are dropped (an empty value means "no such label", as in Prometheus).
+    pub fn from_pairs<I, K, V>(pairs: I) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let mut out = Self::default();
+        for (k, v) in pairs {
+            out.set(k.into(), v.into());
+        }
+        out
+    }
+
+    /// Sets `name` to `value`, replacing an existing value; an empty value removes the label.
+    pub fn set(&mut self, name: String, value: String) {
+        match self.0.binary_search_by(|(k, _)| k.as_str().cmp(&name)) {
+            Ok(i) if value.is_empty() => {
+                self.0.remove(i);
+            }
+            Ok(i) => self.0[i].1 = value,
+            Err(_) if value.is_empty() => {}
+            Err(i) => self.0.insert(i, (name, value)),
+        }
+    }
+
+    /// Sets `name` only when it is absent.
+    pub fn set_default(&mut self, name: &str, value: &str) {
+        if self.get(name).is_none() {
+            self.set(name.to_owned(), value.to_owned());
+        }
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
+            .ok()
+            .map(|i| self.0[i].1.as_str())
+    }
+
+    /// Removes `name`, returning its value.
+    pub fn remove(&mut self, name: &str) -> Option<String> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(name))
+            .ok()
+            .map(|i| self.0.remove(i).1)
+    }
+
+    /// Pairs in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Number of labels.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there is no label.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("{")?;
+        for (i, (k, v)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}={v:?}")?;
+        }
+        f.write_str("}")
+    }
+}
+
+/// A profile type: `name:sample_type:sample_unit:period_type:period_unit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProfileType {
+    pub name: String,
+    pub sample_type: String,
+    pub sample_unit: String,
+    pub period_type: String,
+    pub period_unit: String,
+}
+
+impl ProfileType {
+    /// The id Pyroscope uses on the wire.
+    pub fn id(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}",
+            self.name, self.sample_type, self.sample_unit, self.period_type, self.period_unit
+        )
+    }
+
+    /// Parses an id with five parts (a sixth, `delta`, is accepted and ignored, as Pyroscope does).
+    pub fn parse(id: &str) -> Option<Self> {
+        let parts: Vec<&str> = id.split(':').collect();
+        if parts.len() != 5 && parts.len() != 6 {
+            return None;
+        }
+        if parts[0].is_empty() || parts[1].is_empty() {
+            return None;
+        }
+        Some(Self {
+            name: parts[0].to_owned(),
+            sample_type: parts[1].to_owned(),
+            sample_unit: parts[2].to_owned(),
+            period_type: parts[3].to_owned(),
+            period_unit: parts[4].to_owned(),
+        })
+    }
+}
+
+/// A function, with its strings resolved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub name: String,
+    pub system_name: String,
+    pub filename: String,
+    pub start_line: i64,
+}
+
+/// A binary mapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    pub memory_start: u64,
+    pub memory_limit: u64,
+    pub file_offset: u64,
+    pub filename: String,
+    pub build_id: String,
+    pub has_functions: bool,
+}
+
+/// One line of a location: a function (index into [`Symbols::functions`]) and a line number.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Line {
+    pub function: u32,
+    pub line: i64,
+}
+
+/// A code location. Several lines mean inlined frames, innermost first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Location {
+    /// Index into [`Symbols::mappings`].
+    pub mapping: Option<u32>,
+    pub address: u64,
+    pub lines: Vec<Line>,
+}
+
+/// The symbol tables a profile's stacks point into.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Symbols {
+    pub functions: Vec<Function>,
+    pub locations: Vec<Location>,
+    pub mappings: Vec<Mapping>,
+}
+
+impl Symbols {
+    /// Frame names of a stack of location indices, leaf first, inlined frames expanded.
+    pub fn frame_names<'a>(&'a self, stack: &'a [u32]) -> impl Iterator<Item = &'a str> + 'a {
+        stack.iter().flat_map(move |&loc| {
+            let loc = &self.locations[loc as usize];
+            loc.lines
+                .iter()
+                .map(move |line| self.functions[line.function as usize].name.as_str())
+        })
+    }
+}
+
+/// One stack sample of one series.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Location indices into [`Symbols::locations`], leaf first.
+    pub stack: Vec<u32>,
+    pub value: i64,
+    /// Span id as Pyroscope reads it (8 bytes, little-endian); 0 means none.
+    pub span_id: u64,
+    /// Trace id, when the sample carries one.
+    pub trace_id: Option<[u8; 16]>,
+    /// Sample time in Unix nanoseconds; 0 means the profile's time.
+    pub timestamp_nanos: i64,
+}
+
+/// One series of a profile: a label set, a profile type and its samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Series {
+    /// Series labels, including `__name__` and `service_name`.
+    pub labels: Labels,
+    pub profile_type: ProfileType,
+    /// Profile time in Unix nanoseconds.
+    pub time_nanos: i64,
+    pub duration_nanos: i64,
+    pub samples: Vec<Sample>,
+}
+
+impl Series {
+    /// Sum of the sample values.
+    pub fn total(&self) -> i64 {
+        self.samples.iter().map(|s| s.value).sum()
+    }
+}
+
+/// A decoded, validated and normalized profile.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NormalizedProfile {
+    pub symbols: Symbols,
+    pub series: Vec<Series>,
+}
+
+impl NormalizedProfile {
+    /// Number of samples over all series.
+    pub fn sample_count(&self) -> usize {
+        self.series.iter().map(|s| s.samples.len()).sum()
+    }
+}

@@ -1,0 +1,418 @@
+//! pprof → [`NormalizedProfile`], following Pyroscope's rules so totals match:
+//!
+//! - one series per sample type, profile type id `name:type:unit:period_type:period_unit`;
+//! - `__name__` from the request, else derived from the sample types; `service_name` from the
+//!   request, else `unknown_service`;
+//! - per-sample string labels become series labels, except `span_id`/`profile_id` and `trace_id`,
+//!   which stay per sample; numeric labels are dropped;
+//! - samples with a negative value are dropped, zero values are skipped, duplicate stacks (same
+//!   span and trace) are summed;
+//! - `time_nanos` of 0 or in 1970 is replaced by the request's time;
+//! - stacks deeper than the limit are truncated, keeping the root side.
+
+use std::collections::HashMap;
+
+use kiln_proto::google::v1 as pprof;
+
+use crate::labels::{LabelLimits, validate_series_labels};
+use crate::model::{
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
+    ProfileType, Sample, Series, Symbols, UNKNOWN_SERVICE,
+};
+use crate::{Error, Result};
+
+/// Per-sample labels that carry a span id (`profile_id` is otel-profiling-go's name for it).
+pub const SPAN_ID_LABELS: [&str; 2] = ["span_id", "profile_id"];
+/// Per-sample label that carries a trace id.
+pub const TRACE_ID_LABEL: &str = "trace_id";
+
+/// One year of nanoseconds: a `time_nanos` below it is taken for a bogus 1970 time.
+const NANOS_1971: i64 = 365 * 24 * 3600 * 1_000_000_000;
+
+/// What the request says about the profile besides its bytes.
+#[derive(Debug, Clone, Default)]
+pub struct IngestMeta {
+    /// Series labels from the request (`name{…}` or push labels); may hold `__name__` and `service_name`.
+    pub labels: Labels,
+    /// The request's time (`from`, or now), used when the profile has none.
+    pub time_nanos: i64,
+    /// The request's window length, used when the profile has none.
+    pub duration_nanos: i64,
+    /// Sample type display names from `sample_type_config`, used to derive `__name__`.
+    pub display_names: HashMap<String, String>,
+}
+
+/// Limits applied while normalizing.
+#[derive(Debug, Clone, Copy)]
+pub struct NormalizeLimits {
+    /// Deeper stacks are truncated, keeping the root side; 0 disables.
+    pub max_stack_depth: usize,
+    /// More samples than this in one profile is refused; 0 disables.
+    pub max_samples: usize,
+    pub labels: LabelLimits,
+}
+
+impl Default for NormalizeLimits {
+    fn default() -> Self {
+        Self {
+            max_stack_depth: 1000,
+            max_samples: 0,
+            labels: LabelLimits::default(),
+        }
+    }
+}
+
+/// Parses a span id as Pyroscope does: 16 hex digits, read as a little-endian u64; anything else is 0.
+pub fn parse_span_id(s: &str) -> u64 {
+    let mut bytes = [0u8; 8];
+    if s.len() != 16 || hex_into(s, &mut bytes).is_none() {
+        return 0;
+    }
+    u64::from_le_bytes(bytes)
+}
+
+/// Formats a span id as 16 hex digits (the inverse of [`parse_span_id`]).
+pub fn format_span_id(id: u64) -> String {
+    to_hex(&id.to_le_bytes())
+}
+
+/// Parses a 32-hex-digit trace id.
+pub fn parse_trace_id(s: &str) -> Option<[u8; 16]> {
+    let mut bytes = [0u8; 16];
+    (s.len() == 32).then_some(())?;
+    hex_into(s, &mut bytes)?;
+    (bytes != [0u8; 16]).then_some(bytes)
+}
+
+/// Lowercase hex of `bytes`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+fn hex_into(s: &str, out: &mut [u8]) -> Option<()> {
+    let digits = s.as_bytes();
+    for (i, byte) in out.iter_mut().enumerate() {
+        let hi = (digits[2 * i] as char).to_digit(16)?;
+        let lo = (digits[2 * i + 1] as char).to_digit(16)?;
+        *byte = (hi * 16 + lo) as u8;
+    }
+    Some(())
+}
+
+/// Derives `__name__` from sample types as Pyroscope's `/ingest` does.
+pub fn metric_name(sample_types: &[&str], display_names: &HashMap<String, String>) -> String {
+    if sample_types.contains(&"wall") {
+        return "wall".into();
+    }
+    let mut last = "";
+    for st in sample_types {
+        let st = display_names.get(*st).map(String::as_str).unwrap_or(st);
+        last = st;
+        if st.contains("cpu") {
+            return "process_cpu".into();
+        }
+        if st.contains("alloc_") || st.contains("inuse_") || st == "space" || st == "objects" {
+            return "memory".into();
+        }
+        if st.contains("mutex_") {
+            return "mutex".into();
+        }
+        if st.contains("block_") {
+            return "block".into();
+        }
+        if st.contains("goroutine") {
+            return "goroutines".into();
+        }
+    }
+    last.to_owned()
+}
+
+struct Strings<'a>(&'a [String]);
+
+impl Strings<'_> {
+    fn get(&self, index: i64, what: &str) -> Result<&str> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.0.get(i))
+            .map(String::as_str)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{what} refers to string {index}, but the string table has {} entries",
+                    self.0.len()
+                ))
+            })
+    }
+}
+
+/// Normalizes a decoded pprof profile.
+pub fn normalize_pprof(
+    profile: &pprof::Profile,
+    meta: &IngestMeta,
+    limits: &NormalizeLimits,
+) -> Result<NormalizedProfile> {
+    let strings = Strings(&profile.string_table);
+    if profile.string_table.first().is_some_and(|s| !s.is_empty()) {
+        return Err(Error::Invalid(
+            "the first string of the string table must be empty".into(),
+        ));
+    }
+    if profile.sample_type.is_empty() {
+        return Err(Error::Invalid("the profile has no sample type".into()));
+    }
+    if limits.max_samples > 0 && profile.sample.len() > limits.max_samples {
+        return Err(Error::Invalid(format!(
+            "the profile has {} samples, more than the limit of {}",
+            profile.sample.len(),
+            limits.max_samples
+        )));
+    }
+    let mut sample_types = Vec::with_capacity(profile.sample_type.len());
+    for vt in &profile.sample_type {
+        let ty = strings.get(vt.r#type, "a sample type")?;
+        let unit = strings.get(vt.unit, "a sample unit")?;
+        if ty.is_empty() {
+            return Err(Error::Invalid("a sample type has an empty name".into()));
+        }
+        sample_types.push((ty, unit));
+    }
+    let (period_type, period_unit) = match &profile.period_type {
+        Some(vt) => (
+            strings.get(vt.r#type, "the period type")?,
+            strings.get(vt.unit, "the period unit")?,
+        ),
+        None => ("", ""),
+    };
+
+    let symbols_and_ids = resolve_symbols(profile, &strings)?;
+    let (symbols, location_index) = symbols_and_ids;
+
+    let name = match meta.labels.get(LABEL_NAME) {
+        Some(n) => n.to_owned(),
+        None => metric_name(
+            &sample_types.iter().map(|(t, _)| *t).collect::<Vec<_>>(),
+            &meta.display_names,
+        ),
+    };
+    let time_nanos = if profile.time_nanos < NANOS_1971 {
+        meta.time_nanos
+    } else {
+        profile.time_nanos
+    };
+    let duration_nanos = if profile.duration_nanos > 0 {
+        profile.duration_nanos
+    } else {
+        meta.duration_nanos
+    };
+
+    // Group samples by their series-promoted labels.
+    struct Group {
+        labels: Vec<(String, String)>,
+        // Per sample type: (stack, span, trace) -> index into samples.
+        merged: Vec<HashMap<(Vec<u32>, u64, Option<[u8; 16]>), usize>>,
+        samples: Vec<Vec<Sample>>,
+    }
+    let n_types = sample_types.len();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_of: HashMap<Vec<(String, String)>, usize> = HashMap::new();
+
+    for (i, sample) in profile.sample.iter().enumerate() {
+        if sample.value.len() != n_types {
+            return Err(Error::Invalid(format!(
+                "sample {i} has {} values for {n_types} sample types",
+                sample.value.len()
+            )));
+        }
+        let mut stack = Vec::with_capacity(sample.location_id.len());
+        for id in &sample.location_id {
+            let Some(&loc) = location_index.get(id) else {
+                return Err(Error::Invalid(format!(
+                    "sample {i} refers to location id {id}, which the profile does not define"
+                )));
+            };
+            stack.push(loc);
+        }
+        let mut span_id = 0u64;
+        let mut trace_id = None;
+        let mut labels: Vec<(String, String)> = Vec::new();
+        for label in &sample.label {
+            let key = strings.get(label.key, "a sample label key")?;
+            if label.str == 0 {
+                continue; // numeric label, or an empty value: not a series label
+            }
+            let value = strings.get(label.str, "a sample label value")?;
+            if SPAN_ID_LABELS.contains(&key) {
+                span_id = parse_span_id(value);
+            } else if key == TRACE_ID_LABEL {
+                trace_id = parse_trace_id(value);
+            } else if !key.is_empty() {
+                labels.push((key.to_owned(), value.to_owned()));
+            }
+        }
+        if sample.value.iter().any(|v| *v < 0) || sample.value.iter().all(|v| *v == 0) {
+            continue;
+        }
+        if limits.max_stack_depth > 0 && stack.len() > limits.max_stack_depth {
+            stack.drain(..stack.len() - limits.max_stack_depth);
+        }
+        labels.sort();
+        labels.dedup_by(|a, b| a.0 == b.0);
+        let g = *group_of.entry(labels.clone()).or_insert_with(|| {
+            groups.push(Group {
+                labels,
+                merged: vec![HashMap::new(); n_types],
+                samples: vec![Vec::new(); n_types],
+            });
+            groups.len() - 1
+        });
+        let group = &mut groups[g];
+        for (t, &value) in sample.value.iter().enumerate() {
+            if value == 0 {
+                continue;
+            }
+            let key = (stack.clone(), span_id, trace_id);
+            match group.merged[t].get(&key) {
+                Some(&at) => group.samples[t][at].value += value,
+                None => {
+                    group.merged[t].insert(key, group.samples[t].len());
+                    group.samples[t].push(Sample {
+                        stack: stack.clone(),
+                        value,
+                        span_id,
+                        trace_id,
+                        timestamp_nanos: 0,
+                    });
+                }
+            }
+        }
+    }
+
+    let mut series = Vec::new();
+    for group in groups {
+        let mut labels = meta.labels.clone();
+        for (k, v) in group.labels {
+            labels.set(k, v);
+        }
+        labels.set(LABEL_NAME.to_owned(), name.clone());
+        labels.set_default(LABEL_SERVICE_NAME, UNKNOWN_SERVICE);
+        validate_series_labels(&labels, &limits.labels)?;
+        for (t, samples) in group.samples.into_iter().enumerate() {
+            if samples.is_empty() {
+                continue;
+            }
+            let (sample_type, sample_unit) = sample_types[t];
+            series.push(Series {
+                labels: labels.clone(),
+                profile_type: ProfileType {
+                    name: name.clone(),
+                    sample_type: sample_type.to_owned(),
+                    sample_unit: sample_unit.to_owned(),
+                    period_type: period_type.to_owned(),
+                    period_unit: period_unit.to_owned(),
+                },
+                time_nanos,
+                duration_nanos,
+                samples,
+            });
+        }
+    }
+    Ok(NormalizedProfile { symbols, series })
+}
+
+fn resolve_symbols(
+    profile: &pprof::Profile,
+    strings: &Strings<'_>,
+) -> Result<(Symbols, HashMap<u64, u32>)> {
+    let mut symbols = Symbols::default();
+    let mut mapping_index = HashMap::with_capacity(profile.mapping.len());
+    for m in &profile.mapping {
+        mapping_index.insert(m.id, symbols.mappings.len() as u32);
+        symbols.mappings.push(Mapping {
+            memory_start: m.memory_start,
+            memory_limit: m.memory_limit,
+            file_offset: m.file_offset,
+            filename: strings.get(m.filename, "a mapping file name")?.to_owned(),
+            build_id: strings.get(m.build_id, "a mapping build id")?.to_owned(),
+            has_functions: m.has_functions,
+        });
+    }
+    let mut function_index = HashMap::with_capacity(profile.function.len());
+    for f in &profile.function {
+        function_index.insert(f.id, symbols.functions.len() as u32);
+        symbols.functions.push(Function {
+            name: strings.get(f.name, "a function name")?.to_owned(),
+            system_name: strings
+                .get(f.system_name, "a function system name")?
+                .to_owned(),
+            filename: strings.get(f.filename, "a function file name")?.to_owned(),
+            start_line: f.start_line,
+        });
+    }
+    let mut location_index = HashMap::with_capacity(profile.location.len());
+    // Synthetic functions for unsymbolized locations, one per name.
+    let mut synthetic: HashMap<String, u32> = HashMap::new();
+    for loc in &profile.location {
+        let mapping = match loc.mapping_id {
+            0 => None,
+            id => Some(*mapping_index.get(&id).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "location {} refers to mapping id {id}, which the profile does not define",
+                    loc.id
+                ))
+            })?),
+        };
+        let mut lines = Vec::with_capacity(loc.line.len().max(1));
+        for line in &loc.line {
+            let function = *function_index.get(&line.function_id).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "location {} refers to function id {}, which the profile does not define",
+                    loc.id, line.function_id
+                ))
+            })?;
+            lines.push(Line {
+                function,
+                line: line.line,
+            });
+        }
+        if lines.is_empty() {
+            let name =
+                unsymbolized_name(mapping.map(|m| &symbols.mappings[m as usize]), loc.address);
+            let function = *synthetic.entry(name.clone()).or_insert_with(|| {
+                symbols.functions.push(Function {
+                    name,
+                    ..Default::default()
+                });
+                symbols.functions.len() as u32 - 1
+            });
+            lines.push(Line { function, line: 0 });
+        }
+        location_index.insert(loc.id, symbols.locations.len() as u32);
+        symbols.locations.push(Location {
+            mapping,
+            address: loc.address,
+            lines,
+        });
+    }
+    Ok((symbols, location_index))
+}
+
+/// The frame name of a location without symbols: the mapping's file name and the address.
+fn unsymbolized_name(mapping: Option<&Mapping>, address: u64) -> String {
+    let file = mapping
+        .map(|m| m.filename.rsplit('/').next().unwrap_or_default())
+        .filter(|f| !f.is_empty());
+    match (file, address) {
+        (Some(file), 0) => file.to_owned(),
+        (Some(file), a) => format!("{file} 0x{a:x}"),
+        (None, 0) => "unknown".to_owned(),
+        (None, a) => format!("0x{a:x}"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

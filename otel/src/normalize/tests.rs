@@ -1,0 +1,300 @@
+use kiln_proto::google::v1 as pprof;
+use proptest::prelude::*;
+
+use super::*;
+
+/// Builds pprof profiles for tests: functions become one location each.
+struct Builder {
+    p: pprof::Profile,
+}
+
+impl Builder {
+    fn new(types: &[(&str, &str)]) -> Self {
+        let mut b = Self {
+            p: pprof::Profile {
+                string_table: vec![String::new()],
+                ..Default::default()
+            },
+        };
+        for (t, u) in types {
+            let vt = pprof::ValueType {
+                r#type: b.s(t),
+                unit: b.s(u),
+            };
+            b.p.sample_type.push(vt);
+        }
+        b
+    }
+
+    fn s(&mut self, s: &str) -> i64 {
+        if let Some(i) = self.p.string_table.iter().position(|x| x == s) {
+            return i as i64;
+        }
+        self.p.string_table.push(s.to_owned());
+        self.p.string_table.len() as i64 - 1
+    }
+
+    fn loc(&mut self, name: &str) -> u64 {
+        let name_idx = self.s(name);
+        if let Some(f) = self.p.function.iter().find(|f| f.name == name_idx) {
+            return f.id;
+        }
+        let id = self.p.function.len() as u64 + 1;
+        self.p.function.push(pprof::Function {
+            id,
+            name: name_idx,
+            ..Default::default()
+        });
+        self.p.location.push(pprof::Location {
+            id,
+            line: vec![pprof::Line {
+                function_id: id,
+                line: 1,
+            }],
+            ..Default::default()
+        });
+        id
+    }
+
+    /// `stack` is root first, as people write it.
+    fn sample(mut self, stack: &[&str], values: &[i64], labels: &[(&str, &str)]) -> Self {
+        let location_id = stack.iter().rev().map(|f| self.loc(f)).collect();
+        let label = labels
+            .iter()
+            .map(|(k, v)| pprof::Label {
+                key: self.s(k),
+                str: self.s(v),
+                ..Default::default()
+            })
+            .collect();
+        self.p.sample.push(pprof::Sample {
+            location_id,
+            value: values.to_vec(),
+            label,
+        });
+        self
+    }
+}
+
+fn meta() -> IngestMeta {
+    IngestMeta {
+        labels: Labels::from_pairs([("service_name", "svc")]),
+        time_nanos: 1_700_000_000_000_000_000,
+        ..Default::default()
+    }
+}
+
+fn names(p: &NormalizedProfile, s: &Sample) -> Vec<String> {
+    let mut v: Vec<String> = p.symbols.frame_names(&s.stack).map(str::to_owned).collect();
+    v.reverse();
+    v
+}
+
+#[test]
+fn one_series_per_sample_type_with_derived_name() {
+    let p = Builder::new(&[("samples", "count"), ("cpu", "nanoseconds")])
+        .sample(&["main", "work"], &[2, 20], &[])
+        .sample(&["main", "idle"], &[1, 10], &[])
+        .p;
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    assert_eq!(n.series.len(), 2);
+    let ids: Vec<String> = n.series.iter().map(|s| s.profile_type.id()).collect();
+    assert_eq!(
+        ids,
+        [
+            "process_cpu:samples:count::",
+            "process_cpu:cpu:nanoseconds::"
+        ]
+    );
+    assert_eq!(n.series[0].total(), 3);
+    assert_eq!(n.series[1].total(), 30);
+    assert_eq!(n.series[0].labels.get("__name__"), Some("process_cpu"));
+    assert_eq!(n.series[0].labels.get("service_name"), Some("svc"));
+    assert_eq!(names(&n, &n.series[1].samples[0]), ["main", "work"]);
+    assert_eq!(n.series[0].time_nanos, 1_700_000_000_000_000_000);
+}
+
+#[test]
+fn drops_negative_and_zero_and_merges_duplicates() {
+    let p = Builder::new(&[("alloc_space", "bytes"), ("inuse_space", "bytes")])
+        .sample(&["a", "b"], &[5, 0], &[])
+        .sample(&["a", "b"], &[7, 1], &[])
+        .sample(&["a", "c"], &[-1, 4], &[])
+        .sample(&["a", "d"], &[0, 0], &[])
+        .p;
+    let n = normalize_pprof(&p, &IngestMeta::default(), &NormalizeLimits::default()).unwrap();
+    assert_eq!(n.series.len(), 2);
+    assert_eq!(n.series[0].samples.len(), 1, "duplicates are merged");
+    assert_eq!(n.series[0].total(), 12);
+    assert_eq!(
+        n.series[1].total(),
+        1,
+        "the negative sample is dropped whole"
+    );
+    assert_eq!(n.series[0].labels.get("__name__"), Some("memory"));
+    assert_eq!(
+        n.series[0].labels.get("service_name"),
+        Some("unknown_service")
+    );
+}
+
+#[test]
+fn span_and_trace_ids_stay_per_sample() {
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(
+            &["a"],
+            &[1],
+            &[("span_id", "0100000000000000"), ("span_name", "GET")],
+        )
+        .sample(
+            &["a"],
+            &[2],
+            &[("profile_id", "0200000000000000"), ("span_name", "GET")],
+        )
+        .sample(
+            &["a"],
+            &[4],
+            &[
+                ("span_id", "0100000000000000"),
+                ("trace_id", "000102030405060708090a0b0c0d0e0f"),
+                ("span_name", "GET"),
+            ],
+        )
+        .p;
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    assert_eq!(n.series.len(), 1);
+    let s = &n.series[0];
+    assert_eq!(
+        s.labels.get("span_name"),
+        Some("GET"),
+        "span_name stays a label"
+    );
+    assert_eq!(
+        s.labels.get("span_id"),
+        None,
+        "span ids are never series labels"
+    );
+    assert_eq!(s.labels.get("profile_id"), None);
+    assert_eq!(
+        s.samples.len(),
+        3,
+        "samples of different spans are not merged"
+    );
+    assert_eq!(s.samples[0].span_id, 1);
+    assert_eq!(s.samples[1].span_id, 2);
+    assert_eq!(s.samples[2].trace_id.unwrap()[15], 15);
+}
+
+#[test]
+fn sample_labels_split_series() {
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1], &[("controller", "slow")])
+        .sample(&["b"], &[2], &[("controller", "fast")])
+        .sample(&["c"], &[3], &[])
+        .p;
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    let mut got: Vec<(Option<&str>, i64)> = n
+        .series
+        .iter()
+        .map(|s| (s.labels.get("controller"), s.total()))
+        .collect();
+    got.sort();
+    assert_eq!(got, [(None, 3), (Some("fast"), 2), (Some("slow"), 1)]);
+}
+
+#[test]
+fn deep_stacks_keep_the_root_side() {
+    let frames: Vec<String> = (0..10).map(|i| format!("f{i}")).collect();
+    let refs: Vec<&str> = frames.iter().map(String::as_str).collect();
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&refs, &[1], &[])
+        .p;
+    let limits = NormalizeLimits {
+        max_stack_depth: 4,
+        ..Default::default()
+    };
+    let n = normalize_pprof(&p, &meta(), &limits).unwrap();
+    assert_eq!(names(&n, &n.series[0].samples[0]), ["f0", "f1", "f2", "f3"]);
+}
+
+#[test]
+fn invalid_references_are_refused_with_reasons() {
+    let mut p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1], &[])
+        .p;
+    p.sample[0].location_id.push(99);
+    let err = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap_err();
+    assert!(err.to_string().contains("location id 99"), "{err}");
+
+    let mut p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1], &[])
+        .p;
+    p.function[0].name = 1000;
+    let err = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap_err();
+    assert!(err.to_string().contains("string 1000"), "{err}");
+
+    let mut p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1, 2], &[])
+        .p;
+    p.sample_type.truncate(1);
+    let err = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("2 values for 1 sample types"),
+        "{err}"
+    );
+
+    let p = Builder::new(&[]).p;
+    assert!(normalize_pprof(&p, &meta(), &NormalizeLimits::default()).is_err());
+}
+
+#[test]
+fn bogus_times_are_replaced() {
+    let mut p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1], &[])
+        .p;
+    p.time_nanos = 1_600_000_000_000_000; // microseconds, as old py-spy sent
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    assert_eq!(n.series[0].time_nanos, meta().time_nanos);
+    p.time_nanos = 1_650_000_000_000_000_000;
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    assert_eq!(n.series[0].time_nanos, 1_650_000_000_000_000_000);
+}
+
+#[test]
+fn span_ids_round_trip() {
+    assert_eq!(parse_span_id("0123456789abcdef"), 0xefcdab8967452301);
+    assert_eq!(
+        format_span_id(parse_span_id("0123456789abcdef")),
+        "0123456789abcdef"
+    );
+    assert_eq!(parse_span_id("xyz"), 0);
+    assert_eq!(parse_span_id("0123456789abcdeg"), 0);
+    assert!(parse_trace_id("00000000000000000000000000000000").is_none());
+}
+
+proptest! {
+    /// Totals per sample type survive normalization exactly (non-negative input).
+    #[test]
+    fn totals_are_preserved(samples in prop::collection::vec(
+        (prop::collection::vec(0usize..6, 0..6), 0i64..1000, 0i64..1000, prop::option::of(0u8..3)), 0..60)
+    ) {
+        let fns = ["a", "b", "c", "d", "e", "f"];
+        let mut b = Builder::new(&[("alloc_objects", "count"), ("alloc_space", "bytes")]);
+        let (mut t0, mut t1) = (0i64, 0i64);
+        for (stack, v0, v1, label) in &samples {
+            let stack: Vec<&str> = stack.iter().map(|i| fns[*i]).collect();
+            let label_value = label.map(|l| l.to_string());
+            let labels: Vec<(&str, &str)> = label_value.iter().map(|v| ("l", v.as_str())).collect();
+            b = b.sample(&stack, &[*v0, *v1], &labels);
+            t0 += v0;
+            t1 += v1;
+        }
+        let n = normalize_pprof(&b.p, &meta(), &NormalizeLimits::default()).unwrap();
+        let total = |ty: &str| n.series.iter().filter(|s| s.profile_type.sample_type == ty).map(Series::total).sum::<i64>();
+        prop_assert_eq!(total("alloc_objects"), t0);
+        prop_assert_eq!(total("alloc_space"), t1);
+        for s in &n.series {
+            prop_assert!(s.samples.iter().all(|x| x.value > 0));
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Generates Rust code for Kiln's `.proto` files with prost and tonic, plus protobuf-JSON
+//! (`serde`) implementations with pbjson for the Connect `application/json` codec.
+//! `protoc` comes from `protoc-bin-vendored`, so no system protobuf compiler is needed.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = [
+        "proto/google/v1/profile.proto",
+        "proto/types/v1/types.proto",
+        "proto/push/v1/push.proto",
+        "proto/querier/v1/querier.proto",
+        "proto/kiln/storage/v1/symbols.proto",
+    ];
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptors = out_dir.join("kiln_descriptors.bin");
+
+    let mut config = prost_build::Config::new();
+    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
+    config.file_descriptor_set_path(&descriptors);
+    config.bytes([".push.v1.RawSample.raw_profile"]);
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_with_config(config, &protos, &["proto"])?;
+
+    let set = std::fs::read(&descriptors)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&set)?
+        .build(&[".google.v1", ".types.v1", ".push.v1", ".querier.v1"])?;
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
+//! `push.v1` and `querier.v1`, and Kiln's own storage formats (`kiln.storage.v1`).
+//!
+//! The `.proto` files under `proto/` are Kiln's own declarations with the packages, message names
+//! and field numbers of the originals; code is generated at build time and never committed.
+//! Every wire message also has protobuf-JSON `serde` implementations (lowerCamel names, int64 as
+//! strings) for the Connect `application/json` codec.
+
+#![allow(clippy::all, missing_docs, unreachable_pub)]
+
+pub mod google {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/google.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/google.v1.serde.rs"));
+    }
+}
+
+pub mod types {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/types.v1.serde.rs"));
+    }
+}
+
+pub mod push {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/push.v1.serde.rs"));
+    }
+}
+
+pub mod querier {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/querier.v1.serde.rs"));
+    }
+}
+
+pub mod kiln {
+    pub mod storage {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/kiln.storage.v1.rs"));
+        }
+    }
+}

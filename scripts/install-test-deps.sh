@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), the Python
+# profilers (pyroscope-io, py-spy) in a venv under target/, and @pyroscope/nodejs under
+# e2e/clients/node. Idempotent: a second run only checks.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+need_apt=()
+command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "install-test-deps: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+venv="${KILN_TEST_VENV:-$root/target/test-venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import pyroscope' 2>/dev/null || [ ! -x "$venv/bin/py-spy" ]; then
+  echo "install-test-deps: pip install into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/e2e/clients/python/requirements.txt"
+fi
+
+if [ ! -d "$root/e2e/clients/node/node_modules/@pyroscope/nodejs" ]; then
+  echo "install-test-deps: npm ci in e2e/clients/node"
+  (cd "$root/e2e/clients/node" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+echo "install-test-deps: ready (go $(go version | awk '{print $3}'), venv $venv)"
