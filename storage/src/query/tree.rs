@@ -1,0 +1,392 @@
+//! The merged stack tree a flame graph is drawn from, and Pyroscope's `FlameGraph` encoding:
+//! `names` plus one `Level` per depth with four int64 per node — x offset (delta from the right
+//! edge of the previous node of the level), total, self, name index — `names[0] = "total"`, and
+//! nodes below the `max_nodes` threshold folded into an `other` child.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kiln_proto::querier::v1::{FlameGraph, Level};
+
+/// A tree of frames keyed by function name, root first.
+#[derive(Debug, Clone)]
+pub struct FlameTree {
+    names: Vec<String>,
+    name_index: HashMap<String, u32>,
+    nodes: Vec<Node>,
+    children: HashMap<(u32, u32), u32>,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    name: u32,
+    parent: u32,
+    children: Vec<u32>,
+    self_value: i64,
+    total: i64,
+}
+
+/// Name of the root node.
+pub const ROOT_NAME: &str = "total";
+/// Name of the node that collects what `max_nodes` cut off.
+pub const OTHER_NAME: &str = "other";
+
+impl Default for FlameTree {
+    fn default() -> Self {
+        let mut t = Self {
+            names: Vec::new(),
+            name_index: HashMap::new(),
+            nodes: Vec::new(),
+            children: HashMap::new(),
+        };
+        let root = t.name(ROOT_NAME);
+        t.name(OTHER_NAME);
+        t.nodes.push(Node {
+            name: root,
+            parent: 0,
+            children: Vec::new(),
+            self_value: 0,
+            total: 0,
+        });
+        t
+    }
+}
+
+impl FlameTree {
+    /// The root node id.
+    pub const ROOT: u32 = 0;
+
+    fn name(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.name_index.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.to_owned());
+        self.name_index.insert(name.to_owned(), i);
+        i
+    }
+
+    /// The child of `parent` called `name`, created if missing.
+    pub fn child(&mut self, parent: u32, name: &str) -> u32 {
+        let name = self.name(name);
+        if let Some(&c) = self.children.get(&(parent, name)) {
+            return c;
+        }
+        let c = self.nodes.len() as u32;
+        self.nodes.push(Node {
+            name,
+            parent,
+            children: Vec::new(),
+            self_value: 0,
+            total: 0,
+        });
+        self.nodes[parent as usize].children.push(c);
+        self.children.insert((parent, name), c);
+        c
+    }
+
+    /// Adds `value` as self value of `node` (and to the totals up to the root).
+    pub fn add_value(&mut self, node: u32, value: i64) {
+        self.nodes[node as usize].self_value += value;
+        let mut n = node;
+        loop {
+            self.nodes[n as usize].total += value;
+            if n == Self::ROOT {
+                break;
+            }
+            n = self.nodes[n as usize].parent;
+        }
+    }
+
+    /// Adds a root-first stack of frame names.
+    pub fn add_stack<'a>(&mut self, root_first: impl IntoIterator<Item = &'a str>, value: i64) {
+        let mut node = Self::ROOT;
+        for name in root_first {
+            node = self.child(node, name);
+        }
+        self.add_value(node, value);
+    }
+
+    /// Total of all stacks.
+    pub fn total(&self) -> i64 {
+        self.nodes[0].total
+    }
+
+    /// Number of nodes, the root excluded.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() - 1
+    }
+
+    /// Every stack with a self value: root-first names (without the root) → self value.
+    pub fn stacks(&self) -> BTreeMap<Vec<String>, i64> {
+        let mut out = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            if n.self_value == 0 {
+                continue;
+            }
+            let mut path = Vec::new();
+            let mut c = i as u32;
+            while c != Self::ROOT {
+                path.push(self.names[self.nodes[c as usize].name as usize].clone());
+                c = self.nodes[c as usize].parent;
+            }
+            path.reverse();
+            *out.entry(path).or_insert(0) += n.self_value;
+        }
+        out
+    }
+
+    /// The smallest total a node needs to be drawn so that at most `max_nodes` nodes are.
+    fn min_value(&self, max_nodes: usize) -> i64 {
+        if max_nodes == 0 || self.nodes.len() - 1 <= max_nodes {
+            return 0;
+        }
+        let mut totals: Vec<i64> = self.nodes[1..].iter().map(|n| n.total).collect();
+        let (_, nth, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
+        *nth
+    }
+
+    /// Encodes the tree as Pyroscope's `FlameGraph`, drawing at most about `max_nodes` nodes.
+    pub fn to_flamegraph(&self, max_nodes: usize) -> FlameGraph {
+        let min_value = self.min_value(max_nodes);
+        let mut names: Vec<String> = Vec::new();
+        // Tree name id -> drawn name index.
+        let mut drawn = vec![-1i64; self.names.len()];
+        let mut name_id = |tree_name: u32, names: &mut Vec<String>| -> i64 {
+            let slot = &mut drawn[tree_name as usize];
+            if *slot < 0 {
+                *slot = names.len() as i64;
+                names.push(self.names[tree_name as usize].clone());
+            }
+            *slot
+        };
+        let other_name = self.name_index[OTHER_NAME];
+        let mut levels: Vec<Vec<i64>> = Vec::new();
+        let mut max_self = 0i64;
+
+        enum Item {
+            Node(u32),
+            Other(i64),
+        }
+        // (item, depth, absolute x offset); a stack so children come out left to right.
+        let mut stack: Vec<(Item, usize, i64)> = vec![(Item::Node(Self::ROOT), 0, 0)];
+        while let Some((item, depth, offset)) = stack.pop() {
+            if levels.len() == depth {
+                levels.push(Vec::new());
+            }
+            match item {
+                Item::Other(value) => {
+                    let id = name_id(other_name, &mut names);
+                    levels[depth].extend([offset, value, value, id]);
+                    max_self = max_self.max(value);
+                }
+                Item::Node(n) => {
+                    let node = &self.nodes[n as usize];
+                    let id = name_id(node.name, &mut names);
+                    levels[depth].extend([offset, node.total, node.self_value, id]);
+                    max_self = max_self.max(node.self_value);
+                    let mut children: Vec<u32> = node.children.clone();
+                    children.sort_by(|a, b| {
+                        self.names[self.nodes[*a as usize].name as usize]
+                            .cmp(&self.names[self.nodes[*b as usize].name as usize])
+                    });
+                    let mut x = offset + node.self_value;
+                    let mut placed = Vec::new();
+                    let mut other = 0i64;
+                    for c in children {
+                        let child = &self.nodes[c as usize];
+                        if child.total == 0 {
+                            continue;
+                        }
+                        if child.total >= min_value && child.name != other_name {
+                            placed.push((Item::Node(c), depth + 1, x));
+                            x += child.total;
+                        } else {
+                            other += child.total;
+                        }
+                    }
+                    if other > 0 {
+                        placed.push((Item::Other(other), depth + 1, x));
+                    }
+                    stack.extend(placed.into_iter().rev());
+                }
+            }
+        }
+        // Delta-encode x offsets within each level.
+        for level in &mut levels {
+            let mut prev_right = 0i64;
+            for node in level.chunks_exact_mut(4) {
+                let abs = node[0];
+                node[0] = abs - prev_right;
+                prev_right = abs + node[1];
+            }
+        }
+        FlameGraph {
+            names,
+            levels: levels.into_iter().map(|values| Level { values }).collect(),
+            total: self.total(),
+            max_self,
+        }
+    }
+}
+
+/// Decodes a `FlameGraph` back into root-first stacks with their self values, rebuilding parents
+/// by interval containment as Grafana does. Errors describe the first inconsistency.
+pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, String> {
+    struct Abs {
+        offset: i64,
+        total: i64,
+        self_value: i64,
+        name: usize,
+        parent: usize,
+    }
+    let mut levels: Vec<Vec<Abs>> = Vec::new();
+    for (d, level) in fg.levels.iter().enumerate() {
+        if level.values.len() % 4 != 0 {
+            return Err(format!("level {d} has {} values", level.values.len()));
+        }
+        let mut out = Vec::new();
+        let mut prev_right = 0i64;
+        let mut parent = 0usize;
+        for v in level.values.chunks_exact(4) {
+            let offset = prev_right + v[0];
+            prev_right = offset + v[1];
+            let name = usize::try_from(v[3]).map_err(|_| "negative name index".to_string())?;
+            if name >= fg.names.len() {
+                return Err(format!("name index {name} out of range"));
+            }
+            if d > 0 {
+                let up = &levels[d - 1];
+                while parent < up.len() && up[parent].offset + up[parent].total <= offset {
+                    parent += 1;
+                }
+                let Some(p) = up.get(parent) else {
+                    return Err(format!("node at level {d} offset {offset} has no parent"));
+                };
+                if offset < p.offset || offset + v[1] > p.offset + p.total {
+                    return Err(format!(
+                        "node at level {d} offset {offset} escapes its parent"
+                    ));
+                }
+            }
+            out.push(Abs {
+                offset,
+                total: v[1],
+                self_value: v[2],
+                name,
+                parent,
+            });
+        }
+        levels.push(out);
+    }
+    let mut stacks = BTreeMap::new();
+    for d in 1..levels.len() {
+        for n in &levels[d] {
+            if n.self_value == 0 {
+                continue;
+            }
+            let mut path = vec![fg.names[n.name].clone()];
+            let mut p = n.parent;
+            for up in (1..d).rev() {
+                let node = &levels[up][p];
+                path.push(fg.names[node.name].clone());
+                p = node.parent;
+            }
+            path.reverse();
+            *stacks.entry(path).or_insert(0) += n.self_value;
+        }
+    }
+    Ok(stacks)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn tree(stacks: &[(&[&str], i64)]) -> FlameTree {
+        let mut t = FlameTree::default();
+        for (s, v) in stacks {
+            t.add_stack(s.iter().copied(), *v);
+        }
+        t
+    }
+
+    #[test]
+    fn encodes_like_pyroscope() {
+        let t = tree(&[(&["main", "a"], 3), (&["main", "b"], 5), (&["main"], 2)]);
+        let fg = t.to_flamegraph(8192);
+        assert_eq!(fg.names, ["total", "main", "a", "b"]);
+        assert_eq!(fg.total, 10);
+        assert_eq!(fg.max_self, 5);
+        assert_eq!(fg.levels[0].values, [0, 10, 0, 0]);
+        assert_eq!(fg.levels[1].values, [0, 10, 2, 1]);
+        // main's self (2) comes first, then a at x=2, b right after it (delta 0).
+        assert_eq!(fg.levels[2].values, [2, 3, 3, 2, 0, 5, 5, 3]);
+    }
+
+    #[test]
+    fn max_nodes_folds_small_nodes_into_other() {
+        let t = tree(&[
+            (&["main", "big"], 100),
+            (&["main", "small1"], 1),
+            (&["main", "small2"], 2),
+        ]);
+        let fg = t.to_flamegraph(2);
+        let stacks = flamegraph_stacks(&fg).unwrap();
+        assert_eq!(
+            stacks.get(&vec!["main".to_string(), "big".to_string()]),
+            Some(&100)
+        );
+        assert_eq!(
+            stacks.get(&vec!["main".to_string(), "other".to_string()]),
+            Some(&3)
+        );
+        assert_eq!(fg.total, 103);
+    }
+
+    #[test]
+    fn empty_tree_has_a_root() {
+        let fg = FlameTree::default().to_flamegraph(10);
+        assert_eq!(fg.total, 0);
+        assert_eq!(fg.names, ["total"]);
+        assert_eq!(fg.levels.len(), 1);
+    }
+
+    proptest! {
+        /// Decoding the levels back gives exactly the stacks that went in.
+        #[test]
+        fn round_trip(stacks in prop::collection::vec(
+            (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d", "other2"]), 1..6), 1i64..1000),
+            0..40)
+        ) {
+            let mut t = FlameTree::default();
+            let mut want: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+            for (s, v) in &stacks {
+                t.add_stack(s.iter().copied(), *v);
+                *want.entry(s.iter().map(|x| x.to_string()).collect()).or_insert(0) += v;
+            }
+            let fg = t.to_flamegraph(1 << 20);
+            prop_assert_eq!(fg.total, want.values().sum::<i64>());
+            let got = flamegraph_stacks(&fg).unwrap();
+            prop_assert_eq!(&got, &want);
+            prop_assert_eq!(t.stacks(), want);
+        }
+
+        /// With a node budget, totals are kept and no more than the budget (plus `other` nodes) is drawn.
+        #[test]
+        fn truncation_keeps_totals(stacks in prop::collection::vec(
+            (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d", "e"]), 1..5), 1i64..1000),
+            1..40), budget in 1usize..10)
+        {
+            let mut t = FlameTree::default();
+            for (s, v) in &stacks {
+                t.add_stack(s.iter().copied(), *v);
+            }
+            let fg = t.to_flamegraph(budget);
+            let got = flamegraph_stacks(&fg).unwrap();
+            prop_assert_eq!(got.values().sum::<i64>(), t.total());
+            prop_assert_eq!(fg.levels[1].values.chunks(4).map(|n| n[1]).sum::<i64>(), t.total());
+        }
+    }
+}

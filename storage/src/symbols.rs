@@ -1,0 +1,371 @@
+//! The symbols section of a block: strings, mappings, functions, locations and a stack tree.
+//!
+//! Stacks are stored once, as a parent-pointer tree (a trie over root-first location paths):
+//! a stack id is a tree node, and the stack is the path from that node up to the root. Samples
+//! store only the stack id, so a stack shared by many samples, profiles and series costs four bytes
+//! a row.
+//!
+//! On disk (format version 1): `b"KSYM"`, `u32` LE version, then the zstd-free protobuf
+//! `kiln.storage.v1.Symbols`, then a `u32` LE CRC32 of everything before it.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use kiln_otel::model::Symbols as ProfileSymbols;
+use kiln_proto::kiln::storage::v1 as pb;
+use prost::Message;
+
+/// Magic bytes of a symbols section.
+pub const SYMBOLS_MAGIC: &[u8; 4] = b"KSYM";
+/// Current symbols format version.
+pub const SYMBOLS_VERSION: u32 = 1;
+
+/// Accumulates the symbols of one block, deduplicating as profiles are added.
+#[derive(Debug)]
+pub struct SymbolsBuilder {
+    strings: Vec<String>,
+    string_index: HashMap<String, u32>,
+    mappings: Vec<pb::Mapping>,
+    mapping_index: HashMap<(u64, u64, u64, u32, u32), u32>,
+    functions: Vec<pb::Function>,
+    function_index: HashMap<(u32, u32, u32, i64), u32>,
+    locations: Vec<pb::Location>,
+    location_index: HashMap<(u32, u64, Vec<u32>, Vec<i64>), u32>,
+    parents: Vec<u32>,
+    node_locations: Vec<u32>,
+    children: HashMap<(u32, u32), u32>,
+}
+
+impl Default for SymbolsBuilder {
+    fn default() -> Self {
+        let mut b = Self {
+            strings: Vec::new(),
+            string_index: HashMap::new(),
+            mappings: Vec::new(),
+            mapping_index: HashMap::new(),
+            functions: Vec::new(),
+            function_index: HashMap::new(),
+            locations: Vec::new(),
+            location_index: HashMap::new(),
+            parents: vec![0],
+            node_locations: vec![0],
+            children: HashMap::new(),
+        };
+        b.string("");
+        b
+    }
+}
+
+impl SymbolsBuilder {
+    fn string(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.string_index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.strings.push(s.to_owned());
+        self.string_index.insert(s.to_owned(), i);
+        i
+    }
+
+    /// Interns a profile's locations (and their functions and mappings); returns, for every
+    /// location of the profile, its index in this block.
+    pub fn add_locations(&mut self, symbols: &ProfileSymbols) -> Vec<u32> {
+        let mappings: Vec<u32> = symbols
+            .mappings
+            .iter()
+            .map(|m| {
+                let filename = self.string(&m.filename);
+                let build_id = self.string(&m.build_id);
+                let key = (
+                    m.memory_start,
+                    m.memory_limit,
+                    m.file_offset,
+                    filename,
+                    build_id,
+                );
+                if let Some(&i) = self.mapping_index.get(&key) {
+                    return i;
+                }
+                let i = self.mappings.len() as u32;
+                self.mappings.push(pb::Mapping {
+                    memory_start: m.memory_start,
+                    memory_limit: m.memory_limit,
+                    file_offset: m.file_offset,
+                    filename,
+                    build_id,
+                    has_functions: m.has_functions,
+                });
+                self.mapping_index.insert(key, i);
+                i
+            })
+            .collect();
+        let functions: Vec<u32> = symbols
+            .functions
+            .iter()
+            .map(|f| {
+                let key = (
+                    self.string(&f.name),
+                    self.string(&f.system_name),
+                    self.string(&f.filename),
+                    f.start_line,
+                );
+                if let Some(&i) = self.function_index.get(&key) {
+                    return i;
+                }
+                let i = self.functions.len() as u32;
+                self.functions.push(pb::Function {
+                    name: key.0,
+                    system_name: key.1,
+                    filename: key.2,
+                    start_line: key.3,
+                });
+                self.function_index.insert(key, i);
+                i
+            })
+            .collect();
+        symbols
+            .locations
+            .iter()
+            .map(|l| {
+                let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
+                let line_functions: Vec<u32> = l
+                    .lines
+                    .iter()
+                    .map(|x| functions[x.function as usize])
+                    .collect();
+                let line_numbers: Vec<i64> = l.lines.iter().map(|x| x.line).collect();
+                let key = (mapping, l.address, line_functions, line_numbers);
+                if let Some(&i) = self.location_index.get(&key) {
+                    return i;
+                }
+                let i = self.locations.len() as u32;
+                self.locations.push(pb::Location {
+                    mapping,
+                    address: l.address,
+                    line_functions: key.2.clone(),
+                    line_numbers: key.3.clone(),
+                });
+                self.location_index.insert(key, i);
+                i
+            })
+            .collect()
+    }
+
+    /// Inserts a stack of block location indices, leaf first; returns its stack id.
+    pub fn add_stack(&mut self, leaf_first: impl DoubleEndedIterator<Item = u32>) -> u32 {
+        let mut node = 0u32;
+        for loc in leaf_first.rev() {
+            node = match self.children.get(&(node, loc)) {
+                Some(&child) => child,
+                None => {
+                    let child = self.parents.len() as u32;
+                    self.parents.push(node);
+                    self.node_locations.push(loc);
+                    self.children.insert((node, loc), child);
+                    child
+                }
+            };
+        }
+        node
+    }
+
+    /// Rough heap size, for flush decisions.
+    pub fn estimated_bytes(&self) -> usize {
+        self.strings.iter().map(|s| s.len() + 48).sum::<usize>()
+            + self.functions.len() * 64
+            + self.locations.len() * 96
+            + self.parents.len() * 40
+    }
+
+    /// Encodes the section.
+    pub fn encode(&self) -> Bytes {
+        let msg = pb::Symbols {
+            strings: self.strings.clone(),
+            mappings: self.mappings.clone(),
+            functions: self.functions.clone(),
+            locations: self.locations.clone(),
+            stack_parents: self.parents.clone(),
+            stack_locations: self.node_locations.clone(),
+        };
+        let mut out = Vec::with_capacity(msg.encoded_len() + 12);
+        out.extend_from_slice(SYMBOLS_MAGIC);
+        out.extend_from_slice(&SYMBOLS_VERSION.to_le_bytes());
+        msg.encode(&mut out).expect("a Vec grows as needed");
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Bytes::from(out)
+    }
+}
+
+/// A decoded symbols section.
+#[derive(Debug)]
+pub struct SymbolTable {
+    pub symbols: pb::Symbols,
+}
+
+impl SymbolTable {
+    /// Decodes and checks a section; the error says what is wrong.
+    pub fn decode(data: &[u8]) -> Result<Self, String> {
+        if data.len() < 12 || &data[..4] != SYMBOLS_MAGIC {
+            return Err("not a symbols section".into());
+        }
+        let version = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
+        if version != SYMBOLS_VERSION {
+            return Err(format!("unsupported symbols version {version}"));
+        }
+        let (body, crc) = data.split_at(data.len() - 4);
+        let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+        if crc32fast::hash(body) != crc {
+            return Err("symbols checksum mismatch".into());
+        }
+        let symbols = pb::Symbols::decode(&body[8..]).map_err(|e| e.to_string())?;
+        let t = Self { symbols };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = &self.symbols;
+        let n_str = s.strings.len() as u32;
+        if s.stack_parents.len() != s.stack_locations.len() || s.stack_parents.is_empty() {
+            return Err("stack tree arrays differ in length".into());
+        }
+        for (i, &p) in s.stack_parents.iter().enumerate().skip(1) {
+            if p as usize >= i || s.stack_locations[i] as usize >= s.locations.len() {
+                return Err(format!("stack node {i} is out of order"));
+            }
+        }
+        for f in &s.functions {
+            if f.name >= n_str || f.system_name >= n_str || f.filename >= n_str {
+                return Err("function string out of range".into());
+            }
+        }
+        for m in &s.mappings {
+            if m.filename >= n_str || m.build_id >= n_str {
+                return Err("mapping string out of range".into());
+            }
+        }
+        for l in &s.locations {
+            if l.mapping as usize > s.mappings.len()
+                || l.line_functions.len() != l.line_numbers.len()
+                || l.line_functions
+                    .iter()
+                    .any(|&f| f as usize >= s.functions.len())
+            {
+                return Err("location out of range".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of stack nodes.
+    pub fn stack_count(&self) -> usize {
+        self.symbols.stack_parents.len()
+    }
+
+    /// The locations of stack `id`, leaf first. Unknown ids give an empty stack.
+    pub fn stack_locations(&self, id: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let s = &self.symbols;
+        let mut node = id as usize;
+        if node >= s.stack_parents.len() {
+            return;
+        }
+        while node != 0 {
+            out.push(s.stack_locations[node]);
+            node = s.stack_parents[node] as usize;
+        }
+    }
+
+    /// The string at `i`.
+    pub fn string(&self, i: u32) -> &str {
+        self.symbols
+            .strings
+            .get(i as usize)
+            .map_or("", String::as_str)
+    }
+
+    /// Function names of a location, innermost first.
+    pub fn location_function_names(&self, loc: u32) -> impl Iterator<Item = &str> {
+        self.symbols.locations[loc as usize]
+            .line_functions
+            .iter()
+            .map(|&f| self.string(self.symbols.functions[f as usize].name))
+    }
+
+    /// Approximate memory use, for the cache weigher.
+    pub fn estimated_bytes(&self) -> usize {
+        let s = &self.symbols;
+        s.strings.iter().map(|x| x.len() + 24).sum::<usize>()
+            + s.functions.len() * 24
+            + s.locations.len() * 64
+            + s.stack_parents.len() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_otel::model::{Function, Line, Location};
+
+    use super::*;
+
+    fn profile_symbols(names: &[&str]) -> ProfileSymbols {
+        let mut s = ProfileSymbols::default();
+        for (i, n) in names.iter().enumerate() {
+            s.functions.push(Function {
+                name: (*n).into(),
+                ..Default::default()
+            });
+            s.locations.push(Location {
+                lines: vec![Line {
+                    function: i as u32,
+                    line: 1,
+                }],
+                ..Default::default()
+            });
+        }
+        s
+    }
+
+    #[test]
+    fn stacks_share_prefixes_and_round_trip() {
+        let mut b = SymbolsBuilder::default();
+        let map = b.add_locations(&profile_symbols(&["main", "a", "b"]));
+        let map2 = b.add_locations(&profile_symbols(&["b", "main"]));
+        assert_eq!(
+            map2,
+            vec![map[2], map[0]],
+            "locations are deduplicated across profiles"
+        );
+        let s1 = b.add_stack([map[1], map[0]].into_iter()); // main -> a
+        let s2 = b.add_stack([map[2], map[0]].into_iter()); // main -> b
+        let s3 = b.add_stack([map[1], map[0]].into_iter());
+        assert_eq!(s1, s3);
+        assert_ne!(s1, s2);
+        let t = SymbolTable::decode(&b.encode()).unwrap();
+        assert_eq!(t.stack_count(), 4, "root, main, main>a, main>b");
+        let mut locs = Vec::new();
+        t.stack_locations(s2, &mut locs);
+        let names: Vec<&str> = locs
+            .iter()
+            .flat_map(|&l| t.location_function_names(l))
+            .collect();
+        assert_eq!(names, ["b", "main"]);
+    }
+
+    #[test]
+    fn corruption_is_detected() {
+        let mut b = SymbolsBuilder::default();
+        let map = b.add_locations(&profile_symbols(&["main"]));
+        b.add_stack([map[0]].into_iter());
+        let mut bytes = b.encode().to_vec();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        assert!(
+            SymbolTable::decode(&bytes)
+                .unwrap_err()
+                .contains("checksum")
+        );
+        assert!(SymbolTable::decode(b"nope").is_err());
+    }
+}

@@ -1,0 +1,210 @@
+//! The segment writer: one task per shard buffers profiles per tenant and flushes them as blocks
+//! every flush interval, or sooner when the buffer passes the size limit. A write is answered only
+//! once its block is in the object store and registered in the metastore.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error};
+
+use crate::block::{BlockBuilder, BuiltBlock};
+use crate::metastore::Metastore;
+use crate::store::ObjectStorage;
+use crate::{Error, Result};
+
+/// Writer settings.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Number of shards (writer tasks).
+    pub shards: u32,
+    /// Longest time a write waits before its buffer is flushed.
+    pub flush_interval: Duration,
+    /// A shard flushes as soon as its buffer passes this many bytes.
+    pub flush_bytes: usize,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        Self {
+            shards: 2,
+            flush_interval: Duration::from_millis(200),
+            flush_bytes: 32 << 20,
+        }
+    }
+}
+
+type Ack = oneshot::Sender<Result<(), String>>;
+
+enum Command {
+    Write {
+        tenant: String,
+        profile: NormalizedProfile,
+        ack: Ack,
+    },
+    Flush {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Handle to the shard tasks.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    shards: Vec<mpsc::Sender<Command>>,
+}
+
+struct FlushContext {
+    store: ObjectStorage,
+    metastore: Arc<dyn Metastore>,
+}
+
+impl Writer {
+    /// Starts the shard tasks.
+    pub fn start(
+        config: &WriterConfig,
+        store: ObjectStorage,
+        metastore: Arc<dyn Metastore>,
+    ) -> Self {
+        let ctx = Arc::new(FlushContext { store, metastore });
+        let shards = (0..config.shards.max(1))
+            .map(|shard| {
+                let (tx, rx) = mpsc::channel(1024);
+                tokio::spawn(run_shard(shard, rx, Arc::clone(&ctx), config.clone()));
+                tx
+            })
+            .collect();
+        Self { shards }
+    }
+
+    /// Writes a profile and waits until it is durable.
+    pub async fn write(&self, tenant: &str, profile: NormalizedProfile) -> Result<()> {
+        if profile.series.is_empty() {
+            return Ok(());
+        }
+        let service = profile.series[0]
+            .labels
+            .get(LABEL_SERVICE_NAME)
+            .unwrap_or_default();
+        let key = xxhash_rust::xxh3::xxh3_64(format!("{tenant}\0{service}").as_bytes());
+        let shard = &self.shards[(key % self.shards.len() as u64) as usize];
+        let (ack, done) = oneshot::channel();
+        shard
+            .send(Command::Write {
+                tenant: tenant.to_owned(),
+                profile,
+                ack,
+            })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        done.await
+            .map_err(|_| Error::ShuttingDown)?
+            .map_err(Error::Flush)
+    }
+
+    /// Flushes every shard now and waits for it.
+    pub async fn flush(&self) {
+        let mut waits = Vec::new();
+        for shard in &self.shards {
+            let (done, wait) = oneshot::channel();
+            if shard.send(Command::Flush { done }).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    }
+}
+
+struct Pending {
+    builder: BlockBuilder,
+    acks: Vec<Ack>,
+}
+
+async fn run_shard(
+    shard: u32,
+    mut rx: mpsc::Receiver<Command>,
+    ctx: Arc<FlushContext>,
+    config: WriterConfig,
+) {
+    let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
+    let mut ticker = tokio::time::interval(config.flush_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                None => {
+                    flush(shard, &ctx, &mut pending).await;
+                    return;
+                }
+                Some(Command::Write { tenant, profile, ack }) => {
+                    let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
+                        builder: BlockBuilder::new(tenant),
+                        acks: Vec::new(),
+                    });
+                    p.builder.add(&profile);
+                    p.acks.push(ack);
+                    let size: usize = pending.values().map(|p| p.builder.estimated_bytes()).sum();
+                    if size >= config.flush_bytes {
+                        flush(shard, &ctx, &mut pending).await;
+                    }
+                }
+                Some(Command::Flush { done }) => {
+                    flush(shard, &ctx, &mut pending).await;
+                    let _ = done.send(());
+                }
+            },
+            _ = ticker.tick() => {
+                if !pending.is_empty() {
+                    flush(shard, &ctx, &mut pending).await;
+                }
+            }
+        }
+    }
+}
+
+async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pending>) {
+    for (tenant, p) in std::mem::take(pending) {
+        let started = Instant::now();
+        let result = flush_one(shard, ctx, p.builder).await;
+        match &result {
+            Ok(Some(meta)) => debug!(
+                tenant = %tenant, shard, block = %meta.0, rows = meta.1,
+                elapsed_ms = started.elapsed().as_millis() as u64, "block flushed"
+            ),
+            Ok(None) => {}
+            Err(e) => error!(tenant = %tenant, shard, error = %e, "block flush failed"),
+        }
+        let result = result.map(|_| ()).map_err(|e| e.to_string());
+        for ack in p.acks {
+            let _ = ack.send(result.clone());
+        }
+    }
+}
+
+async fn flush_one(
+    shard: u32,
+    ctx: &FlushContext,
+    builder: BlockBuilder,
+) -> Result<Option<(String, u64)>> {
+    if builder.is_empty() {
+        return Ok(None);
+    }
+    let id = ulid::Ulid::generate().to_string();
+    let id_for_task = id.clone();
+    let BuiltBlock {
+        meta,
+        samples,
+        symbols,
+    } = tokio::task::spawn_blocking(move || builder.finish(shard, &id_for_task))
+        .await
+        .map_err(|e| Error::Flush(e.to_string()))??;
+    // Symbols first: a registered block's sections are always both present.
+    ctx.store.put_durable(&meta.symbols_path, symbols).await?;
+    ctx.store.put_durable(&meta.samples_path, samples).await?;
+    let rows = meta.rows;
+    ctx.metastore.add_block(meta).await?;
+    Ok(Some((id, rows)))
+}
