@@ -1,1 +1,25 @@
-//! placeholder
+//! Kiln's gateway: the `kiln` binary's server.
+//!
+//! ```text
+//!  SDKs, collectors, Grafana ── HTTP/1.1 + h2c, one port ──►  steer: application/grpc* → tonic
+//!                                                                     else → axum routes
+//!    /ingest, /pyroscope/ingest ─► ingest: body limit → gzip (bounded) → decode → normalize ┐
+//!    push.v1 (Connect, gRPC)    ─► ingest::push ───────────────────────────────────────────┤
+//!                                                                   storage.write (durable) ┘
+//!    querier.v1 (Connect, gRPC) ─► querier ─► storage query engine ─► FlameGraph / pprof / series
+//! ```
+//!
+//! Every request is mapped to a tenant first ([`tenant`]); errors of every protocol come from one
+//! [`error::ApiError`].
+
+pub mod app;
+pub mod cli;
+pub mod connect;
+pub mod error;
+pub mod grpc;
+pub mod ingest;
+pub mod metrics;
+pub mod querier;
+pub mod server;
+pub mod tenant;
+pub mod time;

@@ -1,1 +1,18 @@
-fn main() {}
+//! The `kiln` binary.
+
+use clap::Parser;
+use kiln_gateway::cli::{Cli, Command, ServeArgs};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Command::Serve(args)) => args,
+        None => ServeArgs::default(),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    kiln_gateway::cli::serve(args).await
+}

@@ -8,11 +8,17 @@ use crate::{Error, Result};
 
 /// Decodes a pprof profile, gzip-compressed or plain, refusing to inflate past `max_bytes`.
 pub fn decode(data: &[u8], max_bytes: usize) -> Result<Profile> {
+    decode_sized(data, max_bytes).map(|(p, _)| p)
+}
+
+/// Like [`decode`], also returning the decompressed size.
+pub fn decode_sized(data: &[u8], max_bytes: usize) -> Result<(Profile, usize)> {
     if data.is_empty() {
         return Err(Error::Invalid("the profile is empty".into()));
     }
     let raw = maybe_gunzip(data, max_bytes)?;
-    Profile::decode(&*raw).map_err(|e| Error::Protobuf(e.to_string()))
+    let profile = Profile::decode(&*raw).map_err(|e| Error::Protobuf(e.to_string()))?;
+    Ok((profile, raw.len()))
 }
 
 /// Encodes a profile as plain protobuf.

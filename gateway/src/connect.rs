@@ -1,0 +1,197 @@
+//! The Connect protocol (unary, POST) for `querier.v1` and `push.v1`: binary protobuf
+//! (`application/proto`, what Grafana's datasource sends) and protobuf-JSON (`application/json`),
+//! gzip request bodies, and Connect's JSON error bodies.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use prost::Message;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::app::AppRef;
+use crate::error::{ApiError, ErrorKind};
+use crate::ingest::{decode_content_encoding, read_body};
+use crate::querier::Querier;
+use crate::tenant::tenant_of;
+
+/// A Connect codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Proto,
+    Json,
+}
+
+impl Codec {
+    /// The codec of a request's content type; anything else is 415.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let essence = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        match essence.as_str() {
+            "application/proto" | "application/protobuf" | "application/x-protobuf" => {
+                Ok(Self::Proto)
+            }
+            "application/json" => Ok(Self::Json),
+            _ => Err(ApiError::unsupported_media_type(format!(
+                "content type {ct:?} is not supported; use application/proto, application/json \
+                 or gRPC (application/grpc)"
+            ))),
+        }
+    }
+
+    fn content_type(self) -> &'static str {
+        match self {
+            Self::Proto => "application/proto",
+            Self::Json => "application/json",
+        }
+    }
+
+    fn decode<M: Message + Default + DeserializeOwned>(self, body: &[u8]) -> Result<M, ApiError> {
+        match self {
+            Self::Proto => M::decode(body)
+                .map_err(|e| ApiError::invalid(format!("invalid protobuf request: {e}"))),
+            Self::Json if body.is_empty() => Ok(M::default()),
+            Self::Json => serde_json::from_slice(body)
+                .map_err(|e| ApiError::invalid(format!("invalid JSON request: {e}"))),
+        }
+    }
+
+    fn encode<M: Message + Serialize>(self, msg: &M) -> Result<Bytes, ApiError> {
+        match self {
+            Self::Proto => Ok(Bytes::from(msg.encode_to_vec())),
+            Self::Json => serde_json::to_vec(msg)
+                .map(Bytes::from)
+                .map_err(ApiError::internal),
+        }
+    }
+}
+
+/// A Connect error response.
+pub fn connect_error(e: &ApiError) -> Response {
+    (
+        e.kind.http_status(),
+        [(header::CONTENT_TYPE, "application/json")],
+        e.connect_body(),
+    )
+        .into_response()
+}
+
+fn connect_ok(codec: Codec, body: Bytes) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, codec.content_type())],
+        body,
+    )
+        .into_response()
+}
+
+struct Call {
+    codec: Codec,
+    tenant: String,
+    body: Bytes,
+}
+
+async fn prepare(app: &AppRef, headers: &HeaderMap, body: Body) -> Result<Call, ApiError> {
+    let codec = Codec::from_headers(headers)?;
+    let tenant = tenant_of(app.auth, headers)?;
+    let body = read_body(body, app.limits.max_body_bytes).await?;
+    let body = decode_content_encoding(headers, body, app.limits.max_decompressed_bytes)?;
+    Ok(Call {
+        codec,
+        tenant,
+        body,
+    })
+}
+
+/// `POST /querier.v1.QuerierService/{method}`.
+pub async fn querier_handler(
+    State(app): State<AppRef>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let querier = Querier::new(app.clone());
+    let (name, result) = match prepare(&app, &headers, body).await {
+        Err(e) => ("prepare", Err(e)),
+        Ok(call) => dispatch(&querier, &method, call).await,
+    };
+    app.metrics.query(name, result.is_ok());
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}
+
+macro_rules! unary {
+    ($querier:expr, $call:expr, $method:ident) => {{
+        let req = $call.codec.decode(&$call.body)?;
+        let resp = $querier.$method(&$call.tenant, req).await?;
+        Ok(($call.codec, $call.codec.encode(&resp)?))
+    }};
+}
+
+async fn dispatch(
+    querier: &Querier,
+    method: &str,
+    call: Call,
+) -> (&'static str, Result<(Codec, Bytes), ApiError>) {
+    async fn run(querier: &Querier, method: &str, call: Call) -> Result<(Codec, Bytes), ApiError> {
+        match method {
+            "ProfileTypes" => unary!(querier, call, profile_types),
+            "LabelNames" => unary!(querier, call, label_names),
+            "LabelValues" => unary!(querier, call, label_values),
+            "Series" => unary!(querier, call, series),
+            "SelectMergeStacktraces" => unary!(querier, call, select_merge_stacktraces),
+            "SelectMergeSpanProfile" => unary!(querier, call, select_merge_span_profile),
+            "SelectMergeProfile" => unary!(querier, call, select_merge_profile),
+            "SelectSeries" => unary!(querier, call, select_series),
+            "GetProfileStats" => unary!(querier, call, get_profile_stats),
+            other => Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("querier.v1.QuerierService has no method {other:?} in Kiln"),
+            )),
+        }
+    }
+    let name = match method {
+        "ProfileTypes" => "ProfileTypes",
+        "LabelNames" => "LabelNames",
+        "LabelValues" => "LabelValues",
+        "Series" => "Series",
+        "SelectMergeStacktraces" => "SelectMergeStacktraces",
+        "SelectMergeSpanProfile" => "SelectMergeSpanProfile",
+        "SelectMergeProfile" => "SelectMergeProfile",
+        "SelectSeries" => "SelectSeries",
+        "GetProfileStats" => "GetProfileStats",
+        _ => "unknown",
+    };
+    (name, run(querier, method, call).await)
+}
+
+/// `POST /push.v1.PusherService/Push`.
+pub async fn push_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let call = prepare(&app, &headers, body).await?;
+        let req: kiln_proto::push::v1::PushRequest = call.codec.decode(&call.body)?;
+        crate::ingest::push(&app, &call.tenant, req).await?;
+        Ok::<_, ApiError>((
+            call.codec,
+            call.codec.encode(&kiln_proto::push::v1::PushResponse {})?,
+        ))
+    }
+    .await;
+    app.metrics.ingest("push", result.is_ok());
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}

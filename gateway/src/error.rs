@@ -1,0 +1,157 @@
+//! One error type for every protocol: a small closed [`ErrorKind`] mapped to HTTP statuses, gRPC
+//! codes and Connect codes in one place. Clients see a clear message for their mistakes and a
+//! generic one for ours (which is logged once, here).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// What kind of failure, independent of protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidInput,
+    Unauthenticated,
+    PermissionDenied,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    Unprocessable,
+    ResourceExhausted,
+    Unimplemented,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorKind {
+    /// HTTP status.
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Self::InvalidInput => StatusCode::BAD_REQUEST,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::PermissionDenied => StatusCode::FORBIDDEN,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// gRPC status code.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            Self::InvalidInput | Self::Unprocessable | Self::UnsupportedMediaType => {
+                tonic::Code::InvalidArgument
+            }
+            Self::Unauthenticated => tonic::Code::Unauthenticated,
+            Self::PermissionDenied => tonic::Code::PermissionDenied,
+            Self::NotFound => tonic::Code::NotFound,
+            Self::PayloadTooLarge | Self::ResourceExhausted => tonic::Code::ResourceExhausted,
+            Self::Unimplemented => tonic::Code::Unimplemented,
+            Self::Unavailable => tonic::Code::Unavailable,
+            Self::Internal => tonic::Code::Internal,
+        }
+    }
+
+    /// Connect error code (the JSON `code` string).
+    pub fn connect_code(self) -> &'static str {
+        match self {
+            Self::InvalidInput | Self::Unprocessable | Self::UnsupportedMediaType => {
+                "invalid_argument"
+            }
+            Self::Unauthenticated => "unauthenticated",
+            Self::PermissionDenied => "permission_denied",
+            Self::NotFound => "not_found",
+            Self::PayloadTooLarge | Self::ResourceExhausted => "resource_exhausted",
+            Self::Unimplemented => "unimplemented",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// An error answered to a client.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PayloadTooLarge, message)
+    }
+
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::UnsupportedMediaType, message)
+    }
+
+    /// Our own failure: logged with its detail, answered generically.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "internal error");
+        Self::new(
+            ErrorKind::Internal,
+            "internal error; the server log has the details",
+        )
+    }
+
+    /// The body Connect clients expect.
+    pub fn connect_body(&self) -> String {
+        serde_json::json!({ "code": self.kind.connect_code(), "message": self.message }).to_string()
+    }
+}
+
+impl From<kiln_otel::Error> for ApiError {
+    fn from(e: kiln_otel::Error) -> Self {
+        match e {
+            kiln_otel::Error::TooLarge { .. } => Self::too_large(e.to_string()),
+            other => Self::invalid(other.to_string()),
+        }
+    }
+}
+
+impl From<kiln_storage::Error> for ApiError {
+    fn from(e: kiln_storage::Error) -> Self {
+        match e {
+            kiln_storage::Error::InvalidQuery(m) => Self::invalid(m),
+            kiln_storage::Error::ShuttingDown => {
+                Self::new(ErrorKind::Unavailable, "the server is shutting down")
+            }
+            other => Self::internal(other),
+        }
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        tonic::Status::new(e.kind.grpc_code(), e.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    /// Plain HTTP endpoints answer `{"error": "..."}`-free text, as Pyroscope's `/ingest` does,
+    /// but as JSON so tools can read it.
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.kind.connect_code(), "message": self.message });
+        (
+            self.kind.http_status(),
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}

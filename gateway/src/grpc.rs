@@ -1,0 +1,128 @@
+//! gRPC front ends (tonic) for `querier.v1` and `push.v1`, sharing the Connect logic.
+
+use kiln_proto::google::v1::Profile;
+use kiln_proto::push::v1::pusher_service_server::PusherService;
+use kiln_proto::push::v1::{PushRequest, PushResponse};
+use kiln_proto::querier::v1 as q;
+use kiln_proto::querier::v1::querier_service_server::QuerierService;
+use kiln_proto::types::v1 as t;
+use tonic::{Request, Response, Status};
+
+use crate::app::AppRef;
+use crate::querier::Querier;
+use crate::tenant::tenant_of;
+
+/// gRPC services over the shared app.
+#[derive(Debug, Clone)]
+pub struct Grpc {
+    app: AppRef,
+}
+
+impl Grpc {
+    pub fn new(app: AppRef) -> Self {
+        Self { app }
+    }
+
+    fn tenant<T>(&self, req: &Request<T>) -> Result<String, Status> {
+        let headers = req.metadata().clone().into_headers();
+        Ok(tenant_of(self.app.auth, &headers)?)
+    }
+}
+
+macro_rules! grpc_unary {
+    ($self:ident, $req:ident, $method:ident, $name:literal) => {{
+        let tenant = $self.tenant(&$req)?;
+        let result = Querier::new($self.app.clone())
+            .$method(&tenant, $req.into_inner())
+            .await;
+        $self.app.metrics.query($name, result.is_ok());
+        Ok(Response::new(result?))
+    }};
+}
+
+#[tonic::async_trait]
+impl QuerierService for Grpc {
+    async fn profile_types(
+        &self,
+        req: Request<q::ProfileTypesRequest>,
+    ) -> Result<Response<q::ProfileTypesResponse>, Status> {
+        grpc_unary!(self, req, profile_types, "ProfileTypes")
+    }
+
+    async fn label_values(
+        &self,
+        req: Request<t::LabelValuesRequest>,
+    ) -> Result<Response<t::LabelValuesResponse>, Status> {
+        grpc_unary!(self, req, label_values, "LabelValues")
+    }
+
+    async fn label_names(
+        &self,
+        req: Request<t::LabelNamesRequest>,
+    ) -> Result<Response<t::LabelNamesResponse>, Status> {
+        grpc_unary!(self, req, label_names, "LabelNames")
+    }
+
+    async fn series(
+        &self,
+        req: Request<q::SeriesRequest>,
+    ) -> Result<Response<q::SeriesResponse>, Status> {
+        grpc_unary!(self, req, series, "Series")
+    }
+
+    async fn select_merge_stacktraces(
+        &self,
+        req: Request<q::SelectMergeStacktracesRequest>,
+    ) -> Result<Response<q::SelectMergeStacktracesResponse>, Status> {
+        grpc_unary!(
+            self,
+            req,
+            select_merge_stacktraces,
+            "SelectMergeStacktraces"
+        )
+    }
+
+    async fn select_merge_span_profile(
+        &self,
+        req: Request<q::SelectMergeSpanProfileRequest>,
+    ) -> Result<Response<q::SelectMergeSpanProfileResponse>, Status> {
+        grpc_unary!(
+            self,
+            req,
+            select_merge_span_profile,
+            "SelectMergeSpanProfile"
+        )
+    }
+
+    async fn select_merge_profile(
+        &self,
+        req: Request<q::SelectMergeProfileRequest>,
+    ) -> Result<Response<Profile>, Status> {
+        grpc_unary!(self, req, select_merge_profile, "SelectMergeProfile")
+    }
+
+    async fn select_series(
+        &self,
+        req: Request<q::SelectSeriesRequest>,
+    ) -> Result<Response<q::SelectSeriesResponse>, Status> {
+        grpc_unary!(self, req, select_series, "SelectSeries")
+    }
+
+    async fn get_profile_stats(
+        &self,
+        req: Request<t::GetProfileStatsRequest>,
+    ) -> Result<Response<t::GetProfileStatsResponse>, Status> {
+        grpc_unary!(self, req, get_profile_stats, "GetProfileStats")
+    }
+}
+
+#[tonic::async_trait]
+impl PusherService for Grpc {
+    async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let tenant = self.tenant(&req)?;
+        let result = crate::ingest::push(&self.app, &tenant, req.into_inner()).await;
+        self.app.metrics.ingest("push-grpc", result.is_ok());
+        result?;
+        Ok(Response::new(PushResponse {}))
+    }
+}

@@ -1,0 +1,386 @@
+//! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, folded, lines) and `push.v1`.
+//! Every path ends in [`store`], which answers only once the data is durable.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use bytes::Bytes;
+use kiln_otel::compress::gunzip_limited;
+use kiln_otel::labels::{AppName, parse_app_name};
+use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
+use kiln_otel::{IngestMeta, folded, normalize, pprof};
+use kiln_proto::push::v1::PushRequest;
+
+use crate::app::{AppRef, Limits};
+use crate::error::ApiError;
+use crate::tenant::tenant_of;
+use crate::time::{now_nanos, parse_time};
+
+/// Labels Pyroscope adds to every `/ingest` series.
+const LABEL_SPY: &str = "pyroscope_spy";
+
+/// Reads a request body, refusing more than `limit` bytes with 413.
+pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<http_body_util::LengthLimitError>())
+            .is_some();
+        if too_large {
+            ApiError::too_large(format!("request body exceeds the limit of {limit} bytes"))
+        } else {
+            ApiError::invalid(format!("cannot read the request body: {e}"))
+        }
+    })
+}
+
+/// Undoes `Content-Encoding: gzip` (bounded), if the request says so.
+pub fn decode_content_encoding(
+    headers: &HeaderMap,
+    body: Bytes,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    match headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("") | Some("identity") => Ok(body),
+        Some("gzip") | Some("x-gzip") => Ok(Bytes::from(gunzip_limited(&body, limit)?)),
+        Some(other) => Err(ApiError::unsupported_media_type(format!(
+            "content encoding {other:?} is not supported; use gzip or none"
+        ))),
+    }
+}
+
+/// Writes normalized profiles for a tenant; returns once all are durable.
+pub async fn store(
+    app: &AppRef,
+    tenant: &str,
+    profiles: Vec<NormalizedProfile>,
+) -> Result<(), ApiError> {
+    let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
+    let series: usize = profiles.iter().map(|p| p.series.len()).sum();
+    let writes = profiles
+        .into_iter()
+        .filter(|p| !p.series.is_empty())
+        .map(|p| app.storage.write(tenant, p));
+    for result in futures::future::join_all(writes).await {
+        result?;
+    }
+    app.metrics.ingest_samples.inc_by(samples as u64);
+    app.metrics.ingest_profiles.inc_by(series as u64);
+    Ok(())
+}
+
+/// Decodes the query string strictly: percent-decoded values must be UTF-8.
+fn query_params(uri: &Uri) -> Result<HashMap<String, String>, ApiError> {
+    let mut out = HashMap::new();
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |s: &str| -> Result<String, ApiError> {
+            let s = s.replace('+', " ");
+            percent_encoding::percent_decode_str(&s)
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .map_err(|_| ApiError::invalid(format!("query parameter {k:?} is not valid UTF-8")))
+        };
+        out.insert(decode(k)?, decode(v)?);
+    }
+    Ok(out)
+}
+
+/// Content types `/ingest` accepts (the body format comes from `format`).
+fn check_ingest_content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let ct = ct
+        .to_str()
+        .map_err(|_| ApiError::invalid("the content type is not valid text"))?;
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    const ACCEPTED: [&str; 8] = [
+        "application/octet-stream",
+        "binary/octet-stream",
+        "application/x-protobuf",
+        "application/protobuf",
+        "application/vnd.google.protobuf",
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+    ];
+    if !ACCEPTED.contains(&essence.as_str()) {
+        return Err(ApiError::unsupported_media_type(format!(
+            "content type {essence:?} is not accepted by /ingest; send the profile as \
+             application/octet-stream (pprof, folded, lines) or multipart/form-data (pprof)"
+        )));
+    }
+    Ok(Some(ct.to_owned()))
+}
+
+/// `POST /ingest`: Pyroscope's ingestion API.
+pub async fn ingest_handler(
+    State(app): State<AppRef>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let result = ingest(&app, &uri, &headers, body).await;
+    app.metrics.ingest("ingest", result.is_ok());
+    result.map(|()| StatusCode::OK)
+}
+
+async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+    let tenant = tenant_of(app.auth, headers)?;
+    let content_type = check_ingest_content_type(headers)?;
+    let limits = &app.limits;
+    let body = read_body(body, limits.max_body_bytes).await?;
+    app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
+    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    if body.is_empty() {
+        return Err(ApiError::invalid("the request body is empty"));
+    }
+    let params = query_params(uri)?;
+    let name = params.get("name").ok_or_else(|| {
+        ApiError::invalid("the name parameter is required (app{label=value,...})")
+    })?;
+    let name = parse_app_name(name)?;
+    let now = now_nanos();
+    let time_param = |key: &str| -> Result<Option<i64>, ApiError> {
+        params
+            .get(key)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                parse_time(v, now).ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "{key}={v:?} is not a time (Unix s/ms/µs/ns or now-1h)"
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let from = time_param("from")?.unwrap_or(now);
+    let until = time_param("until")?.unwrap_or(from);
+    let sample_rate: u32 = match params.get("sampleRate").filter(|v| !v.is_empty()) {
+        None => 100,
+        Some(v) => v.parse().map_err(|_| {
+            ApiError::invalid(format!("sampleRate={v:?} is not a positive integer"))
+        })?,
+    };
+    let spy = params
+        .get("spyName")
+        .filter(|s| !s.is_empty())
+        .cloned()
+        .unwrap_or_else(|| "unknown".into());
+    let is_multipart = content_type
+        .as_deref()
+        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"));
+    let format = params.get("format").map(String::as_str).unwrap_or("");
+
+    let mut meta = IngestMeta {
+        labels: Labels::default(),
+        time_nanos: from,
+        duration_nanos: (until - from).max(0),
+        display_names: HashMap::new(),
+    };
+    meta.labels.set(LABEL_SPY.into(), spy);
+
+    let limits = limits.clone();
+    let (profile, decompressed) = match (format, is_multipart) {
+        ("pprof", _) => {
+            apply_app_labels(&mut meta, &name);
+            let meta = meta.clone();
+            blocking(move || {
+                let (p, size) = pprof::decode_sized(&body, limits.max_decompressed_bytes)?;
+                Ok((
+                    normalize::normalize_pprof(&p, &meta, &limits.normalize)?,
+                    size,
+                ))
+            })
+            .await?
+        }
+        ("", true) => {
+            apply_app_labels(&mut meta, &name);
+            let ct = content_type.unwrap_or_default();
+            let (profile, sample_type_config) = read_multipart(&ct, body).await?;
+            if let Some(config) = sample_type_config {
+                meta.display_names = parse_sample_type_config(&config)?;
+            }
+            blocking(move || {
+                let (p, size) = pprof::decode_sized(&profile, limits.max_decompressed_bytes)?;
+                Ok((
+                    normalize::normalize_pprof(&p, &meta, &limits.normalize)?,
+                    size,
+                ))
+            })
+            .await?
+        }
+        ("" | "folded" | "groups" | "collapsed", false) | ("lines", false) => {
+            let lines = format == "lines";
+            blocking(move || {
+                let text = std::str::from_utf8(&body)
+                    .map_err(|_| ApiError::invalid("the profile text is not valid UTF-8"))?;
+                let stacks = if lines {
+                    folded::parse_lines(text)
+                } else {
+                    folded::parse_folded(text)?
+                };
+                let p = folded::from_text_stacks(
+                    &stacks,
+                    &name,
+                    sample_rate,
+                    &meta,
+                    &limits.normalize,
+                )?;
+                Ok((p, body.len()))
+            })
+            .await?
+        }
+        (other, _) => {
+            return Err(ApiError::invalid(format!(
+                "format {other:?} is not supported; use pprof, folded or lines \
+                 (or no format with a multipart/form-data pprof upload)"
+            )));
+        }
+    };
+    app.metrics
+        .ingest_decompressed_bytes
+        .inc_by(decompressed as u64);
+    store(app, &tenant, vec![profile]).await
+}
+
+/// `name{k=v}` labels for pprof uploads: the app name is the service name unless a label says so.
+fn apply_app_labels(meta: &mut IngestMeta, name: &AppName) {
+    for (k, v) in name.labels.iter() {
+        meta.labels.set(k.to_owned(), v.to_owned());
+    }
+    meta.labels.set_default(LABEL_SERVICE_NAME, &name.app);
+}
+
+/// Runs CPU-heavy decoding off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(ApiError::internal)?
+}
+
+/// The `profile` part (required) and `sample_type_config` part of a multipart upload.
+async fn read_multipart(
+    content_type: &str,
+    body: Bytes,
+) -> Result<(Bytes, Option<Bytes>), ApiError> {
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|e| ApiError::invalid(format!("bad multipart content type: {e}")))?;
+    let stream = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
+    let mut mp = multer::Multipart::new(stream, boundary);
+    let (mut profile, mut config) = (None, None);
+    while let Some(field) = mp
+        .next_field()
+        .await
+        .map_err(|e| ApiError::invalid(format!("malformed multipart body: {e}")))?
+    {
+        let name = field.name().unwrap_or_default().to_owned();
+        let data = field
+            .bytes()
+            .await
+            .map_err(|e| ApiError::invalid(format!("malformed multipart part {name:?}: {e}")))?;
+        match name.as_str() {
+            "profile" => profile = Some(data),
+            "sample_type_config" => config = Some(data),
+            "prev_profile" => {
+                return Err(ApiError::invalid(
+                    "prev_profile is not supported: upgrade the client to send delta profiles",
+                ));
+            }
+            _ => {}
+        }
+    }
+    let profile =
+        profile.ok_or_else(|| ApiError::invalid("the multipart body has no \"profile\" part"))?;
+    Ok((profile, config))
+}
+
+/// `sample_type_config`: `{"<sample type>": {"display-name": "...", ...}}` → display names.
+fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiError> {
+    let v: HashMap<String, serde_json::Value> = serde_json::from_slice(data)
+        .map_err(|e| ApiError::invalid(format!("sample_type_config is not valid JSON: {e}")))?;
+    Ok(v.into_iter()
+        .filter_map(|(k, cfg)| {
+            cfg.get("display-name")
+                .and_then(|d| d.as_str())
+                .filter(|d| !d.is_empty())
+                .map(|d| (k, d.to_owned()))
+        })
+        .collect())
+}
+
+/// `push.v1.PusherService/Push`: every sample is decoded and normalized before anything is
+/// written, so a bad sample refuses the whole request and nothing of it is stored.
+pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), ApiError> {
+    let limits: Limits = app.limits.clone();
+    let now = now_nanos();
+    let profiles = blocking(move || {
+        let mut total = 0usize;
+        let mut out = Vec::new();
+        for (i, series) in req.series.into_iter().enumerate() {
+            let mut labels = Labels::default();
+            for pair in series.labels {
+                if pair.name.is_empty() {
+                    return Err(ApiError::invalid(format!(
+                        "series {i} has a label with no name"
+                    )));
+                }
+                labels.set(pair.name, pair.value);
+            }
+            labels.set_default(LABEL_SERVICE_NAME, kiln_otel::model::UNKNOWN_SERVICE);
+            let meta = IngestMeta {
+                labels,
+                time_nanos: now,
+                ..Default::default()
+            };
+            for (j, sample) in series.samples.into_iter().enumerate() {
+                let (profile, size) =
+                    pprof::decode_sized(&sample.raw_profile, limits.max_decompressed_bytes)
+                        .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
+                total += size;
+                if total > limits.max_decompressed_bytes {
+                    return Err(ApiError::too_large(format!(
+                        "the push request decompresses to more than {} bytes",
+                        limits.max_decompressed_bytes
+                    )));
+                }
+                let n = normalize::normalize_pprof(&profile, &meta, &limits.normalize)
+                    .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
+                out.push(n);
+            }
+        }
+        Ok((out, total))
+    })
+    .await?;
+    app.metrics
+        .ingest_decompressed_bytes
+        .inc_by(profiles.1 as u64);
+    store(app, tenant, profiles.0).await
+}
+
+impl ApiError {
+    /// Prefixes the message with where the error is.
+    pub fn context(mut self, at: String) -> Self {
+        self.message = format!("{at}: {}", self.message);
+        self
+    }
+}

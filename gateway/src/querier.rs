@@ -1,0 +1,368 @@
+//! `querier.v1.QuerierService`: the logic shared by the Connect and gRPC front ends.
+//! Times on the wire are Unix milliseconds; `step` is seconds.
+
+use kiln_proto::google::v1::Profile;
+use kiln_proto::querier::v1 as q;
+use kiln_proto::types::v1 as t;
+use kiln_storage::query::{Aggregation, SampleFilter};
+use kiln_storage::selector::{Selector, parse_selector};
+
+use crate::app::AppRef;
+use crate::error::{ApiError, ErrorKind};
+use crate::time::now_nanos;
+
+const NANOS_PER_MS: i64 = 1_000_000;
+
+/// `[start, end)` in nanoseconds from a request's milliseconds. Both 0: all time; end 0: now.
+fn time_range(start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
+    if start_ms <= 0 && end_ms <= 0 {
+        return Ok((i64::MIN, i64::MAX));
+    }
+    let end = if end_ms <= 0 {
+        now_nanos()
+    } else {
+        end_ms.saturating_mul(NANOS_PER_MS)
+    };
+    let start = start_ms.max(0).saturating_mul(NANOS_PER_MS);
+    if start > end {
+        return Err(ApiError::invalid(format!(
+            "start {start_ms} is after end {end_ms}"
+        )));
+    }
+    // `end` is inclusive on the wire (Pyroscope reads [start, end]).
+    Ok((start, end.saturating_add(1)))
+}
+
+fn selectors(matchers: &[String]) -> Result<Vec<Selector>, ApiError> {
+    matchers
+        .iter()
+        .map(|m| parse_selector(m).map_err(ApiError::from))
+        .collect()
+}
+
+/// Parses 16-hex-digit span ids.
+fn span_ids(spans: &[String]) -> Result<Vec<u64>, ApiError> {
+    spans
+        .iter()
+        .map(|s| {
+            let id = kiln_otel::normalize::parse_span_id(s);
+            if id == 0 {
+                Err(ApiError::invalid(format!(
+                    "invalid span id {s:?}: expected 16 hex digits"
+                )))
+            } else {
+                Ok(id)
+            }
+        })
+        .collect()
+}
+
+/// The querier API.
+#[derive(Debug, Clone)]
+pub struct Querier {
+    app: AppRef,
+}
+
+struct MergeRequest<'a> {
+    profile_type: &'a str,
+    label_selector: &'a str,
+    start: i64,
+    end: i64,
+    span_selector: &'a [String],
+}
+
+impl Querier {
+    pub fn new(app: AppRef) -> Self {
+        Self { app }
+    }
+
+    fn filter(&self, tenant: &str, r: &MergeRequest<'_>) -> Result<SampleFilter, ApiError> {
+        if kiln_otel::model::ProfileType::parse(r.profile_type).is_none() {
+            return Err(ApiError::invalid(format!(
+                "invalid profile type {:?}: expected name:sample_type:sample_unit:period_type:period_unit",
+                r.profile_type
+            )));
+        }
+        let (start_nanos, end_nanos) = time_range(r.start, r.end)?;
+        Ok(SampleFilter {
+            tenant: tenant.to_owned(),
+            profile_type: r.profile_type.to_owned(),
+            selector: parse_selector(r.label_selector)?,
+            start_nanos,
+            end_nanos,
+            span_ids: span_ids(r.span_selector)?,
+        })
+    }
+
+    fn max_nodes(&self, requested: Option<i64>) -> Result<usize, ApiError> {
+        let limits = &self.app.limits;
+        match requested {
+            None | Some(0) => Ok(limits.max_flamegraph_nodes_default as usize),
+            Some(n) if n < 0 => Err(ApiError::invalid("max_nodes must not be negative")),
+            Some(n) if n > limits.max_flamegraph_nodes_max => Err(ApiError::invalid(format!(
+                "max_nodes {n} is above the limit of {}",
+                limits.max_flamegraph_nodes_max
+            ))),
+            Some(n) => Ok(n as usize),
+        }
+    }
+
+    pub async fn profile_types(
+        &self,
+        tenant: &str,
+        r: q::ProfileTypesRequest,
+    ) -> Result<q::ProfileTypesResponse, ApiError> {
+        let (start, end) = time_range(r.start, r.end)?;
+        let types = self
+            .app
+            .storage
+            .query()
+            .profile_types(tenant, start, end)
+            .await?;
+        Ok(q::ProfileTypesResponse {
+            profile_types: types
+                .into_iter()
+                .map(|p| t::ProfileType {
+                    id: p.id(),
+                    name: p.name,
+                    sample_type: p.sample_type,
+                    sample_unit: p.sample_unit,
+                    period_type: p.period_type,
+                    period_unit: p.period_unit,
+                })
+                .collect(),
+        })
+    }
+
+    pub async fn label_names(
+        &self,
+        tenant: &str,
+        r: t::LabelNamesRequest,
+    ) -> Result<t::LabelNamesResponse, ApiError> {
+        let (start, end) = time_range(r.start, r.end)?;
+        let names = self
+            .app
+            .storage
+            .query()
+            .label_names(tenant, &selectors(&r.matchers)?, start, end)
+            .await?;
+        Ok(t::LabelNamesResponse { names })
+    }
+
+    pub async fn label_values(
+        &self,
+        tenant: &str,
+        r: t::LabelValuesRequest,
+    ) -> Result<t::LabelValuesResponse, ApiError> {
+        if r.name.is_empty() {
+            return Err(ApiError::invalid("the label name is required"));
+        }
+        let (start, end) = time_range(r.start, r.end)?;
+        let names = self
+            .app
+            .storage
+            .query()
+            .label_values(tenant, &r.name, &selectors(&r.matchers)?, start, end)
+            .await?;
+        Ok(t::LabelValuesResponse { names })
+    }
+
+    pub async fn series(
+        &self,
+        tenant: &str,
+        r: q::SeriesRequest,
+    ) -> Result<q::SeriesResponse, ApiError> {
+        let (start, end) = time_range(r.start, r.end)?;
+        let series = self
+            .app
+            .storage
+            .query()
+            .series(tenant, &selectors(&r.matchers)?, &r.label_names, start, end)
+            .await?;
+        Ok(q::SeriesResponse {
+            labels_set: series
+                .into_iter()
+                .map(|labels| t::Labels {
+                    labels: labels
+                        .into_iter()
+                        .map(|(name, value)| t::LabelPair { name, value })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    async fn flamegraph(
+        &self,
+        tenant: &str,
+        r: &MergeRequest<'_>,
+        max_nodes: Option<i64>,
+    ) -> Result<q::FlameGraph, ApiError> {
+        let filter = self.filter(tenant, r)?;
+        let max_nodes = self.max_nodes(max_nodes)?;
+        let tree = self.app.storage.query().merge_tree(&filter).await?;
+        Ok(tree.to_flamegraph(max_nodes))
+    }
+
+    pub async fn select_merge_stacktraces(
+        &self,
+        tenant: &str,
+        r: q::SelectMergeStacktracesRequest,
+    ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
+        if !r.trace_id_selector.is_empty() || !r.profile_id_selector.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::Unimplemented,
+                "trace_id_selector and profile_id_selector are not supported yet",
+            ));
+        }
+        if r.stack_trace_selector.is_some() {
+            return Err(ApiError::new(
+                ErrorKind::Unimplemented,
+                "stack_trace_selector is not supported yet",
+            ));
+        }
+        let m = MergeRequest {
+            profile_type: &r.profile_type_id,
+            label_selector: &r.label_selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &r.span_selector,
+        };
+        match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
+            q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
+                Ok(q::SelectMergeStacktracesResponse {
+                    flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
+                    ..Default::default()
+                })
+            }
+            q::ProfileFormat::Pprof => {
+                let filter = self.filter(tenant, &m)?;
+                let profile = self.app.storage.query().merge_pprof(&filter).await?;
+                Ok(q::SelectMergeStacktracesResponse {
+                    pprof: Some(q::PprofProfile {
+                        profile: Some(profile),
+                    }),
+                    ..Default::default()
+                })
+            }
+            other => Err(ApiError::new(
+                ErrorKind::Unimplemented,
+                format!(
+                    "format {} is not supported; use FLAMEGRAPH or PPROF",
+                    other.as_str_name()
+                ),
+            )),
+        }
+    }
+
+    pub async fn select_merge_span_profile(
+        &self,
+        tenant: &str,
+        r: q::SelectMergeSpanProfileRequest,
+    ) -> Result<q::SelectMergeSpanProfileResponse, ApiError> {
+        if r.span_selector.is_empty() {
+            return Err(ApiError::invalid(
+                "span_selector must name at least one span",
+            ));
+        }
+        let m = MergeRequest {
+            profile_type: &r.profile_type_id,
+            label_selector: &r.label_selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &r.span_selector,
+        };
+        Ok(q::SelectMergeSpanProfileResponse {
+            flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
+            ..Default::default()
+        })
+    }
+
+    pub async fn select_merge_profile(
+        &self,
+        tenant: &str,
+        r: q::SelectMergeProfileRequest,
+    ) -> Result<Profile, ApiError> {
+        if !r.trace_id_selector.is_empty() || !r.profile_id_selector.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::Unimplemented,
+                "trace_id_selector and profile_id_selector are not supported yet",
+            ));
+        }
+        let m = MergeRequest {
+            profile_type: &r.profile_type_id,
+            label_selector: &r.label_selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &[],
+        };
+        let filter = self.filter(tenant, &m)?;
+        Ok(self.app.storage.query().merge_pprof(&filter).await?)
+    }
+
+    pub async fn select_series(
+        &self,
+        tenant: &str,
+        r: q::SelectSeriesRequest,
+    ) -> Result<q::SelectSeriesResponse, ApiError> {
+        if !(r.step.is_finite() && r.step > 0.0) {
+            return Err(ApiError::invalid(
+                "step must be a positive number of seconds",
+            ));
+        }
+        let m = MergeRequest {
+            profile_type: &r.profile_type_id,
+            label_selector: &r.label_selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &[],
+        };
+        let filter = self.filter(tenant, &m)?;
+        let aggregation = match r.aggregation {
+            Some(a) if a == t::TimeSeriesAggregationType::Average as i32 => Aggregation::Average,
+            _ => Aggregation::Sum,
+        };
+        let step_nanos = ((r.step * 1e9) as i64).max(1_000_000);
+        let limit = r.limit.filter(|l| *l > 0).map(|l| l as usize);
+        let series = self
+            .app
+            .storage
+            .query()
+            .select_series(&filter, &r.group_by, step_nanos, aggregation, limit)
+            .await?;
+        Ok(q::SelectSeriesResponse {
+            series: series
+                .into_iter()
+                .map(|s| t::Series {
+                    labels: s
+                        .labels
+                        .into_iter()
+                        .map(|(name, value)| t::LabelPair { name, value })
+                        .collect(),
+                    points: s
+                        .points
+                        .into_iter()
+                        .map(|(timestamp, value)| t::Point {
+                            value,
+                            timestamp,
+                            ..Default::default()
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    pub async fn get_profile_stats(
+        &self,
+        tenant: &str,
+        _r: t::GetProfileStatsRequest,
+    ) -> Result<t::GetProfileStatsResponse, ApiError> {
+        let s = self.app.storage.query().profile_stats(tenant).await?;
+        Ok(t::GetProfileStatsResponse {
+            data_ingested: s.data_ingested,
+            oldest_profile_time: s.oldest_nanos.div_euclid(NANOS_PER_MS),
+            newest_profile_time: s.newest_nanos.div_euclid(NANOS_PER_MS),
+        })
+    }
+}

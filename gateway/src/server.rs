@@ -1,0 +1,130 @@
+//! The HTTP server: axum routes for Pyroscope's HTTP and Connect APIs and tonic's gRPC services on
+//! one port, HTTP/1.1 and h2c alike. Requests with an `application/grpc*` content type go to tonic;
+//! everything else to axum.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
+use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
+use tonic::codec::CompressionEncoding;
+use tower::ServiceExt;
+use tracing::info;
+
+use crate::app::AppRef;
+use crate::connect::{push_handler, querier_handler};
+use crate::grpc::Grpc;
+use crate::ingest::ingest_handler;
+
+/// The whole HTTP + gRPC application.
+pub fn router(app: AppRef) -> Router {
+    let grpc = grpc_router(app.clone());
+    Router::new()
+        .route("/ingest", post(ingest_handler))
+        .route("/pyroscope/ingest", post(ingest_handler))
+        .route("/push.v1.PusherService/Push", post(push_handler))
+        .route("/querier.v1.QuerierService/{method}", post(querier_handler))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        // Bodies are limited by each handler with a clear 413 of its own.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app)
+        .layer(middleware::from_fn_with_state(grpc, steer_grpc))
+}
+
+fn grpc_router(app: AppRef) -> Router {
+    let max = app
+        .limits
+        .max_body_bytes
+        .max(app.limits.max_decompressed_bytes);
+    let svc = Grpc::new(app);
+    let querier = QuerierServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(usize::MAX);
+    let pusher = PusherServiceServer::new(svc)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    tonic::service::Routes::new(querier)
+        .add_service(pusher)
+        .prepare()
+        .into_axum_router()
+}
+
+/// Sends gRPC requests to tonic, the rest on through axum.
+async fn steer_grpc(State(grpc): State<Router>, req: Request, next: Next) -> Response {
+    let is_grpc = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"));
+    if is_grpc {
+        return match grpc.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        };
+    }
+    next.run(req).await
+}
+
+async fn ready() -> impl IntoResponse {
+    (StatusCode::OK, "ready\n")
+}
+
+async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+}
+
+/// Serves until `shutdown` resolves, then drains in-flight requests and flushes storage.
+pub async fn serve(
+    app: AppRef,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    info!(%addr, "kiln is listening");
+    let router = router(Arc::clone(&app));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    info!("draining done, flushing storage");
+    app.storage.flush().await;
+    info!("storage flushed, bye");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => info!("interrupt received, shutting down"),
+        _ = term => info!("SIGTERM received, shutting down"),
+    }
+}
