@@ -1,0 +1,36 @@
+"""Runs CPU-bound Python under the pyroscope-io SDK (push.v1), for Kiln's e2e tests.
+
+Usage: python pyroscope_app.py SERVER_URL APP_NAME SECONDS
+"""
+import sys
+import time
+
+import pyroscope
+
+
+def kiln_py_fib(n):
+    return n if n < 2 else kiln_py_fib(n - 1) + kiln_py_fib(n - 2)
+
+
+def kiln_py_busy(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        kiln_py_fib(18)
+
+
+def main():
+    server, app, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    pyroscope.configure(
+        application_name=app,
+        server_address=server,
+        sample_rate=100,
+        upload_interval=1,
+        tags={"e2e": "pyroscope-io"},
+    )
+    with pyroscope.tag_wrapper({"controller": "busy"}):
+        kiln_py_busy(seconds)
+    pyroscope.shutdown()
+
+
+if __name__ == "__main__":
+    main()
