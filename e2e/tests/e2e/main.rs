@@ -4,4 +4,5 @@
 mod bad_input;
 mod clients;
 mod corpus;
+mod grpc;
 mod restart;
