@@ -211,10 +211,11 @@ pub fn normalize_pprof(
     };
 
     // Group samples by their series-promoted labels.
+    type SampleKey = (Vec<u32>, u64, Option<[u8; 16]>);
     struct Group {
         labels: Vec<(String, String)>,
         // Per sample type: (stack, span, trace) -> index into samples.
-        merged: Vec<HashMap<(Vec<u32>, u64, Option<[u8; 16]>), usize>>,
+        merged: Vec<HashMap<SampleKey, usize>>,
         samples: Vec<Vec<Sample>>,
     }
     let n_types = sample_types.len();

@@ -458,7 +458,7 @@ impl QueryEngine {
             })
             .collect();
         if let Some(limit) = limit.filter(|l| *l > 0 && *l < out.len()) {
-            out.sort_by(|a, b| b.0.cmp(&a.0));
+            out.sort_by_key(|s| std::cmp::Reverse(s.0));
             out.truncate(limit);
             out.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
         }
