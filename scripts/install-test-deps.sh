@@ -14,7 +14,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-venv="${KILN_TEST_VENV:-$root/target/test-venv}"
+venv="${KILN_TEST_VENV:-${CARGO_TARGET_DIR:-$root/target}/test-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
