@@ -63,13 +63,7 @@ pub async fn store(
 ) -> Result<(), ApiError> {
     let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
     let series: usize = profiles.iter().map(|p| p.series.len()).sum();
-    let writes = profiles
-        .into_iter()
-        .filter(|p| !p.series.is_empty())
-        .map(|p| app.storage.write(tenant, p));
-    for result in futures::future::join_all(writes).await {
-        result?;
-    }
+    app.storage.write_all(tenant, profiles).await?;
     app.metrics.ingest_samples.inc_by(samples as u64);
     app.metrics.ingest_profiles.inc_by(series as u64);
     Ok(())
@@ -175,9 +169,15 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
     let until = time_param("until")?.unwrap_or(from);
     let sample_rate: u32 = match params.get("sampleRate").filter(|v| !v.is_empty()) {
         None => 100,
-        Some(v) => v.parse().map_err(|_| {
-            ApiError::invalid(format!("sampleRate={v:?} is not a positive integer"))
-        })?,
+        Some(v) => v
+            .parse()
+            .ok()
+            .filter(|r| *r <= 1_000_000_000)
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "sampleRate={v:?} is not an integer from 0 to 1e9 (Hz)"
+                ))
+            })?,
     };
     let spy = params
         .get("spyName")
@@ -192,7 +192,7 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
     let mut meta = IngestMeta {
         labels: Labels::default(),
         time_nanos: from,
-        duration_nanos: (until - from).max(0),
+        duration_nanos: until.saturating_sub(from).max(0),
         display_names: HashMap::new(),
     };
     meta.labels.set(LABEL_SPY.into(), spy);

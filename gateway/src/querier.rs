@@ -77,16 +77,17 @@ impl Querier {
     }
 
     fn filter(&self, tenant: &str, r: &MergeRequest<'_>) -> Result<SampleFilter, ApiError> {
-        if kiln_otel::model::ProfileType::parse(r.profile_type).is_none() {
+        let Some(profile_type) = kiln_otel::model::ProfileType::parse(r.profile_type) else {
             return Err(ApiError::invalid(format!(
                 "invalid profile type {:?}: expected name:sample_type:sample_unit:period_type:period_unit",
                 r.profile_type
             )));
-        }
+        };
         let (start_nanos, end_nanos) = time_range(r.start, r.end)?;
         Ok(SampleFilter {
             tenant: tenant.to_owned(),
-            profile_type: r.profile_type.to_owned(),
+            // A sixth `:delta` part is accepted and dropped, as Pyroscope does.
+            profile_type: profile_type.id(),
             selector: parse_selector(r.label_selector)?,
             start_nanos,
             end_nanos,
@@ -305,6 +306,11 @@ impl Querier {
         tenant: &str,
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
+        if r.start <= 0 || r.end <= 0 {
+            return Err(ApiError::invalid(
+                "SelectSeries needs start and end (Unix ms)",
+            ));
+        }
         if !(r.step.is_finite() && r.step > 0.0) {
             return Err(ApiError::invalid(
                 "step must be a positive number of seconds",

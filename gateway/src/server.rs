@@ -102,7 +102,7 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await?;
     info!("draining done, flushing storage");
-    app.storage.flush().await;
+    app.storage.close().await;
     info!("storage flushed, bye");
     Ok(())
 }

@@ -28,18 +28,18 @@ pub fn parse_time(s: &str, now: i64) -> Option<i64> {
             "d" => 86_400_000_000_000,
             _ => return None,
         };
-        return Some(now - n.checked_mul(unit_nanos)?);
+        return now.checked_sub(n.checked_mul(unit_nanos)?);
     }
     let v: i64 = s.parse().ok()?;
     if v < 0 {
         return None;
     }
-    Some(match v {
-        v if v < 100_000_000_000 => v * 1_000_000_000,
-        v if v < 100_000_000_000_000 => v * 1_000_000,
-        v if v < 100_000_000_000_000_000 => v * 1_000,
-        v => v,
-    })
+    match v {
+        v if v < 100_000_000_000 => v.checked_mul(1_000_000_000),
+        v if v < 100_000_000_000_000 => v.checked_mul(1_000_000),
+        v if v < 100_000_000_000_000_000 => v.checked_mul(1_000),
+        v => Some(v),
+    }
 }
 
 #[cfg(test)]
@@ -61,5 +61,7 @@ mod tests {
         assert_eq!(parse_time("now-1h", 3_600_000_000_001), Some(1));
         assert_eq!(parse_time("yesterday", 0), None);
         assert_eq!(parse_time("-5", 0), None);
+        assert_eq!(parse_time("10000000000", 0), None, "overflows as seconds");
+        assert_eq!(parse_time("now-999999999999d", 0), None);
     }
 }

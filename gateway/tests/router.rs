@@ -88,6 +88,30 @@ async fn ingest_then_query_per_tenant() {
     assert_eq!(v["flamegraph"]["total"], "40000000");
     assert_eq!(v["flamegraph"]["names"][0], "total");
 
+    // A sixth `:delta` part of the profile type is accepted and ignored, as Pyroscope does.
+    let mut req = q::SelectMergeStacktracesRequest::decode(
+        axum::body::to_bytes(flamegraph_request("team-a", false).into_body(), usize::MAX)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    req.profile_type_id.push_str(":delta");
+    let (status, body) = send(
+        &router,
+        Request::post("/querier.v1.QuerierService/SelectMergeStacktraces")
+            .header("content-type", "application/proto")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(req.encode_to_vec()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    assert_eq!(fg.total, 40_000_000);
+
     // Another tenant sees nothing.
     let (status, body) = send(&router, flamegraph_request("team-b", false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -134,4 +158,180 @@ async fn errors_are_clear_per_protocol() {
     let (status, body) = send(&router, req).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(String::from_utf8_lossy(&body).contains("X-Scope-OrgID"));
+}
+
+fn tiny_pprof(function: &str, value: i64) -> Vec<u8> {
+    use kiln_proto::google::v1 as p;
+    let profile = p::Profile {
+        string_table: ["", "alloc_space", "bytes", "main", function]
+            .map(String::from)
+            .to_vec(),
+        sample_type: vec![p::ValueType { r#type: 1, unit: 2 }],
+        function: vec![
+            p::Function {
+                id: 1,
+                name: 3,
+                ..Default::default()
+            },
+            p::Function {
+                id: 2,
+                name: 4,
+                ..Default::default()
+            },
+        ],
+        location: vec![
+            p::Location {
+                id: 1,
+                line: vec![p::Line {
+                    function_id: 1,
+                    line: 1,
+                }],
+                ..Default::default()
+            },
+            p::Location {
+                id: 2,
+                line: vec![p::Line {
+                    function_id: 2,
+                    line: 1,
+                }],
+                ..Default::default()
+            },
+        ],
+        sample: vec![p::Sample {
+            location_id: vec![2, 1],
+            value: vec![value],
+            label: vec![],
+        }],
+        time_nanos: 1_700_000_000_000_000_000,
+        ..Default::default()
+    };
+    profile.encode_to_vec()
+}
+
+async fn flamegraph_total(
+    router: &axum::Router,
+    tenant: &str,
+    profile_type: &str,
+    selector: &str,
+) -> (i64, Vec<String>) {
+    let req = q::SelectMergeStacktracesRequest {
+        profile_type_id: profile_type.into(),
+        label_selector: selector.into(),
+        start: 1_699_999_000_000,
+        end: 1_700_001_000_000,
+        ..Default::default()
+    };
+    let (status, body) = send(
+        router,
+        Request::post("/querier.v1.QuerierService/SelectMergeStacktraces")
+            .header("content-type", "application/proto")
+            .header("x-scope-orgid", tenant)
+            .body(Body::from(req.encode_to_vec()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    (fg.total, fg.names)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multipart_lines_and_push_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+
+    // Multipart pprof upload, the way pyroscope-go and old @pyroscope/nodejs send it.
+    let boundary = "----kiln-test-boundary";
+    let mut body = Vec::new();
+    body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"profile\"; filename=\"profile\"\r\nContent-Type: application/octet-stream\r\n\r\n").as_bytes());
+    body.extend_from_slice(&tiny_pprof("multipart_fn", 123));
+    body.extend_from_slice(format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"sample_type_config\"; filename=\"sample_type_config.json\"\r\n\r\n{{\"alloc_space\":{{\"units\":\"bytes\",\"display-name\":\"alloc_space\"}}}}\r\n--{boundary}--\r\n").as_bytes());
+    let req = Request::post("/ingest?name=mp-app%7Bteam%3Dx%7D&from=1700000000")
+        .header("x-scope-orgid", "t1")
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={boundary}"),
+        )
+        .body(Body::from(body))
+        .unwrap();
+    let (status, body) = send(&router, req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (total, names) = flamegraph_total(
+        &router,
+        "t1",
+        "memory:alloc_space:bytes::",
+        r#"{service_name="mp-app",team="x"}"#,
+    )
+    .await;
+    assert_eq!(total, 123);
+    assert!(names.contains(&"multipart_fn".to_string()));
+
+    // `lines`: every line is one sample of a stack.
+    let req = Request::post("/ingest?name=lines-app.alloc_objects&format=lines&from=1700000000")
+        .header("x-scope-orgid", "t1")
+        .body(Body::from("a;b\na;b\na;c\n"))
+        .unwrap();
+    assert_eq!(send(&router, req).await.0, StatusCode::OK);
+    let (total, _) = flamegraph_total(
+        &router,
+        "t1",
+        "memory:alloc_objects:count::",
+        r#"{service_name="lines-app"}"#,
+    )
+    .await;
+    assert_eq!(total, 3);
+
+    // push.v1 over Connect JSON: bytes are base64, names lowerCamel.
+    use base64_like::encode;
+    let raw = encode(&tiny_pprof("pushed_json_fn", 7));
+    let json = format!(
+        r#"{{"series":[{{"labels":[{{"name":"__name__","value":"memory"}},{{"name":"service_name","value":"json-app"}}],"samples":[{{"rawProfile":"{raw}","ID":"x"}}]}}]}}"#
+    );
+    let req = Request::post("/push.v1.PusherService/Push")
+        .header("x-scope-orgid", "t1")
+        .header("content-type", "application/json")
+        .body(Body::from(json))
+        .unwrap();
+    let (status, body) = send(&router, req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (total, names) = flamegraph_total(
+        &router,
+        "t1",
+        "memory:alloc_space:bytes::",
+        r#"{service_name="json-app"}"#,
+    )
+    .await;
+    assert_eq!(total, 7);
+    assert!(names.contains(&"pushed_json_fn".to_string()));
+
+    // None of it is visible to another tenant.
+    let (total, _) = flamegraph_total(&router, "t2", "memory:alloc_space:bytes::", "{}").await;
+    assert_eq!(total, 0);
+}
+
+/// Standard base64, enough for the JSON test.
+mod base64_like {
+    pub fn encode(data: &[u8]) -> String {
+        const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut out = String::new();
+        for chunk in data.chunks(3) {
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+            for i in 0..4 {
+                if i <= chunk.len() {
+                    out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+                } else {
+                    out.push('=');
+                }
+            }
+        }
+        out
+    }
 }

@@ -38,10 +38,9 @@ pub fn parse_folded(body: &str) -> Result<Vec<TextStack<'_>>> {
         if value < 0 {
             return Err(err("negative value".into()));
         }
+        // An empty stack is real (py-spy writes one for samples it could not unwind): its value
+        // is kept, as the root's own.
         let frames: Vec<&str> = stack.split(';').filter(|f| !f.is_empty()).collect();
-        if frames.is_empty() {
-            return Err(err("empty stack".into()));
-        }
         out.push((frames, value));
     }
     Ok(out)
@@ -164,7 +163,17 @@ pub fn from_text_stacks(
             reason: format!("value {value} overflows when scaled to nanoseconds"),
         })?;
         match merged.get(&stack) {
-            Some(&at) => samples[at].value += value,
+            Some(&at) => {
+                samples[at].value =
+                    samples[at]
+                        .value
+                        .checked_add(value)
+                        .ok_or_else(|| Error::Text {
+                            format: "folded",
+                            line: 0,
+                            reason: "merged values overflow 64 bits".into(),
+                        })?;
+            }
             None => {
                 merged.insert(stack.clone(), samples.len());
                 samples.push(Sample {
@@ -211,8 +220,10 @@ mod tests {
         assert!(parse_folded("a;b;c").is_err());
         assert!(parse_folded("a;b;c x").is_err());
         assert!(parse_folded("a;b;c -1").is_err());
-        let err = parse_folded("a 1\n; 3").unwrap_err();
+        let err = parse_folded("a 1\nb x").unwrap_err();
         assert!(err.to_string().contains("line 2"), "{err}");
+        let empty = parse_folded("a 1\n 3\n").unwrap();
+        assert_eq!(empty[1], (vec![], 3), "an empty stack keeps its value");
     }
 
     #[test]

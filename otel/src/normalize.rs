@@ -49,6 +49,9 @@ pub struct NormalizeLimits {
     pub max_stack_depth: usize,
     /// More samples than this in one profile is refused; 0 disables.
     pub max_samples: usize,
+    /// More distinct per-sample label names than this in one profile is refused (each becomes a
+    /// column of the block it lands in).
+    pub max_sample_label_names: usize,
     pub labels: LabelLimits,
 }
 
@@ -57,6 +60,7 @@ impl Default for NormalizeLimits {
         Self {
             max_stack_depth: 1000,
             max_samples: 0,
+            max_sample_label_names: 64,
             labels: LabelLimits::default(),
         }
     }
@@ -105,15 +109,35 @@ fn hex_into(s: &str, out: &mut [u8]) -> Option<()> {
     Some(())
 }
 
-/// Derives `__name__` from sample types as Pyroscope's `/ingest` does.
+/// Pyroscope's default sample type display names, used when a request sends no
+/// `sample_type_config`.
+pub const DEFAULT_DISPLAY_NAMES: [(&str, &str); 4] = [
+    ("samples", "cpu"),
+    ("goroutine", "goroutines"),
+    ("contentions", "mutex_count"),
+    ("delay", "mutex_duration"),
+];
+
+/// Derives `__name__` from sample types as Pyroscope's `/ingest` does. `display_names` is the
+/// request's `sample_type_config`; empty means Pyroscope's defaults.
 pub fn metric_name(sample_types: &[&str], display_names: &HashMap<String, String>) -> String {
     if sample_types.contains(&"wall") {
         return "wall".into();
     }
-    let mut last = "";
+    let display = |st: &str| -> String {
+        let mapped = if display_names.is_empty() {
+            DEFAULT_DISPLAY_NAMES
+                .iter()
+                .find(|(k, _)| *k == st)
+                .map(|(_, v)| (*v).to_owned())
+        } else {
+            display_names.get(st).cloned()
+        };
+        mapped.unwrap_or_else(|| st.to_owned())
+    };
+    let mut last = String::new();
     for st in sample_types {
-        let st = display_names.get(*st).map(String::as_str).unwrap_or(st);
-        last = st;
+        let st = display(st);
         if st.contains("cpu") {
             return "process_cpu".into();
         }
@@ -129,8 +153,9 @@ pub fn metric_name(sample_types: &[&str], display_names: &HashMap<String, String
         if st.contains("goroutine") {
             return "goroutines".into();
         }
+        last = st;
     }
-    last.to_owned()
+    last
 }
 
 struct Strings<'a>(&'a [String]);
@@ -278,7 +303,12 @@ pub fn normalize_pprof(
             }
             let key = (stack.clone(), span_id, trace_id);
             match group.merged[t].get(&key) {
-                Some(&at) => group.samples[t][at].value += value,
+                Some(&at) => {
+                    let merged = &mut group.samples[t][at].value;
+                    *merged = merged.checked_add(value).ok_or_else(|| {
+                        Error::Invalid(format!("sample {i}: merged values overflow 64 bits"))
+                    })?;
+                }
                 None => {
                     group.merged[t].insert(key, group.samples[t].len());
                     group.samples[t].push(Sample {
@@ -293,6 +323,17 @@ pub fn normalize_pprof(
         }
     }
 
+    let distinct: std::collections::HashSet<&str> = groups
+        .iter()
+        .flat_map(|g| g.labels.iter().map(|(k, _)| k.as_str()))
+        .collect();
+    if distinct.len() > limits.max_sample_label_names {
+        return Err(Error::Invalid(format!(
+            "the samples carry {} distinct label names, more than the limit of {}",
+            distinct.len(),
+            limits.max_sample_label_names
+        )));
+    }
     let mut series = Vec::new();
     for group in groups {
         let mut labels = meta.labels.clone();

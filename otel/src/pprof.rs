@@ -28,7 +28,66 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+
+    use kiln_proto::google::v1 as pb;
+    use proptest::prelude::*;
+
     use super::*;
+
+    fn arb_profile() -> impl Strategy<Value = Profile> {
+        (
+            prop::collection::vec("[a-z]{0,8}", 1..10),
+            prop::collection::vec(
+                (
+                    prop::collection::vec(1u64..20, 0..8),
+                    prop::collection::vec(-5i64..1000, 1..3),
+                ),
+                0..20,
+            ),
+            any::<i64>(),
+        )
+            .prop_map(|(mut strings, samples, time)| {
+                strings.insert(0, String::new());
+                Profile {
+                    string_table: strings,
+                    sample: samples
+                        .into_iter()
+                        .map(|(location_id, value)| pb::Sample {
+                            location_id,
+                            value,
+                            label: vec![],
+                        })
+                        .collect(),
+                    time_nanos: time,
+                    ..Default::default()
+                }
+            })
+    }
+
+    proptest! {
+        /// Whatever the profile, plain or gzip, it decodes back to itself.
+        #[test]
+        fn decode_round_trip(p in arb_profile(), gzip in any::<bool>()) {
+            let mut bytes = encode(&p);
+            if gzip {
+                let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                enc.write_all(&bytes).unwrap();
+                bytes = enc.finish().unwrap();
+            }
+            let (decoded, size) = decode_sized(&bytes, 1 << 20).unwrap();
+            prop_assert_eq!(size, encode(&p).len());
+            prop_assert_eq!(decoded, p);
+        }
+
+        /// Any prefix of a profile either decodes or fails with an error; it never panics.
+        #[test]
+        fn truncation_never_panics(p in arb_profile(), cut in 0usize..200) {
+            let bytes = encode(&p);
+            let cut = cut.min(bytes.len());
+            let _ = decode(&bytes[..cut], 1 << 20);
+        }
+    }
 
     #[test]
     fn empty_and_truncated_are_errors() {

@@ -48,9 +48,25 @@ pub fn label_column(name: &str) -> String {
     format!("{}{name}", columns::LABEL_PREFIX)
 }
 
-/// Object path of a block's directory.
+/// Object path of a block's directory. The tenant is escaped so that every object store, URL
+/// and glob treats it literally.
 pub fn block_dir(shard: u32, tenant: &str, id: &str) -> String {
-    format!("blocks/{shard}/{tenant}/{id}")
+    format!("blocks/{shard}/{}/{id}", escape_tenant(tenant))
+}
+
+/// A tenant id as a path segment: letters, digits, `_`, `.` and `-` as they are, every other
+/// byte as `+HH` (`+` is not a tenant character, so the mapping is one to one; object stores
+/// percent-encode `~`, so it cannot serve).
+pub fn escape_tenant(tenant: &str) -> String {
+    let mut out = String::with_capacity(tenant.len());
+    for b in tenant.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("+{b:02X}"));
+        }
+    }
+    out
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -78,6 +94,7 @@ pub struct BlockBuilder {
     series: Vec<SeriesEntry>,
     rows: Vec<Row>,
     profiles: u64,
+    label_names: std::collections::HashSet<String>,
 }
 
 /// A finished block, ready to upload.
@@ -98,6 +115,7 @@ impl BlockBuilder {
             series: Vec::new(),
             rows: Vec::new(),
             profiles: 0,
+            label_names: std::collections::HashSet::new(),
         }
     }
 
@@ -111,9 +129,12 @@ impl BlockBuilder {
         self.rows.is_empty()
     }
 
-    /// Rough memory use, for flush decisions.
+    /// Rough memory use of the block once encoded, for flush decisions: rows, symbols, and one
+    /// label column entry per row and label name (the columns are dense).
     pub fn estimated_bytes(&self) -> usize {
-        self.rows.len() * std::mem::size_of::<Row>() + self.symbols.estimated_bytes()
+        let label_names = self.label_names.len().max(1);
+        self.rows.len() * (std::mem::size_of::<Row>() + 16 * label_names)
+            + self.symbols.estimated_bytes()
     }
 
     /// Adds a normalized profile.
@@ -127,6 +148,11 @@ impl BlockBuilder {
             let next = self.series.len() as u32;
             let id = *self.series_index.entry(key.clone()).or_insert(next);
             if id == next {
+                for (name, _) in key.1.iter() {
+                    if !self.label_names.contains(name) {
+                        self.label_names.insert(name.to_owned());
+                    }
+                }
                 self.series.push(SeriesEntry {
                     profile_type: key.0,
                     labels: key.1,
@@ -327,4 +353,16 @@ fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
     writer.write(batch)?;
     writer.close()?;
     Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_escaping_is_literal_and_one_to_one() {
+        assert_eq!(escape_tenant("team-a_1.x"), "team-a_1.x");
+        assert_eq!(escape_tenant("team*(1)!'"), "team+2A+281+29+21+27");
+        assert_ne!(escape_tenant("a*"), escape_tenant("a+2A"));
+    }
 }

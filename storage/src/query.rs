@@ -340,13 +340,15 @@ impl QueryEngine {
             })
     }
 
-    /// Per block, the summed value of every selected stack: `(block, symbols, [(stack id, value)])`.
-    async fn stack_values(
+    /// Calls `f` with each selected block's symbols and the summed value of every selected stack,
+    /// as scans complete. At most [`SCAN_CONCURRENCY`] blocks are held at once.
+    async fn for_each_block_stacks(
         &self,
         filter: &SampleFilter,
-    ) -> Result<Vec<(Arc<BlockMeta>, Arc<SymbolTable>, Vec<(u32, i64)>)>> {
+        mut f: impl FnMut(&SymbolTable, &[(u32, i64)]),
+    ) -> Result<()> {
         let blocks = self.candidate_blocks(filter).await?;
-        futures::stream::iter(blocks)
+        let mut scans = futures::stream::iter(blocks)
             .map(|block| async move {
                 let batches = self.scan(&block, filter, &[columns::STACK_ID]).await?;
                 let mut values = Vec::new();
@@ -360,19 +362,23 @@ impl QueryEngine {
                     }
                 }
                 let symbols = self.symbols(&block).await?;
-                Ok::<_, Error>((block, symbols, values))
+                Ok::<_, Error>((symbols, values))
             })
-            .buffer_unordered(SCAN_CONCURRENCY)
-            .try_collect()
-            .await
+            .buffer_unordered(SCAN_CONCURRENCY);
+        while let Some(scan) = scans.next().await {
+            let (symbols, values) = scan?;
+            f(&symbols, &values);
+        }
+        Ok(())
     }
 
     /// The merged stack tree of the selected samples.
     pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
         let mut tree = FlameTree::default();
-        for (_, symbols, values) in self.stack_values(filter).await? {
-            add_block_stacks(&mut tree, &symbols, &values);
-        }
+        self.for_each_block_stacks(filter, |symbols, values| {
+            add_block_stacks(&mut tree, symbols, values)
+        })
+        .await?;
         Ok(tree)
     }
 
@@ -385,9 +391,8 @@ impl QueryEngine {
             Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
         })?;
         let mut builder = pprof::PprofBuilder::new(&profile_type);
-        for (_, symbols, values) in self.stack_values(filter).await? {
-            builder.add_block(&symbols, &values);
-        }
+        self.for_each_block_stacks(filter, |symbols, values| builder.add_block(symbols, values))
+            .await?;
         Ok(builder.finish(filter.start_nanos, filter.end_nanos))
     }
 
@@ -431,11 +436,11 @@ impl QueryEngine {
                         .iter()
                         .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
                         .collect();
-                    let t = times.value(i);
-                    let bucket = filter.start_nanos
-                        + (t - filter.start_nanos).div_euclid(step_nanos) * step_nanos;
+                    let t = i128::from(times.value(i));
+                    let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
+                    let bucket = (start + (t - start).div_euclid(step) * step) as i64;
                     let slot = groups.entry(key).or_default().entry(bucket).or_default();
-                    slot.0 += sums.value(i);
+                    slot.0 = slot.0.saturating_add(sums.value(i));
                     slot.1 += 1;
                 }
             }
@@ -443,7 +448,9 @@ impl QueryEngine {
         let mut out: Vec<(i64, SeriesPoints)> = groups
             .into_iter()
             .map(|(labels, buckets)| {
-                let total: i64 = buckets.values().map(|(s, _)| s).sum();
+                let total = buckets
+                    .values()
+                    .fold(0i64, |a, (s, _)| a.saturating_add(*s));
                 let points = buckets
                     .into_iter()
                     .map(|(t, (s, n))| {

@@ -81,12 +81,22 @@ impl Storage {
 
     /// Writes a profile for `tenant`; returns once it is durable and queryable.
     pub async fn write(&self, tenant: &str, profile: NormalizedProfile) -> Result<()> {
-        self.writer.write(tenant, profile).await
+        self.writer.write(tenant, vec![profile]).await
     }
 
-    /// Flushes every buffer (used on shutdown).
+    /// Writes the profiles of one request together: all are stored, or none.
+    pub async fn write_all(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
+        self.writer.write(tenant, profiles).await
+    }
+
+    /// Flushes every buffer now.
     pub async fn flush(&self) {
         self.writer.flush().await;
+    }
+
+    /// Flushes every buffer and stops the writers (used on shutdown). Queries keep working.
+    pub async fn close(&self) {
+        self.writer.close().await;
     }
 
     /// The query engine.

@@ -14,7 +14,8 @@ use crate::{Error, Result};
 #[derive(Debug, Clone)]
 pub struct ObjectStorage {
     store: Arc<dyn ObjectStore>,
-    local_root: Option<PathBuf>,
+    /// The local file system store and its root, for fsync.
+    local: Option<(Arc<LocalFileSystem>, PathBuf)>,
 }
 
 impl ObjectStorage {
@@ -33,18 +34,16 @@ impl ObjectStorage {
                 path: root.display().to_string(),
                 source,
             })?;
+        let store = Arc::new(store);
         Ok(Self {
-            store: Arc::new(store),
-            local_root: Some(root),
+            store: store.clone(),
+            local: Some((store, root)),
         })
     }
 
     /// Any other store (S3, GCS, Azure, in-memory); puts are durable when the store says so.
     pub fn remote(store: Arc<dyn ObjectStore>) -> Self {
-        Self {
-            store,
-            local_root: None,
-        }
+        Self { store, local: None }
     }
 
     /// The underlying store.
@@ -63,9 +62,16 @@ impl ObjectStorage {
                 path: path.to_owned(),
                 source,
             })?;
-        if let Some(root) = &self.local_root {
+        if let Some((local, root)) = &self.local {
             let root = root.clone();
-            let file = root.join(path);
+            // The file the store wrote: object paths are percent-encoded on disk.
+            let file =
+                local
+                    .path_to_filesystem(&location)
+                    .map_err(|source| Error::ObjectStore {
+                        path: path.to_owned(),
+                        source,
+                    })?;
             tokio::task::spawn_blocking(move || sync_path(&root, &file))
                 .await
                 .map_err(|e| Error::Flush(e.to_string()))??;

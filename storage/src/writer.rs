@@ -41,10 +41,13 @@ type Ack = oneshot::Sender<Result<(), String>>;
 enum Command {
     Write {
         tenant: String,
-        profile: NormalizedProfile,
+        profiles: Vec<NormalizedProfile>,
         ack: Ack,
     },
     Flush {
+        done: oneshot::Sender<()>,
+    },
+    Close {
         done: oneshot::Sender<()>,
     },
 }
@@ -53,6 +56,7 @@ enum Command {
 #[derive(Debug, Clone)]
 pub struct Writer {
     shards: Vec<mpsc::Sender<Command>>,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 struct FlushContext {
@@ -68,32 +72,39 @@ impl Writer {
         metastore: Arc<dyn Metastore>,
     ) -> Self {
         let ctx = Arc::new(FlushContext { store, metastore });
+        let mut tasks = Vec::new();
         let shards = (0..config.shards.max(1))
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(1024);
-                tokio::spawn(run_shard(shard, rx, Arc::clone(&ctx), config.clone()));
+                tasks.push(tokio::spawn(run_shard(
+                    shard,
+                    rx,
+                    Arc::clone(&ctx),
+                    config.clone(),
+                )));
                 tx
             })
             .collect();
-        Self { shards }
+        Self {
+            shards,
+            tasks: Arc::new(std::sync::Mutex::new(tasks)),
+        }
     }
 
-    /// Writes a profile and waits until it is durable.
-    pub async fn write(&self, tenant: &str, profile: NormalizedProfile) -> Result<()> {
-        if profile.series.is_empty() {
+    /// Writes profiles of one request and waits until all are durable. They land in the same
+    /// block, so they are stored all together or not at all.
+    pub async fn write(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
+        let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
             return Ok(());
-        }
-        let service = profile.series[0]
-            .labels
-            .get(LABEL_SERVICE_NAME)
-            .unwrap_or_default();
+        };
+        let service = first.labels.get(LABEL_SERVICE_NAME).unwrap_or_default();
         let key = xxhash_rust::xxh3::xxh3_64(format!("{tenant}\0{service}").as_bytes());
         let shard = &self.shards[(key % self.shards.len() as u64) as usize];
         let (ack, done) = oneshot::channel();
         shard
             .send(Command::Write {
                 tenant: tenant.to_owned(),
-                profile,
+                profiles,
                 ack,
             })
             .await
@@ -114,6 +125,21 @@ impl Writer {
         }
         for w in waits {
             let _ = w.await;
+        }
+    }
+
+    /// Flushes every shard and stops the shard tasks; later writes fail with
+    /// [`Error::ShuttingDown`]. Returns once every task has exited (and released the metastore).
+    pub async fn close(&self) {
+        for shard in &self.shards {
+            let (done, wait) = oneshot::channel();
+            if shard.send(Command::Close { done }).await.is_ok() {
+                let _ = wait.await;
+            }
+        }
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("writer tasks lock"));
+        for t in tasks {
+            let _ = t.await;
         }
     }
 }
@@ -139,12 +165,14 @@ async fn run_shard(
                     flush(shard, &ctx, &mut pending).await;
                     return;
                 }
-                Some(Command::Write { tenant, profile, ack }) => {
+                Some(Command::Write { tenant, profiles, ack }) => {
                     let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
                         builder: BlockBuilder::new(tenant),
                         acks: Vec::new(),
                     });
-                    p.builder.add(&profile);
+                    for profile in &profiles {
+                        p.builder.add(profile);
+                    }
                     p.acks.push(ack);
                     let size: usize = pending.values().map(|p| p.builder.estimated_bytes()).sum();
                     if size >= config.flush_bytes {
@@ -154,6 +182,12 @@ async fn run_shard(
                 Some(Command::Flush { done }) => {
                     flush(shard, &ctx, &mut pending).await;
                     let _ = done.send(());
+                }
+                Some(Command::Close { done }) => {
+                    flush(shard, &ctx, &mut pending).await;
+                    rx.close();
+                    let _ = done.send(());
+                    return;
                 }
             },
             _ = ticker.tick() => {

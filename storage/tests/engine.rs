@@ -90,6 +90,10 @@ async fn write_query_restart_and_isolation() {
                 profile("secret.cpu{env=prod}", "main;globex_only 5", T0, 0)
             ),
         );
+        // Tenant ids may hold characters object stores percent-encode.
+        s.write("team*(1)", profile("odd.cpu", "main;odd 1", T0, 0))
+            .await
+            .unwrap();
         a.unwrap();
         b.unwrap();
         c.unwrap();
@@ -115,6 +119,12 @@ async fn write_query_restart_and_isolation() {
             "tenant wall"
         );
         assert_eq!(all.values().sum::<i64>(), 100_000_000);
+        s.close().await;
+        let err = s
+            .write("acme", profile("api.cpu", "a 1", T0, 0))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, kiln_storage::Error::ShuttingDown), "{err}");
     }
 
     // Everything acknowledged survives a restart.
@@ -194,6 +204,10 @@ async fn write_query_restart_and_isolation() {
         BTreeMap::from([(key(&["main", "globex_only"]), 50_000_000)])
     );
     assert!(stacks(&s, &filter("nobody", "{}")).await.is_empty());
+    assert_eq!(
+        stacks(&s, &filter("team*(1)", "{}")).await,
+        BTreeMap::from([(key(&["main", "odd"]), 10_000_000)])
+    );
     let names = q
         .label_names("globex", &[], i64::MIN, i64::MAX)
         .await

@@ -1,4 +1,6 @@
 use kiln_proto::google::v1 as pprof;
+use std::collections::HashMap;
+
 use proptest::prelude::*;
 
 use super::*;
@@ -258,6 +260,21 @@ fn bogus_times_are_replaced() {
     p.time_nanos = 1_650_000_000_000_000_000;
     let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
     assert_eq!(n.series[0].time_nanos, 1_650_000_000_000_000_000);
+}
+
+#[test]
+fn names_from_default_display_names() {
+    let none = HashMap::new();
+    assert_eq!(
+        metric_name(&["samples"], &none),
+        "process_cpu",
+        "py-spy pprof"
+    );
+    assert_eq!(metric_name(&["contentions", "delay"], &none), "mutex");
+    assert_eq!(metric_name(&["goroutine"], &none), "goroutines");
+    assert_eq!(metric_name(&["samples", "wall"], &none), "wall");
+    let config = HashMap::from([("contentions".to_string(), "block_count".to_string())]);
+    assert_eq!(metric_name(&["contentions"], &config), "block");
 }
 
 #[test]

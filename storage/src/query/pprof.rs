@@ -70,7 +70,8 @@ impl PprofBuilder {
                     }
                 })
                 .collect();
-            *self.samples.entry(ids).or_insert(0) += value;
+            let slot = self.samples.entry(ids).or_insert(0);
+            *slot = slot.saturating_add(value);
         }
     }
 
@@ -157,8 +158,14 @@ impl PprofBuilder {
                 label: vec![],
             })
             .collect();
-        self.profile.time_nanos = start_nanos;
-        self.profile.duration_nanos = end_nanos.saturating_sub(start_nanos);
+        // An all-time query has no meaningful start: report 0 rather than i64::MIN.
+        let start = start_nanos.max(0);
+        self.profile.time_nanos = start;
+        self.profile.duration_nanos = if end_nanos == i64::MAX {
+            0
+        } else {
+            end_nanos.saturating_sub(start)
+        };
         self.profile
     }
 }

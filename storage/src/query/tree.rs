@@ -86,10 +86,12 @@ impl FlameTree {
 
     /// Adds `value` as self value of `node` (and to the totals up to the root).
     pub fn add_value(&mut self, node: u32, value: i64) {
-        self.nodes[node as usize].self_value += value;
+        let slot = &mut self.nodes[node as usize].self_value;
+        *slot = slot.saturating_add(value);
         let mut n = node;
         loop {
-            self.nodes[n as usize].total += value;
+            let total = &mut self.nodes[n as usize].total;
+            *total = total.saturating_add(value);
             if n == Self::ROOT {
                 break;
             }
