@@ -16,6 +16,8 @@ pub mod folded;
 pub mod labels;
 pub mod model;
 pub mod normalize;
+pub mod otlp;
+pub mod otlp_json;
 pub mod pprof;
 
 pub use error::{Error, Result};

@@ -167,6 +167,8 @@ pub struct Location {
     pub mapping: Option<u32>,
     pub address: u64,
     pub lines: Vec<Line>,
+    /// The OTLP `profile.frame.type` (native, kernel, jvm, cpython, go, ...); empty when unknown.
+    pub frame_type: String,
 }
 
 /// The symbol tables a profile's stacks point into.
@@ -201,6 +203,9 @@ pub struct Sample {
     pub trace_id: Option<[u8; 16]>,
     /// Sample time in Unix nanoseconds; 0 means the profile's time.
     pub timestamp_nanos: i64,
+    /// Labels kept per sample rather than per series (OTLP `thread.id`, `thread.name`,
+    /// `cpu.logical_number`), sorted by name.
+    pub labels: Vec<(String, String)>,
 }
 
 /// One series of a profile: a label set, a profile type and its samples.

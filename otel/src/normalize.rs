@@ -317,6 +317,7 @@ pub fn normalize_pprof(
                         span_id,
                         trace_id,
                         timestamp_nanos: 0,
+                        labels: Vec::new(),
                     });
                 }
             }
@@ -438,6 +439,7 @@ fn resolve_symbols(
             mapping,
             address: loc.address,
             lines,
+            frame_type: String::new(),
         });
     }
     Ok((symbols, location_index))
