@@ -19,6 +19,7 @@ pub mod error;
 pub mod grpc;
 pub mod ingest;
 pub mod metrics;
+pub mod otlp;
 pub mod querier;
 pub mod server;
 pub mod tenant;

@@ -57,6 +57,18 @@ fn span_ids(spans: &[String]) -> Result<Vec<u64>, ApiError> {
         .collect()
 }
 
+/// Parses 32-hex-digit trace ids.
+fn trace_ids(traces: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
+    traces
+        .iter()
+        .map(|t| {
+            kiln_otel::normalize::parse_trace_id(t).ok_or_else(|| {
+                ApiError::invalid(format!("invalid trace id {t:?}: expected 32 hex digits"))
+            })
+        })
+        .collect()
+}
+
 /// The querier API.
 #[derive(Debug, Clone)]
 pub struct Querier {
@@ -69,6 +81,7 @@ struct MergeRequest<'a> {
     start: i64,
     end: i64,
     span_selector: &'a [String],
+    trace_id_selector: &'a [String],
 }
 
 impl Querier {
@@ -83,6 +96,11 @@ impl Querier {
                 r.profile_type
             )));
         };
+        if !r.span_selector.is_empty() && !r.trace_id_selector.is_empty() {
+            return Err(ApiError::invalid(
+                "span_selector and trace_id_selector cannot be used together",
+            ));
+        }
         let (start_nanos, end_nanos) = time_range(r.start, r.end)?;
         Ok(SampleFilter {
             tenant: tenant.to_owned(),
@@ -92,6 +110,7 @@ impl Querier {
             start_nanos,
             end_nanos,
             span_ids: span_ids(r.span_selector)?,
+            trace_ids: trace_ids(r.trace_id_selector)?,
         })
     }
 
@@ -210,10 +229,10 @@ impl Querier {
         tenant: &str,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
-        if !r.trace_id_selector.is_empty() || !r.profile_id_selector.is_empty() {
+        if !r.profile_id_selector.is_empty() {
             return Err(ApiError::new(
                 ErrorKind::Unimplemented,
-                "trace_id_selector and profile_id_selector are not supported yet",
+                "profile_id_selector is not supported yet",
             ));
         }
         if r.stack_trace_selector.is_some() {
@@ -228,6 +247,7 @@ impl Querier {
             start: r.start,
             end: r.end,
             span_selector: &r.span_selector,
+            trace_id_selector: &r.trace_id_selector,
         };
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
@@ -272,6 +292,7 @@ impl Querier {
             start: r.start,
             end: r.end,
             span_selector: &r.span_selector,
+            trace_id_selector: &[],
         };
         Ok(q::SelectMergeSpanProfileResponse {
             flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
@@ -284,10 +305,10 @@ impl Querier {
         tenant: &str,
         r: q::SelectMergeProfileRequest,
     ) -> Result<Profile, ApiError> {
-        if !r.trace_id_selector.is_empty() || !r.profile_id_selector.is_empty() {
+        if !r.profile_id_selector.is_empty() {
             return Err(ApiError::new(
                 ErrorKind::Unimplemented,
-                "trace_id_selector and profile_id_selector are not supported yet",
+                "profile_id_selector is not supported yet",
             ));
         }
         let m = MergeRequest {
@@ -296,6 +317,7 @@ impl Querier {
             start: r.start,
             end: r.end,
             span_selector: &[],
+            trace_id_selector: &r.trace_id_selector,
         };
         let filter = self.filter(tenant, &m)?;
         Ok(self.app.storage.query().merge_pprof(&filter).await?)
@@ -322,6 +344,7 @@ impl Querier {
             start: r.start,
             end: r.end,
             span_selector: &[],
+            trace_id_selector: &[],
         };
         let filter = self.filter(tenant, &m)?;
         let aggregation = match r.aggregation {
@@ -334,7 +357,14 @@ impl Querier {
             .app
             .storage
             .query()
-            .select_series(&filter, &r.group_by, step_nanos, aggregation, limit)
+            .select_series(
+                &filter,
+                &r.group_by,
+                step_nanos,
+                aggregation,
+                limit,
+                r.exemplar_type == t::ExemplarType::Span as i32,
+            )
             .await?;
         Ok(q::SelectSeriesResponse {
             series: series
@@ -347,10 +377,16 @@ impl Querier {
                         .collect(),
                     points: s
                         .points
-                        .into_iter()
-                        .map(|(timestamp, value)| t::Point {
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &(timestamp, value))| t::Point {
                             value,
                             timestamp,
+                            exemplars: s
+                                .exemplars
+                                .get(i)
+                                .map(|e| e.iter().map(exemplar).collect())
+                                .unwrap_or_default(),
                             ..Default::default()
                         })
                         .collect(),
@@ -370,5 +406,19 @@ impl Querier {
             oldest_profile_time: s.oldest_nanos.div_euclid(NANOS_PER_MS),
             newest_profile_time: s.newest_nanos.div_euclid(NANOS_PER_MS),
         })
+    }
+}
+
+/// A span exemplar on the wire: span and trace ids in hex, time in Unix ms.
+fn exemplar(e: &kiln_storage::query::SpanExemplar) -> t::Exemplar {
+    t::Exemplar {
+        timestamp: e.timestamp_ms,
+        span_id: kiln_otel::normalize::format_span_id(e.span_id),
+        trace_id: e
+            .trace_id
+            .map(|t| kiln_otel::normalize::to_hex(&t))
+            .unwrap_or_default(),
+        value: e.value,
+        ..Default::default()
     }
 }

@@ -31,12 +31,17 @@ pub fn router(app: AppRef) -> Router {
         .route("/pyroscope/ingest", post(ingest_handler))
         .route("/push.v1.PusherService/Push", post(push_handler))
         .route("/querier.v1.QuerierService/{method}", post(querier_handler))
+        .route("/v1development/profiles", post(crate::otlp::http_handler))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
         .with_state(app)
         .layer(middleware::from_fn_with_state(grpc, steer_grpc))
+        // A bug must cost one request a 500, never the connection or the process.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
 }
 
 fn grpc_router(app: AppRef) -> Router {
@@ -44,7 +49,7 @@ fn grpc_router(app: AppRef) -> Router {
         .limits
         .max_body_bytes
         .max(app.limits.max_decompressed_bytes);
-    let svc = Grpc::new(app);
+    let svc = Grpc::new(app.clone());
     let querier = QuerierServiceServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)
         .send_compressed(CompressionEncoding::Gzip)
@@ -55,6 +60,7 @@ fn grpc_router(app: AppRef) -> Router {
         .max_decoding_message_size(max);
     tonic::service::Routes::new(querier)
         .add_service(pusher)
+        .add_service(crate::otlp::OtlpGrpc::new(app))
         .prepare()
         .into_axum_router()
 }
@@ -67,12 +73,40 @@ async fn steer_grpc(State(grpc): State<Router>, req: Request, next: Next) -> Res
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("application/grpc"));
     if is_grpc {
-        return match grpc.oneshot(req).await {
+        let mut resp = match grpc.oneshot(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},
         };
+        oversize_is_resource_exhausted(&mut resp);
+        return resp;
     }
     next.run(req).await
+}
+
+/// tonic answers a message over the size limit with `OutOfRange`; gRPC servers elsewhere (and
+/// OTLP exporters' retry logic) expect `ResourceExhausted`.
+fn oversize_is_resource_exhausted(resp: &mut Response) {
+    let headers = resp.headers_mut();
+    let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| {
+                m.contains("message%20length%20too%20large")
+                    || m.contains("message length too large")
+            });
+    if too_large {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+}
+
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    crate::error::ApiError::internal(format!("handler panicked: {detail}")).into_response()
 }
 
 async fn ready() -> impl IntoResponse {

@@ -39,6 +39,7 @@ pub mod columns {
     pub const VALUE: &str = "value";
     pub const SPAN_ID: &str = "span_id";
     pub const TRACE_ID: &str = "trace_id";
+    pub const SAMPLE_LABELS: &str = "sample_labels";
     /// Prefix of the per-label columns.
     pub const LABEL_PREFIX: &str = "labels.";
 }
@@ -77,6 +78,8 @@ struct Row {
     value: i64,
     span_id: u64,
     trace_id: Option<[u8; 16]>,
+    /// Index into the block's per-sample label sets, plus one; 0 = none.
+    labels: u32,
 }
 
 struct SeriesEntry {
@@ -95,6 +98,8 @@ pub struct BlockBuilder {
     rows: Vec<Row>,
     profiles: u64,
     label_names: std::collections::HashSet<String>,
+    sample_labels: Vec<String>,
+    sample_label_index: HashMap<String, u32>,
 }
 
 /// A finished block, ready to upload.
@@ -116,6 +121,8 @@ impl BlockBuilder {
             rows: Vec::new(),
             profiles: 0,
             label_names: std::collections::HashSet::new(),
+            sample_labels: Vec::new(),
+            sample_label_index: HashMap::new(),
         }
     }
 
@@ -172,6 +179,20 @@ impl BlockBuilder {
                 let stack = self
                     .symbols
                     .add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
+                let labels = if sample.labels.is_empty() {
+                    0
+                } else {
+                    let encoded = encode_sample_labels(&sample.labels);
+                    let next = self.sample_labels.len() as u32 + 1;
+                    let i = *self
+                        .sample_label_index
+                        .entry(encoded.clone())
+                        .or_insert(next);
+                    if i == next {
+                        self.sample_labels.push(encoded);
+                    }
+                    i
+                };
                 self.rows.push(Row {
                     series: id,
                     timestamp,
@@ -179,6 +200,7 @@ impl BlockBuilder {
                     value: sample.value,
                     span_id: sample.span_id,
                     trace_id: sample.trace_id,
+                    labels,
                 });
             }
             self.profiles += 1;
@@ -193,6 +215,7 @@ impl BlockBuilder {
             series,
             mut rows,
             profiles,
+            sample_labels,
             ..
         } = self;
 
@@ -213,7 +236,16 @@ impl BlockBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        rows.sort_unstable_by_key(|r| (r.series, r.timestamp, r.stack, r.span_id, r.trace_id));
+        rows.sort_unstable_by_key(|r| {
+            (
+                r.series,
+                r.timestamp,
+                r.stack,
+                r.span_id,
+                r.trace_id,
+                r.labels,
+            )
+        });
 
         let series_meta: Vec<SeriesMeta> = order
             .iter()
@@ -236,7 +268,7 @@ impl BlockBuilder {
             .flat_map(|s| s.labels.iter().map(|(k, _)| k.as_str()))
             .collect();
 
-        let batch = samples_batch(&rows, &series_meta, &label_names)?;
+        let batch = samples_batch(&rows, &series_meta, &label_names, &sample_labels)?;
         let samples = write_parquet(&batch)?;
         let symbols = symbols.encode();
         let dir = block_dir(shard, &tenant, id);
@@ -272,10 +304,29 @@ impl BlockBuilder {
     }
 }
 
+/// Per-sample labels as stored in the `sample_labels` column: `name=value` pairs, sorted by name,
+/// joined by the ASCII unit separator (U+001F).
+pub fn encode_sample_labels(labels: &[(String, String)]) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("\u{1f}")
+}
+
+/// The inverse of [`encode_sample_labels`].
+pub fn decode_sample_labels(s: &str) -> Vec<(String, String)> {
+    s.split('\u{1f}')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 fn samples_batch(
     rows: &[Row],
     series: &[SeriesMeta],
     label_names: &BTreeSet<&str>,
+    sample_labels: &[String],
 ) -> Result<RecordBatch> {
     use columns::*;
     let mut fields = vec![
@@ -306,6 +357,7 @@ fn samples_batch(
         Field::new(VALUE, DataType::Int64, false),
         Field::new(SPAN_ID, DataType::UInt64, false),
         Field::new(TRACE_ID, DataType::FixedSizeBinary(16), true),
+        Field::new(SAMPLE_LABELS, DataType::Utf8, true),
     ]);
     cols.push(Arc::new(Int64Array::from_iter_values(
         rows.iter().map(|r| r.timestamp),
@@ -327,6 +379,14 @@ fn samples_batch(
         }
     }
     cols.push(Arc::new(traces.finish()));
+    let mut labels = StringBuilder::new();
+    for r in rows {
+        match r.labels {
+            0 => labels.append_null(),
+            i => labels.append_value(&sample_labels[i as usize - 1]),
+        }
+    }
+    cols.push(Arc::new(labels.finish()));
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
 }
 

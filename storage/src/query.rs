@@ -5,11 +5,12 @@
 pub mod pprof;
 pub mod tree;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{Int64Type, UInt32Type};
+use arrow::datatypes::{DataType, Int64Type, UInt32Type, UInt64Type};
+use datafusion::common::ScalarValue;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::{BinaryExpr, Operator};
@@ -47,6 +48,8 @@ pub struct SampleFilter {
     pub end_nanos: i64,
     /// When not empty, only samples of these spans.
     pub span_ids: Vec<u64>,
+    /// When not empty, only samples of these traces.
+    pub trace_ids: Vec<[u8; 16]>,
 }
 
 impl SampleFilter {
@@ -79,7 +82,22 @@ pub struct SeriesPoints {
     pub labels: Vec<(String, String)>,
     /// (Unix milliseconds, value), in time order.
     pub points: Vec<(i64, f64)>,
+    /// Span exemplars of each point (same order as `points`), largest first; empty unless asked.
+    pub exemplars: Vec<Vec<SpanExemplar>>,
 }
+
+/// The span that contributed most to a point, for traces-to-profiles links from a graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanExemplar {
+    pub span_id: u64,
+    pub trace_id: Option<[u8; 16]>,
+    /// Unix milliseconds of the latest sample of the span in the step.
+    pub timestamp_ms: i64,
+    pub value: i64,
+}
+
+/// Exemplars kept per point.
+pub const MAX_EXEMPLARS_PER_POINT: usize = 5;
 
 /// Stats of a tenant's data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -293,6 +311,14 @@ impl QueryEngine {
             let spans = filter.span_ids.iter().map(|&s| lit(s)).collect();
             expr = expr.and(col(columns::SPAN_ID).in_list(spans, false));
         }
+        if !filter.trace_ids.is_empty() {
+            let traces = filter
+                .trace_ids
+                .iter()
+                .map(|t| lit(ScalarValue::FixedSizeBinary(16, Some(t.to_vec()))))
+                .collect();
+            expr = expr.and(col(columns::TRACE_ID).in_list(traces, false));
+        }
         Some(expr)
     }
 
@@ -340,25 +366,45 @@ impl QueryEngine {
             })
     }
 
-    /// Calls `f` with each selected block's symbols and the summed value of every selected stack,
-    /// as scans complete. At most [`SCAN_CONCURRENCY`] blocks are held at once.
+    /// Calls `f` with each selected block's symbols and the summed value of every selected stack
+    /// (and per-sample label set, with `with_labels`), as scans complete. At most
+    /// [`SCAN_CONCURRENCY`] blocks are held at once.
     async fn for_each_block_stacks(
         &self,
         filter: &SampleFilter,
-        mut f: impl FnMut(&SymbolTable, &[(u32, i64)]),
+        with_labels: bool,
+        mut f: impl FnMut(&SymbolTable, &[StackValue]),
     ) -> Result<()> {
         let blocks = self.candidate_blocks(filter).await?;
+        let group: &[&str] = if with_labels {
+            &[columns::STACK_ID, columns::SAMPLE_LABELS]
+        } else {
+            &[columns::STACK_ID]
+        };
         let mut scans = futures::stream::iter(blocks)
             .map(|block| async move {
-                let batches = self.scan(&block, filter, &[columns::STACK_ID]).await?;
+                let batches = self.scan(&block, filter, group).await?;
                 let mut values = Vec::new();
                 for batch in &batches {
                     let stacks = batch.column(0).as_primitive::<UInt32Type>();
-                    let sums = batch.column(1).as_primitive::<Int64Type>();
+                    // DataFusion may read Utf8 as Utf8View: normalize before reading.
+                    let labels = match with_labels {
+                        true => Some(arrow::compute::cast(batch.column(1), &DataType::Utf8)?),
+                        false => None,
+                    };
+                    let labels = labels.as_ref().map(|l| l.as_string::<i32>());
+                    let sums = batch.column(group.len()).as_primitive::<Int64Type>();
                     for i in 0..batch.num_rows() {
-                        if !sums.is_null(i) {
-                            values.push((stacks.value(i), sums.value(i)));
+                        if sums.is_null(i) {
+                            continue;
                         }
+                        values.push(StackValue {
+                            stack: stacks.value(i),
+                            labels: labels
+                                .filter(|l| !l.is_null(i))
+                                .map(|l| l.value(i).to_owned()),
+                            value: sums.value(i),
+                        });
                     }
                 }
                 let symbols = self.symbols(&block).await?;
@@ -375,7 +421,7 @@ impl QueryEngine {
     /// The merged stack tree of the selected samples.
     pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
         let mut tree = FlameTree::default();
-        self.for_each_block_stacks(filter, |symbols, values| {
+        self.for_each_block_stacks(filter, false, |symbols, values| {
             add_block_stacks(&mut tree, symbols, values)
         })
         .await?;
@@ -391,8 +437,10 @@ impl QueryEngine {
             Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
         })?;
         let mut builder = pprof::PprofBuilder::new(&profile_type);
-        self.for_each_block_stacks(filter, |symbols, values| builder.add_block(symbols, values))
-            .await?;
+        self.for_each_block_stacks(filter, true, |symbols, values| {
+            builder.add_block(symbols, values)
+        })
+        .await?;
         Ok(builder.finish(filter.start_nanos, filter.end_nanos))
     }
 
@@ -405,6 +453,7 @@ impl QueryEngine {
         step_nanos: i64,
         aggregation: Aggregation,
         limit: Option<usize>,
+        span_exemplars: bool,
     ) -> Result<Vec<SeriesPoints>> {
         if step_nanos <= 0 {
             return Err(Error::InvalidQuery("step must be positive".into()));
@@ -412,22 +461,34 @@ impl QueryEngine {
         let blocks = self.candidate_blocks(filter).await?;
         let per_block: Vec<(Arc<BlockMeta>, Vec<RecordBatch>)> = futures::stream::iter(blocks)
             .map(|block| async move {
-                let batches = self
-                    .scan(&block, filter, &[columns::SERIES_ID, columns::TIMESTAMP])
-                    .await?;
+                let group: &[&str] = if span_exemplars {
+                    &[
+                        columns::SERIES_ID,
+                        columns::TIMESTAMP,
+                        columns::SPAN_ID,
+                        columns::TRACE_ID,
+                    ]
+                } else {
+                    &[columns::SERIES_ID, columns::TIMESTAMP]
+                };
+                let batches = self.scan(&block, filter, group).await?;
                 Ok::<_, Error>((block, batches))
             })
             .buffer_unordered(SCAN_CONCURRENCY)
             .try_collect()
             .await?;
-        // group labels -> bucket -> (sum, profile count)
-        let mut groups: BTreeMap<Vec<(String, String)>, BTreeMap<i64, (i64, u64)>> =
-            BTreeMap::new();
-        for (block, batches) in &per_block {
+        // group labels -> bucket -> (sum, profile count, span -> exemplar)
+        type Bucket = (i64, HashSet<(usize, u32, i64)>, HashMap<u64, SpanExemplar>);
+        let mut groups: BTreeMap<Vec<(String, String)>, BTreeMap<i64, Bucket>> = BTreeMap::new();
+        for (b, (block, batches)) in per_block.iter().enumerate() {
             for batch in batches {
                 let series = batch.column(0).as_primitive::<UInt32Type>();
                 let times = batch.column(1).as_primitive::<Int64Type>();
-                let sums = batch.column(2).as_primitive::<Int64Type>();
+                let spans = span_exemplars.then(|| batch.column(2).as_primitive::<UInt64Type>());
+                let traces = span_exemplars.then(|| batch.column(3).as_fixed_size_binary());
+                let sums = batch
+                    .column(batch.num_columns() - 1)
+                    .as_primitive::<Int64Type>();
                 for i in 0..batch.num_rows() {
                     let Some(s) = block.series.get(series.value(i) as usize) else {
                         continue;
@@ -440,8 +501,23 @@ impl QueryEngine {
                     let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
                     let bucket = (start + (t - start).div_euclid(step) * step) as i64;
                     let slot = groups.entry(key).or_default().entry(bucket).or_default();
-                    slot.0 = slot.0.saturating_add(sums.value(i));
-                    slot.1 += 1;
+                    let value = sums.value(i);
+                    slot.0 = slot.0.saturating_add(value);
+                    // One profile = one (block, series, timestamp); averages divide by these.
+                    slot.1.insert((b, series.value(i), times.value(i)));
+                    if let Some(span) = spans.map(|s| s.value(i)).filter(|s| *s != 0) {
+                        let trace = traces
+                            .filter(|t| !t.is_null(i))
+                            .and_then(|t| <[u8; 16]>::try_from(t.value(i)).ok());
+                        let e = slot.2.entry(span).or_insert(SpanExemplar {
+                            span_id: span,
+                            trace_id: trace,
+                            timestamp_ms: 0,
+                            value: 0,
+                        });
+                        e.value = e.value.saturating_add(value);
+                        e.timestamp_ms = e.timestamp_ms.max(times.value(i).div_euclid(1_000_000));
+                    }
                 }
             }
         }
@@ -450,18 +526,30 @@ impl QueryEngine {
             .map(|(labels, buckets)| {
                 let total = buckets
                     .values()
-                    .fold(0i64, |a, (s, _)| a.saturating_add(*s));
-                let points = buckets
-                    .into_iter()
-                    .map(|(t, (s, n))| {
-                        let v = match aggregation {
-                            Aggregation::Sum => s as f64,
-                            Aggregation::Average => s as f64 / n.max(1) as f64,
-                        };
-                        (t.div_euclid(1_000_000), v)
-                    })
-                    .collect();
-                (total, SeriesPoints { labels, points })
+                    .fold(0i64, |a, (s, _, _)| a.saturating_add(*s));
+                let mut points = Vec::with_capacity(buckets.len());
+                let mut exemplars = Vec::new();
+                for (t, (s, n, spans)) in buckets {
+                    let v = match aggregation {
+                        Aggregation::Sum => s as f64,
+                        Aggregation::Average => s as f64 / n.len().max(1) as f64,
+                    };
+                    points.push((t.div_euclid(1_000_000), v));
+                    if span_exemplars {
+                        let mut e: Vec<SpanExemplar> = spans.into_values().collect();
+                        e.sort_by(|a, b| b.value.cmp(&a.value).then(a.span_id.cmp(&b.span_id)));
+                        e.truncate(MAX_EXEMPLARS_PER_POINT);
+                        exemplars.push(e);
+                    }
+                }
+                (
+                    total,
+                    SeriesPoints {
+                        labels,
+                        points,
+                        exemplars,
+                    },
+                )
             })
             .collect();
         if let Some(limit) = limit.filter(|l| *l > 0 && *l < out.len()) {
@@ -508,15 +596,24 @@ fn matcher_expr(m: &Matcher) -> Expr {
     }
 }
 
+/// The summed value of one stack (and per-sample label set) of a block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackValue {
+    pub stack: u32,
+    /// Encoded per-sample labels (`block::encode_sample_labels`), when asked for.
+    pub labels: Option<String>,
+    pub value: i64,
+}
+
 /// Adds one block's stack values to a name-keyed tree, resolving each stack node once.
-fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[(u32, i64)]) {
+fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
     // Block stack node -> tree node.
     let mut memo: HashMap<u32, u32> = HashMap::new();
     memo.insert(0, FlameTree::ROOT);
     let parents = &symbols.symbols.stack_parents;
     let node_locations = &symbols.symbols.stack_locations;
     let mut path = Vec::new();
-    for &(stack, value) in values {
+    for &StackValue { stack, value, .. } in values {
         if stack as usize >= parents.len() {
             continue;
         }

@@ -30,7 +30,7 @@ pub struct SymbolsBuilder {
     functions: Vec<pb::Function>,
     function_index: HashMap<(u32, u32, u32, i64), u32>,
     locations: Vec<pb::Location>,
-    location_index: HashMap<(u32, u64, Vec<u32>, Vec<i64>), u32>,
+    location_index: HashMap<(u32, u64, Vec<u32>, Vec<i64>, u32), u32>,
     parents: Vec<u32>,
     node_locations: Vec<u32>,
     children: HashMap<(u32, u32), u32>,
@@ -134,7 +134,8 @@ impl SymbolsBuilder {
                     .map(|x| functions[x.function as usize])
                     .collect();
                 let line_numbers: Vec<i64> = l.lines.iter().map(|x| x.line).collect();
-                let key = (mapping, l.address, line_functions, line_numbers);
+                let frame_type = self.string(&l.frame_type);
+                let key = (mapping, l.address, line_functions, line_numbers, frame_type);
                 if let Some(&i) = self.location_index.get(&key) {
                     return i;
                 }
@@ -144,6 +145,7 @@ impl SymbolsBuilder {
                     address: l.address,
                     line_functions: key.2.clone(),
                     line_numbers: key.3.clone(),
+                    frame_type,
                 });
                 self.location_index.insert(key, i);
                 i
@@ -251,6 +253,7 @@ impl SymbolTable {
                 || l.line_functions
                     .iter()
                     .any(|&f| f as usize >= s.functions.len())
+                || l.frame_type >= n_str
             {
                 return Err("location out of range".into());
             }

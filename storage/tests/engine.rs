@@ -44,6 +44,7 @@ fn filter(tenant: &str, selector: &str) -> SampleFilter {
         start_nanos: T0 - 1_000_000_000_000,
         end_nanos: T0 + 1_000_000_000_000,
         span_ids: vec![],
+        trace_ids: vec![],
     }
 }
 
@@ -245,6 +246,7 @@ async fn write_query_restart_and_isolation() {
             10_000_000_000,
             Aggregation::Sum,
             None,
+            false,
         )
         .await
         .unwrap();

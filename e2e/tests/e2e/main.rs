@@ -5,4 +5,5 @@ mod bad_input;
 mod clients;
 mod corpus;
 mod grpc;
+mod otlp;
 mod restart;

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use kiln_otel::model::ProfileType;
 use kiln_proto::google::v1 as pb;
 
+use super::StackValue;
+use crate::block::decode_sample_labels;
 use crate::symbols::SymbolTable;
 
 /// Builds a pprof profile, deduplicating functions, mappings and locations by content.
@@ -14,7 +16,7 @@ pub struct PprofBuilder {
     functions: HashMap<(i64, i64, i64, i64), u64>,
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
     locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
-    samples: HashMap<Vec<u64>, i64>,
+    samples: HashMap<(Vec<u64>, Option<String>), i64>,
 }
 
 impl PprofBuilder {
@@ -53,11 +55,17 @@ impl PprofBuilder {
         i
     }
 
-    /// Adds one block's `(stack id, value)` pairs.
-    pub fn add_block(&mut self, symbols: &SymbolTable, values: &[(u32, i64)]) {
+    /// Adds one block's stack values.
+    pub fn add_block(&mut self, symbols: &SymbolTable, values: &[StackValue]) {
         let mut location_ids: Vec<Option<u64>> = vec![None; symbols.symbols.locations.len()];
         let mut stack = Vec::new();
-        for &(stack_id, value) in values {
+        for StackValue {
+            stack: stack_id,
+            labels,
+            value,
+        } in values
+        {
+            let (stack_id, value) = (*stack_id, *value);
             symbols.stack_locations(stack_id, &mut stack);
             let ids: Vec<u64> = stack
                 .iter()
@@ -70,7 +78,7 @@ impl PprofBuilder {
                     }
                 })
                 .collect();
-            let slot = self.samples.entry(ids).or_insert(0);
+            let slot = self.samples.entry((ids, labels.clone())).or_insert(0);
             *slot = slot.saturating_add(value);
         }
     }
@@ -148,16 +156,29 @@ impl PprofBuilder {
 
     /// The finished profile, covering `[start, end)`.
     pub fn finish(mut self, start_nanos: i64, end_nanos: i64) -> pb::Profile {
-        let mut samples: Vec<(Vec<u64>, i64)> = self.samples.into_iter().collect();
+        let mut samples: Vec<((Vec<u64>, Option<String>), i64)> =
+            std::mem::take(&mut self.samples).into_iter().collect();
         samples.sort();
-        self.profile.sample = samples
-            .into_iter()
-            .map(|(location_id, v)| pb::Sample {
+        let mut out = Vec::with_capacity(samples.len());
+        for ((location_id, labels), v) in samples {
+            let label = labels
+                .as_deref()
+                .map(decode_sample_labels)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, s)| pb::Label {
+                    key: self.string(&k),
+                    str: self.string(&s),
+                    ..Default::default()
+                })
+                .collect();
+            out.push(pb::Sample {
                 location_id,
                 value: vec![v],
-                label: vec![],
-            })
-            .collect();
+                label,
+            });
+        }
+        self.profile.sample = out;
         // An all-time query has no meaningful start: report 0 rather than i64::MIN.
         let start = start_nanos.max(0);
         self.profile.time_nanos = start;

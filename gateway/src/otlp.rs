@@ -1,0 +1,248 @@
+//! OTLP profiles ingest on Kiln's port: gRPC
+//! `opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export` and HTTP
+//! `POST /v1development/profiles` (`application/x-protobuf` or `application/json`, gzip).
+//!
+//! The gRPC service decodes the request itself (tonic hands it the raw message), so a truncated
+//! or proto-1.9 payload is answered `InvalidArgument` with a message, like every other client
+//! mistake, rather than tonic's `Internal`.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{Buf, Bytes};
+use opentelemetry_proto::tonic::collector::profiles::v1development::{
+    ExportProfilesPartialSuccess, ExportProfilesServiceRequest, ExportProfilesServiceResponse,
+};
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Status, server::NamedService};
+
+use crate::app::AppRef;
+use crate::error::ApiError;
+use crate::ingest::{decode_content_encoding, read_body, store};
+use crate::tenant::tenant_of;
+use crate::time::now_nanos;
+
+/// The gRPC method path.
+pub const EXPORT_PATH: &str =
+    "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// Hint for a protobuf that does not decode as proto 1.10.
+const V19_HINT: &str = "if the sender speaks OTLP profiles proto 1.9 (Collector < 0.148), upgrade \
+     it: Sample fields were renumbered in 1.10";
+
+/// Decodes a binary export request, naming the proto version when that is the likely cause.
+pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiError> {
+    ExportProfilesServiceRequest::decode(body).map_err(|e| {
+        let msg = e.to_string();
+        if msg.contains("Sample.") {
+            ApiError::invalid(format!("invalid OTLP profiles protobuf: {msg}; {V19_HINT}"))
+        } else {
+            ApiError::invalid(format!("invalid OTLP profiles protobuf: {msg}"))
+        }
+    })
+}
+
+/// Converts and stores an export request; the response carries partial success.
+pub async fn export(
+    app: &AppRef,
+    tenant: &str,
+    req: ExportProfilesServiceRequest,
+) -> Result<ExportProfilesServiceResponse, ApiError> {
+    let limits = app.limits.normalize;
+    let converted =
+        tokio::task::spawn_blocking(move || kiln_otel::otlp::convert(&req, now_nanos(), &limits))
+            .await
+            .map_err(ApiError::internal)??;
+    let rejected = converted.rejected;
+    if !converted.profile.series.is_empty() {
+        store(app, tenant, vec![converted.profile]).await?;
+    }
+    let partial_success = (!rejected.is_empty()).then(|| ExportProfilesPartialSuccess {
+        rejected_profiles: rejected.len() as i64,
+        error_message: rejected.join("; "),
+    });
+    Ok(ExportProfilesServiceResponse { partial_success })
+}
+
+/// `POST /v1development/profiles`.
+pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
+    let result = http_export(&app, &headers, body).await;
+    app.metrics.ingest("otlp-http", result.is_ok());
+    match result {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn http_export(app: &AppRef, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let tenant = tenant_of(app.auth, headers)?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let json = match essence.as_str() {
+        "application/x-protobuf" | "application/protobuf" => false,
+        "application/json" => true,
+        _ => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "content type {ct:?} is not supported; use application/x-protobuf or application/json"
+            )));
+        }
+    };
+    let body = read_body(body, app.limits.max_body_bytes).await?;
+    app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
+    let body = decode_content_encoding(headers, body, app.limits.max_decompressed_bytes)?;
+    if body.len() > app.limits.max_decompressed_bytes {
+        return Err(ApiError::too_large(format!(
+            "request body exceeds the limit of {} bytes once decompressed",
+            app.limits.max_decompressed_bytes
+        )));
+    }
+    app.metrics
+        .ingest_decompressed_bytes
+        .inc_by(body.len() as u64);
+    let req = if json {
+        kiln_otel::otlp_json::parse_request(&body)?
+    } else {
+        decode_request(&body)?
+    };
+    let resp = export(app, &tenant, req).await?;
+    Ok(if json {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            kiln_otel::otlp_json::response_json(&resp),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            resp.encode_to_vec(),
+        )
+            .into_response()
+    })
+}
+
+/// The gRPC `ProfilesService`.
+#[derive(Debug, Clone)]
+pub struct OtlpGrpc {
+    app: AppRef,
+}
+
+impl OtlpGrpc {
+    pub fn new(app: AppRef) -> Self {
+        Self { app }
+    }
+}
+
+impl NamedService for OtlpGrpc {
+    const NAME: &'static str =
+        "opentelemetry.proto.collector.profiles.v1development.ProfilesService";
+}
+
+/// Decodes to raw bytes (Kiln decodes them itself) and encodes the response with prost.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+struct RawDecoder;
+struct ResponseEncoder;
+
+impl Decoder for RawDecoder {
+    type Item = Bytes;
+    type Error = Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        let n = src.remaining();
+        Ok(Some(src.copy_to_bytes(n)))
+    }
+}
+
+impl Encoder for ResponseEncoder {
+    type Item = ExportProfilesServiceResponse;
+    type Error = Status;
+    fn encode(&mut self, item: Self::Item, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        item.encode(dst)
+            .map_err(|e| Status::internal(format!("encoding the response: {e}")))
+    }
+}
+
+impl Codec for RawCodec {
+    type Encode = ExportProfilesServiceResponse;
+    type Decode = Bytes;
+    type Encoder = ResponseEncoder;
+    type Decoder = RawDecoder;
+    fn encoder(&mut self) -> ResponseEncoder {
+        ResponseEncoder
+    }
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+struct ExportMethod(AppRef);
+
+impl tonic::server::UnaryService<Bytes> for ExportMethod {
+    type Response = ExportProfilesServiceResponse;
+    type Future =
+        futures::future::BoxFuture<'static, Result<tonic::Response<Self::Response>, Status>>;
+
+    fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
+        let app = Arc::clone(&self.0);
+        Box::pin(async move {
+            let headers = req.metadata().clone().into_headers();
+            let result = async {
+                let tenant = tenant_of(app.auth, &headers)?;
+                let body = req.into_inner();
+                app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
+                let req = decode_request(&body)?;
+                export(&app, &tenant, req).await
+            }
+            .await;
+            app.metrics.ingest("otlp-grpc", result.is_ok());
+            Ok(tonic::Response::new(result?))
+        })
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for OtlpGrpc
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let app = Arc::clone(&self.app);
+        Box::pin(async move {
+            if req.uri().path() != EXPORT_PATH {
+                return Ok(
+                    Status::unimplemented(format!("no method {}", req.uri().path())).into_http(),
+                );
+            }
+            let max = app.limits.max_decompressed_bytes;
+            let mut grpc = tonic::server::Grpc::new(RawCodec)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(usize::MAX);
+            Ok(grpc.unary(ExportMethod(app), req).await)
+        })
+    }
+}
