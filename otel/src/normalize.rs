@@ -236,7 +236,7 @@ pub fn normalize_pprof(
     };
 
     // Group samples by their series-promoted labels.
-    type SampleKey = (Vec<u32>, u64, Option<[u8; 16]>);
+    type SampleKey = (Vec<u32>, u64, Option<[u8; 16]>, Vec<(String, String)>);
     struct Group {
         labels: Vec<(String, String)>,
         // Per sample type: (stack, span, trace) -> index into samples.
@@ -266,6 +266,8 @@ pub fn normalize_pprof(
         let mut span_id = 0u64;
         let mut trace_id = None;
         let mut labels: Vec<(String, String)> = Vec::new();
+        // Span or trace ids that do not parse stay with the sample as labels rather than be lost.
+        let mut per_sample: Vec<(String, String)> = Vec::new();
         for label in &sample.label {
             let key = strings.get(label.key, "a sample label key")?;
             if label.str == 0 {
@@ -274,8 +276,14 @@ pub fn normalize_pprof(
             let value = strings.get(label.str, "a sample label value")?;
             if SPAN_ID_LABELS.contains(&key) {
                 span_id = parse_span_id(value);
+                if span_id == 0 {
+                    per_sample.push((key.to_owned(), value.to_owned()));
+                }
             } else if key == TRACE_ID_LABEL {
                 trace_id = parse_trace_id(value);
+                if trace_id.is_none() {
+                    per_sample.push((key.to_owned(), value.to_owned()));
+                }
             } else if !key.is_empty() {
                 labels.push((key.to_owned(), value.to_owned()));
             }
@@ -288,6 +296,7 @@ pub fn normalize_pprof(
         }
         labels.sort();
         labels.dedup_by(|a, b| a.0 == b.0);
+        per_sample.sort();
         let g = *group_of.entry(labels.clone()).or_insert_with(|| {
             groups.push(Group {
                 labels,
@@ -301,7 +310,7 @@ pub fn normalize_pprof(
             if value == 0 {
                 continue;
             }
-            let key = (stack.clone(), span_id, trace_id);
+            let key = (stack.clone(), span_id, trace_id, per_sample.clone());
             match group.merged[t].get(&key) {
                 Some(&at) => {
                     let merged = &mut group.samples[t][at].value;
@@ -317,7 +326,7 @@ pub fn normalize_pprof(
                         span_id,
                         trace_id,
                         timestamp_nanos: 0,
-                        labels: Vec::new(),
+                        labels: per_sample.clone(),
                     });
                 }
             }

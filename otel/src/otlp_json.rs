@@ -179,7 +179,7 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -274,3 +274,29 @@ async fn write_query_restart_and_isolation() {
     );
     assert_eq!(p.string_table[p.sample_type[0].r#type as usize], "cpu");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_sample_labels_reach_pprof_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    let mut p = profile("labels.cpu", "main;a 1\nmain;b 2", T0, 0);
+    p.series[0].samples[0].labels = vec![("thread.name".into(), "worker-1".into())];
+    s.write("t", p).await.unwrap();
+    let out = s.query().merge_pprof(&filter("t", "{}")).await.unwrap();
+    let key = out
+        .string_table
+        .iter()
+        .position(|x| x == "thread.name")
+        .expect("the label name is in the string table") as i64;
+    let labelled: Vec<_> = out
+        .sample
+        .iter()
+        .filter(|x| x.label.iter().any(|l| l.key == key))
+        .collect();
+    assert_eq!(labelled.len(), 1);
+    assert_eq!(labelled[0].value, [10_000_000]);
+    assert_eq!(
+        out.sample.iter().map(|x| x.value[0]).sum::<i64>(),
+        30_000_000
+    );
+}

@@ -7,3 +7,4 @@ mod corpus;
 mod grpc;
 mod otlp;
 mod restart;
+mod spans;

@@ -492,10 +492,11 @@ fn bad_otlp_requests_get_the_right_codes() -> Result<()> {
         "131072",
     ])?;
     let good = {
-        let mut d =
-            opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary::default();
-        d.string_table = vec!["".into(), "samples".into(), "count".into()];
-        d.stack_table = vec![Default::default(), Default::default()];
+        let d = opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
+            string_table: vec!["".into(), "samples".into(), "count".into()],
+            stack_table: vec![Default::default(), Default::default()],
+            ..Default::default()
+        };
         let mut req = ExportProfilesServiceRequest {
             dictionary: Some(d),
             ..Default::default()

@@ -188,6 +188,27 @@ fn span_and_trace_ids_stay_per_sample() {
 }
 
 #[test]
+fn unparseable_span_ids_stay_with_their_samples() {
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["a"], &[1], &[("span_id", "239")])
+        .sample(&["a"], &[2], &[])
+        .p;
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    let s = &n.series[0];
+    assert_eq!(s.labels.get("span_id"), None);
+    assert_eq!(
+        s.samples.len(),
+        2,
+        "not merged with the sample without a span"
+    );
+    assert_eq!(s.samples[0].span_id, 0);
+    assert_eq!(
+        s.samples[0].labels,
+        vec![("span_id".to_string(), "239".to_string())]
+    );
+}
+
+#[test]
 fn sample_labels_split_series() {
     let p = Builder::new(&[("cpu", "nanoseconds")])
         .sample(&["a"], &[1], &[("controller", "slow")])

@@ -243,7 +243,7 @@ pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, 
     }
     let mut levels: Vec<Vec<Abs>> = Vec::new();
     for (d, level) in fg.levels.iter().enumerate() {
-        if level.values.len() % 4 != 0 {
+        if !level.values.len().is_multiple_of(4) {
             return Err(format!("level {d} has {} values", level.values.len()));
         }
         let mut out = Vec::new();
