@@ -14,6 +14,13 @@ use prost::Message;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 fn span_flamegraph(
     kiln: &Kiln,
     tenant: &str,
@@ -93,6 +100,7 @@ fn pyroscope_otel_root_spans_have_their_own_flame_graphs() -> Result<()> {
         vec![("X-Scope-OrgID".into(), "span-team".into())],
     )?;
     let script = kiln_e2e::repo_root().join("e2e/clients/python/span_app.py");
+    let started_ms = now_ms();
     let out = Command::new(&tools.python)
         .arg(&script)
         .arg(proxy.url())
@@ -104,6 +112,7 @@ fn pyroscope_otel_root_spans_have_their_own_flame_graphs() -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let ended_ms = now_ms();
     let ids: BTreeMap<String, String> = serde_json::from_slice(&out.stdout)?;
     let (alpha, beta) = (ids["alpha"].clone(), ids["beta"].clone());
 
@@ -215,6 +224,23 @@ fn pyroscope_otel_root_spans_have_their_own_flame_graphs() -> Result<()> {
         "{:?}",
         names.names
     );
+    // Exactly what Grafana's Tempo "profiles for this span" link sends: the configured profile
+    // type, `{service_name="..."}` from the span's tags, the span's `pyroscope.profile.id`, and
+    // the span's time range widened by 60 s each side, as Connect binary protobuf.
+    let r: q::SelectMergeSpanProfileResponse = kiln.connect(
+        "span-team",
+        "/querier.v1.QuerierService/SelectMergeSpanProfile",
+        &q::SelectMergeSpanProfileRequest {
+            profile_type_id: CPU.into(),
+            label_selector: r#"{service_name="span-app"}"#.into(),
+            span_selector: vec![alpha.clone()],
+            start: started_ms - 60_000,
+            end: ended_ms + 60_000,
+            max_nodes: Some(16384),
+            format: 0,
+        },
+    )?;
+    ensure!(r.flamegraph.context("flame graph")?.total == sent[&alpha]);
     // Another tenant asking for the same span gets nothing.
     let other = span_flamegraph(&kiln, "other-team", CPU, "{}", &[alpha])?;
     ensure!(other.total == 0);
