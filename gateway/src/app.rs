@@ -1,46 +1,50 @@
-//! Shared server state and the limits requests are checked against.
+//! Shared server state.
 
 use std::sync::Arc;
 
-use kiln_otel::NormalizeLimits;
+use axum::http::HeaderMap;
 use kiln_storage::Storage;
 
+use crate::auth::{Authenticator, Scope};
+use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::tenant::AuthMode;
-
-/// Request limits.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Largest request body, as sent (413 above it).
-    pub max_body_bytes: usize,
-    /// Largest profile once decompressed (413 above it; bounds memory against gzip bombs).
-    pub max_decompressed_bytes: usize,
-    pub normalize: NormalizeLimits,
-    /// Flame graph nodes when a query names none.
-    pub max_flamegraph_nodes_default: i64,
-    /// Largest `max_nodes` a query may ask for.
-    pub max_flamegraph_nodes_max: i64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_body_bytes: 64 << 20,
-            max_decompressed_bytes: 64 << 20,
-            normalize: NormalizeLimits::default(),
-            max_flamegraph_nodes_default: 8192,
-            max_flamegraph_nodes_max: 1 << 20,
-        }
-    }
-}
+use crate::tenants::{TenantLimits, Tenants};
 
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct App {
     pub storage: Storage,
-    pub limits: Limits,
-    pub auth: AuthMode,
+    pub tenants: Tenants,
+    pub auth: Authenticator,
     pub metrics: Metrics,
+    /// Ceiling for one gRPC message (tenants' own limits are checked after decoding).
+    pub grpc_max_message_bytes: usize,
+}
+
+impl App {
+    /// An app with built-in tenant limits.
+    pub fn new(storage: Storage, auth: Authenticator, tenants: Tenants) -> Self {
+        Self {
+            storage,
+            tenants,
+            auth,
+            metrics: Metrics::default(),
+            grpc_max_message_bytes: 256 << 20,
+        }
+    }
+
+    /// The limits of a tenant.
+    pub fn limits(&self, tenant: &str) -> TenantLimits {
+        self.tenants.limits(tenant)
+    }
+
+    /// Authenticates a request for `scope`; refusals are counted.
+    pub fn authenticate(&self, headers: &HeaderMap, scope: Scope) -> Result<String, ApiError> {
+        self.auth
+            .authenticate(headers, scope)
+            .map(|p| p.tenant)
+            .inspect_err(|e| self.metrics.auth_refused(e.reason()))
+    }
 }
 
 /// Shared handle.

@@ -1,4 +1,4 @@
-//! The `kiln` command line.
+//! The `kiln` command line: `kiln serve` (the default) and `kiln token`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use kiln_storage::{Storage, StorageConfig};
+use tracing::{info, warn};
 
-use crate::app::{App, Limits};
-use crate::metrics::Metrics;
-use crate::tenant::AuthMode;
+use crate::app::App;
+use crate::auth::{AuthMode, Authenticator, KeyStore, Scope, parse_duration_secs};
+use crate::tenants::Tenants;
 
 /// Kiln: a multi-tenant continuous-profiling backend.
 #[derive(Debug, Parser)]
@@ -23,7 +24,47 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Mint and inspect JSON Web Tokens for `--auth jwt`.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Mint a token: `kiln token create --tenant T --scope read,write --ttl 30d --key FILE`.
+    Create(TokenCreate),
+    /// Show a token's header and claims (without verifying it).
+    Inspect {
+        /// The token.
+        token: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TokenCreate {
+    /// The tenant the token acts for.
+    #[arg(long)]
+    pub tenant: String,
+    /// Comma-separated scopes: read, write, admin.
+    #[arg(long, default_value = "read,write")]
+    pub scope: String,
+    /// Lifetime: 30d, 12h, 90s.
+    #[arg(long, default_value = "30d")]
+    pub ttl: String,
+    /// Signing key: an HMAC secret file, or an RSA, ECDSA P-256 or Ed25519 private key (PEM).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Key id (`kid`); defaults to the key file's name without extension, which is the `kid`
+    /// Kiln gives the matching key file in `--jwt-keys`.
+    #[arg(long)]
+    pub kid: Option<String>,
+    /// Issuer claim.
+    #[arg(long)]
+    pub issuer: Option<String>,
+    /// Audience claim.
+    #[arg(long)]
+    pub audience: Option<String>,
 }
 
 /// `kiln serve` flags. Every flag also reads a `KILN_…` environment variable.
@@ -37,10 +78,31 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
-    /// How requests map to tenants: `none` (one tenant, `anonymous`) or `trusted-header`
-    /// (`X-Scope-OrgID`, behind an authenticating proxy).
+    /// Authentication: `none` (one tenant, `anonymous`; loopback only), `jwt` (Bearer or Basic
+    /// tokens, keys from --jwt-keys), or `trusted-header` (`X-Scope-OrgID` from a proxy).
     #[arg(long, env = "KILN_AUTH", value_enum, default_value = "none")]
     pub auth: AuthMode,
+
+    /// Allow `--auth none` on a non-loopback address (anyone who can connect is `anonymous`).
+    #[arg(long, env = "KILN_INSECURE_ALLOW_ANONYMOUS")]
+    pub insecure_allow_anonymous: bool,
+
+    /// JWT verification keys: a key file, a directory of key files, or a JWKS file. Reloaded on
+    /// change and on SIGHUP.
+    #[arg(long, env = "KILN_JWT_KEYS")]
+    pub jwt_keys: Option<PathBuf>,
+
+    /// Required `iss` claim, when set.
+    #[arg(long, env = "KILN_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim, when set.
+    #[arg(long, env = "KILN_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// Per-tenant limits (TOML: [defaults] and [tenants.<id>]). Reloaded on change and on SIGHUP.
+    #[arg(long, env = "KILN_TENANTS")]
+    pub tenants: Option<PathBuf>,
 
     /// Number of write shards.
     #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
@@ -54,21 +116,29 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_FLUSH_BYTES", default_value_t = 32 << 20)]
     pub flush_bytes: usize,
 
-    /// Largest request body accepted, as sent (413 above it).
-    #[arg(long, env = "KILN_MAX_BODY_BYTES", default_value_t = 64 << 20)]
-    pub max_body_bytes: usize,
+    /// Default largest request body, as sent (413 above it); overrides the tenant file's [defaults].
+    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
 
-    /// Largest profile accepted once decompressed (413 above it).
-    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES", default_value_t = 64 << 20)]
-    pub max_decompressed_bytes: usize,
+    /// Default largest profile once decompressed (413 above it); overrides [defaults].
+    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    pub max_decompressed_bytes: Option<usize>,
 
-    /// Stacks deeper than this are truncated, keeping the root side.
-    #[arg(long, env = "KILN_MAX_STACK_DEPTH", default_value_t = 1000)]
-    pub max_stack_depth: usize,
+    /// Default stack depth: deeper stacks are truncated, keeping the root side; overrides [defaults].
+    #[arg(long, env = "KILN_MAX_STACK_DEPTH")]
+    pub max_stack_depth: Option<usize>,
+
+    /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
+    #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
+    pub ingest_rate_bytes: Option<u64>,
 
     /// Memory for cached symbol tables, in bytes.
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
     pub symbols_cache_bytes: u64,
+
+    /// How often retention runs, in seconds.
+    #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
+    pub retention_interval_secs: u64,
 
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "KILN_LOG", default_value = "info")]
@@ -77,12 +147,6 @@ pub struct ServeArgs {
 
 impl Default for ServeArgs {
     fn default() -> Self {
-        Self::parse_from_empty()
-    }
-}
-
-impl ServeArgs {
-    fn parse_from_empty() -> Self {
         #[derive(Parser)]
         struct Wrapper {
             #[command(flatten)]
@@ -90,7 +154,9 @@ impl ServeArgs {
         }
         Wrapper::parse_from(["kiln"]).args
     }
+}
 
+impl ServeArgs {
     /// Checks values clap cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
@@ -98,11 +164,23 @@ impl ServeArgs {
             self.flush_interval_ms > 0,
             "--flush-interval-ms must be positive"
         );
-        anyhow::ensure!(self.max_body_bytes > 0, "--max-body-bytes must be positive");
-        anyhow::ensure!(
-            self.max_decompressed_bytes > 0,
-            "--max-decompressed-bytes must be positive"
-        );
+        if self.auth == AuthMode::None
+            && !self.listen.ip().is_loopback()
+            && !self.insecure_allow_anonymous
+        {
+            anyhow::bail!(
+                "--auth none on {}: anyone who can reach it would read and write as `anonymous`; \
+                 listen on a loopback address, use --auth jwt or trusted-header, or pass \
+                 --insecure-allow-anonymous",
+                self.listen
+            );
+        }
+        if self.auth == AuthMode::Jwt {
+            anyhow::ensure!(
+                self.jwt_keys.is_some(),
+                "--auth jwt needs --jwt-keys (a key file, a directory or a JWKS file)"
+            );
+        }
         Ok(())
     }
 
@@ -116,28 +194,98 @@ impl ServeArgs {
         c
     }
 
-    /// Request limits from these flags.
-    pub fn limits(&self) -> Limits {
-        let mut l = Limits {
-            max_body_bytes: self.max_body_bytes,
-            max_decompressed_bytes: self.max_decompressed_bytes,
-            ..Limits::default()
+    /// Command-line limits, which override the tenant file's [defaults].
+    pub fn limit_overrides(&self) -> toml::Table {
+        let mut t = toml::Table::new();
+        let mut set = |k: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                t.insert(k.into(), toml::Value::Integer(v as i64));
+            }
         };
-        l.normalize.max_stack_depth = self.max_stack_depth;
-        l
+        set("max_body_bytes", self.max_body_bytes.map(|v| v as u64));
+        set(
+            "max_decompressed_bytes",
+            self.max_decompressed_bytes.map(|v| v as u64),
+        );
+        set("max_stack_depth", self.max_stack_depth.map(|v| v as u64));
+        set("ingest_rate_bytes", self.ingest_rate_bytes);
+        t
+    }
+
+    fn authenticator(&self) -> anyhow::Result<Authenticator> {
+        Ok(match self.auth {
+            AuthMode::None => Authenticator::none(),
+            AuthMode::TrustedHeader => Authenticator::trusted_header(),
+            AuthMode::Jwt => {
+                let path = self.jwt_keys.as_ref().expect("validated");
+                let keys = KeyStore::open(path)?;
+                info!(keys = keys.keys().len(), path = %path.display(), "JWT keys loaded");
+                Authenticator {
+                    mode: AuthMode::Jwt,
+                    keys: Some(keys),
+                    issuer: self.jwt_issuer.clone(),
+                    audience: self.jwt_audience.clone(),
+                }
+            }
+        })
     }
 }
 
 /// Opens storage and builds the shared app.
 pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     args.validate()?;
+    let auth = args.authenticator()?;
+    let tenants = Tenants::load(args.tenants.as_deref(), args.limit_overrides())?;
     let storage = Storage::open(args.storage_config()).await?;
-    Ok(Arc::new(App {
-        storage,
-        limits: args.limits(),
-        auth: args.auth,
-        metrics: Metrics::default(),
-    }))
+    Ok(Arc::new(App::new(storage, auth, tenants)))
+}
+
+/// Background upkeep: reload keys and tenant limits on change or SIGHUP, run retention.
+fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
+    let reload = {
+        let app = Arc::clone(&app);
+        move |why: &str| {
+            if let Some(keys) = &app.auth.keys {
+                match keys.reload_if_changed() {
+                    Ok(true) => info!(why, keys = keys.keys().len(), "JWT keys reloaded"),
+                    Ok(false) => {}
+                    Err(e) => warn!(error = %e, "JWT keys not reloaded; the old keys stay"),
+                }
+            }
+            match app.tenants.reload_if_changed() {
+                Ok(true) => info!(why, "tenant limits reloaded"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "tenant limits not reloaded; the old limits stay"),
+            }
+        }
+    };
+    let poll = reload.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            poll("changed on disk");
+        }
+    });
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            reload("SIGHUP");
+        }
+    });
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(retention_every);
+        loop {
+            tick.tick().await;
+            if let Err(e) = crate::admin::apply_retention(&app).await {
+                warn!(error = %e.message, "retention failed; retrying at the next interval");
+            }
+        }
+    });
 }
 
 /// Runs `kiln serve` until SIGTERM.
@@ -146,6 +294,48 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    spawn_upkeep(
+        Arc::clone(&app),
+        Duration::from_secs(args.retention_interval_secs.max(1)),
+    );
     crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Runs `kiln token …`, printing to stdout.
+pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokenCommand::Create(c) => {
+            let scopes = c
+                .scope
+                .split(',')
+                .map(|s| {
+                    Scope::parse(s.trim()).ok_or_else(|| {
+                        anyhow::anyhow!("unknown scope {s:?}: use read, write, admin")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let ttl = parse_duration_secs(&c.ttl)
+                .ok_or_else(|| anyhow::anyhow!("invalid --ttl {:?}", c.ttl))?;
+            let kid = match c.kid {
+                Some(k) => k,
+                None => c
+                    .key
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .ok_or_else(|| anyhow::anyhow!("give --kid"))?
+                    .to_owned(),
+            };
+            let token =
+                crate::auth::mint(&c.key, &kid, &c.tenant, &scopes, ttl, c.issuer, c.audience)?;
+            println!("{token}");
+        }
+        TokenCommand::Inspect { token } => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&crate::auth::inspect(&token)?)?
+            );
+        }
+    }
     Ok(())
 }

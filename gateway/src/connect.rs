@@ -12,10 +12,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::app::AppRef;
+use crate::auth::Scope;
 use crate::error::{ApiError, ErrorKind};
 use crate::ingest::{decode_content_encoding, read_body};
 use crate::querier::Querier;
-use crate::tenant::tenant_of;
 
 /// A Connect codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,11 +101,16 @@ struct Call {
     body: Bytes,
 }
 
-async fn prepare(app: &AppRef, headers: &HeaderMap, body: Body) -> Result<Call, ApiError> {
+async fn prepare(
+    app: &AppRef,
+    headers: &HeaderMap,
+    body: Body,
+    tenant: String,
+) -> Result<Call, ApiError> {
     let codec = Codec::from_headers(headers)?;
-    let tenant = tenant_of(app.auth, headers)?;
-    let body = read_body(body, app.limits.max_body_bytes).await?;
-    let body = decode_content_encoding(headers, body, app.limits.max_decompressed_bytes)?;
+    let limits = app.limits(&tenant);
+    let body = read_body(body, limits.max_body_bytes).await?;
+    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
     Ok(Call {
         codec,
         tenant,
@@ -121,9 +126,24 @@ pub async fn querier_handler(
     body: Body,
 ) -> Response {
     let querier = Querier::new(app.clone());
-    let (name, result) = match prepare(&app, &headers, body).await {
-        Err(e) => ("prepare", Err(e)),
-        Ok(call) => dispatch(&querier, &method, call).await,
+    let (name, result) = match app.authenticate(&headers, Scope::Read) {
+        Err(e) => ("auth", Err(e)),
+        Ok(tenant) => {
+            let result = async {
+                let _slot = app.tenants.query_slot(&tenant).await?;
+                let call = prepare(&app, &headers, body, tenant.clone()).await?;
+                Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
+            }
+            .await;
+            let (name, result) = match result {
+                Ok((name, r)) => (name, r),
+                Err(e) => ("prepare", Err(e)),
+            };
+            if let Err(e) = &result {
+                app.metrics.refused(&tenant, e.reason());
+            }
+            (name, result)
+        }
     };
     app.metrics.query(name, result.is_ok());
     match result {
@@ -180,9 +200,18 @@ async fn dispatch(
 /// `POST /push.v1.PusherService/Push`.
 pub async fn push_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
-        let call = prepare(&app, &headers, body).await?;
-        let req: kiln_proto::push::v1::PushRequest = call.codec.decode(&call.body)?;
-        crate::ingest::push(&app, &call.tenant, req).await?;
+        let tenant = app.authenticate(&headers, Scope::Write)?;
+        let call = prepare(&app, &headers, body, tenant.clone())
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        app.metrics.received(&tenant, call.body.len());
+        let req: kiln_proto::push::v1::PushRequest = call
+            .codec
+            .decode(&call.body)
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        crate::ingest::push(&app, &call.tenant, req)
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         Ok::<_, ApiError>((
             call.codec,
             call.codec.encode(&kiln_proto::push::v1::PushResponse {})?,

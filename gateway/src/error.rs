@@ -78,6 +78,8 @@ impl ErrorKind {
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// Seconds after which a refused request may be retried (429).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -85,6 +87,29 @@ impl ApiError {
         Self {
             kind,
             message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Adds a `Retry-After` (seconds).
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// A bounded name for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self.kind {
+            ErrorKind::InvalidInput | ErrorKind::Unprocessable => "invalid",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "forbidden",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::PayloadTooLarge => "too_large",
+            ErrorKind::UnsupportedMediaType => "unsupported_media_type",
+            ErrorKind::ResourceExhausted => "rate_limited",
+            ErrorKind::Unimplemented => "unimplemented",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
         }
     }
 
@@ -138,7 +163,13 @@ impl From<kiln_storage::Error> for ApiError {
 
 impl From<ApiError> for tonic::Status {
     fn from(e: ApiError) -> Self {
-        tonic::Status::new(e.kind.grpc_code(), e.message)
+        let mut status = tonic::Status::new(e.kind.grpc_code(), e.message);
+        if let Some(secs) = e.retry_after
+            && let Ok(v) = secs.to_string().parse()
+        {
+            status.metadata_mut().insert("retry-after", v);
+        }
+        status
     }
 }
 
@@ -147,11 +178,16 @@ impl IntoResponse for ApiError {
     /// but as JSON so tools can read it.
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "code": self.kind.connect_code(), "message": self.message });
-        (
+        let mut resp = (
             self.kind.http_status(),
             [(axum::http::header::CONTENT_TYPE, "application/json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }

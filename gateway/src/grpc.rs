@@ -9,8 +9,8 @@ use kiln_proto::types::v1 as t;
 use tonic::{Request, Response, Status};
 
 use crate::app::AppRef;
+use crate::auth::Scope;
 use crate::querier::Querier;
-use crate::tenant::tenant_of;
 
 /// gRPC services over the shared app.
 #[derive(Debug, Clone)]
@@ -23,18 +23,25 @@ impl Grpc {
         Self { app }
     }
 
-    fn tenant<T>(&self, req: &Request<T>) -> Result<String, Status> {
+    fn tenant<T>(&self, req: &Request<T>, scope: Scope) -> Result<String, Status> {
         let headers = req.metadata().clone().into_headers();
-        Ok(tenant_of(self.app.auth, &headers)?)
+        Ok(self.app.authenticate(&headers, scope)?)
     }
 }
 
 macro_rules! grpc_unary {
     ($self:ident, $req:ident, $method:ident, $name:literal) => {{
-        let tenant = $self.tenant(&$req)?;
-        let result = Querier::new($self.app.clone())
-            .$method(&tenant, $req.into_inner())
-            .await;
+        let tenant = $self.tenant(&$req, Scope::Read)?;
+        let result = async {
+            let _slot = $self.app.tenants.query_slot(&tenant).await?;
+            Querier::new($self.app.clone())
+                .$method(&tenant, $req.into_inner())
+                .await
+        }
+        .await;
+        if let Err(e) = &result {
+            $self.app.metrics.refused(&tenant, e.reason());
+        }
         $self.app.metrics.query($name, result.is_ok());
         Ok(Response::new(result?))
     }};
@@ -119,8 +126,11 @@ impl QuerierService for Grpc {
 #[tonic::async_trait]
 impl PusherService for Grpc {
     async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
-        let tenant = self.tenant(&req)?;
+        let tenant = self.tenant(&req, Scope::Write)?;
         let result = crate::ingest::push(&self.app, &tenant, req.into_inner()).await;
+        if let Err(e) = &result {
+            self.app.metrics.refused(&tenant, e.reason());
+        }
         self.app.metrics.ingest("push-grpc", result.is_ok());
         result?;
         Ok(Response::new(PushResponse {}))

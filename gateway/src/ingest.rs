@@ -13,9 +13,10 @@ use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
 use kiln_otel::{IngestMeta, folded, normalize, pprof};
 use kiln_proto::push::v1::PushRequest;
 
-use crate::app::{AppRef, Limits};
+use crate::app::AppRef;
+use crate::auth::Scope;
 use crate::error::ApiError;
-use crate::tenant::tenant_of;
+use crate::tenants::TenantLimits;
 use crate::time::{now_nanos, parse_time};
 
 /// Labels Pyroscope adds to every `/ingest` series.
@@ -55,17 +56,31 @@ pub fn decode_content_encoding(
     }
 }
 
-/// Writes normalized profiles for a tenant; returns once all are durable.
+/// Writes normalized profiles for a tenant after its rate and series limits; returns once all
+/// are durable. `decompressed_bytes` is what the rate limit charges.
 pub async fn store(
     app: &AppRef,
     tenant: &str,
     profiles: Vec<NormalizedProfile>,
+    decompressed_bytes: usize,
 ) -> Result<(), ApiError> {
+    app.tenants
+        .charge_ingest(tenant, decompressed_bytes as u64)?;
+    if !app.tenants.series_loaded(tenant) {
+        let known = app.storage.series_hashes(tenant).await?;
+        app.tenants.seed_series(tenant, known);
+    }
+    let hashes: Vec<u64> = profiles
+        .iter()
+        .flat_map(|p| p.series.iter())
+        .map(|s| kiln_storage::series_hash(&s.profile_type.id(), s.labels.iter()))
+        .collect();
+    app.tenants.admit_series(tenant, &hashes)?;
     let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
     let series: usize = profiles.iter().map(|p| p.series.len()).sum();
     app.storage.write_all(tenant, profiles).await?;
-    app.metrics.ingest_samples.inc_by(samples as u64);
-    app.metrics.ingest_profiles.inc_by(series as u64);
+    app.metrics.decompressed(tenant, decompressed_bytes);
+    app.metrics.stored(tenant, series, samples);
     Ok(())
 }
 
@@ -131,17 +146,27 @@ pub async fn ingest_handler(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let result = ingest(&app, &uri, &headers, body).await;
+    let result = match app.authenticate(&headers, Scope::Write) {
+        Ok(tenant) => ingest(&app, &tenant, &uri, &headers, body)
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
+        Err(e) => Err(e),
+    };
     app.metrics.ingest("ingest", result.is_ok());
     result.map(|()| StatusCode::OK)
 }
 
-async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
-    let tenant = tenant_of(app.auth, headers)?;
+async fn ingest(
+    app: &AppRef,
+    tenant: &str,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(), ApiError> {
     let content_type = check_ingest_content_type(headers)?;
-    let limits = &app.limits;
+    let limits = app.limits(tenant);
     let body = read_body(body, limits.max_body_bytes).await?;
-    app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
+    app.metrics.received(tenant, body.len());
     let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty"));
@@ -197,15 +222,16 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
     };
     meta.labels.set(LABEL_SPY.into(), spy);
 
-    let limits = limits.clone();
+    let normalize_limits = limits.normalize();
+    let max_decompressed = limits.max_decompressed_bytes;
     let (profile, decompressed) = match (format, is_multipart) {
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
             let meta = meta.clone();
             blocking(move || {
-                let (p, size) = pprof::decode_sized(&body, limits.max_decompressed_bytes)?;
+                let (p, size) = pprof::decode_sized(&body, max_decompressed)?;
                 Ok((
-                    normalize::normalize_pprof(&p, &meta, &limits.normalize)?,
+                    normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
                 ))
             })
@@ -219,9 +245,9 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
                 meta.display_names = parse_sample_type_config(&config)?;
             }
             blocking(move || {
-                let (p, size) = pprof::decode_sized(&profile, limits.max_decompressed_bytes)?;
+                let (p, size) = pprof::decode_sized(&profile, max_decompressed)?;
                 Ok((
-                    normalize::normalize_pprof(&p, &meta, &limits.normalize)?,
+                    normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
                 ))
             })
@@ -242,7 +268,7 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
                     &name,
                     sample_rate,
                     &meta,
-                    &limits.normalize,
+                    &normalize_limits,
                 )?;
                 Ok((p, body.len()))
             })
@@ -255,10 +281,7 @@ async fn ingest(app: &AppRef, uri: &Uri, headers: &HeaderMap, body: Body) -> Res
             )));
         }
     };
-    app.metrics
-        .ingest_decompressed_bytes
-        .inc_by(decompressed as u64);
-    store(app, &tenant, vec![profile]).await
+    store(app, tenant, vec![profile], decompressed).await
 }
 
 /// `name{k=v}` labels for pprof uploads: the app name is the service name unless a label says so.
@@ -331,7 +354,8 @@ fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiE
 /// `push.v1.PusherService/Push`: every sample is decoded and normalized before anything is
 /// written, so a bad sample refuses the whole request and nothing of it is stored.
 pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), ApiError> {
-    let limits: Limits = app.limits.clone();
+    let limits: TenantLimits = app.limits(tenant);
+    let normalize_limits = limits.normalize();
     let now = now_nanos();
     let profiles = blocking(move || {
         let mut total = 0usize;
@@ -363,7 +387,7 @@ pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), Ap
                         limits.max_decompressed_bytes
                     )));
                 }
-                let n = normalize::normalize_pprof(&profile, &meta, &limits.normalize)
+                let n = normalize::normalize_pprof(&profile, &meta, &normalize_limits)
                     .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
                 out.push(n);
             }
@@ -371,10 +395,7 @@ pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), Ap
         Ok((out, total))
     })
     .await?;
-    app.metrics
-        .ingest_decompressed_bytes
-        .inc_by(profiles.1 as u64);
-    store(app, tenant, profiles.0).await
+    store(app, tenant, profiles.0, profiles.1).await
 }
 
 impl ApiError {

@@ -12,7 +12,9 @@
 //! Every request is mapped to a tenant first ([`tenant`]); errors of every protocol come from one
 //! [`error::ApiError`].
 
+pub mod admin;
 pub mod app;
+pub mod auth;
 pub mod cli;
 pub mod connect;
 pub mod error;
@@ -23,4 +25,5 @@ pub mod otlp;
 pub mod querier;
 pub mod server;
 pub mod tenant;
+pub mod tenants;
 pub mod time;

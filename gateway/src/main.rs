@@ -8,7 +8,8 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
-        Some(Command::Serve(args)) => args,
+        Some(Command::Token(cmd)) => return kiln_gateway::cli::token(cmd),
+        Some(Command::Serve(args)) => *args,
         None => ServeArgs::default(),
     };
     tracing_subscriber::fmt()

@@ -1,12 +1,15 @@
-//! Kiln's own metrics, served on `/metrics` in the Prometheus text format. Names follow
-//! `kiln_<subsystem>_<name>_<unit>[_total]`; label values are bounded (protocol, outcome, method).
+//! Kiln's own metrics and per-tenant usage, served on `/metrics` in the Prometheus text format.
+//! Names follow `kiln_<subsystem>_<name>_<unit>[_total]`; label values are bounded (protocol,
+//! outcome, method, reason) except `tenant`, which is the point of metering.
 
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use serde::Serialize;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IngestLabels {
@@ -20,58 +23,133 @@ pub struct QueryLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub tenant: String,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 /// The registry and its metrics.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
     pub ingest_requests: Family<IngestLabels, Counter>,
-    pub ingest_received_bytes: Counter,
-    pub ingest_decompressed_bytes: Counter,
-    pub ingest_samples: Counter,
-    pub ingest_profiles: Counter,
     pub query_requests: Family<QueryLabels, Counter>,
+    pub auth_refusals: Family<ReasonLabels, Counter>,
+    pub tenant_received_bytes: Family<TenantLabels, Counter>,
+    pub tenant_decompressed_bytes: Family<TenantLabels, Counter>,
+    pub tenant_profiles: Family<TenantLabels, Counter>,
+    pub tenant_samples: Family<TenantLabels, Counter>,
+    pub tenant_refused: Family<RefusedLabels, Counter>,
+    pub tenant_stored_bytes: Family<TenantLabels, Gauge>,
+    seen: Mutex<std::collections::BTreeSet<String>>,
 }
+
+/// A tenant's usage, as the admin API shows it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    pub tenant: String,
+    pub received_bytes: u64,
+    pub decompressed_bytes: u64,
+    pub profiles: u64,
+    pub samples: u64,
+    pub stored_bytes: u64,
+    pub refused: std::collections::BTreeMap<String, u64>,
+}
+
+/// Every refusal reason `ApiError::reason` gives.
+pub const REASONS: [&str; 10] = [
+    "invalid",
+    "unauthenticated",
+    "forbidden",
+    "not_found",
+    "too_large",
+    "unsupported_media_type",
+    "rate_limited",
+    "unimplemented",
+    "unavailable",
+    "internal",
+];
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("kiln");
+        let mut r = Registry::with_prefix("kiln");
         let m = Self {
             registry: Mutex::new(Registry::default()),
             ingest_requests: Family::default(),
-            ingest_received_bytes: Counter::default(),
-            ingest_decompressed_bytes: Counter::default(),
-            ingest_samples: Counter::default(),
-            ingest_profiles: Counter::default(),
             query_requests: Family::default(),
+            auth_refusals: Family::default(),
+            tenant_received_bytes: Family::default(),
+            tenant_decompressed_bytes: Family::default(),
+            tenant_profiles: Family::default(),
+            tenant_samples: Family::default(),
+            tenant_refused: Family::default(),
+            tenant_stored_bytes: Family::default(),
+            seen: Mutex::new(std::collections::BTreeSet::new()),
         };
-        registry.register(
+        r.register(
             "ingest_requests",
             "Ingest requests by protocol and outcome",
             m.ingest_requests.clone(),
         );
-        registry.register(
-            "ingest_received_bytes",
-            "Request body bytes received by ingest, as sent",
-            m.ingest_received_bytes.clone(),
-        );
-        registry.register(
-            "ingest_decompressed_bytes",
-            "Profile bytes ingested after decompression",
-            m.ingest_decompressed_bytes.clone(),
-        );
-        registry.register("ingest_samples", "Samples stored", m.ingest_samples.clone());
-        registry.register(
-            "ingest_profiles",
-            "Profile series stored",
-            m.ingest_profiles.clone(),
-        );
-        registry.register(
+        r.register(
             "query_requests",
             "Query requests by method and outcome",
             m.query_requests.clone(),
         );
-        *m.registry.lock().expect("metrics lock") = registry;
+        r.register(
+            "auth_refusals",
+            "Requests refused before a tenant was known, by reason",
+            m.auth_refusals.clone(),
+        );
+        r.register(
+            "tenant_ingest_received_bytes",
+            "Ingest request bytes as sent, per tenant",
+            m.tenant_received_bytes.clone(),
+        );
+        r.register(
+            "tenant_ingest_decompressed_bytes",
+            "Ingested profile bytes after decompression, per tenant",
+            m.tenant_decompressed_bytes.clone(),
+        );
+        r.register(
+            "tenant_ingest_profiles",
+            "Profile series stored, per tenant",
+            m.tenant_profiles.clone(),
+        );
+        r.register(
+            "tenant_ingest_samples",
+            "Samples stored, per tenant",
+            m.tenant_samples.clone(),
+        );
+        r.register(
+            "tenant_refused_requests",
+            "Requests refused, per tenant and reason",
+            m.tenant_refused.clone(),
+        );
+        r.register(
+            "tenant_stored_bytes",
+            "Bytes of blocks stored, per tenant",
+            m.tenant_stored_bytes.clone(),
+        );
+        *m.registry.lock().expect("metrics lock") = r;
         m
+    }
+}
+
+fn t(tenant: &str) -> TenantLabels {
+    TenantLabels {
+        tenant: tenant.to_owned(),
     }
 }
 
@@ -97,5 +175,95 @@ impl Metrics {
         self.query_requests
             .get_or_create(&QueryLabels { method, outcome })
             .inc();
+    }
+
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refusals
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub fn refused(&self, tenant: &str, reason: &'static str) {
+        self.see(tenant);
+        self.tenant_refused
+            .get_or_create(&RefusedLabels {
+                tenant: tenant.to_owned(),
+                reason,
+            })
+            .inc();
+    }
+
+    pub fn received(&self, tenant: &str, bytes: usize) {
+        self.see(tenant);
+        self.tenant_received_bytes
+            .get_or_create(&t(tenant))
+            .inc_by(bytes as u64);
+    }
+
+    pub fn decompressed(&self, tenant: &str, bytes: usize) {
+        self.tenant_decompressed_bytes
+            .get_or_create(&t(tenant))
+            .inc_by(bytes as u64);
+    }
+
+    pub fn stored(&self, tenant: &str, profiles: usize, samples: usize) {
+        self.tenant_profiles
+            .get_or_create(&t(tenant))
+            .inc_by(profiles as u64);
+        self.tenant_samples
+            .get_or_create(&t(tenant))
+            .inc_by(samples as u64);
+    }
+
+    pub fn set_stored_bytes(&self, tenant: &str, bytes: u64) {
+        self.tenant_stored_bytes
+            .get_or_create(&t(tenant))
+            .set(bytes as i64);
+    }
+
+    /// Counters of one tenant since start-up (stored bytes come from the metastore).
+    pub fn usage(&self, tenant: &str, stored_bytes: u64) -> Usage {
+        let get =
+            |f: &Family<TenantLabels, Counter>| f.get(&t(tenant)).map(|c| c.get()).unwrap_or(0);
+        let refused = REASONS
+            .iter()
+            .filter_map(|reason| {
+                let n = self
+                    .tenant_refused
+                    .get(&RefusedLabels {
+                        tenant: tenant.to_owned(),
+                        reason,
+                    })
+                    .map(|c| c.get())
+                    .unwrap_or(0);
+                (n > 0).then(|| ((*reason).to_owned(), n))
+            })
+            .collect();
+        Usage {
+            tenant: tenant.to_owned(),
+            received_bytes: get(&self.tenant_received_bytes),
+            decompressed_bytes: get(&self.tenant_decompressed_bytes),
+            profiles: get(&self.tenant_profiles),
+            samples: get(&self.tenant_samples),
+            stored_bytes,
+            refused,
+        }
+    }
+
+    /// Tenants the counters have seen since start-up.
+    pub fn tenants(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .expect("seen lock")
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    fn see(&self, tenant: &str) {
+        let mut seen = self.seen.lock().expect("seen lock");
+        if !seen.contains(tenant) {
+            seen.insert(tenant.to_owned());
+        }
     }
 }

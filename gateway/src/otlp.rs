@@ -22,9 +22,9 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, server::NamedService};
 
 use crate::app::AppRef;
+use crate::auth::Scope;
 use crate::error::ApiError;
 use crate::ingest::{decode_content_encoding, read_body, store};
-use crate::tenant::tenant_of;
 use crate::time::now_nanos;
 
 /// The gRPC method path.
@@ -52,15 +52,16 @@ pub async fn export(
     app: &AppRef,
     tenant: &str,
     req: ExportProfilesServiceRequest,
+    decompressed_bytes: usize,
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
-    let limits = app.limits.normalize;
+    let limits = app.limits(tenant).normalize();
     let converted =
         tokio::task::spawn_blocking(move || kiln_otel::otlp::convert(&req, now_nanos(), &limits))
             .await
             .map_err(ApiError::internal)??;
     let rejected = converted.rejected;
     if !converted.profile.series.is_empty() {
-        store(app, tenant, vec![converted.profile]).await?;
+        store(app, tenant, vec![converted.profile], decompressed_bytes).await?;
     }
     let partial_success = (!rejected.is_empty()).then(|| ExportProfilesPartialSuccess {
         rejected_profiles: rejected.len() as i64,
@@ -71,7 +72,12 @@ pub async fn export(
 
 /// `POST /v1development/profiles`.
 pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
-    let result = http_export(&app, &headers, body).await;
+    let result = match app.authenticate(&headers, Scope::Write) {
+        Ok(tenant) => http_export(&app, &tenant, &headers, body)
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
+        Err(e) => Err(e),
+    };
     app.metrics.ingest("otlp-http", result.is_ok());
     match result {
         Ok(resp) => resp,
@@ -79,8 +85,13 @@ pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: B
     }
 }
 
-async fn http_export(app: &AppRef, headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let tenant = tenant_of(app.auth, headers)?;
+async fn http_export(
+    app: &AppRef,
+    tenant: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let limits = app.limits(tenant);
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -100,24 +111,22 @@ async fn http_export(app: &AppRef, headers: &HeaderMap, body: Body) -> Result<Re
             )));
         }
     };
-    let body = read_body(body, app.limits.max_body_bytes).await?;
-    app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
-    let body = decode_content_encoding(headers, body, app.limits.max_decompressed_bytes)?;
-    if body.len() > app.limits.max_decompressed_bytes {
+    let body = read_body(body, limits.max_body_bytes).await?;
+    app.metrics.received(tenant, body.len());
+    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
             "request body exceeds the limit of {} bytes once decompressed",
-            app.limits.max_decompressed_bytes
+            limits.max_decompressed_bytes
         )));
     }
-    app.metrics
-        .ingest_decompressed_bytes
-        .inc_by(body.len() as u64);
+    let decompressed = body.len();
     let req = if json {
         kiln_otel::otlp_json::parse_request(&body)?
     } else {
         decode_request(&body)?
     };
-    let resp = export(app, &tenant, req).await?;
+    let resp = export(app, tenant, req, decompressed).await?;
     Ok(if json {
         (
             StatusCode::OK,
@@ -201,14 +210,28 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
         let app = Arc::clone(&self.0);
         Box::pin(async move {
             let headers = req.metadata().clone().into_headers();
+            let tenant = app.authenticate(&headers, Scope::Write)?;
             let result = async {
-                let tenant = tenant_of(app.auth, &headers)?;
                 let body = req.into_inner();
-                app.metrics.ingest_received_bytes.inc_by(body.len() as u64);
+                app.metrics.received(&tenant, body.len());
+                let limits = app.limits(&tenant);
+                if body.len() > limits.max_decompressed_bytes {
+                    return Err(ApiError::new(
+                        crate::error::ErrorKind::ResourceExhausted,
+                        format!(
+                            "the message is {} bytes, more than the tenant's limit of {} bytes",
+                            body.len(),
+                            limits.max_decompressed_bytes
+                        ),
+                    ));
+                }
                 let req = decode_request(&body)?;
-                export(&app, &tenant, req).await
+                export(&app, &tenant, req, body.len()).await
             }
             .await;
+            if let Err(e) = &result {
+                app.metrics.refused(&tenant, e.reason());
+            }
             app.metrics.ingest("otlp-grpc", result.is_ok());
             Ok(tonic::Response::new(result?))
         })
@@ -236,7 +259,7 @@ where
                     Status::unimplemented(format!("no method {}", req.uri().path())).into_http(),
                 );
             }
-            let max = app.limits.max_decompressed_bytes;
+            let max = app.grpc_max_message_bytes;
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
                 .send_compressed(tonic::codec::CompressionEncoding::Gzip)

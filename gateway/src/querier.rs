@@ -101,7 +101,7 @@ impl Querier {
                 "span_selector and trace_id_selector cannot be used together",
             ));
         }
-        let (start_nanos, end_nanos) = time_range(r.start, r.end)?;
+        let (start_nanos, end_nanos) = self.range(tenant, r.start, r.end)?;
         Ok(SampleFilter {
             tenant: tenant.to_owned(),
             // A sixth `:delta` part is accepted and dropped, as Pyroscope does.
@@ -114,8 +114,27 @@ impl Querier {
         })
     }
 
-    fn max_nodes(&self, requested: Option<i64>) -> Result<usize, ApiError> {
-        let limits = &self.app.limits;
+    /// The query's time range within the tenant's maximum query range. (Retention works on
+    /// whole blocks by ingestion time: see `crate::admin::apply_retention`.)
+    fn range(&self, tenant: &str, start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
+        let limits = self.app.limits(tenant);
+        let (mut start, end) = time_range(start_ms, end_ms)?;
+        let max = limits.max_query_range.0 as i64 * 1_000_000_000;
+        if max > 0 {
+            if start == i64::MIN {
+                start = now_nanos().saturating_sub(max);
+            } else if end.saturating_sub(start) > max.saturating_add(1) {
+                return Err(ApiError::invalid(format!(
+                    "the query covers more than the tenant's maximum range of {} s",
+                    limits.max_query_range.0
+                )));
+            }
+        }
+        Ok((start, end.max(start)))
+    }
+
+    fn max_nodes(&self, tenant: &str, requested: Option<i64>) -> Result<usize, ApiError> {
+        let limits = self.app.limits(tenant);
         match requested {
             None | Some(0) => Ok(limits.max_flamegraph_nodes_default as usize),
             Some(n) if n < 0 => Err(ApiError::invalid("max_nodes must not be negative")),
@@ -132,7 +151,7 @@ impl Querier {
         tenant: &str,
         r: q::ProfileTypesRequest,
     ) -> Result<q::ProfileTypesResponse, ApiError> {
-        let (start, end) = time_range(r.start, r.end)?;
+        let (start, end) = self.range(tenant, r.start, r.end)?;
         let types = self
             .app
             .storage
@@ -159,7 +178,7 @@ impl Querier {
         tenant: &str,
         r: t::LabelNamesRequest,
     ) -> Result<t::LabelNamesResponse, ApiError> {
-        let (start, end) = time_range(r.start, r.end)?;
+        let (start, end) = self.range(tenant, r.start, r.end)?;
         let names = self
             .app
             .storage
@@ -177,7 +196,7 @@ impl Querier {
         if r.name.is_empty() {
             return Err(ApiError::invalid("the label name is required"));
         }
-        let (start, end) = time_range(r.start, r.end)?;
+        let (start, end) = self.range(tenant, r.start, r.end)?;
         let names = self
             .app
             .storage
@@ -192,7 +211,7 @@ impl Querier {
         tenant: &str,
         r: q::SeriesRequest,
     ) -> Result<q::SeriesResponse, ApiError> {
-        let (start, end) = time_range(r.start, r.end)?;
+        let (start, end) = self.range(tenant, r.start, r.end)?;
         let series = self
             .app
             .storage
@@ -219,7 +238,7 @@ impl Querier {
         max_nodes: Option<i64>,
     ) -> Result<q::FlameGraph, ApiError> {
         let filter = self.filter(tenant, r)?;
-        let max_nodes = self.max_nodes(max_nodes)?;
+        let max_nodes = self.max_nodes(tenant, max_nodes)?;
         let tree = self.app.storage.query().merge_tree(&filter).await?;
         Ok(tree.to_flamegraph(max_nodes))
     }

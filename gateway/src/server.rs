@@ -32,6 +32,12 @@ pub fn router(app: AppRef) -> Router {
         .route("/push.v1.PusherService/Push", post(push_handler))
         .route("/querier.v1.QuerierService/{method}", post(querier_handler))
         .route("/v1development/profiles", post(crate::otlp::http_handler))
+        .route("/api/v1/tenants", get(crate::admin::list))
+        .route(
+            "/api/v1/tenants/{id}",
+            axum::routing::delete(crate::admin::delete),
+        )
+        .route("/api/v1/tenants/{id}/usage", get(crate::admin::usage))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         // Bodies are limited by each handler with a clear 413 of its own.
@@ -45,10 +51,7 @@ pub fn router(app: AppRef) -> Router {
 }
 
 fn grpc_router(app: AppRef) -> Router {
-    let max = app
-        .limits
-        .max_body_bytes
-        .max(app.limits.max_decompressed_bytes);
+    let max = app.grpc_max_message_bytes;
     let svc = Grpc::new(app.clone());
     let querier = QuerierServiceServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)
@@ -114,6 +117,13 @@ async fn ready() -> impl IntoResponse {
 }
 
 async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
+    if let Ok(tenants) = app.storage.metastore().tenants().await {
+        for t in tenants {
+            if let Ok(bytes) = app.storage.stored_bytes(&t).await {
+                app.metrics.set_stored_bytes(&t, bytes);
+            }
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

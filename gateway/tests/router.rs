@@ -6,10 +6,10 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use kiln_gateway::app::{App, Limits};
-use kiln_gateway::metrics::Metrics;
+use kiln_gateway::app::App;
+use kiln_gateway::auth::Authenticator;
 use kiln_gateway::server::router;
-use kiln_gateway::tenant::AuthMode;
+use kiln_gateway::tenants::Tenants;
 use kiln_proto::querier::v1 as q;
 use kiln_storage::{Storage, StorageConfig};
 use prost::Message;
@@ -19,12 +19,11 @@ async fn app(dir: &std::path::Path) -> axum::Router {
     let mut config = StorageConfig::new(dir);
     config.writer.flush_interval = std::time::Duration::from_millis(10);
     let storage = Storage::open(config).await.unwrap();
-    router(Arc::new(App {
+    router(Arc::new(App::new(
         storage,
-        limits: Limits::default(),
-        auth: AuthMode::TrustedHeader,
-        metrics: Metrics::default(),
-    }))
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    )))
 }
 
 async fn send(router: &axum::Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {

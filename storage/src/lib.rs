@@ -23,4 +23,4 @@ pub mod writer;
 mod storage;
 
 pub use error::{Error, Result};
-pub use storage::{Storage, StorageConfig};
+pub use storage::{Storage, StorageConfig, series_hash};

@@ -94,4 +94,7 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
 
     /// Tenants with at least one block.
     async fn tenants(&self) -> Result<Vec<String>>;
+
+    /// Removes blocks of `tenant` from the index (their objects are deleted by the caller after).
+    async fn delete_blocks(&self, tenant: &str, ids: &[String]) -> Result<()>;
 }

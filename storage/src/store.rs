@@ -79,6 +79,17 @@ impl ObjectStorage {
         Ok(())
     }
 
+    /// Deletes an object; a missing one is not an error.
+    pub async fn delete(&self, path: &str) -> Result<()> {
+        match self.store.delete(&ObjectPath::from(path)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(Error::ObjectStore {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
     /// Reads a whole object.
     pub async fn get(&self, path: &str) -> Result<Bytes> {
         let location = ObjectPath::from(path);

@@ -113,6 +113,46 @@ impl Metastore for EmbeddedMetastore {
             .unwrap_or_default())
     }
 
+    async fn delete_blocks(&self, tenant: &str, ids: &[String]) -> Result<()> {
+        let doomed: Vec<(i64, String)> = {
+            let index = self.index.read().expect("index lock poisoned");
+            index
+                .get(tenant)
+                .map(|blocks| {
+                    blocks
+                        .iter()
+                        .filter(|b| ids.contains(&b.id))
+                        .map(|b| (b.partition(), b.id.clone()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let db = Arc::clone(&self.db);
+        let t = tenant.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let tx = db.begin_write().map_err(err)?;
+            {
+                let mut table = tx.open_table(BLOCKS).map_err(err)?;
+                for (partition, id) in &doomed {
+                    table
+                        .remove((t.as_str(), *partition, id.as_str()))
+                        .map_err(err)?;
+                }
+            }
+            tx.commit().map_err(err)
+        })
+        .await
+        .map_err(err)??;
+        let mut index = self.index.write().expect("index lock poisoned");
+        if let Some(blocks) = index.get_mut(tenant) {
+            blocks.retain(|b| !ids.contains(&b.id));
+            if blocks.is_empty() {
+                index.remove(tenant);
+            }
+        }
+        Ok(())
+    }
+
     async fn tenants(&self) -> Result<Vec<String>> {
         let mut t: Vec<String> = self
             .index
@@ -178,5 +218,11 @@ mod tests {
         assert_eq!(ids(m.query_blocks("b", 0, 1000).await.unwrap()), ["3"]);
         assert!(m.query_blocks("c", 0, 1000).await.unwrap().is_empty());
         assert_eq!(m.tenants().await.unwrap(), ["a", "b"]);
+        m.delete_blocks("a", &["1".to_string()]).await.unwrap();
+        m.delete_blocks("b", &["3".to_string()]).await.unwrap();
+        drop(m);
+        let m = EmbeddedMetastore::open(&path).unwrap();
+        assert_eq!(ids(m.query_blocks("a", 0, 1000).await.unwrap()), ["2"]);
+        assert_eq!(m.tenants().await.unwrap(), ["a"], "deletes are durable");
     }
 }

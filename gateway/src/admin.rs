@@ -1,0 +1,99 @@
+//! The admin API (scope `admin`): tenants, their usage, erasing a tenant; and retention.
+//!
+//! - `GET /api/v1/tenants`: every tenant with data, limits or traffic, with its usage.
+//! - `GET /api/v1/tenants/{id}/usage`: one tenant's usage.
+//! - `DELETE /api/v1/tenants/{id}`: erases the tenant's blocks.
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use serde_json::json;
+
+use crate::app::AppRef;
+use crate::auth::Scope;
+use crate::error::ApiError;
+use crate::metrics::Usage;
+use crate::tenant::validate_tenant;
+
+async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
+    let stored = app.storage.stored_bytes(tenant).await?;
+    app.metrics.set_stored_bytes(tenant, stored);
+    Ok(app.metrics.usage(tenant, stored))
+}
+
+async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {
+    let mut all: BTreeSet<String> = app
+        .storage
+        .metastore()
+        .tenants()
+        .await?
+        .into_iter()
+        .collect();
+    all.extend(app.metrics.tenants());
+    all.extend(app.tenants.configured());
+    Ok(all.into_iter().collect())
+}
+
+/// `GET /api/v1/tenants`.
+pub async fn list(
+    State(app): State<AppRef>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    app.authenticate(&headers, Scope::Admin)?;
+    let mut tenants = Vec::new();
+    for t in all_tenants(&app).await? {
+        tenants.push(usage_of(&app, &t).await?);
+    }
+    Ok(Json(json!({ "tenants": tenants })))
+}
+
+/// `GET /api/v1/tenants/{id}/usage`.
+pub async fn usage(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Usage>, ApiError> {
+    app.authenticate(&headers, Scope::Admin)?;
+    validate_tenant(&id)?;
+    Ok(Json(usage_of(&app, &id).await?))
+}
+
+/// `DELETE /api/v1/tenants/{id}`.
+pub async fn delete(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    app.authenticate(&headers, Scope::Admin)?;
+    validate_tenant(&id)?;
+    let deleted = app.storage.delete_tenant(&id).await?;
+    app.tenants.forget(&id);
+    app.metrics.set_stored_bytes(&id, 0);
+    tracing::info!(tenant = %id, blocks = deleted, "tenant erased");
+    Ok(Json(json!({ "tenant": id, "deleted_blocks": deleted })))
+}
+
+/// Deletes, for every tenant, the blocks older than its retention. Returns blocks deleted.
+pub async fn apply_retention(app: &AppRef) -> Result<usize, ApiError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let mut total = 0;
+    for tenant in app.storage.metastore().tenants().await? {
+        let retention = app.limits(&tenant).retention.0;
+        if retention == 0 {
+            continue;
+        }
+        let before = now_ms.saturating_sub(retention.saturating_mul(1000));
+        let n = app.storage.apply_retention(&tenant, before).await?;
+        if n > 0 {
+            tracing::info!(tenant = %tenant, blocks = n, "retention deleted old blocks");
+            app.tenants.forget(&tenant);
+        }
+        total += n;
+    }
+    Ok(total)
+}

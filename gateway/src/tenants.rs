@@ -1,0 +1,449 @@
+//! Per-tenant limits from a TOML file (`--tenants PATH`), reloaded on SIGHUP or when the file
+//! changes, and the state that enforces them: ingest rate buckets, series counts, query slots.
+//!
+//! ```toml
+//! [defaults]                      # every key optional; Pyroscope's defaults otherwise
+//! ingest_rate_bytes = 4194304     # decompressed bytes per second (0 = unlimited)
+//! ingest_burst_bytes = 2097152
+//! retention = "31d"
+//!
+//! [tenants.acme]                  # overrides for one tenant
+//! ingest_rate_bytes = 1048576
+//! max_series = 20000
+//! ```
+//! Unknown keys fail the load (at start-up: exit; at reload: the old limits stay, logged).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::{Deserialize, Deserializer, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::auth::parse_duration_secs;
+use crate::error::{ApiError, ErrorKind};
+
+/// A duration written as `"31d"`, `"24h"`, `"90s"` or a number of seconds; 0 means none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+pub struct Secs(pub u64);
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Secs(n)),
+            Raw::S(s) => parse_duration_secs(&s).map(Secs).ok_or_else(|| {
+                serde::de::Error::custom(format!("invalid duration {s:?} (like 30d, 12h, 90s)"))
+            }),
+        }
+    }
+}
+
+/// The limits of one tenant. Defaults are Pyroscope's where it has one (see
+/// `docs/configuration.md` for the differences).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantLimits {
+    /// Decompressed ingest bytes per second (token bucket refill); 0 = unlimited.
+    pub ingest_rate_bytes: u64,
+    /// Bucket size: how far above the rate a burst may go.
+    pub ingest_burst_bytes: u64,
+    /// Largest request body, as sent (413).
+    pub max_body_bytes: usize,
+    /// Largest profile once decompressed (413).
+    pub max_decompressed_bytes: usize,
+    /// Samples in one profile (400 above it); 0 = unlimited.
+    pub max_samples_per_profile: usize,
+    pub max_label_names_per_series: usize,
+    pub max_label_name_length: usize,
+    pub max_label_value_length: usize,
+    /// Deeper stacks are truncated, keeping the root side.
+    pub max_stack_depth: usize,
+    /// Distinct series a tenant may have (429 for new series above it); 0 = unlimited.
+    pub max_series: usize,
+    /// How long data is kept; 0 = forever.
+    pub retention: Secs,
+    /// Longest time range one query may cover; 0 = unlimited.
+    pub max_query_range: Secs,
+    /// Flame graph nodes when a query names none.
+    pub max_flamegraph_nodes_default: i64,
+    /// Largest `max_nodes` a query may ask for.
+    pub max_flamegraph_nodes_max: i64,
+    /// Queries of this tenant running at once; more wait up to 10 s, then get 429.
+    pub max_concurrent_queries: usize,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        Self {
+            ingest_rate_bytes: 4 << 20,
+            ingest_burst_bytes: 2 << 20,
+            max_body_bytes: 256 << 20,
+            max_decompressed_bytes: 64 << 20,
+            max_samples_per_profile: 16_000,
+            max_label_names_per_series: 30,
+            max_label_name_length: 1024,
+            max_label_value_length: 2048,
+            max_stack_depth: 1000,
+            max_series: 5000,
+            retention: Secs(31 * 86_400),
+            max_query_range: Secs(0),
+            max_flamegraph_nodes_default: 8192,
+            max_flamegraph_nodes_max: 1 << 20,
+            max_concurrent_queries: 16,
+        }
+    }
+}
+
+impl TenantLimits {
+    /// The normalizer's limits.
+    pub fn normalize(&self) -> kiln_otel::NormalizeLimits {
+        kiln_otel::NormalizeLimits {
+            max_stack_depth: self.max_stack_depth,
+            max_samples: self.max_samples_per_profile,
+            labels: kiln_otel::labels::LabelLimits {
+                max_label_names_per_series: self.max_label_names_per_series,
+                max_label_name_length: self.max_label_name_length,
+                max_label_value_length: self.max_label_value_length,
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// The tenant file, parsed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantConfig {
+    pub defaults: TenantLimits,
+    pub tenants: HashMap<String, TenantLimits>,
+}
+
+impl TenantConfig {
+    /// Parses the TOML, over `base` defaults (built-in defaults with command-line overrides).
+    pub fn parse(text: &str, base: &toml::Table) -> anyhow::Result<Self> {
+        let mut doc: toml::Table = toml::from_str(text)?;
+        for key in doc.keys() {
+            anyhow::ensure!(
+                key == "defaults" || key == "tenants",
+                "unknown section {key:?}: use [defaults] and [tenants.<id>]"
+            );
+        }
+        let mut defaults = toml::Table::try_from(TenantLimits::default())?;
+        if let Some(toml::Value::Table(d)) = doc.remove("defaults") {
+            defaults.extend(d);
+        }
+        defaults.extend(base.clone());
+        let parsed_defaults: TenantLimits = toml::Value::Table(defaults.clone())
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("[defaults]: {e}"))?;
+        let mut tenants = HashMap::new();
+        if let Some(toml::Value::Table(ts)) = doc.remove("tenants") {
+            for (id, v) in ts {
+                crate::tenant::validate_tenant(&id)
+                    .map_err(|e| anyhow::anyhow!("[tenants.{id}]: {}", e.message))?;
+                let toml::Value::Table(over) = v else {
+                    anyhow::bail!("[tenants.{id}] must be a table");
+                };
+                let mut merged = defaults.clone();
+                merged.extend(over);
+                let limits: TenantLimits = toml::Value::Table(merged)
+                    .try_into()
+                    .map_err(|e| anyhow::anyhow!("[tenants.{id}]: {e}"))?;
+                tenants.insert(id, limits);
+            }
+        }
+        Ok(Self {
+            defaults: parsed_defaults,
+            tenants,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+/// Limits in force and the state enforcing them.
+#[derive(Debug)]
+pub struct Tenants {
+    path: Option<PathBuf>,
+    base: toml::Table,
+    config: RwLock<Arc<TenantConfig>>,
+    stamp: Mutex<Option<(SystemTime, u64)>>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    series: Mutex<HashMap<String, HashSet<u64>>>,
+    queries: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}
+
+impl Tenants {
+    /// Limits from `path` (or built-in defaults), with `base` overriding the file's defaults.
+    pub fn load(path: Option<&Path>, base: toml::Table) -> anyhow::Result<Self> {
+        let config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+                TenantConfig::parse(&text, &base)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+            }
+            None => TenantConfig::parse("", &base)?,
+        };
+        Ok(Self {
+            path: path.map(Path::to_owned),
+            base,
+            config: RwLock::new(Arc::new(config)),
+            stamp: Mutex::new(path.and_then(stamp_of)),
+            buckets: Mutex::new(HashMap::new()),
+            series: Mutex::new(HashMap::new()),
+            queries: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Built-in defaults for every tenant.
+    pub fn defaults() -> Self {
+        Self::load(None, toml::Table::new()).expect("built-in defaults parse")
+    }
+
+    /// Re-reads the file; on error the limits in force stay.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(path)?;
+        let config = TenantConfig::parse(&text, &self.base)?;
+        *self.config.write().expect("config lock") = Arc::new(config);
+        *self.stamp.lock().expect("stamp lock") = stamp_of(path);
+        // New limits take effect for the next query slot of each tenant.
+        self.queries.lock().expect("queries lock").clear();
+        Ok(())
+    }
+
+    /// Reloads when the file changed since the last load.
+    pub fn reload_if_changed(&self) -> anyhow::Result<bool> {
+        let Some(path) = &self.path else {
+            return Ok(false);
+        };
+        if stamp_of(path) == *self.stamp.lock().expect("stamp lock") {
+            return Ok(false);
+        }
+        self.reload()?;
+        Ok(true)
+    }
+
+    /// The limits of `tenant`.
+    pub fn limits(&self, tenant: &str) -> TenantLimits {
+        let config = Arc::clone(&self.config.read().expect("config lock"));
+        config
+            .tenants
+            .get(tenant)
+            .unwrap_or(&config.defaults)
+            .clone()
+    }
+
+    /// Takes `bytes` from the tenant's ingest bucket, or says when to retry (429).
+    pub fn charge_ingest(&self, tenant: &str, bytes: u64) -> Result<(), ApiError> {
+        let limits = self.limits(tenant);
+        if limits.ingest_rate_bytes == 0 {
+            return Ok(());
+        }
+        let rate = limits.ingest_rate_bytes as f64;
+        let burst = limits.ingest_burst_bytes.max(1) as f64;
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("buckets lock");
+        let b = buckets.entry(tenant.to_owned()).or_insert(Bucket {
+            tokens: burst,
+            updated: now,
+        });
+        b.tokens = (b.tokens + now.duration_since(b.updated).as_secs_f64() * rate).min(burst);
+        b.updated = now;
+        // A request larger than the burst passes when the bucket is full, then drives it negative.
+        let need = (bytes as f64).min(burst);
+        if b.tokens >= need {
+            b.tokens -= bytes as f64;
+            return Ok(());
+        }
+        let wait = ((need - b.tokens) / rate).ceil().max(1.0) as u64;
+        Err(ApiError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "tenant {tenant:?} is over its ingest rate of {} bytes/s (burst {}); retry in {wait} s",
+                limits.ingest_rate_bytes, limits.ingest_burst_bytes
+            ),
+        )
+        .retry_after(wait))
+    }
+
+    /// Whether the tenant's series are known (loaded from the metastore).
+    pub fn series_loaded(&self, tenant: &str) -> bool {
+        self.series
+            .lock()
+            .expect("series lock")
+            .contains_key(tenant)
+    }
+
+    /// Seeds a tenant's series set (from the metastore).
+    pub fn seed_series(&self, tenant: &str, hashes: impl IntoIterator<Item = u64>) {
+        let mut series = self.series.lock().expect("series lock");
+        series.entry(tenant.to_owned()).or_default().extend(hashes);
+    }
+
+    /// Admits the series of a write, or refuses all of it when new series would pass the limit.
+    pub fn admit_series(&self, tenant: &str, hashes: &[u64]) -> Result<(), ApiError> {
+        let max = self.limits(tenant).max_series;
+        let mut series = self.series.lock().expect("series lock");
+        let known = series.entry(tenant.to_owned()).or_default();
+        let new: HashSet<u64> = hashes
+            .iter()
+            .copied()
+            .filter(|h| !known.contains(h))
+            .collect();
+        if max > 0 && known.len() + new.len() > max {
+            return Err(ApiError::new(
+                ErrorKind::ResourceExhausted,
+                format!("tenant {tenant:?} would have more than its limit of {max} series"),
+            ));
+        }
+        known.extend(new);
+        Ok(())
+    }
+
+    /// Forgets a tenant's series (after its data is erased).
+    pub fn forget(&self, tenant: &str) {
+        self.series.lock().expect("series lock").remove(tenant);
+        self.buckets.lock().expect("buckets lock").remove(tenant);
+    }
+
+    /// A query slot of the tenant; waits up to 10 s, then 429.
+    pub async fn query_slot(
+        &self,
+        tenant: &str,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let limits = self.limits(tenant);
+        let sem =
+            {
+                let mut q = self.queries.lock().expect("queries lock");
+                Arc::clone(q.entry(tenant.to_owned()).or_insert_with(|| {
+                    Arc::new(Semaphore::new(limits.max_concurrent_queries.max(1)))
+                }))
+            };
+        match tokio::time::timeout(Duration::from_secs(10), sem.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(ApiError::new(
+                ErrorKind::ResourceExhausted,
+                format!(
+                    "tenant {tenant:?} has {} queries running, its limit",
+                    limits.max_concurrent_queries
+                ),
+            )
+            .retry_after(1)),
+        }
+    }
+
+    /// Tenants with limits of their own.
+    pub fn configured(&self) -> Vec<String> {
+        let mut t: Vec<String> = self
+            .config
+            .read()
+            .expect("config lock")
+            .tenants
+            .keys()
+            .cloned()
+            .collect();
+        t.sort();
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_defaults_and_overrides() {
+        let base = toml::Table::new();
+        let c = TenantConfig::parse(
+            "[defaults]\nmax_series = 10\nretention = \"7d\"\n[tenants.acme]\ningest_rate_bytes = 100\n",
+            &base,
+        )
+        .unwrap();
+        assert_eq!(c.defaults.max_series, 10);
+        assert_eq!(c.defaults.retention, Secs(7 * 86_400));
+        assert_eq!(
+            c.defaults.max_label_names_per_series, 30,
+            "Pyroscope's default"
+        );
+        let acme = &c.tenants["acme"];
+        assert_eq!(acme.ingest_rate_bytes, 100);
+        assert_eq!(acme.max_series, 10, "overrides start from [defaults]");
+    }
+
+    #[test]
+    fn unknown_keys_fail() {
+        let base = toml::Table::new();
+        let err = TenantConfig::parse("[defaults]\nmax_serie = 10\n", &base).unwrap_err();
+        assert!(err.to_string().contains("max_serie"), "{err}");
+        assert!(TenantConfig::parse("[limits]\n", &base).is_err());
+        assert!(TenantConfig::parse("[tenants.\"a/b\"]\n", &base).is_err());
+    }
+
+    #[test]
+    fn command_line_base_overrides_file_defaults_but_not_tenants() {
+        let mut base = toml::Table::new();
+        base.insert("max_body_bytes".into(), toml::Value::Integer(1000));
+        let c = TenantConfig::parse(
+            "[defaults]\nmax_body_bytes = 5\n[tenants.x]\nmax_body_bytes = 7\n",
+            &base,
+        )
+        .unwrap();
+        assert_eq!(c.defaults.max_body_bytes, 1000);
+        assert_eq!(c.tenants["x"].max_body_bytes, 7);
+    }
+
+    #[test]
+    fn rate_limit_refuses_then_recovers() {
+        let t = Tenants::load(None, {
+            let mut b = toml::Table::new();
+            b.insert("ingest_rate_bytes".into(), toml::Value::Integer(1000));
+            b.insert("ingest_burst_bytes".into(), toml::Value::Integer(1000));
+            b
+        })
+        .unwrap();
+        assert!(t.charge_ingest("a", 800).is_ok());
+        let err = t.charge_ingest("a", 800).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::ResourceExhausted);
+        assert_eq!(err.retry_after, Some(1));
+        assert!(t.charge_ingest("b", 800).is_ok(), "buckets are per tenant");
+        // Bigger than the burst: passes on a full bucket only.
+        assert!(t.charge_ingest("c", 5000).is_ok());
+        assert!(t.charge_ingest("c", 1).is_err());
+    }
+
+    #[test]
+    fn series_limit() {
+        let t = Tenants::load(None, {
+            let mut b = toml::Table::new();
+            b.insert("max_series".into(), toml::Value::Integer(2));
+            b
+        })
+        .unwrap();
+        assert!(t.admit_series("a", &[1, 2]).is_ok());
+        assert!(
+            t.admit_series("a", &[1, 2]).is_ok(),
+            "known series are free"
+        );
+        assert!(t.admit_series("a", &[3]).is_err());
+        assert!(t.admit_series("b", &[3]).is_ok());
+    }
+}
