@@ -598,7 +598,7 @@ fn bad_otlp_requests_get_the_right_codes() -> Result<()> {
             Some("bad-otlp"),
             big,
             tonic::Code::ResourceExhausted,
-            "too large",
+            "limit",
         ),
         (
             "no tenant",
