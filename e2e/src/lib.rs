@@ -60,21 +60,27 @@ pub struct Kiln {
     args: Vec<String>,
     log: PathBuf,
     http: reqwest::blocking::Client,
+    auth: Option<Vec<(String, String)>>,
 }
 
 impl Kiln {
     /// Starts kiln in `trusted-header` mode (tenants from `X-Scope-OrgID`) with `extra` flags.
     pub fn start(extra: &[&str]) -> Result<Self> {
+        let mut args = vec!["--auth", "trusted-header"];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
+    }
+
+    /// Starts kiln with exactly these flags (plus listen address, data dir and a short flush).
+    pub fn start_with(flags: &[&str]) -> Result<Self> {
         let data_dir = tempfile::tempdir()?;
         let log = data_dir.path().join("kiln.log");
         let mut args = vec![
             "serve".to_string(),
-            "--auth".into(),
-            "trusted-header".into(),
             "--flush-interval-ms".into(),
             "50".into(),
         ];
-        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(flags.iter().map(|s| s.to_string()));
         let mut k = Self {
             child: None,
             port: free_port(),
@@ -84,6 +90,7 @@ impl Kiln {
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()?,
+            auth: None,
         };
         k.spawn()?;
         Ok(k)
@@ -135,6 +142,23 @@ impl Kiln {
     /// The server's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Headers sent with every request of this harness (credentials), replacing `X-Scope-OrgID`
+    /// when set.
+    pub fn set_auth(&mut self, headers: Vec<(String, String)>) {
+        self.auth = Some(headers);
+    }
+
+    fn with_auth(
+        &self,
+        req: reqwest::blocking::RequestBuilder,
+        tenant: &str,
+    ) -> reqwest::blocking::RequestBuilder {
+        match &self.auth {
+            None => req.header("X-Scope-OrgID", tenant),
+            Some(headers) => headers.iter().fold(req, |r, (k, v)| r.header(k, v)),
+        }
     }
 
     /// The process id.
@@ -206,9 +230,10 @@ impl Kiln {
         headers: &[(&str, &str)],
     ) -> Result<(u16, String)> {
         let mut req = self
-            .http
-            .post(self.url(&format!("/ingest?{query}")))
-            .header("X-Scope-OrgID", tenant)
+            .with_auth(
+                self.http.post(self.url(&format!("/ingest?{query}"))),
+                tenant,
+            )
             .body(body);
         for (k, v) in headers {
             req = req.header(*k, *v);
@@ -225,9 +250,7 @@ impl Kiln {
         req: &Req,
     ) -> Result<Resp> {
         let resp = self
-            .http
-            .post(self.url(path))
-            .header("X-Scope-OrgID", tenant)
+            .with_auth(self.http.post(self.url(path)), tenant)
             .header("Content-Type", "application/proto")
             .body(req.encode_to_vec())
             .send()?;

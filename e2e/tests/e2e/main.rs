@@ -1,6 +1,7 @@
 //! Kiln end to end: the real `kiln` binary, real profiling clients, real corpus profiles.
 //! One test binary; each module starts its own server on a free loopback port.
 
+mod auth;
 mod bad_input;
 mod clients;
 mod corpus;
