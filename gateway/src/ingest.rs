@@ -163,6 +163,7 @@ async fn ingest(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), ApiError> {
+    app.tenants.check_ingest(tenant)?;
     let content_type = check_ingest_content_type(headers)?;
     let limits = app.limits(tenant);
     let body = read_body(body, limits.max_body_bytes).await?;

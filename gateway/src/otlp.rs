@@ -91,6 +91,7 @@ async fn http_export(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    app.tenants.check_ingest(tenant)?;
     let limits = app.limits(tenant);
     let ct = headers
         .get(header::CONTENT_TYPE)

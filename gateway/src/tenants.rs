@@ -285,6 +285,36 @@ impl Tenants {
         .retry_after(wait))
     }
 
+    /// Refuses at once, before the body is even read, a tenant whose bucket is already empty: a
+    /// flood over the rate then costs almost nothing. The exact charge comes after decoding.
+    pub fn check_ingest(&self, tenant: &str) -> Result<(), ApiError> {
+        let limits = self.limits(tenant);
+        if limits.ingest_rate_bytes == 0 {
+            return Ok(());
+        }
+        let rate = limits.ingest_rate_bytes as f64;
+        let burst = limits.ingest_burst_bytes.max(1) as f64;
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("buckets lock");
+        let Some(b) = buckets.get_mut(tenant) else {
+            return Ok(());
+        };
+        b.tokens = (b.tokens + now.duration_since(b.updated).as_secs_f64() * rate).min(burst);
+        b.updated = now;
+        if b.tokens > 0.0 {
+            return Ok(());
+        }
+        let wait = ((-b.tokens + 1.0) / rate).ceil().max(1.0) as u64;
+        Err(ApiError::new(
+            ErrorKind::ResourceExhausted,
+            format!(
+                "tenant {tenant:?} is over its ingest rate of {} bytes/s; retry in {wait} s",
+                limits.ingest_rate_bytes
+            ),
+        )
+        .retry_after(wait))
+    }
+
     /// Whether the tenant's series are known (loaded from the metastore).
     pub fn series_loaded(&self, tenant: &str) -> bool {
         self.series

@@ -1,5 +1,6 @@
 // Runs CPU-bound JavaScript under @pyroscope/nodejs (which posts pprof to /ingest), for Kiln's
 // e2e tests. Usage: node app.js SERVER_URL APP_NAME SECONDS
+// With KILN_AUTH_TOKEN set, the SDK sends it as `Authorization: Bearer`.
 'use strict';
 const Pyroscope = require('@pyroscope/nodejs');
 
@@ -16,6 +17,7 @@ async function main() {
     tags: { e2e: 'nodejs' },
     flushIntervalMs: 1000,
     wall: { samplingDurationMs: 1000, samplingIntervalMicros: 10000 },
+    ...(process.env.KILN_AUTH_TOKEN ? { authToken: process.env.KILN_AUTH_TOKEN } : {}),
   });
   Pyroscope.start();
   const end = Date.now() + Number(seconds) * 1000;

@@ -690,3 +690,187 @@ fn anonymous_mode_refuses_public_addresses() -> Result<()> {
     ensure!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--jwt-keys"));
     Ok(())
 }
+
+/// The SDKs authenticate as Grafana Cloud users do: pyroscope-io with basic auth (user = tenant,
+/// password = token), @pyroscope/nodejs with a bearer token; each writes to its own tenant and
+/// can read only it.
+#[test]
+fn real_clients_authenticate_and_stay_in_their_tenants() -> Result<()> {
+    let tools = kiln_e2e::Tools::find()?;
+    let keys = make_keys()?;
+    let mut kiln = start_jwt(&keys)?;
+    let iss_aud = ["--issuer", ISS, "--audience", AUD];
+    let py_token = kiln_token(
+        &keys.private("ed1.key"),
+        "py-tenant",
+        "read,write",
+        &iss_aud,
+    )?;
+    let node_token = kiln_token(
+        &keys.private("rsa1.key"),
+        "node-tenant",
+        "read,write",
+        &iss_aud,
+    )?;
+
+    let out = Command::new(&tools.python)
+        .arg(kiln_e2e::repo_root().join("e2e/clients/python/pyroscope_app.py"))
+        .arg(kiln.url(""))
+        .args(["auth-py-app", "2"])
+        .env("KILN_BASIC_USER", "py-tenant")
+        .env("KILN_BASIC_PASSWORD", &py_token)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "pyroscope-io: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(&tools.node)
+        .current_dir(&tools.node_dir)
+        .arg("app.js")
+        .arg(kiln.url(""))
+        .args(["auth-node-app", "3"])
+        .env("KILN_AUTH_TOKEN", &node_token)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "@pyroscope/nodejs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    kiln.set_auth(basic("py-tenant", &py_token));
+    let types = kiln.profile_types("py-tenant")?;
+    let cpu = types
+        .iter()
+        .find(|t| t.sample_type == "cpu")
+        .context("py-tenant cpu")?;
+    let fg = kiln.flamegraph("py-tenant", &cpu.id, "{}")?;
+    ensure!(
+        fg.names.iter().any(|n| n.contains("kiln_py_fib")),
+        "{:?}",
+        fg.names
+    );
+    ensure!(
+        !fg.names.iter().any(|n| n.contains("kilnNodeFib")),
+        "py-tenant sees node's functions"
+    );
+    let services: kiln_proto::types::v1::LabelValuesResponse = kiln.connect(
+        "py-tenant",
+        "/querier.v1.QuerierService/LabelValues",
+        &kiln_proto::types::v1::LabelValuesRequest {
+            name: "service_name".into(),
+            matchers: vec![],
+            start: ALL_TIME.0,
+            end: ALL_TIME.1,
+        },
+    )?;
+    ensure!(services.names == ["auth-py-app"], "{:?}", services.names);
+
+    kiln.set_auth(bearer(&node_token));
+    let types = kiln.profile_types("node-tenant")?;
+    let wall = types
+        .iter()
+        .find(|t| t.sample_type == "wall")
+        .context("node-tenant wall")?;
+    let fg = kiln.flamegraph("node-tenant", &wall.id, "{}")?;
+    ensure!(
+        fg.names.iter().any(|n| n.contains("kilnNodeFib")),
+        "{:?}",
+        fg.names
+    );
+    ensure!(
+        !types
+            .iter()
+            .any(|t| t.id == cpu.id && t.sample_type == "cpu" && t.name == "process_cpu"),
+        "node-tenant sees py's types: {types:?}"
+    );
+    // One tenant's token cannot read the other tenant, even by asking for it.
+    let mut h = bearer(&node_token);
+    h.push(("X-Scope-OrgID".into(), "py-tenant".into()));
+    ensure!(call(&kiln, Op::ConnectQuery, "py-tenant", &h)?.0 == Outcome::Forbidden);
+    Ok(())
+}
+
+/// The admin API: list tenants with usage, one tenant's usage, erase a tenant.
+#[test]
+fn admin_api_meters_usage_and_erases_tenants() -> Result<()> {
+    let keys = make_keys()?;
+    let mut kiln = start_jwt(&keys)?;
+    let secret = std::fs::read(keys.private("hs1"))?;
+    let writer = |t: &str| hs256(&secret, "hs1", claims(t, &["read", "write"]));
+    let admin = hs256(&secret, "hs1", claims("ops", &["admin"]));
+    for (tenant, n) in [("metered-a", 3), ("metered-b", 1)] {
+        kiln.set_auth(bearer(&writer(tenant)));
+        for i in 0..n {
+            let (s, b) = kiln.ingest(
+                tenant,
+                "name=m.cpu&from=1700000000",
+                format!("main;work{i} 5\n").into_bytes(),
+                &[],
+            )?;
+            ensure!(s == 200, "{s} {b}");
+        }
+        let (s, _) = kiln.ingest(tenant, "name=m.cpu&format=pdf", b"x".to_vec(), &[])?;
+        ensure!(s == 400);
+    }
+    fn get(kiln: &Kiln, admin: &str, path: &str) -> Result<serde_json::Value> {
+        let r = kiln
+            .http()
+            .get(kiln.url(path))
+            .header("Authorization", format!("Bearer {admin}"))
+            .send()?;
+        ensure!(r.status().is_success(), "{path}: {}", r.status());
+        Ok(r.json()?)
+    }
+    let usage = get(&kiln, &admin, "/api/v1/tenants/metered-a/usage")?;
+    ensure!(usage["profiles"] == 3 && usage["samples"] == 3, "{usage}");
+    ensure!(
+        usage["received_bytes"].as_u64().unwrap() > 0
+            && usage["stored_bytes"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
+    ensure!(usage["refused"]["invalid"] == 1, "{usage}");
+    let list = get(&kiln, &admin, "/api/v1/tenants")?;
+    let ids: Vec<&str> = list["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["tenant"].as_str().unwrap())
+        .collect();
+    ensure!(
+        ids.contains(&"metered-a") && ids.contains(&"metered-b"),
+        "{list}"
+    );
+
+    // A writer may not use the admin API.
+    let r = kiln
+        .http()
+        .get(kiln.url("/api/v1/tenants"))
+        .header("Authorization", format!("Bearer {}", writer("metered-a")))
+        .send()?;
+    ensure!(r.status().as_u16() == 403);
+
+    // Erase metered-a: its data is gone, metered-b's stays.
+    let r = kiln
+        .http()
+        .delete(kiln.url("/api/v1/tenants/metered-a"))
+        .header("Authorization", format!("Bearer {admin}"))
+        .send()?;
+    ensure!(r.status().is_success());
+    let body: serde_json::Value = r.json()?;
+    ensure!(body["deleted_blocks"].as_u64().unwrap() >= 1, "{body}");
+    kiln.set_auth(bearer(&writer("metered-a")));
+    kiln.assert_tenant_empty("metered-a")?;
+    kiln.set_auth(bearer(&writer("metered-b")));
+    ensure!(
+        kiln.flamegraph(
+            "metered-b",
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "{}"
+        )?
+        .total
+            == 50_000_000
+    );
+    ensure!(get(&kiln, &admin, "/api/v1/tenants/metered-a/usage")?["stored_bytes"] == 0);
+    Ok(())
+}

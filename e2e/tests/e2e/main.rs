@@ -6,6 +6,7 @@ mod bad_input;
 mod clients;
 mod corpus;
 mod grpc;
+mod limits;
 mod otlp;
 mod restart;
 mod spans;
