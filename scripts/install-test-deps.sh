@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), the Python
-# profilers (pyroscope-io, py-spy) in a venv under target/, and @pyroscope/nodejs under
-# e2e/clients/node. Idempotent: a second run only checks.
+# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof) and openssl
+# (test keys) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy, the
+# opentelemetry-proto stubs with grpcio) in a venv under the build directory, and
+# @pyroscope/nodejs under e2e/clients/node. Idempotent: a second run only checks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
