@@ -485,8 +485,15 @@ mod example_file {
     fn documented_example_parses() {
         let text = include_str!("../../docs/examples/tenants.toml");
         let c = super::TenantConfig::parse(text, &toml::Table::new()).unwrap();
-        assert_eq!(c.defaults, super::TenantLimits::default(), "the example shows the defaults");
+        assert_eq!(
+            c.defaults,
+            super::TenantLimits::default(),
+            "the example shows the defaults"
+        );
         assert_eq!(c.tenants["acme"].retention, super::Secs(90 * 86_400));
-        assert_eq!(c.tenants["trial-user-42"].max_query_range, super::Secs(86_400));
+        assert_eq!(
+            c.tenants["trial-user-42"].max_query_range,
+            super::Secs(86_400)
+        );
     }
 }
