@@ -30,6 +30,14 @@ pub fn kiln_bin() -> PathBuf {
     dir.join("kiln")
 }
 
+/// Path of the `gpx_kiln` Grafana plugin binary the test build made (`KILN_PLUGIN_BIN` overrides).
+pub fn plugin_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("KILN_PLUGIN_BIN") {
+        return PathBuf::from(p);
+    }
+    kiln_bin().with_file_name("gpx_kiln")
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,5 +1,6 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
-//! `push.v1` and `querier.v1`, and Kiln's own storage formats (`kiln.storage.v1`).
+//! `push.v1` and `querier.v1`, Grafana's plugin protocol (`pluginv2`), gRPC health, and Kiln's
+//! own storage formats (`kiln.storage.v1`).
 //!
 //! The `.proto` files under `proto/` are Kiln's own declarations with the packages, message names
 //! and field numbers of the originals; code is generated at build time and never committed.
@@ -33,6 +34,20 @@ pub mod querier {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
         include!(concat!(env!("OUT_DIR"), "/querier.v1.serde.rs"));
+    }
+}
+
+/// Grafana's backend plugin protocol.
+pub mod pluginv2 {
+    include!(concat!(env!("OUT_DIR"), "/pluginv2.rs"));
+}
+
+/// The standard gRPC health service.
+pub mod grpc {
+    pub mod health {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
+        }
     }
 }
 

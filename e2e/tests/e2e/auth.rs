@@ -131,6 +131,12 @@ fn b64url(data: &[u8]) -> String {
     out
 }
 
+/// A valid HS256 token (key `hs1`) of `tenant` with `scopes`, issuer and audience as the server wants.
+pub fn hs256_token(keys: &Keys, tenant: &str, scopes: &[&str]) -> Result<String> {
+    let secret = std::fs::read(keys.private("hs1"))?;
+    Ok(hs256(&secret, "hs1", claims(tenant, scopes)))
+}
+
 /// An HS256 token with arbitrary claims.
 fn hs256(secret: &[u8], kid: &str, claims: serde_json::Value) -> String {
     let mut h = Header::new(Algorithm::HS256);
@@ -407,7 +413,7 @@ pub fn basic(user: &str, token: &str) -> Vec<(String, String)> {
     )]
 }
 
-fn b64std(data: &[u8]) -> String {
+pub fn b64std(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for chunk in data.chunks(3) {
