@@ -238,14 +238,14 @@ fn url_params(url: &str) -> HashMap<String, String> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
-        .filter_map(|p| {
+        .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
             let dec = |s: &str| {
                 percent_encoding::percent_decode_str(&s.replace('+', " "))
                     .decode_utf8_lossy()
                     .into_owned()
             };
-            Some((dec(k), dec(v)))
+            (dec(k), dec(v))
         })
         .collect()
 }
