@@ -22,6 +22,11 @@ const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const FROM_MS: i64 = 1_700_000_000_000;
 const TO_MS: i64 = 1_700_000_600_000;
 
+/// Where the plugin's flame graph frame is written for the headless-Chromium render test.
+pub fn frame_out() -> std::path::PathBuf {
+    kiln_e2e::kiln_bin().with_file_name("grafana-flamegraph-frame.json")
+}
+
 struct Plugin {
     child: Child,
     addr: String,
@@ -296,6 +301,15 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
         ensure!(labels == kiln_names, "{labels:?} vs {kiln_names:?}");
         // Depth-first: every row's level is at most one deeper than the row before.
         ensure!((1..f.batch.num_rows()).all(|i| level.value(i) <= level.value(i - 1) + 1));
+        // Hand the frame to the browser test (scripts/test.sh renders it with @grafana/flamegraph).
+        let rows = 0..f.batch.num_rows();
+        let frame_json = serde_json::json!({ "fields": [
+            { "name": "level", "values": rows.clone().map(|i| level.value(i)).collect::<Vec<_>>() },
+            { "name": "value", "values": rows.clone().map(|i| value.value(i)).collect::<Vec<_>>(), "unit": "ns" },
+            { "name": "self", "values": rows.clone().map(|i| self_.value(i)).collect::<Vec<_>>() },
+            { "name": "label", "values": rows.map(|i| label.value(i)).collect::<Vec<_>>() },
+        ]});
+        std::fs::write(frame_out(), serde_json::to_vec_pretty(&frame_json)?)?;
 
         // metrics: one frame per series, same points as Kiln's SelectSeries.
         let m = &resp.responses["M"];
