@@ -358,7 +358,7 @@ impl Authenticator {
         let (basic_user, token) = if scheme.eq_ignore_ascii_case("bearer") {
             (None, rest.trim().to_owned())
         } else if scheme.eq_ignore_ascii_case("basic") {
-            let decoded = base64_decode(rest.trim())
+            let decoded = kiln_otel::base64::decode(rest.trim())
                 .and_then(|b| String::from_utf8(b).ok())
                 .ok_or_else(|| unauthenticated("malformed Basic credentials"))?;
             let (user, pass) = decoded.split_once(':').unwrap_or(("", decoded.as_str()));
@@ -461,30 +461,6 @@ impl Authenticator {
     }
 }
 
-/// Standard base64 (with or without padding).
-pub fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut buf, mut bits) = (0u32, 0);
-    for c in s.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            b'=' => break,
-            _ => return None,
-        };
-        buf = (buf << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-        }
-    }
-    Some(out)
-}
-
 /// Mints a token for `kiln token create`. `key_file` is an HMAC secret or a private key PEM
 /// (RSA → RS256, ECDSA P-256 → ES256, Ed25519 → EdDSA).
 pub fn mint(
@@ -544,7 +520,7 @@ pub fn inspect(token: &str) -> anyhow::Result<serde_json::Value> {
     let payload = token
         .split('.')
         .nth(1)
-        .and_then(base64_decode)
+        .and_then(kiln_otel::base64::decode)
         .ok_or_else(|| anyhow::anyhow!("malformed token"))?;
     let claims: serde_json::Value = serde_json::from_slice(&payload)?;
     Ok(serde_json::json!({

@@ -284,8 +284,7 @@ async fn multipart_lines_and_push_json() {
     assert_eq!(total, 3);
 
     // push.v1 over Connect JSON: bytes are base64, names lowerCamel.
-    use base64_like::encode;
-    let raw = encode(&tiny_pprof("pushed_json_fn", 7));
+    let raw = kiln_otel::base64::encode(&tiny_pprof("pushed_json_fn", 7));
     let json = format!(
         r#"{{"series":[{{"labels":[{{"name":"__name__","value":"memory"}},{{"name":"service_name","value":"json-app"}}],"samples":[{{"rawProfile":"{raw}","ID":"x"}}]}}]}}"#
     );
@@ -309,28 +308,4 @@ async fn multipart_lines_and_push_json() {
     // None of it is visible to another tenant.
     let (total, _) = flamegraph_total(&router, "t2", "memory:alloc_space:bytes::", "{}").await;
     assert_eq!(total, 0);
-}
-
-/// Standard base64, enough for the JSON test.
-mod base64_like {
-    pub fn encode(data: &[u8]) -> String {
-        const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        let mut out = String::new();
-        for chunk in data.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-                } else {
-                    out.push('=');
-                }
-            }
-        }
-        out
-    }
 }

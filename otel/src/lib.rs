@@ -10,6 +10,7 @@
 //! The output, [`model::NormalizedProfile`], carries resolved symbols (functions, locations,
 //! mappings) and, for every series, its label set, profile type and samples with location stacks.
 
+pub mod base64;
 pub mod compress;
 pub mod error;
 pub mod folded;

@@ -154,30 +154,6 @@ fn string(v: &Value, key: &str, at: &Path) -> Result<String> {
     }
 }
 
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let mut buf = 0u32;
-    let mut bits = 0;
-    for c in s.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            b'=' => break,
-            _ => return None,
-        };
-        buf = (buf << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-        }
-    }
-    Some(out)
-}
-
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
@@ -199,7 +175,7 @@ fn id_bytes(v: &Value, key: &str, at: &Path, len: usize) -> Result<Vec<u8>> {
     {
         return Ok(b);
     }
-    match base64_decode(&s) {
+    match crate::base64::decode(&s) {
         Some(b) if b.len() == len => Ok(b),
         _ => Err(at.join(key).err(&format!("expected {len} bytes as hex"))),
     }
@@ -207,7 +183,7 @@ fn id_bytes(v: &Value, key: &str, at: &Path, len: usize) -> Result<Vec<u8>> {
 
 fn bytes_b64(v: &Value, key: &str, at: &Path) -> Result<Vec<u8>> {
     let s = string(v, key, at)?;
-    base64_decode(&s).ok_or_else(|| at.join(key).err("expected base64"))
+    crate::base64::decode(&s).ok_or_else(|| at.join(key).err("expected base64"))
 }
 
 fn any_value(v: &Value, at: &Path) -> Result<AnyValue> {
@@ -304,7 +280,7 @@ fn profile(v: &Value, at: &Path) -> Result<p::Profile> {
         } else {
             hex_decode(&s)
                 .filter(|b| b.len() == 16)
-                .or_else(|| base64_decode(&s))
+                .or_else(|| crate::base64::decode(&s))
                 .ok_or_else(|| {
                     at.join("profileId")
                         .err("expected 16 bytes as hex or base64")

@@ -115,20 +115,7 @@ fn now() -> u64 {
 }
 
 fn b64url(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..=chunk.len() {
-            out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
+    kiln_otel::base64::encode_url(data)
 }
 
 /// A valid HS256 token (key `hs1`) of `tenant` with `scopes`, issuer and audience as the server wants.
@@ -414,24 +401,7 @@ pub fn basic(user: &str, token: &str) -> Vec<(String, String)> {
 }
 
 pub fn b64std(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            out.push(if i <= chunk.len() {
-                T[((n >> (18 - 6 * i)) & 63) as usize] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
+    kiln_otel::base64::encode(data)
 }
 
 pub fn start_jwt(keys: &Keys) -> Result<Kiln> {

@@ -63,7 +63,7 @@ fn basic_auth_user_must_match_the_tenant() {
     let basic = |user: &str| {
         let mut h = HeaderMap::new();
         let raw = format!("{user}:{token}");
-        let enc = base64_encode(raw.as_bytes());
+        let enc = kiln_otel::base64::encode(raw.as_bytes());
         h.insert(
             header::AUTHORIZATION,
             format!("Basic {enc}").parse().unwrap(),
@@ -125,25 +125,4 @@ fn durations() {
     assert_eq!(parse_duration_secs("30d"), Some(30 * 86_400));
     assert_eq!(parse_duration_secs("90"), Some(90));
     assert_eq!(parse_duration_secs("3x"), None);
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
