@@ -4,7 +4,8 @@
 #   grafana-plugin/dist/kiln-profiles-datasource/      plugin directory (copy into Grafana's plugins dir)
 #   grafana-plugin/dist/kiln-profiles-datasource.zip   the same directory, zipped
 #
-# Steps: 1. frontend: `npm ci && npm run build` in grafana-plugin/frontend (npm registry only);
+# Steps: 1. frontend: `npm ci && npm run build && npm run test:dist` in grafana-plugin/frontend
+#           (npm registry only);
 #        2. backend: `cargo build --release -p kiln-grafana-plugin --bin gpx_kiln`, unless
 #           KILN_PLUGIN_BIN names an already built binary, which is then used instead;
 #        3. assemble plugin.json, module.js(.map), img/, README.md and gpx_kiln_linux_amd64;
@@ -41,6 +42,8 @@ log "frontend: $FRONTEND"
   fi
   log "npm run build"
   npm run build
+  log "npm run test:dist (load dist/module.js as Grafana does)"
+  npm run test:dist
 )
 for f in plugin.json module.js README.md img; do
   [[ -e "$FRONTEND/dist/$f" ]] || die "frontend build did not produce dist/$f"
