@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Kiln Grafana datasource plugin and packages it for Grafana:
 #
-#   grafana-plugin/dist/kiln-profiles-datasource/      plugin directory (copy into Grafana's plugins dir)
-#   grafana-plugin/dist/kiln-profiles-datasource.zip   the same directory, zipped
+#   grafana-plugin/dist/kiln-datasource/      plugin directory (copy into Grafana's plugins dir;
+#                                             the plugin id is kiln-profiles-datasource)
+#   grafana-plugin/dist/kiln-datasource.zip   the same directory, zipped
 #
 # Steps: 1. frontend: `npm ci && npm run build && npm run test:dist` in grafana-plugin/frontend
 #           (npm registry only);
@@ -22,8 +23,9 @@ REPO_ROOT="$(cd "$HERE/.." && pwd)"
 PLUGIN_ID="kiln-profiles-datasource"
 FRONTEND="$HERE/frontend"
 OUT_DIR="$HERE/dist"
-PKG_DIR="$OUT_DIR/$PLUGIN_ID"
-ZIP="$OUT_DIR/$PLUGIN_ID.zip"
+DIR_NAME="kiln-datasource"
+PKG_DIR="$OUT_DIR/$DIR_NAME"
+ZIP="$OUT_DIR/$DIR_NAME.zip"
 BIN_NAME="gpx_kiln_linux_amd64"
 
 log() { printf '==> %s\n' "$*"; }
@@ -92,11 +94,11 @@ log "zipping $ZIP"
 (
   cd "$OUT_DIR"
   if command -v zip >/dev/null; then
-    zip -qr "$PLUGIN_ID.zip" "$PLUGIN_ID"
+    zip -qr "$DIR_NAME.zip" "$DIR_NAME"
   else
-    python3 -m zipfile -c "$PLUGIN_ID.zip" "$PLUGIN_ID"
+    python3 -m zipfile -c "$DIR_NAME.zip" "$DIR_NAME"
   fi
 )
 log "done:"
-(cd "$OUT_DIR" && find "$PLUGIN_ID" -type f -exec ls -l {} + | awk '{print "    " $1, $5, $9}')
+(cd "$OUT_DIR" && find "$DIR_NAME" -type f -exec ls -l {} + | awk '{print "    " $1, $5, $9}')
 printf '    %s (%s bytes)\n' "$ZIP" "$(stat -c %s "$ZIP")"

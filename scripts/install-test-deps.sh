@@ -2,13 +2,16 @@
 # Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof) and openssl
 # (test keys) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy, the
 # opentelemetry-proto stubs with grpcio) in a venv under the build directory, and
-# @pyroscope/nodejs under e2e/clients/node. Idempotent: a second run only checks.
+# @pyroscope/nodejs under e2e/clients/node, and Debian's chromium for the flame graph render test
+# (the plugin frontend's npm packages are installed by grafana-plugin/build.sh and test.sh).
+# Idempotent: a second run only checks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 need_apt=()
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -27,4 +27,19 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
 fi
 # One build of the test graph only (a separate `cargo build` would rebuild it with other features).
 cargo nextest run --workspace --no-fail-fast "$@"
+
+# The Grafana plugin: frontend build and unit tests, packaging with the backend binary the test
+# build made, and the flame graph frame the plugin produced in the e2e run drawn by
+# @grafana/flamegraph in headless Chromium.
+echo "test.sh: Grafana plugin frontend"
+KILN_PLUGIN_BIN="$target/debug/gpx_kiln" bash "$root/grafana-plugin/build.sh"
+(cd "$root/grafana-plugin/frontend" && npm test)
+frame="$target/debug/grafana-flamegraph-frame.json"
+if [ -f "$frame" ]; then
+  (cd "$root/grafana-plugin/frontend/render-test" && { [ -d node_modules ] || npm ci --no-audit --no-fund; } \
+    && node run.mjs "$frame" graf_checkout)
+else
+  echo "test.sh: $frame is missing (the e2e Grafana test writes it)" >&2
+  exit 1
+fi
 echo "test.sh: done in $(( $(date +%s) - started )) s"

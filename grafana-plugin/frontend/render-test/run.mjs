@@ -187,7 +187,8 @@ try {
           return true;
         }
         const table = document.querySelector('[data-testid="topTable"]');
-        return r.drawn.some((t) => t.startsWith('total')) && table && table.querySelectorAll('[role="row"]').length > 1;
+        // "(2) total (120 ms)": the component prefixes nodes it collapsed with a count.
+        return r.drawn.some((t) => t.replace(/^\(\d+\) /, '').startsWith('total')) && table && table.querySelectorAll('[role="row"]').length > 1;
       },
       null,
       { timeout, polling: 100 }
@@ -219,7 +220,9 @@ try {
 
   // The top table is virtualised: only rows in view are in the DOM. If the function is neither
   // drawn nor in view, search for it with the component's own search box and read the table again.
-  const isDrawn = (name) => result.drawn.some((t) => t === name || t.startsWith(`${name} (`));
+  // A label may carry the count of collapsed nodes in front: "(2) total (120 ms)".
+  const bare = (t) => t.replace(/^\(\d+\) /, '');
+  const isDrawn = (name) => result.drawn.map(bare).some((t) => t === name || t.startsWith(`${name} (`));
   const inTable = (name) => result.tableRows.some((cells) => cells.includes(name));
   let foundBySearch = false;
   if (!isDrawn(fnName) && !inTable(fnName)) {
