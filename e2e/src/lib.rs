@@ -210,13 +210,19 @@ impl Kiln {
         self.spawn()
     }
 
-    /// Whether the server still answers `/ready`.
+    /// Whether the server still answers `/ready`. Tries three times: after a refused oversized
+    /// body the server closes that connection, and the client's pool may hand it out once more.
     pub fn is_ready(&self) -> bool {
-        self.http
-            .get(self.url("/ready"))
-            .send()
-            .map(|r| r.status().is_success())
-            .unwrap_or(false)
+        (0..3).any(|attempt| {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            self.http
+                .get(self.url("/ready"))
+                .send()
+                .map(|r| r.status().is_success())
+                .unwrap_or(false)
+        })
     }
 
     /// `http://127.0.0.1:PORT{path}`.
