@@ -26,14 +26,16 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 # One build of the test graph only (a separate `cargo build` would rebuild it with other features).
-cargo nextest run --workspace --no-fail-fast "$@"
+cargo nextest run --workspace --no-fail-fast "$@" 2>&1 | tee "$target/nextest.log"
+rust_passed=$(sed -n 's/.* tests\{0,1\} run: \([0-9]*\) passed.*/\1/p' "$target/nextest.log" | tail -n 1)
 
 # The Grafana plugin: frontend build and unit tests, packaging with the backend binary the test
 # build made, and the flame graph frame the plugin produced in the e2e run drawn by
 # @grafana/flamegraph in headless Chromium.
 echo "test.sh: Grafana plugin frontend"
-KILN_PLUGIN_BIN="$target/debug/gpx_kiln" bash "$root/grafana-plugin/build.sh"
-(cd "$root/grafana-plugin/frontend" && npm test)
+KILN_PLUGIN_BIN="$target/debug/gpx_kiln" bash "$root/grafana-plugin/build.sh" 2>&1 | tee "$target/plugin-build.log"
+(cd "$root/grafana-plugin/frontend" && npm test) 2>&1 | tee "$target/frontend-test.log"
+jest_passed=$(sed -n 's/^Tests: *\([0-9]*\) passed.*/\1/p' "$target/plugin-build.log" "$target/frontend-test.log" | awk '{ s += $1 } END { print s + 0 }')
 frame="$target/debug/grafana-flamegraph-frame.json"
 if [ -f "$frame" ]; then
   (cd "$root/grafana-plugin/frontend/render-test" && { [ -d node_modules ] || npm ci --no-audit --no-fund; } \
@@ -43,3 +45,5 @@ else
   exit 1
 fi
 echo "test.sh: done in $(( $(date +%s) - started )) s"
+# Every step above stops the script on a failure, so reaching here means none failed.
+echo "all: $(( ${rust_passed:-0} + ${jest_passed:-0} + 1 )) passed, 0 failed"
