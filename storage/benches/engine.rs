@@ -1,0 +1,150 @@
+//! Storage engine benchmarks on seeded synthetic profiles.
+//!
+//! - `block_build/<rows>`: interning symbols, sorting and encoding one block (Parquet + symbols).
+//! - `flamegraph/<nodes>`: merging stacks into a tree and encoding Pyroscope's FlameGraph.
+//! - `query/*`: a flame graph over 20 blocks × 10 services, unfiltered (the baseline) and with a
+//!   selector matching one service — the ratio shows what pushdown and block pruning save.
+//!
+//! Run: `cargo bench -p kiln-storage --bench engine`.
+
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kiln_otel::model::{Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols};
+use kiln_storage::block::BlockBuilder;
+use kiln_storage::query::{FlameTree, SampleFilter};
+use kiln_storage::selector::parse_selector;
+use kiln_storage::{Storage, StorageConfig};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// xorshift: deterministic inputs.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// A profile of `samples` stacks (depth 8–24) over `functions` functions, service `svc`.
+fn profile(rng: &mut Rng, svc: &str, samples: usize, functions: usize, time: i64) -> NormalizedProfile {
+    let mut symbols = Symbols::default();
+    for i in 0..functions {
+        symbols.functions.push(Function { name: format!("pkg{}.fn{i}", i % 17), ..Default::default() });
+        symbols.locations.push(Location {
+            lines: vec![Line { function: i as u32, line: 1 + i as i64 }],
+            ..Default::default()
+        });
+    }
+    let samples = (0..samples)
+        .map(|_| {
+            let depth = 8 + rng.next(17) as usize;
+            // Shared roots, varied leaves, like real programs.
+            let stack = (0..depth)
+                .map(|d| if d < 4 { d as u32 } else { rng.next(functions as u64) as u32 })
+                .rev()
+                .collect();
+            Sample { stack, value: 1 + rng.next(100) as i64 * 10_000_000, ..Default::default() }
+        })
+        .collect();
+    NormalizedProfile {
+        symbols,
+        series: vec![Series {
+            labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", svc), ("env", "prod")]),
+            profile_type: ProfileType::parse(CPU).unwrap(),
+            time_nanos: time,
+            duration_nanos: 10_000_000_000,
+            samples,
+        }],
+    }
+}
+
+fn block_build(c: &mut Criterion) {
+    let mut g = c.benchmark_group("block_build");
+    for rows in [1_000usize, 10_000] {
+        let p = profile(&mut Rng(7), "svc", rows, 2_000, T0);
+        g.bench_with_input(BenchmarkId::from_parameter(rows), &p, |b, p| {
+            b.iter(|| {
+                let mut builder = BlockBuilder::new("bench");
+                builder.add(p);
+                builder.finish(0, "01BENCH").unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn flamegraph(c: &mut Criterion) {
+    let mut g = c.benchmark_group("flamegraph");
+    let mut rng = Rng(11);
+    let names: Vec<String> = (0..5_000).map(|i| format!("fn{i}")).collect();
+    let stacks: Vec<Vec<&str>> = (0..20_000)
+        .map(|_| (0..(4 + rng.next(20))).map(|_| names[rng.next(5_000) as usize].as_str()).collect())
+        .collect();
+    let mut tree = FlameTree::default();
+    for s in &stacks {
+        tree.add_stack(s.iter().copied(), 1);
+    }
+    let nodes = tree.node_count();
+    g.bench_function(BenchmarkId::new("build", nodes), |b| {
+        b.iter(|| {
+            let mut t = FlameTree::default();
+            for s in &stacks {
+                t.add_stack(s.iter().copied(), 1);
+            }
+            t
+        })
+    });
+    g.bench_function(BenchmarkId::new("encode_max_nodes_8192", nodes), |b| b.iter(|| tree.to_flamegraph(8192)));
+    g.bench_function(BenchmarkId::new("encode_all", nodes), |b| b.iter(|| tree.to_flamegraph(usize::MAX)));
+    g.finish();
+}
+
+fn query(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let storage = rt.block_on(async {
+        let mut config = StorageConfig::new(dir.path());
+        config.writer.flush_interval = Duration::from_millis(5);
+        let s = Storage::open(config).await.unwrap();
+        let mut rng = Rng(3);
+        for block in 0..20 {
+            let profiles: Vec<NormalizedProfile> = (0..10)
+                .map(|svc| profile(&mut rng, &format!("svc{svc}"), 2_000, 1_000, T0 + block * 10_000_000_000))
+                .collect();
+            s.write_all("bench", profiles).await.unwrap();
+        }
+        s
+    });
+    let filter = |selector: &str| SampleFilter {
+        tenant: "bench".into(),
+        profile_type: CPU.into(),
+        selector: parse_selector(selector).unwrap(),
+        start_nanos: T0 - 1,
+        end_nanos: T0 + 1_000_000_000_000,
+        span_ids: vec![],
+        trace_ids: vec![],
+    };
+    let mut g = c.benchmark_group("query_20_blocks_10_services_400k_rows");
+    g.sample_size(20);
+    let all = filter("{}");
+    g.bench_function("flamegraph_all_services", |b| {
+        b.iter(|| rt.block_on(storage.query().merge_tree(&all)).unwrap())
+    });
+    let one = filter(r#"{service_name="svc3"}"#);
+    g.bench_function("flamegraph_one_service", |b| {
+        b.iter(|| rt.block_on(storage.query().merge_tree(&one)).unwrap())
+    });
+    let regex = filter(r#"{service_name=~"svc[12]"}"#);
+    g.bench_function("flamegraph_regex_two_services", |b| {
+        b.iter(|| rt.block_on(storage.query().merge_tree(&regex)).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, block_build, flamegraph, query);
+criterion_main!(benches);
