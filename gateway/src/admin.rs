@@ -12,7 +12,6 @@ use axum::http::HeaderMap;
 use serde_json::json;
 
 use crate::app::AppRef;
-use crate::auth::Scope;
 use crate::error::ApiError;
 use crate::metrics::Usage;
 use crate::tenant::validate_tenant;
@@ -41,7 +40,7 @@ pub async fn list(
     State(app): State<AppRef>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    app.authenticate(&headers, Scope::Admin)?;
+    app.auth.authorize_admin(&headers, None)?;
     let mut tenants = Vec::new();
     for t in all_tenants(&app).await? {
         tenants.push(usage_of(&app, &t).await?);
@@ -55,8 +54,8 @@ pub async fn usage(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Usage>, ApiError> {
-    app.authenticate(&headers, Scope::Admin)?;
     validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
     Ok(Json(usage_of(&app, &id).await?))
 }
 
@@ -66,8 +65,8 @@ pub async fn delete(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    app.authenticate(&headers, Scope::Admin)?;
     validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
     let deleted = app.storage.delete_tenant(&id).await?;
     app.tenants.forget(&id);
     app.metrics.set_stored_bytes(&id, 0);

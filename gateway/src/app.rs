@@ -29,7 +29,7 @@ impl App {
             tenants,
             auth,
             metrics: Metrics::default(),
-            grpc_max_message_bytes: 256 << 20,
+            grpc_max_message_bytes: 64 << 20,
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use axum::http::{HeaderMap, header};
-use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -84,8 +84,9 @@ pub struct Claims {
     pub iat: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iss: Option<String>,
+    /// One audience or several, as identity providers write it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aud: Option<String>,
+    pub aud: Option<Audience>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub: Option<String>,
 }
@@ -99,6 +100,14 @@ impl Claims {
         }
         s
     }
+}
+
+/// The `aud` claim: a string or an array of strings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Audience {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// A verification key and the algorithm family it may verify.
@@ -148,9 +157,6 @@ fn load_file(path: &Path, out: &mut HashMap<String, VerifyKey>) -> anyhow::Resul
                 .key_id
                 .clone()
                 .ok_or_else(|| key_err(path, "a JWK has no kid"))?;
-            if matches!(jwk.algorithm, AlgorithmParameters::OctetKey(_)) {
-                // Symmetric keys in a JWKS are accepted, like any HMAC secret.
-            }
             let key =
                 DecodingKey::from_jwk(jwk).map_err(|e| key_err(path, format!("JWK {kid}: {e}")))?;
             out.insert(
@@ -169,7 +175,14 @@ fn load_file(path: &Path, out: &mut HashMap<String, VerifyKey>) -> anyhow::Resul
         .ok_or_else(|| key_err(path, "no usable file name for the kid"))?
         .to_owned();
     let text = String::from_utf8_lossy(&data);
-    let key = if text.contains("-----BEGIN") {
+    let is_secret = path.extension().is_some_and(|e| e == "secret");
+    let key = if !is_secret {
+        if !text.contains("-----BEGIN") {
+            return Err(key_err(
+                path,
+                "is neither a PEM public key, a JWKS (.json) nor an HMAC secret (.secret)",
+            ));
+        }
         if text.contains("PRIVATE KEY") {
             return Err(key_err(path, "is a private key: give Kiln the public key"));
         }
@@ -183,6 +196,8 @@ fn load_file(path: &Path, out: &mut HashMap<String, VerifyKey>) -> anyhow::Resul
                 )
             })?
     } else {
+        // Only files named *.secret are HMAC secrets, so no public key (SSH, DER, ...) can ever
+        // become one.
         let secret = data.trim_ascii();
         if secret.len() < 32 {
             return Err(key_err(path, "an HMAC secret must have at least 32 bytes"));
@@ -229,11 +244,23 @@ impl KeyStore {
     pub fn reload(&self) -> anyhow::Result<usize> {
         let mut keys = HashMap::new();
         let files = key_files(&self.path)?;
+        let mut errors = Vec::new();
         for f in &files {
-            load_file(f, &mut keys)?;
+            // A bad file is skipped, not fatal: the rest of the directory (and the removal of
+            // a revoked key) still takes effect.
+            if let Err(e) = load_file(f, &mut keys) {
+                errors.push(e.to_string());
+            }
         }
         if keys.is_empty() {
-            anyhow::bail!("{}: no keys", self.path.display());
+            anyhow::bail!(
+                "{}: no usable keys ({})",
+                self.path.display(),
+                errors.join("; ")
+            );
+        }
+        for e in &errors {
+            tracing::warn!(error = %e, "key file skipped");
         }
         let n = keys.len();
         *self.keys.write().expect("keys lock") = Arc::new(keys);
@@ -255,7 +282,8 @@ impl KeyStore {
             .collect()
     }
 
-    /// Reloads when a key file was added, removed or changed since the last load.
+    /// Reloads when a key file was added, removed or changed since the last load (SIGHUP calls
+    /// [`KeyStore::reload`] instead, unconditionally).
     pub fn reload_if_changed(&self) -> anyhow::Result<bool> {
         let files = key_files(&self.path)?;
         if Self::stamp_of(&files) == *self.stamp.lock().expect("stamp lock") {
@@ -278,6 +306,9 @@ pub struct Authenticator {
     pub keys: Option<KeyStore>,
     pub issuer: Option<String>,
     pub audience: Option<String>,
+    /// The operator tenant: its `admin` tokens administer every tenant. Other tenants' `admin`
+    /// tokens administer only their own tenant.
+    pub admin_tenant: Option<String>,
 }
 
 fn unauthenticated(msg: impl Into<String>) -> ApiError {
@@ -303,6 +334,7 @@ impl Authenticator {
             keys: None,
             issuer: None,
             audience: None,
+            admin_tenant: None,
         }
     }
 
@@ -316,6 +348,11 @@ impl Authenticator {
 
     /// Authenticates a request (HTTP headers or gRPC metadata) and checks it may do `needed`.
     pub fn authenticate(&self, headers: &HeaderMap, needed: Scope) -> Result<Principal, ApiError> {
+        if headers.get_all(ORG_ID_HEADER).iter().count() > 1 {
+            return Err(ApiError::invalid(
+                "more than one X-Scope-OrgID header: send exactly one tenant",
+            ));
+        }
         let principal = match self.mode {
             AuthMode::None => Principal {
                 tenant: ANONYMOUS.to_owned(),
@@ -346,6 +383,28 @@ impl Authenticator {
             )));
         }
         Ok(principal)
+    }
+
+    /// Authorizes an admin call on `target` (a tenant id), or on every tenant when `None`.
+    pub fn authorize_admin(
+        &self,
+        headers: &HeaderMap,
+        target: Option<&str>,
+    ) -> Result<Principal, ApiError> {
+        let p = self.authenticate(headers, Scope::Admin)?;
+        let operator =
+            self.mode == AuthMode::None || self.admin_tenant.as_deref() == Some(p.tenant.as_str());
+        if operator || target == Some(p.tenant.as_str()) {
+            return Ok(p);
+        }
+        Err(forbidden(format!(
+            "an admin token of tenant {:?} administers only that tenant; administering {} needs \
+             an admin token of the operator tenant (--admin-tenant)",
+            p.tenant,
+            target
+                .map(|t| format!("tenant {t:?}"))
+                .unwrap_or_else(|| "every tenant".into())
+        )))
     }
 
     fn jwt(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
@@ -435,15 +494,22 @@ impl Authenticator {
         let mut v = Validation::new(header.alg);
         v.leeway = 5;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp"]);
+        let mut required = vec!["exp"];
         match &self.issuer {
-            Some(iss) => v.set_issuer(&[iss]),
+            Some(iss) => {
+                v.set_issuer(&[iss]);
+                required.push("iss");
+            }
             None => v.iss = None,
         }
         match &self.audience {
-            Some(aud) => v.set_audience(&[aud]),
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => v.validate_aud = false,
         }
+        v.set_required_spec_claims(&required);
         let data = jsonwebtoken::decode::<Claims>(token, &key.key, &v).map_err(|e| {
             use jsonwebtoken::errors::ErrorKind as K;
             let why = match e.kind() {
@@ -506,7 +572,7 @@ pub fn mint(
         nbf: Some(now),
         iat: Some(now),
         iss: issuer,
-        aud: audience,
+        aud: audience.map(Audience::One),
         sub: None,
     };
     let mut header = jsonwebtoken::Header::new(alg);

@@ -100,6 +100,10 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
 
+    /// The operator tenant: its admin tokens administer every tenant (others only their own).
+    #[arg(long, env = "KILN_ADMIN_TENANT")]
+    pub admin_tenant: Option<String>,
+
     /// Per-tenant limits (TOML: [defaults] and [tenants.<id>]). Reloaded on change and on SIGHUP.
     #[arg(long, env = "KILN_TENANTS")]
     pub tenants: Option<PathBuf>,
@@ -225,6 +229,7 @@ impl ServeArgs {
                     keys: Some(keys),
                     issuer: self.jwt_issuer.clone(),
                     audience: self.jwt_audience.clone(),
+                    admin_tenant: self.admin_tenant.clone(),
                 }
             }
         })
@@ -244,15 +249,25 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
 fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
     let reload = {
         let app = Arc::clone(&app);
-        move |why: &str| {
+        move |why: &str, force: bool| {
             if let Some(keys) = &app.auth.keys {
-                match keys.reload_if_changed() {
+                let result = if force {
+                    keys.reload().map(|_| true)
+                } else {
+                    keys.reload_if_changed()
+                };
+                match result {
                     Ok(true) => info!(why, keys = keys.keys().len(), "JWT keys reloaded"),
                     Ok(false) => {}
                     Err(e) => warn!(error = %e, "JWT keys not reloaded; the old keys stay"),
                 }
             }
-            match app.tenants.reload_if_changed() {
+            let result = if force {
+                app.tenants.reload().map(|_| true)
+            } else {
+                app.tenants.reload_if_changed()
+            };
+            match result {
                 Ok(true) => info!(why, "tenant limits reloaded"),
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "tenant limits not reloaded; the old limits stay"),
@@ -264,7 +279,7 @@ fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            poll("changed on disk");
+            poll("changed on disk", false);
         }
     });
     #[cfg(unix)]
@@ -274,7 +289,7 @@ fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
             return;
         };
         while hup.recv().await.is_some() {
-            reload("SIGHUP");
+            reload("SIGHUP", true);
         }
     });
     tokio::spawn(async move {

@@ -24,6 +24,9 @@ impl Grpc {
     }
 
     fn tenant<T>(&self, req: &Request<T>, scope: Scope) -> Result<String, Status> {
+        if let Some(crate::server::Authenticated(tenant)) = req.extensions().get() {
+            return Ok(tenant.clone());
+        }
         let headers = req.metadata().clone().into_headers();
         Ok(self.app.authenticate(&headers, scope)?)
     }

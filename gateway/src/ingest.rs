@@ -169,6 +169,13 @@ async fn ingest(
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
     let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    if body.len() > limits.max_decompressed_bytes {
+        return Err(ApiError::too_large(format!(
+            "the profile is {} bytes, more than the limit of {} bytes",
+            body.len(),
+            limits.max_decompressed_bytes
+        )));
+    }
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty"));
     }

@@ -60,7 +60,11 @@ pub async fn export(
             .await
             .map_err(ApiError::internal)??;
     let rejected = converted.rejected;
-    if !converted.profile.series.is_empty() {
+    if converted.profile.series.is_empty() {
+        // Nothing to store, but the decoding work still counts against the rate.
+        app.tenants
+            .charge_ingest(tenant, decompressed_bytes as u64)?;
+    } else {
         store(app, tenant, vec![converted.profile], decompressed_bytes).await?;
     }
     let partial_success = (!rejected.is_empty()).then(|| ExportProfilesPartialSuccess {
@@ -210,8 +214,10 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
     fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
         let app = Arc::clone(&self.0);
         Box::pin(async move {
-            let headers = req.metadata().clone().into_headers();
-            let tenant = app.authenticate(&headers, Scope::Write)?;
+            let tenant = match req.extensions().get::<crate::server::Authenticated>() {
+                Some(a) => a.0.clone(),
+                None => app.authenticate(&req.metadata().clone().into_headers(), Scope::Write)?,
+            };
             let result = async {
                 let body = req.into_inner();
                 app.metrics.received(&tenant, body.len());

@@ -19,6 +19,7 @@ use tower::ServiceExt;
 use tracing::info;
 
 use crate::app::AppRef;
+use crate::auth::Scope;
 use crate::connect::{push_handler, querier_handler};
 use crate::grpc::Grpc;
 use crate::ingest::ingest_handler;
@@ -42,8 +43,8 @@ pub fn router(app: AppRef) -> Router {
         .route("/metrics", get(metrics))
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
-        .with_state(app)
-        .layer(middleware::from_fn_with_state(grpc, steer_grpc))
+        .with_state(app.clone())
+        .layer(middleware::from_fn_with_state((grpc, app), steer_grpc))
         // A bug must cost one request a 500, never the connection or the process.
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
@@ -68,14 +69,45 @@ fn grpc_router(app: AppRef) -> Router {
         .into_axum_router()
 }
 
-/// Sends gRPC requests to tonic, the rest on through axum.
-async fn steer_grpc(State(grpc): State<Router>, req: Request, next: Next) -> Response {
+/// A gRPC refusal (trailers-only response) for an error found before tonic runs.
+fn grpc_refusal(e: crate::error::ApiError) -> Response {
+    tonic::Status::from(e).into_http::<axum::body::Body>()
+}
+
+/// The tenant a gRPC request was authenticated as, before tonic decoded anything.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub String);
+
+/// Sends gRPC requests to tonic, the rest on through axum. gRPC requests are authenticated here,
+/// before tonic reads and decompresses their message, so an unauthenticated caller costs nothing;
+/// the tenant travels to the services as a request extension.
+async fn steer_grpc(
+    State((grpc, app)): State<(Router, AppRef)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let is_grpc = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("application/grpc"));
     if is_grpc {
+        let scope = if req.uri().path().starts_with("/querier.v1.") {
+            Scope::Read
+        } else {
+            Scope::Write
+        };
+        let tenant = match app.authenticate(req.headers(), scope) {
+            Ok(t) => t,
+            Err(e) => return grpc_refusal(e),
+        };
+        if scope == Scope::Write
+            && let Err(e) = app.tenants.check_ingest(&tenant)
+        {
+            app.metrics.refused(&tenant, e.reason());
+            return grpc_refusal(e);
+        }
+        req.extensions_mut().insert(Authenticated(tenant));
         let mut resp = match grpc.oneshot(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},

@@ -180,7 +180,8 @@ pub struct Tenants {
     stamp: Mutex<Option<(SystemTime, u64)>>,
     buckets: Mutex<HashMap<String, Bucket>>,
     series: Mutex<HashMap<String, HashSet<u64>>>,
-    queries: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Per tenant: the slot count in force and the semaphore handing slots out.
+    queries: Mutex<HashMap<String, (usize, Arc<Semaphore>)>>,
 }
 
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
@@ -225,8 +226,6 @@ impl Tenants {
         let config = TenantConfig::parse(&text, &self.base)?;
         *self.config.write().expect("config lock") = Arc::new(config);
         *self.stamp.lock().expect("stamp lock") = stamp_of(path);
-        // New limits take effect for the next query slot of each tenant.
-        self.queries.lock().expect("queries lock").clear();
         Ok(())
     }
 
@@ -361,13 +360,22 @@ impl Tenants {
         tenant: &str,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         let limits = self.limits(tenant);
-        let sem =
-            {
-                let mut q = self.queries.lock().expect("queries lock");
-                Arc::clone(q.entry(tenant.to_owned()).or_insert_with(|| {
-                    Arc::new(Semaphore::new(limits.max_concurrent_queries.max(1)))
-                }))
-            };
+        let want = limits.max_concurrent_queries.max(1);
+        let sem = {
+            let mut q = self.queries.lock().expect("queries lock");
+            let (size, sem) = q
+                .entry(tenant.to_owned())
+                .or_insert_with(|| (want, Arc::new(Semaphore::new(want))));
+            // A reloaded limit resizes the slots in place, so running queries stay counted.
+            if *size < want {
+                sem.add_permits(want - *size);
+                *size = want;
+            } else if *size > want {
+                let taken = sem.forget_permits(*size - want);
+                *size -= taken;
+            }
+            Arc::clone(sem)
+        };
         match tokio::time::timeout(Duration::from_secs(10), sem.acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             _ => Err(ApiError::new(

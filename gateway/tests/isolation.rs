@@ -63,7 +63,11 @@ async fn world(seed: u64) -> World {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys");
     std::fs::create_dir_all(&keys).unwrap();
-    std::fs::write(keys.join("k"), "isolation-property-test-secret-0123456789").unwrap();
+    std::fs::write(
+        keys.join("k.secret"),
+        "isolation-property-test-secret-0123456789",
+    )
+    .unwrap();
     let mut config = StorageConfig::new(dir.path().join("data"));
     config.writer.flush_interval = std::time::Duration::from_millis(5);
     let storage = Storage::open(config).await.unwrap();
@@ -72,13 +76,14 @@ async fn world(seed: u64) -> World {
         keys: Some(KeyStore::open(&keys).unwrap()),
         issuer: None,
         audience: None,
+        admin_tenant: None,
     };
     let router = router(Arc::new(App::new(storage, auth, Tenants::defaults())));
     let tokens: Vec<String> = TENANTS
         .iter()
         .map(|t| {
             kiln_gateway::auth::mint(
-                &keys.join("k"),
+                &keys.join("k.secret"),
                 "k",
                 t,
                 &[Scope::Read, Scope::Write],

@@ -112,6 +112,13 @@ pub fn from_text_stacks(
     meta: &IngestMeta,
     limits: &NormalizeLimits,
 ) -> Result<NormalizedProfile> {
+    if limits.max_samples > 0 && stacks.len() > limits.max_samples {
+        return Err(Error::Invalid(format!(
+            "the profile has {} stacks, more than the limit of {} samples",
+            stacks.len(),
+            limits.max_samples
+        )));
+    }
     let (service, profile_type, scale) = text_profile_type(&name.app, sample_rate)?;
     let mut labels = meta.labels.clone();
     for (k, v) in name.labels.iter() {

@@ -463,6 +463,13 @@ fn convert_profile(
     let Some(st) = &p.sample_type else {
         return Err("the profile has no sample_type".into());
     };
+    if limits.max_samples > 0 && p.samples.len() > limits.max_samples {
+        return Err(format!(
+            "the profile has {} samples, more than the limit of {}",
+            p.samples.len(),
+            limits.max_samples
+        ));
+    }
     let (sample_type, sample_unit) = (s(st.type_strindex), s(st.unit_strindex));
     if sample_type.is_empty() {
         return Err("the profile's sample type has no name".into());
@@ -516,7 +523,7 @@ fn convert_profile(
     };
     let resource_service = resource_attrs
         .iter()
-        .find(|(k, _)| k == "service.name")
+        .find(|(k, v)| k == "service.name" && !v.is_empty())
         .map(|(_, v)| v.clone());
     let exe = resource_attrs
         .iter()
@@ -526,6 +533,12 @@ fn convert_profile(
         Some(exe) => format!("{UNKNOWN_SERVICE}:{exe}"),
         None => UNKNOWN_SERVICE.to_owned(),
     });
+    if default_service.len() > limits.labels.max_label_value_length {
+        return Err(format!(
+            "the service name is longer than {} bytes",
+            limits.labels.max_label_value_length
+        ));
+    }
 
     // Series key: (service, sorted series-promoted sample attributes).
     type Key = (String, Vec<(String, String)>);
@@ -543,10 +556,22 @@ fn convert_profile(
             let Some((key, Some(value))) = attribute(d, *a) else {
                 continue;
             };
+            let max_value = limits.labels.max_label_value_length;
             if key == "service.name" {
-                service = value;
+                // An empty name is no name; an over-long one is refused with the profile.
+                if value.len() > max_value {
+                    return Err(format!(
+                        "samples[{k}]: service.name is longer than {max_value} bytes"
+                    ));
+                }
+                if !value.is_empty() {
+                    service = value;
+                }
             } else if PER_SAMPLE_ATTRIBUTES.contains(&key) {
-                per_sample.push((key.to_owned(), value));
+                // Per-sample labels past the length limit are dropped, like other attributes.
+                if value.len() <= max_value {
+                    per_sample.push((key.to_owned(), value));
+                }
             } else {
                 series_attrs.push((key.to_owned(), value));
             }

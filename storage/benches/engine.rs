@@ -10,7 +10,9 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use kiln_otel::model::{Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols};
+use kiln_otel::model::{
+    Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols,
+};
 use kiln_storage::block::BlockBuilder;
 use kiln_storage::query::{FlameTree, SampleFilter};
 use kiln_storage::selector::parse_selector;
@@ -31,12 +33,24 @@ impl Rng {
 }
 
 /// A profile of `samples` stacks (depth 8–24) over `functions` functions, service `svc`.
-fn profile(rng: &mut Rng, svc: &str, samples: usize, functions: usize, time: i64) -> NormalizedProfile {
+fn profile(
+    rng: &mut Rng,
+    svc: &str,
+    samples: usize,
+    functions: usize,
+    time: i64,
+) -> NormalizedProfile {
     let mut symbols = Symbols::default();
     for i in 0..functions {
-        symbols.functions.push(Function { name: format!("pkg{}.fn{i}", i % 17), ..Default::default() });
+        symbols.functions.push(Function {
+            name: format!("pkg{}.fn{i}", i % 17),
+            ..Default::default()
+        });
         symbols.locations.push(Location {
-            lines: vec![Line { function: i as u32, line: 1 + i as i64 }],
+            lines: vec![Line {
+                function: i as u32,
+                line: 1 + i as i64,
+            }],
             ..Default::default()
         });
     }
@@ -45,16 +59,30 @@ fn profile(rng: &mut Rng, svc: &str, samples: usize, functions: usize, time: i64
             let depth = 8 + rng.next(17) as usize;
             // Shared roots, varied leaves, like real programs.
             let stack = (0..depth)
-                .map(|d| if d < 4 { d as u32 } else { rng.next(functions as u64) as u32 })
+                .map(|d| {
+                    if d < 4 {
+                        d as u32
+                    } else {
+                        rng.next(functions as u64) as u32
+                    }
+                })
                 .rev()
                 .collect();
-            Sample { stack, value: 1 + rng.next(100) as i64 * 10_000_000, ..Default::default() }
+            Sample {
+                stack,
+                value: 1 + rng.next(100) as i64 * 10_000_000,
+                ..Default::default()
+            }
         })
         .collect();
     NormalizedProfile {
         symbols,
         series: vec![Series {
-            labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", svc), ("env", "prod")]),
+            labels: Labels::from_pairs([
+                ("__name__", "process_cpu"),
+                ("service_name", svc),
+                ("env", "prod"),
+            ]),
             profile_type: ProfileType::parse(CPU).unwrap(),
             time_nanos: time,
             duration_nanos: 10_000_000_000,
@@ -83,7 +111,11 @@ fn flamegraph(c: &mut Criterion) {
     let mut rng = Rng(11);
     let names: Vec<String> = (0..5_000).map(|i| format!("fn{i}")).collect();
     let stacks: Vec<Vec<&str>> = (0..20_000)
-        .map(|_| (0..(4 + rng.next(20))).map(|_| names[rng.next(5_000) as usize].as_str()).collect())
+        .map(|_| {
+            (0..(4 + rng.next(20)))
+                .map(|_| names[rng.next(5_000) as usize].as_str())
+                .collect()
+        })
         .collect();
     let mut tree = FlameTree::default();
     for s in &stacks {
@@ -99,8 +131,12 @@ fn flamegraph(c: &mut Criterion) {
             t
         })
     });
-    g.bench_function(BenchmarkId::new("encode_max_nodes_8192", nodes), |b| b.iter(|| tree.to_flamegraph(8192)));
-    g.bench_function(BenchmarkId::new("encode_all", nodes), |b| b.iter(|| tree.to_flamegraph(usize::MAX)));
+    g.bench_function(BenchmarkId::new("encode_max_nodes_8192", nodes), |b| {
+        b.iter(|| tree.to_flamegraph(8192))
+    });
+    g.bench_function(BenchmarkId::new("encode_all", nodes), |b| {
+        b.iter(|| tree.to_flamegraph(usize::MAX))
+    });
     g.finish();
 }
 
@@ -114,7 +150,15 @@ fn query(c: &mut Criterion) {
         let mut rng = Rng(3);
         for block in 0..20 {
             let profiles: Vec<NormalizedProfile> = (0..10)
-                .map(|svc| profile(&mut rng, &format!("svc{svc}"), 2_000, 1_000, T0 + block * 10_000_000_000))
+                .map(|svc| {
+                    profile(
+                        &mut rng,
+                        &format!("svc{svc}"),
+                        2_000,
+                        1_000,
+                        T0 + block * 10_000_000_000,
+                    )
+                })
                 .collect();
             s.write_all("bench", profiles).await.unwrap();
         }

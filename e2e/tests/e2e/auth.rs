@@ -50,8 +50,8 @@ pub fn make_keys() -> Result<Keys> {
     std::fs::create_dir_all(&server)?;
     std::fs::create_dir_all(&private)?;
     for (name, secret) in [
-        ("hs1", "kiln-e2e-hmac-secret-one-0123456789abcdef"),
-        ("hs-old", "kiln-e2e-hmac-secret-old-0123456789abcdef"),
+        ("hs1.secret", "kiln-e2e-hmac-secret-one-0123456789abcdef"),
+        ("hs-old.secret", "kiln-e2e-hmac-secret-old-0123456789abcdef"),
     ] {
         std::fs::write(server.join(name), secret)?;
         std::fs::write(private.join(name), secret)?;
@@ -120,7 +120,7 @@ fn b64url(data: &[u8]) -> String {
 
 /// A valid HS256 token (key `hs1`) of `tenant` with `scopes`, issuer and audience as the server wants.
 pub fn hs256_token(keys: &Keys, tenant: &str, scopes: &[&str]) -> Result<String> {
-    let secret = std::fs::read(keys.private("hs1"))?;
+    let secret = std::fs::read(keys.private("hs1.secret"))?;
     Ok(hs256(&secret, "hs1", claims(tenant, scopes)))
 }
 
@@ -422,13 +422,13 @@ pub fn start_jwt(keys: &Keys) -> Result<Kiln> {
 fn attack_matrix_on_every_protocol() -> Result<()> {
     let keys = make_keys()?;
     let mut kiln = start_jwt(&keys)?;
-    let secret = std::fs::read(keys.private("hs1"))?;
+    let secret = std::fs::read(keys.private("hs1.secret"))?;
     let rw = |t: &str| hs256(&secret, "hs1", claims(t, &["read", "write"]));
     let iss_aud = ["--issuer", ISS, "--audience", AUD];
 
     // Rotation: a token of hs-old works, then hs-old is deleted and its tokens stop working.
     let old = kiln_token(
-        &keys.private("hs-old"),
+        &keys.private("hs-old.secret"),
         "team-a",
         "read,write,admin",
         &iss_aud,
@@ -437,7 +437,7 @@ fn attack_matrix_on_every_protocol() -> Result<()> {
         call(&kiln, Op::ConnectQuery, "team-a", &bearer(&old))?.0 == Outcome::Ok,
         "the old key works before rotation"
     );
-    std::fs::remove_file(keys.server().join("hs-old"))?;
+    std::fs::remove_file(keys.server().join("hs-old.secret"))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while call(&kiln, Op::ConnectQuery, "team-a", &bearer(&old))?.0 == Outcome::Ok {
         ensure!(
@@ -567,7 +567,7 @@ fn attack_matrix_on_every_protocol() -> Result<()> {
         outcome == Outcome::Ok,
         "basic auth with the tenant as user: {outcome:?} {msg}"
     );
-    for key in ["rsa1.key", "ec1.key", "ed1.key", "hs1"] {
+    for key in ["rsa1.key", "ec1.key", "ed1.key", "hs1.secret"] {
         let token = kiln_token(&keys.private(key), "team-a", "read", &iss_aud)?;
         let (outcome, msg) = call(&kiln, Op::GrpcQuery, "team-a", &bearer(&token))?;
         ensure!(outcome == Outcome::Ok, "{key}: {outcome:?} {msg}");
@@ -771,8 +771,20 @@ fn real_clients_authenticate_and_stay_in_their_tenants() -> Result<()> {
 #[test]
 fn admin_api_meters_usage_and_erases_tenants() -> Result<()> {
     let keys = make_keys()?;
-    let mut kiln = start_jwt(&keys)?;
-    let secret = std::fs::read(keys.private("hs1"))?;
+    let dir = keys.server().display().to_string();
+    let mut kiln = Kiln::start_with(&[
+        "--auth",
+        "jwt",
+        "--jwt-keys",
+        &dir,
+        "--jwt-issuer",
+        ISS,
+        "--jwt-audience",
+        AUD,
+        "--admin-tenant",
+        "ops",
+    ])?;
+    let secret = std::fs::read(keys.private("hs1.secret"))?;
     let writer = |t: &str| hs256(&secret, "hs1", claims(t, &["read", "write"]));
     let admin = hs256(&secret, "hs1", claims("ops", &["admin"]));
     for (tenant, n) in [("metered-a", 3), ("metered-b", 1)] {
@@ -816,6 +828,35 @@ fn admin_api_meters_usage_and_erases_tenants() -> Result<()> {
     ensure!(
         ids.contains(&"metered-a") && ids.contains(&"metered-b"),
         "{list}"
+    );
+
+    // A tenant's own admin token administers that tenant only.
+    let b_admin = hs256(&secret, "hs1", claims("metered-b", &["admin"]));
+    let own = kiln
+        .http()
+        .get(kiln.url("/api/v1/tenants/metered-b/usage"))
+        .header("Authorization", format!("Bearer {b_admin}"))
+        .send()?;
+    ensure!(own.status().is_success(), "own usage: {}", own.status());
+    let other = kiln
+        .http()
+        .delete(kiln.url("/api/v1/tenants/metered-a"))
+        .header("Authorization", format!("Bearer {b_admin}"))
+        .send()?;
+    ensure!(
+        other.status().as_u16() == 403,
+        "cross-tenant delete: {}",
+        other.status()
+    );
+    let all = kiln
+        .http()
+        .get(kiln.url("/api/v1/tenants"))
+        .header("Authorization", format!("Bearer {b_admin}"))
+        .send()?;
+    ensure!(
+        all.status().as_u16() == 403,
+        "listing every tenant: {}",
+        all.status()
     );
 
     // A writer may not use the admin API.

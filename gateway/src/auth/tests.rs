@@ -3,7 +3,7 @@ use super::*;
 const SECRET: &str = "0123456789abcdef0123456789abcdef-kiln-test-secret";
 
 fn store(dir: &Path) -> KeyStore {
-    std::fs::write(dir.join("k1"), SECRET).unwrap();
+    std::fs::write(dir.join("k1.secret"), SECRET).unwrap();
     KeyStore::open(dir).unwrap()
 }
 
@@ -13,6 +13,7 @@ fn auth(keys: KeyStore) -> Authenticator {
         keys: Some(keys),
         issuer: None,
         audience: None,
+        admin_tenant: None,
     }
 }
 
@@ -30,7 +31,7 @@ fn minted_tokens_verify_with_scopes() {
     let dir = tempfile::tempdir().unwrap();
     let a = auth(store(dir.path()));
     let token = mint(
-        &dir.path().join("k1"),
+        &dir.path().join("k1.secret"),
         "k1",
         "team-a",
         &[Scope::Read],
@@ -51,7 +52,7 @@ fn basic_auth_user_must_match_the_tenant() {
     let dir = tempfile::tempdir().unwrap();
     let a = auth(store(dir.path()));
     let token = mint(
-        &dir.path().join("k1"),
+        &dir.path().join("k1.secret"),
         "k1",
         "team-a",
         &[Scope::Write],
@@ -89,7 +90,7 @@ fn rotation_and_revocation_follow_the_key_directory() {
     let dir = tempfile::tempdir().unwrap();
     let keys = store(dir.path());
     let old = mint(
-        &dir.path().join("k1"),
+        &dir.path().join("k1.secret"),
         "k1",
         "t",
         &[Scope::Read],
@@ -98,11 +99,11 @@ fn rotation_and_revocation_follow_the_key_directory() {
         None,
     )
     .unwrap();
-    std::fs::write(dir.path().join("k2"), format!("{SECRET}-two")).unwrap();
+    std::fs::write(dir.path().join("k2.secret"), format!("{SECRET}-two")).unwrap();
     assert!(keys.reload_if_changed().unwrap());
     let a = auth(keys);
     let new = mint(
-        &dir.path().join("k2"),
+        &dir.path().join("k2.secret"),
         "k2",
         "t",
         &[Scope::Read],
@@ -113,7 +114,7 @@ fn rotation_and_revocation_follow_the_key_directory() {
     .unwrap();
     assert!(a.authenticate(&bearer(&old), Scope::Read).is_ok());
     assert!(a.authenticate(&bearer(&new), Scope::Read).is_ok());
-    std::fs::remove_file(dir.path().join("k1")).unwrap();
+    std::fs::remove_file(dir.path().join("k1.secret")).unwrap();
     assert!(a.keys.as_ref().unwrap().reload_if_changed().unwrap());
     let err = a.authenticate(&bearer(&old), Scope::Read).unwrap_err();
     assert!(err.message.contains("unknown key id"), "{}", err.message);
@@ -125,4 +126,69 @@ fn durations() {
     assert_eq!(parse_duration_secs("30d"), Some(30 * 86_400));
     assert_eq!(parse_duration_secs("90"), Some(90));
     assert_eq!(parse_duration_secs("3x"), None);
+}
+
+#[test]
+fn only_secret_files_are_hmac_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ops.pub"),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ0kVbP3oR0ZO9e4dqO+ops-laptop-key",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("good.secret"), SECRET).unwrap();
+    let keys = KeyStore::open(dir.path()).unwrap();
+    assert!(keys.keys().contains_key("good"));
+    assert!(
+        !keys.keys().contains_key("ops"),
+        "an SSH public key must never become an HMAC secret"
+    );
+}
+
+#[test]
+fn issuer_and_audience_are_required_when_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = store(dir.path());
+    let a = Authenticator {
+        mode: AuthMode::Jwt,
+        keys: Some(keys),
+        issuer: Some("idp".into()),
+        audience: Some("kiln".into()),
+        admin_tenant: None,
+    };
+    let key = dir.path().join("k1.secret");
+    let bare = mint(&key, "k1", "t", &[Scope::Read], 60, None, None).unwrap();
+    let err = a.authenticate(&bearer(&bare), Scope::Read).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Unauthenticated, "{}", err.message);
+    let full = mint(
+        &key,
+        "k1",
+        "t",
+        &[Scope::Read],
+        60,
+        Some("idp".into()),
+        Some("kiln".into()),
+    )
+    .unwrap();
+    assert!(a.authenticate(&bearer(&full), Scope::Read).is_ok());
+    // An array audience that includes Kiln is accepted.
+    let claims = serde_json::json!({ "tenant": "t", "scopes": ["read"], "exp": now_secs() + 60, "iss": "idp", "aud": ["other", "kiln"] });
+    let mut h = jsonwebtoken::Header::new(Algorithm::HS256);
+    h.kid = Some("k1".into());
+    let token = jsonwebtoken::encode(
+        &h,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap();
+    assert!(a.authenticate(&bearer(&token), Scope::Read).is_ok());
+}
+
+#[test]
+fn two_tenant_headers_are_refused() {
+    let a = Authenticator::trusted_header();
+    let mut h = HeaderMap::new();
+    h.append(ORG_ID_HEADER, "a".parse().unwrap());
+    h.append(ORG_ID_HEADER, "b".parse().unwrap());
+    assert!(a.authenticate(&h, Scope::Read).is_err());
 }
