@@ -607,32 +607,38 @@ pub struct StackValue {
 
 /// Adds one block's stack values to a name-keyed tree, resolving each stack node once.
 fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
-    // Block stack node -> tree node.
-    let mut memo: HashMap<u32, u32> = HashMap::new();
-    memo.insert(0, FlameTree::ROOT);
-    let parents = &symbols.symbols.stack_parents;
-    let node_locations = &symbols.symbols.stack_locations;
+    const UNSEEN: u32 = u32::MAX;
+    let s = &symbols.symbols;
+    // Block stack node -> tree node, and block function -> tree name id, each resolved once.
+    let mut memo = vec![UNSEEN; s.stack_parents.len()];
+    if let Some(root) = memo.first_mut() {
+        *root = FlameTree::ROOT;
+    }
+    let mut name_ids = vec![UNSEEN; s.functions.len()];
     let mut path = Vec::new();
     for &StackValue { stack, value, .. } in values {
-        if stack as usize >= parents.len() {
+        if stack as usize >= memo.len() {
             continue;
         }
         // Walk up to the first resolved ancestor, then resolve down.
         path.clear();
         let mut n = stack;
-        while !memo.contains_key(&n) {
+        while memo[n as usize] == UNSEEN {
             path.push(n);
-            n = parents[n as usize];
+            n = s.stack_parents[n as usize];
         }
-        let mut tree_node = memo[&n];
+        let mut tree_node = memo[n as usize];
         for &node in path.iter().rev() {
-            let loc = node_locations[node as usize];
-            let names: Vec<&str> = symbols.location_function_names(loc).collect();
+            let loc = &s.locations[s.stack_locations[node as usize] as usize];
             // Lines are innermost first; the tree goes root (outermost) first.
-            for name in names.iter().rev() {
-                tree_node = tree.child(tree_node, name);
+            for &f in loc.line_functions.iter().rev() {
+                let id = &mut name_ids[f as usize];
+                if *id == UNSEEN {
+                    *id = tree.name_id(symbols.string(s.functions[f as usize].name));
+                }
+                tree_node = tree.child_by_id(tree_node, *id);
             }
-            memo.insert(node, tree_node);
+            memo[node as usize] = tree_node;
         }
         tree.add_value(tree_node, value);
     }

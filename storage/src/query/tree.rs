@@ -3,7 +3,9 @@
 //! edge of the previous node of the level), total, self, name index — `names[0] = "total"`, and
 //! nodes below the `max_nodes` threshold folded into an `other` child.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
 
 use kiln_proto::querier::v1::{FlameGraph, Level};
 
@@ -55,6 +57,11 @@ impl FlameTree {
     /// The root node id.
     pub const ROOT: u32 = 0;
 
+    /// The id of a frame name, interned.
+    pub fn name_id(&mut self, name: &str) -> u32 {
+        self.name(name)
+    }
+
     fn name(&mut self, name: &str) -> u32 {
         if let Some(&i) = self.name_index.get(name) {
             return i;
@@ -68,6 +75,11 @@ impl FlameTree {
     /// The child of `parent` called `name`, created if missing.
     pub fn child(&mut self, parent: u32, name: &str) -> u32 {
         let name = self.name(name);
+        self.child_by_id(parent, name)
+    }
+
+    /// The child of `parent` whose name has id `name` (from [`FlameTree::name_id`]).
+    pub fn child_by_id(&mut self, parent: u32, name: u32) -> u32 {
         if let Some(&c) = self.children.get(&(parent, name)) {
             return c;
         }
