@@ -51,6 +51,11 @@ impl KilnClient {
         Ok(Self { http, settings })
     }
 
+    /// The settings this client was made for.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
     /// Calls `querier.v1.QuerierService/<method>`.
     pub async fn call<Req: Message, Resp: Message + Default>(
         &self,

@@ -28,11 +28,26 @@ pub struct PluginMetrics {
 #[derive(Debug, Clone, Default)]
 pub struct KilnPlugin {
     metrics: Arc<PluginMetrics>,
+    /// One client (one connection pool) per datasource instance and settings version.
+    clients: Arc<std::sync::Mutex<HashMap<(String, i64), KilnClient>>>,
 }
 
-fn client(ctx: Option<&pb::PluginContext>) -> Result<KilnClient, ClientError> {
-    let settings = Settings::from_context(ctx).map_err(ClientError::Settings)?;
-    KilnClient::new(settings)
+impl KilnPlugin {
+    fn client(&self, ctx: Option<&pb::PluginContext>) -> Result<KilnClient, ClientError> {
+        let settings = Settings::from_context(ctx).map_err(ClientError::Settings)?;
+        let ds = ctx.and_then(|c| c.data_source_instance_settings.as_ref());
+        let key = (
+            ds.map(|d| d.uid.clone()).unwrap_or_default(),
+            ds.map(|d| d.last_updated_ms).unwrap_or_default(),
+        );
+        let mut clients = self.clients.lock().expect("clients lock");
+        if let Some(c) = clients.get(&key).filter(|c| c.settings() == &settings) {
+            return Ok(c.clone());
+        }
+        let c = KilnClient::new(settings)?;
+        clients.insert(key, c.clone());
+        Ok(c)
+    }
 }
 
 /// Step in seconds for a panel: its interval, but no more points than `max_data_points`.
@@ -143,7 +158,7 @@ impl pb::data_server::Data for KilnPlugin {
         req: Request<pb::QueryDataRequest>,
     ) -> Result<Response<pb::QueryDataResponse>, Status> {
         let req = req.into_inner();
-        let client = client(req.plugin_context.as_ref());
+        let client = self.client(req.plugin_context.as_ref());
         let mut responses = HashMap::new();
         for dq in &req.queries {
             self.metrics.queries.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +200,7 @@ impl pb::diagnostics_server::Diagnostics for KilnPlugin {
         self.metrics.health_checks.fetch_add(1, Ordering::Relaxed);
         let req = req.into_inner();
         let result = async {
-            let c = client(req.plugin_context.as_ref())?;
+            let c = self.client(req.plugin_context.as_ref())?;
             let r: q::ProfileTypesResponse = c
                 .call("ProfileTypes", &q::ProfileTypesRequest { start: 0, end: 0 })
                 .await?;
@@ -343,7 +358,7 @@ impl pb::resource_server::Resource for KilnPlugin {
     ) -> Result<Response<Self::CallResourceStream>, Status> {
         self.metrics.resource_calls.fetch_add(1, Ordering::Relaxed);
         let req = req.into_inner();
-        let result = match client(req.plugin_context.as_ref()) {
+        let result = match self.client(req.plugin_context.as_ref()) {
             Ok(c) => resource(&c, &req.path, &req.url).await,
             Err(e) => Err(e),
         };
