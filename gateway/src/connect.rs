@@ -160,41 +160,38 @@ macro_rules! unary {
     }};
 }
 
+/// Runs one querier method; returns its name (for metrics; `unknown` when there is no such
+/// method) with the result.
 async fn dispatch(
     querier: &Querier,
     method: &str,
     call: Call,
 ) -> (&'static str, Result<(Codec, Bytes), ApiError>) {
-    async fn run(querier: &Querier, method: &str, call: Call) -> Result<(Codec, Bytes), ApiError> {
-        match method {
-            "ProfileTypes" => unary!(querier, call, profile_types),
-            "LabelNames" => unary!(querier, call, label_names),
-            "LabelValues" => unary!(querier, call, label_values),
-            "Series" => unary!(querier, call, series),
-            "SelectMergeStacktraces" => unary!(querier, call, select_merge_stacktraces),
-            "SelectMergeSpanProfile" => unary!(querier, call, select_merge_span_profile),
-            "SelectMergeProfile" => unary!(querier, call, select_merge_profile),
-            "SelectSeries" => unary!(querier, call, select_series),
-            "GetProfileStats" => unary!(querier, call, get_profile_stats),
-            other => Err(ApiError::new(
-                ErrorKind::NotFound,
-                format!("querier.v1.QuerierService has no method {other:?} in Kiln"),
-            )),
-        }
+    macro_rules! route {
+        ($($name:literal => $fn:ident),* $(,)?) => {
+            match method {
+                $($name => ($name, async { unary!(querier, call, $fn) }.await),)*
+                other => (
+                    "unknown",
+                    Err(ApiError::new(
+                        ErrorKind::NotFound,
+                        format!("querier.v1.QuerierService has no method {other:?} in Kiln"),
+                    )),
+                ),
+            }
+        };
     }
-    let name = match method {
-        "ProfileTypes" => "ProfileTypes",
-        "LabelNames" => "LabelNames",
-        "LabelValues" => "LabelValues",
-        "Series" => "Series",
-        "SelectMergeStacktraces" => "SelectMergeStacktraces",
-        "SelectMergeSpanProfile" => "SelectMergeSpanProfile",
-        "SelectMergeProfile" => "SelectMergeProfile",
-        "SelectSeries" => "SelectSeries",
-        "GetProfileStats" => "GetProfileStats",
-        _ => "unknown",
-    };
-    (name, run(querier, method, call).await)
+    route! {
+        "ProfileTypes" => profile_types,
+        "LabelNames" => label_names,
+        "LabelValues" => label_values,
+        "Series" => series,
+        "SelectMergeStacktraces" => select_merge_stacktraces,
+        "SelectMergeSpanProfile" => select_merge_span_profile,
+        "SelectMergeProfile" => select_merge_profile,
+        "SelectSeries" => select_series,
+        "GetProfileStats" => get_profile_stats,
+    }
 }
 
 /// `POST /push.v1.PusherService/Push`.
