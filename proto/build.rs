@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/push/v1/push.proto",
         "proto/querier/v1/querier.proto",
         "proto/kiln/storage/v1/symbols.proto",
+        "proto/kiln/storage/v1/block.proto",
         "proto/pluginv2/backend.proto",
         "proto/grpc/health/v1/health.proto",
     ];

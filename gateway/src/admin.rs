@@ -3,6 +3,7 @@
 //! - `GET /api/v1/tenants`: every tenant with data, limits or traffic, with its usage.
 //! - `GET /api/v1/tenants/{id}/usage`: one tenant's usage.
 //! - `DELETE /api/v1/tenants/{id}`: erases the tenant's blocks.
+//! - `GET /api/v1/quarantine`, `GET /api/v1/tenants/{id}/quarantine`: unreadable blocks.
 
 use std::collections::BTreeSet;
 
@@ -74,11 +75,47 @@ pub async fn delete(
     Ok(Json(json!({ "tenant": id, "deleted_blocks": deleted })))
 }
 
-/// Deletes, for every tenant, the blocks older than its retention. Returns blocks deleted.
+/// `GET /api/v1/quarantine` (every tenant's, for the operator): blocks taken out of the index
+/// because they could not be read.
+pub async fn quarantine_all(
+    State(app): State<AppRef>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    quarantine(app, None, headers).await
+}
+
+/// `GET /api/v1/tenants/{id}/quarantine`.
+pub async fn quarantine_of(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    quarantine(app, Some(id), headers).await
+}
+
+async fn quarantine(
+    app: AppRef,
+    tenant: Option<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if let Some(t) = &tenant {
+        validate_tenant(t)?;
+    }
+    app.auth.authorize_admin(&headers, tenant.as_deref())?;
+    let blocks = app
+        .storage
+        .metastore()
+        .quarantined(tenant.as_deref())
+        .await?;
+    Ok(Json(json!({ "blocks": blocks })))
+}
+
+/// Drops, for every tenant, the partitions wholly older than its retention (data time).
+/// Returns index entries removed.
 pub async fn apply_retention(app: &AppRef) -> Result<usize, ApiError> {
-    let now_ms = std::time::SystemTime::now()
+    let now_nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
+        .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
     let mut total = 0;
     for tenant in app.storage.metastore().tenants().await? {
@@ -86,7 +123,7 @@ pub async fn apply_retention(app: &AppRef) -> Result<usize, ApiError> {
         if retention == 0 {
             continue;
         }
-        let before = now_ms.saturating_sub(retention.saturating_mul(1000));
+        let before = now_nanos.saturating_sub((retention as i64).saturating_mul(1_000_000_000));
         let n = app.storage.apply_retention(&tenant, before).await?;
         if n > 0 {
             tracing::info!(tenant = %tenant, blocks = n, "retention deleted old blocks");

@@ -1,4 +1,4 @@
-//! The `kiln` command line: `kiln serve` (the default) and `kiln token`.
+//! The `kiln` command line: `kiln serve` (the default), `kiln token` and `kiln metastore`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +28,20 @@ pub enum Command {
     /// Mint and inspect JSON Web Tokens for `--auth jwt`.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Metastore maintenance.
+    #[command(subcommand)]
+    Metastore(MetastoreCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MetastoreCommand {
+    /// Recreate the index from the objects' footers (stop `kiln serve` first). Every dataset of
+    /// every segment and block is registered, less those a compacted block replaced.
+    Rebuild {
+        /// The data directory `kiln serve` uses.
+        #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -140,6 +154,23 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
     pub symbols_cache_bytes: u64,
 
+    /// Compact blocks in the background (levels merged by count and age).
+    #[arg(long, env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub compaction: bool,
+
+    /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
+    #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
+    pub upkeep_interval_ms: u64,
+
+    /// Seconds an object that lost its last index entry stays readable before deletion.
+    #[arg(long, env = "KILN_DELETE_DELAY_SECS", default_value_t = 60)]
+    pub delete_delay_secs: u64,
+
+    /// Seconds before an object no index entry names (left by a crash) is deleted; the sweep
+    /// runs at start-up and every ten minutes.
+    #[arg(long, env = "KILN_ORPHAN_GRACE_SECS", default_value_t = 3600)]
+    pub orphan_grace_secs: u64,
+
     /// How often retention runs, in seconds.
     #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
     pub retention_interval_secs: u64,
@@ -195,6 +226,9 @@ impl ServeArgs {
         c.writer.flush_interval = Duration::from_millis(self.flush_interval_ms);
         c.writer.flush_bytes = self.flush_bytes;
         c.symbols_cache_bytes = self.symbols_cache_bytes;
+        c.compaction.enabled = self.compaction;
+        c.delete_delay = Duration::from_secs(self.delete_delay_secs);
+        c.orphan_grace = Duration::from_secs(self.orphan_grace_secs);
         c
     }
 
@@ -313,7 +347,43 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::clone(&app),
         Duration::from_secs(args.retention_interval_secs.max(1)),
     );
+    app.storage.spawn_upkeep(
+        Duration::from_millis(args.upkeep_interval_ms.max(10)),
+        Duration::from_secs(600),
+    );
     crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Runs `kiln metastore …`.
+pub async fn metastore(cmd: MetastoreCommand) -> anyhow::Result<()> {
+    match cmd {
+        MetastoreCommand::Rebuild { data_dir } => {
+            let config = StorageConfig::new(&data_dir);
+            let store = kiln_storage::store::ObjectStorage::local(&data_dir.join("objects"))?;
+            let path = data_dir.join("metastore").join("metastore.redb");
+            if path.exists() {
+                let aside = path.with_extension(format!(
+                    "redb.before-rebuild-{}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                ));
+                std::fs::rename(&path, &aside)?;
+                println!("the old metastore is kept as {}", aside.display());
+            }
+            let metastore = kiln_storage::metastore::embedded::Embedded::open(&path)?;
+            let (added, bad) = kiln_storage::rebuild_metastore(&store, &metastore).await?;
+            for b in &bad {
+                eprintln!("unreadable object left out: {b}");
+            }
+            println!(
+                "metastore rebuilt under {}: {added} entries, {} unreadable objects",
+                config.data_dir.display(),
+                bad.len()
+            );
+        }
+    }
     Ok(())
 }
 

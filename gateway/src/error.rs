@@ -149,14 +149,25 @@ impl From<kiln_otel::Error> for ApiError {
     }
 }
 
+/// Seconds a client is asked to wait after a storage failure.
+pub const STORAGE_RETRY_AFTER_SECS: u64 = 5;
+
 impl From<kiln_storage::Error> for ApiError {
     fn from(e: kiln_storage::Error) -> Self {
-        match e {
-            kiln_storage::Error::InvalidQuery(m) => Self::invalid(m),
-            kiln_storage::Error::ShuttingDown => {
-                Self::new(ErrorKind::Unavailable, "the server is shutting down")
+        use kiln_storage::ErrorKind as K;
+        match e.kind() {
+            K::InvalidInput => Self::invalid(e.to_string().trim_start_matches("invalid query: ")),
+            K::ShuttingDown => Self::new(ErrorKind::Unavailable, "the server is shutting down")
+                .retry_after(STORAGE_RETRY_AFTER_SECS),
+            K::Unavailable => {
+                tracing::warn!(error = %e, "storage unavailable");
+                Self::new(
+                    ErrorKind::Unavailable,
+                    "storage is unavailable; nothing was stored, retry later",
+                )
+                .retry_after(STORAGE_RETRY_AFTER_SECS)
             }
-            other => Self::internal(other),
+            K::Internal => Self::internal(e),
         }
     }
 }

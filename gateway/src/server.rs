@@ -39,6 +39,11 @@ pub fn router(app: AppRef) -> Router {
             axum::routing::delete(crate::admin::delete),
         )
         .route("/api/v1/tenants/{id}/usage", get(crate::admin::usage))
+        .route("/api/v1/quarantine", get(crate::admin::quarantine_all))
+        .route(
+            "/api/v1/tenants/{id}/quarantine",
+            get(crate::admin::quarantine_of),
+        )
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         // Bodies are limited by each handler with a clear 413 of its own.

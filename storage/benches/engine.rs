@@ -13,7 +13,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kiln_otel::model::{
     Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols,
 };
-use kiln_storage::block::BlockBuilder;
+use kiln_storage::block::DatasetBuilder;
 use kiln_storage::query::{FlameTree, SampleFilter};
 use kiln_storage::selector::parse_selector;
 use kiln_storage::{Storage, StorageConfig};
@@ -97,9 +97,9 @@ fn block_build(c: &mut Criterion) {
         let p = profile(&mut Rng(7), "svc", rows, 2_000, T0);
         g.bench_with_input(BenchmarkId::from_parameter(rows), &p, |b, p| {
             b.iter(|| {
-                let mut builder = BlockBuilder::new("bench");
+                let mut builder = DatasetBuilder::new("bench");
                 builder.add(p);
-                builder.finish(0, "01BENCH").unwrap()
+                builder.finish().unwrap()
             })
         });
     }

@@ -1,85 +1,189 @@
-//! Block format, version 1 (`docs/adr/0002-block-format.md`).
+//! Block format, version 2 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
 //!
-//! A block is two objects under `blocks/{shard}/{tenant}/{ulid}/`:
+//! A dataset is two sections of an object (see [`crate::meta`] for the object's layout):
 //!
-//! - `samples.parquet`: one row per (series, timestamp, stack, span, trace), sorted by
-//!   (profile type, service name, series labels, timestamp, stack). Columns: `series_id`,
-//!   `profile_type`, one nullable `labels.<name>` column per label name of the block (FrostDB's
-//!   dynamic columns, so a label selector is a Parquet predicate), `timestamp` (ns), `stack_id`,
-//!   `value`, `span_id` (0 = none) and `trace_id` (16 bytes, null = none).
-//! - `symbols.bin`: the [`crate::symbols`] section the stack ids point into.
-//!
-//! Its metadata (series list, time range, sizes) lives in the metastore.
+//! - samples, Parquet: one row per (series, timestamp, stack, span, trace, per-sample labels),
+//!   sorted by series (in series order: profile type, service name, labels), then timestamp,
+//!   then stack. Columns: `series_id`, `timestamp` (ns), `stack_id`, `value`, `span_id`
+//!   (0 = none), `trace_id` (16 bytes, null = none) and `sample_labels` (null = none). Label
+//!   selectors are answered from the series list in the metadata, which gives every series' row
+//!   range, so a query reads only the rows of the series it selects.
+//! - symbols: the [`crate::symbols`] section the stack ids point into.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
     ArrayRef, FixedSizeBinaryBuilder, Int64Array, RecordBatch, StringBuilder, UInt32Array,
     UInt64Array,
 };
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 
 use crate::Result;
-use crate::metastore::{BLOCK_FORMAT_VERSION, BlockMeta, SeriesMeta};
+use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, encode_footer};
 use crate::symbols::SymbolsBuilder;
 
-/// Column names of the samples file.
+/// Column names of the samples section.
 pub mod columns {
     pub const SERIES_ID: &str = "series_id";
-    pub const PROFILE_TYPE: &str = "profile_type";
     pub const TIMESTAMP: &str = "timestamp";
     pub const STACK_ID: &str = "stack_id";
     pub const VALUE: &str = "value";
     pub const SPAN_ID: &str = "span_id";
     pub const TRACE_ID: &str = "trace_id";
     pub const SAMPLE_LABELS: &str = "sample_labels";
-    /// Prefix of the per-label columns.
-    pub const LABEL_PREFIX: &str = "labels.";
 }
 
-/// The column holding label `name`.
-pub fn label_column(name: &str) -> String {
-    format!("{}{name}", columns::LABEL_PREFIX)
+/// Column indices of the samples section, in schema order.
+pub mod col {
+    pub const SERIES_ID: usize = 0;
+    pub const TIMESTAMP: usize = 1;
+    pub const STACK_ID: usize = 2;
+    pub const VALUE: usize = 3;
+    pub const SPAN_ID: usize = 4;
+    pub const TRACE_ID: usize = 5;
+    pub const SAMPLE_LABELS: usize = 6;
 }
 
-/// Object path of a block's directory. The tenant is escaped so that every object store, URL
-/// and glob treats it literally.
-pub fn block_dir(shard: u32, tenant: &str, id: &str) -> String {
-    format!("blocks/{shard}/{}/{id}", escape_tenant(tenant))
+/// The samples schema.
+pub fn samples_schema() -> SchemaRef {
+    use columns::*;
+    Arc::new(Schema::new(vec![
+        Field::new(SERIES_ID, DataType::UInt32, false),
+        Field::new(TIMESTAMP, DataType::Int64, false),
+        Field::new(STACK_ID, DataType::UInt32, false),
+        Field::new(VALUE, DataType::Int64, false),
+        Field::new(SPAN_ID, DataType::UInt64, false),
+        Field::new(TRACE_ID, DataType::FixedSizeBinary(16), true),
+        Field::new(SAMPLE_LABELS, DataType::Utf8, true),
+    ]))
 }
 
-/// A tenant id as a path segment: letters, digits, `_`, `.` and `-` as they are, every other
-/// byte as `+HH` (`+` is not a tenant character, so the mapping is one to one; object stores
-/// percent-encode `~`, so it cannot serve).
-pub fn escape_tenant(tenant: &str) -> String {
-    let mut out = String::with_capacity(tenant.len());
-    for b in tenant.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("+{b:02X}"));
+/// Parquet settings of every samples section: zstd, page statistics and an offset index (so
+/// row ranges map to pages), delta encoding for the sorted integer columns.
+pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> {
+    let sort_col = |idx: usize| SortingColumn {
+        column_idx: idx as i32,
+        descending: false,
+        nulls_first: false,
+    };
+    let delta = |name: &str| ColumnPath::from(name);
+    Ok(WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(max_row_group_rows))
+        .set_data_page_row_count_limit(8 * 1024)
+        .set_column_dictionary_enabled(delta(columns::TIMESTAMP), false)
+        .set_column_encoding(delta(columns::TIMESTAMP), Encoding::DELTA_BINARY_PACKED)
+        .set_column_dictionary_enabled(delta(columns::STACK_ID), false)
+        .set_column_encoding(delta(columns::STACK_ID), Encoding::DELTA_BINARY_PACKED)
+        .set_sorting_columns(Some(vec![
+            sort_col(col::SERIES_ID),
+            sort_col(col::TIMESTAMP),
+            sort_col(col::STACK_ID),
+        ]))
+        .build())
+}
+
+/// One sample row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub series: u32,
+    pub timestamp: i64,
+    pub stack: u32,
+    pub value: i64,
+    pub span_id: u64,
+    pub trace_id: Option<[u8; 16]>,
+    /// Encoded per-sample labels ([`encode_sample_labels`]), if any.
+    pub labels: Option<Arc<str>>,
+}
+
+impl Row {
+    /// The sort key within a series.
+    pub fn key(&self) -> (i64, u32, u64, Option<[u8; 16]>, Option<&str>) {
+        (
+            self.timestamp,
+            self.stack,
+            self.span_id,
+            self.trace_id,
+            self.labels.as_deref(),
+        )
+    }
+}
+
+/// Builds Arrow batches of sample rows.
+pub struct RowBatchBuilder {
+    series: Vec<u32>,
+    timestamps: Vec<i64>,
+    stacks: Vec<u32>,
+    values: Vec<i64>,
+    spans: Vec<u64>,
+    traces: FixedSizeBinaryBuilder,
+    labels: StringBuilder,
+}
+
+impl Default for RowBatchBuilder {
+    fn default() -> Self {
+        Self {
+            series: Vec::new(),
+            timestamps: Vec::new(),
+            stacks: Vec::new(),
+            values: Vec::new(),
+            spans: Vec::new(),
+            traces: FixedSizeBinaryBuilder::new(16),
+            labels: StringBuilder::new(),
         }
     }
-    out
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Row {
-    series: u32,
-    timestamp: i64,
-    stack: u32,
-    value: i64,
-    span_id: u64,
-    trace_id: Option<[u8; 16]>,
-    /// Index into the block's per-sample label sets, plus one; 0 = none.
-    labels: u32,
+impl RowBatchBuilder {
+    /// Appends a row.
+    pub fn push(&mut self, r: &Row) {
+        self.series.push(r.series);
+        self.timestamps.push(r.timestamp);
+        self.stacks.push(r.stack);
+        self.values.push(r.value);
+        self.spans.push(r.span_id);
+        match &r.trace_id {
+            Some(t) => self
+                .traces
+                .append_value(t)
+                .expect("a trace id has 16 bytes"),
+            None => self.traces.append_null(),
+        }
+        self.labels.append_option(r.labels.as_deref());
+    }
+
+    /// Rows appended since the last batch.
+    pub fn len(&self) -> usize {
+        self.series.len()
+    }
+
+    /// True when no row is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+
+    /// The rows as a batch; the builder is empty afterwards.
+    pub fn finish(&mut self) -> Result<RecordBatch> {
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(UInt32Array::from(std::mem::take(&mut self.series))),
+            Arc::new(Int64Array::from(std::mem::take(&mut self.timestamps))),
+            Arc::new(UInt32Array::from(std::mem::take(&mut self.stacks))),
+            Arc::new(Int64Array::from(std::mem::take(&mut self.values))),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.spans))),
+            Arc::new(self.traces.finish()),
+            Arc::new(self.labels.finish()),
+        ];
+        Ok(RecordBatch::try_new(samples_schema(), cols)?)
+    }
 }
 
 struct SeriesEntry {
@@ -89,29 +193,28 @@ struct SeriesEntry {
     max: i64,
 }
 
-/// Accumulates one tenant's profiles into a block.
-pub struct BlockBuilder {
+/// Accumulates one tenant's profiles into a dataset.
+pub struct DatasetBuilder {
     tenant: String,
     symbols: SymbolsBuilder,
     series_index: HashMap<(String, Labels), u32>,
     series: Vec<SeriesEntry>,
     rows: Vec<Row>,
     profiles: u64,
-    label_names: std::collections::HashSet<String>,
-    sample_labels: Vec<String>,
-    sample_label_index: HashMap<String, u32>,
+    sample_labels: HashMap<String, Arc<str>>,
 }
 
-/// A finished block, ready to upload.
+/// A finished dataset: its sections and its metadata (offsets relative to the samples section
+/// until [`assemble_object`] places it).
 #[derive(Debug)]
-pub struct BuiltBlock {
+pub struct BuiltDataset {
     pub meta: BlockMeta,
     pub samples: Bytes,
     pub symbols: Bytes,
 }
 
-impl BlockBuilder {
-    /// An empty block for `tenant`.
+impl DatasetBuilder {
+    /// An empty dataset for `tenant`.
     pub fn new(tenant: impl Into<String>) -> Self {
         Self {
             tenant: tenant.into(),
@@ -120,13 +223,11 @@ impl BlockBuilder {
             series: Vec::new(),
             rows: Vec::new(),
             profiles: 0,
-            label_names: std::collections::HashSet::new(),
-            sample_labels: Vec::new(),
-            sample_label_index: HashMap::new(),
+            sample_labels: HashMap::new(),
         }
     }
 
-    /// The block's tenant.
+    /// The dataset's tenant.
     pub fn tenant(&self) -> &str {
         &self.tenant
     }
@@ -136,11 +237,10 @@ impl BlockBuilder {
         self.rows.is_empty()
     }
 
-    /// Rough memory use of the block once encoded, for flush decisions: rows, symbols, and one
-    /// label column entry per row and label name (the columns are dense).
+    /// Rough memory use, for flush decisions.
     pub fn estimated_bytes(&self) -> usize {
-        let label_names = self.label_names.len().max(1);
-        self.rows.len() * (std::mem::size_of::<Row>() + 16 * label_names)
+        self.rows.len() * std::mem::size_of::<Row>()
+            + self.series.len() * 256
             + self.symbols.estimated_bytes()
     }
 
@@ -155,11 +255,6 @@ impl BlockBuilder {
             let next = self.series.len() as u32;
             let id = *self.series_index.entry(key.clone()).or_insert(next);
             if id == next {
-                for (name, _) in key.1.iter() {
-                    if !self.label_names.contains(name) {
-                        self.label_names.insert(name.to_owned());
-                    }
-                }
                 self.series.push(SeriesEntry {
                     profile_type: key.0,
                     labels: key.1,
@@ -179,20 +274,14 @@ impl BlockBuilder {
                 let stack = self
                     .symbols
                     .add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
-                let labels = if sample.labels.is_empty() {
-                    0
-                } else {
+                let labels = (!sample.labels.is_empty()).then(|| {
                     let encoded = encode_sample_labels(&sample.labels);
-                    let next = self.sample_labels.len() as u32 + 1;
-                    let i = *self
-                        .sample_label_index
-                        .entry(encoded.clone())
-                        .or_insert(next);
-                    if i == next {
-                        self.sample_labels.push(encoded);
-                    }
-                    i
-                };
+                    Arc::clone(
+                        self.sample_labels
+                            .entry(encoded.clone())
+                            .or_insert_with(|| Arc::from(encoded)),
+                    )
+                });
                 self.rows.push(Row {
                     series: id,
                     timestamp,
@@ -207,28 +296,17 @@ impl BlockBuilder {
         }
     }
 
-    /// Sorts, encodes and describes the block. `id` is its ULID.
-    pub fn finish(self, shard: u32, id: &str) -> Result<BuiltBlock> {
+    /// Sorts and encodes the dataset.
+    pub fn finish(self) -> Result<BuiltDataset> {
         let Self {
             tenant,
             symbols,
             series,
             mut rows,
             profiles,
-            sample_labels,
             ..
         } = self;
-
-        // Series order = sort order: profile type, service name, then the whole label set.
-        let mut order: Vec<u32> = (0..series.len() as u32).collect();
-        order.sort_by(|&a, &b| {
-            let (a, b) = (&series[a as usize], &series[b as usize]);
-            (&a.profile_type, a.labels.get(LABEL_SERVICE_NAME), &a.labels).cmp(&(
-                &b.profile_type,
-                b.labels.get(LABEL_SERVICE_NAME),
-                &b.labels,
-            ))
-        });
+        let order = series_order(series.iter().map(|s| (s.profile_type.as_str(), &s.labels)));
         let mut new_id = vec![0u32; series.len()];
         for (new, &old) in order.iter().enumerate() {
             new_id[old as usize] = new as u32;
@@ -236,18 +314,8 @@ impl BlockBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        rows.sort_unstable_by_key(|r| {
-            (
-                r.series,
-                r.timestamp,
-                r.stack,
-                r.span_id,
-                r.trace_id,
-                r.labels,
-            )
-        });
-
-        let series_meta: Vec<SeriesMeta> = order
+        rows.sort_unstable_by(|a, b| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key())));
+        let mut series_meta: Vec<SeriesMeta> = order
             .iter()
             .map(|&old| {
                 let s = &series[old as usize];
@@ -260,24 +328,34 @@ impl BlockBuilder {
                     profile_type: s.profile_type.clone(),
                     min_time_nanos: s.min,
                     max_time_nanos: s.max,
+                    first_row: 0,
+                    rows: 0,
                 }
             })
             .collect();
-        let label_names: BTreeSet<&str> = series_meta
-            .iter()
-            .flat_map(|s| s.labels.iter().map(|(k, _)| k.as_str()))
-            .collect();
+        for (i, r) in rows.iter().enumerate() {
+            let s = &mut series_meta[r.series as usize];
+            if s.rows == 0 {
+                s.first_row = i as u64;
+            }
+            s.rows += 1;
+        }
+        // Series without rows (every sample dropped) would have no range: keep none of them.
+        debug_assert!(series_meta.iter().all(|s| s.rows > 0));
 
-        let batch = samples_batch(&rows, &series_meta, &label_names, &sample_labels)?;
-        let samples = write_parquet(&batch)?;
+        let mut batch = RowBatchBuilder::default();
+        for r in &rows {
+            batch.push(r);
+        }
+        let samples = write_parquet(&batch.finish()?)?;
+        let stack_nodes = symbols.stack_nodes() as u64;
         let symbols = symbols.encode();
-        let dir = block_dir(shard, &tenant, id);
         let meta = BlockMeta {
             format_version: BLOCK_FORMAT_VERSION,
-            id: id.to_owned(),
+            id: String::new(),
             tenant,
-            shard,
-            compaction_level: 0,
+            shard: 0,
+            level: 0,
             min_time_nanos: series_meta
                 .iter()
                 .map(|s| s.min_time_nanos)
@@ -288,20 +366,89 @@ impl BlockBuilder {
                 .map(|s| s.max_time_nanos)
                 .max()
                 .unwrap_or(0),
+            object_size: 0,
+            samples: Section {
+                offset: 0,
+                size: samples.len() as u64,
+            },
+            symbols: Section {
+                offset: samples.len() as u64,
+                size: symbols.len() as u64,
+            },
             series: series_meta,
-            samples_path: format!("{dir}/samples.parquet"),
-            samples_bytes: samples.len() as u64,
-            symbols_path: format!("{dir}/symbols.bin"),
-            symbols_bytes: symbols.len() as u64,
             rows: rows.len() as u64,
             profiles,
+            stack_nodes,
+            compacted_from: Vec::new(),
         };
-        Ok(BuiltBlock {
+        Ok(BuiltDataset {
             meta,
             samples,
             symbols,
         })
     }
+}
+
+/// Series order = sort order: profile type, service name, then the whole label set. Returns the
+/// indices of `series` in that order.
+pub fn series_order<'a>(series: impl Iterator<Item = (&'a str, &'a Labels)>) -> Vec<u32> {
+    let keys: Vec<(&str, Option<&str>, &Labels)> = series
+        .map(|(pt, labels)| (pt, labels.get(LABEL_SERVICE_NAME), labels))
+        .collect();
+    let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+    order.sort_by(|&a, &b| keys[a as usize].cmp(&keys[b as usize]));
+    order
+}
+
+/// The sort key of a series in [`series_order`], from its metadata.
+pub fn series_sort_key(s: &SeriesMeta) -> (&str, Option<&str>, Vec<(&str, &str)>) {
+    let mut labels: Vec<(&str, &str)> = s
+        .labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    labels.sort_unstable();
+    (s.profile_type.as_str(), s.label(LABEL_SERVICE_NAME), labels)
+}
+
+/// Places datasets in one object with its footer: returns the object and each dataset's
+/// metadata with its offsets, id, shard, level and object size set.
+pub fn assemble_object(
+    id: &str,
+    shard: u32,
+    level: u32,
+    datasets: Vec<BuiltDataset>,
+) -> (Bytes, Vec<BlockMeta>) {
+    let mut out = Vec::with_capacity(
+        datasets
+            .iter()
+            .map(|d| d.samples.len() + d.symbols.len())
+            .sum::<usize>()
+            + 4096,
+    );
+    let mut metas = Vec::with_capacity(datasets.len());
+    for d in datasets {
+        let mut m = d.meta;
+        m.id = id.to_owned();
+        m.shard = shard;
+        m.level = level;
+        m.samples = Section {
+            offset: out.len() as u64,
+            size: d.samples.len() as u64,
+        };
+        out.extend_from_slice(&d.samples);
+        m.symbols = Section {
+            offset: out.len() as u64,
+            size: d.symbols.len() as u64,
+        };
+        out.extend_from_slice(&d.symbols);
+        metas.push(m);
+    }
+    out.extend_from_slice(&encode_footer(&metas));
+    for m in &mut metas {
+        m.object_size = out.len() as u64;
+    }
+    (Bytes::from(out), metas)
 }
 
 /// Per-sample labels as stored in the `sample_labels` column: `name=value` pairs, sorted by name,
@@ -322,107 +469,17 @@ pub fn decode_sample_labels(s: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn samples_batch(
-    rows: &[Row],
-    series: &[SeriesMeta],
-    label_names: &BTreeSet<&str>,
-    sample_labels: &[String],
-) -> Result<RecordBatch> {
-    use columns::*;
-    let mut fields = vec![
-        Field::new(SERIES_ID, DataType::UInt32, false),
-        Field::new(PROFILE_TYPE, DataType::Utf8, false),
-    ];
-    let mut cols: Vec<ArrayRef> = vec![
-        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.series))),
-        {
-            let mut b = StringBuilder::new();
-            for r in rows {
-                b.append_value(&series[r.series as usize].profile_type);
-            }
-            Arc::new(b.finish())
-        },
-    ];
-    for name in label_names {
-        fields.push(Field::new(label_column(name), DataType::Utf8, true));
-        let mut b = StringBuilder::new();
-        for r in rows {
-            b.append_option(series[r.series as usize].label(name));
-        }
-        cols.push(Arc::new(b.finish()));
-    }
-    fields.extend([
-        Field::new(TIMESTAMP, DataType::Int64, false),
-        Field::new(STACK_ID, DataType::UInt32, false),
-        Field::new(VALUE, DataType::Int64, false),
-        Field::new(SPAN_ID, DataType::UInt64, false),
-        Field::new(TRACE_ID, DataType::FixedSizeBinary(16), true),
-        Field::new(SAMPLE_LABELS, DataType::Utf8, true),
-    ]);
-    cols.push(Arc::new(Int64Array::from_iter_values(
-        rows.iter().map(|r| r.timestamp),
-    )));
-    cols.push(Arc::new(UInt32Array::from_iter_values(
-        rows.iter().map(|r| r.stack),
-    )));
-    cols.push(Arc::new(Int64Array::from_iter_values(
-        rows.iter().map(|r| r.value),
-    )));
-    cols.push(Arc::new(UInt64Array::from_iter_values(
-        rows.iter().map(|r| r.span_id),
-    )));
-    let mut traces = FixedSizeBinaryBuilder::with_capacity(rows.len(), 16);
-    for r in rows {
-        match &r.trace_id {
-            Some(t) => traces.append_value(t)?,
-            None => traces.append_null(),
-        }
-    }
-    cols.push(Arc::new(traces.finish()));
-    let mut labels = StringBuilder::new();
-    for r in rows {
-        match r.labels {
-            0 => labels.append_null(),
-            i => labels.append_value(&sample_labels[i as usize - 1]),
-        }
-    }
-    cols.push(Arc::new(labels.finish()));
-    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
-}
+/// Rows per row group of an L0 dataset (small: one flush).
+const L0_ROW_GROUP_ROWS: usize = 256 * 1024;
 
 fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
-    let schema = batch.schema();
-    let sort_col = |name: &str| SortingColumn {
-        column_idx: schema.index_of(name).expect("column exists") as i32,
-        descending: false,
-        nulls_first: false,
-    };
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_statistics_enabled(EnabledStatistics::Page)
-        .set_max_row_group_row_count(Some(256 * 1024))
-        .set_data_page_row_count_limit(8 * 1024)
-        .set_sorting_columns(Some(vec![
-            sort_col(columns::SERIES_ID),
-            sort_col(columns::TIMESTAMP),
-            sort_col(columns::STACK_ID),
-        ]))
-        .build();
     let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(&mut out, schema, Some(props))?;
+    let mut writer = ArrowWriter::try_new(
+        &mut out,
+        batch.schema(),
+        Some(writer_properties(L0_ROW_GROUP_ROWS)?),
+    )?;
     writer.write(batch)?;
     writer.close()?;
     Ok(Bytes::from(out))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tenant_escaping_is_literal_and_one_to_one() {
-        assert_eq!(escape_tenant("team-a_1.x"), "team-a_1.x");
-        assert_eq!(escape_tenant("team*(1)!'"), "team+2A+281+29+21+27");
-        assert_ne!(escape_tenant("a*"), escape_tenant("a+2A"));
-    }
 }

@@ -1,18 +1,23 @@
 //! Kiln's storage engine.
 //!
 //! ```text
-//!  NormalizedProfile ──► writer (one task per shard, buffers per tenant)
-//!        every flush interval or size limit:
-//!        BlockBuilder ──► samples.parquet + symbols.bin ──► object store (fsynced)
-//!                     ──► metastore.add_block ──► acknowledge the waiting requests
+//!  NormalizedProfile ──► writer (one task per shard, a dataset builder per tenant)
+//!        every flush interval or size limit, per shard:
+//!        one segment object (every tenant's samples + symbols, footer) ──► object store
+//!        ──► metastore.add_blocks (one transaction) ──► acknowledge the waiting requests
 //!
-//!  query ──► metastore.query_blocks(tenant, time) ──► series pruning from block metadata
-//!        ──► DataFusion scan per block (label matchers, time, span ids pushed into Parquet)
-//!        ──► merge stack trees by frame name ──► FlameGraph / pprof / series / labels
+//!  compactor ──► metastore queue ──► leased jobs: k-way merge per tenant, symbols merged
+//!            ──► block one level up ──► metastore.complete_job (sources tombstoned)
+//!
+//!  query ──► metastore.query_blocks(tenant, time, service, type): partitions in range only
+//!        ──► series selected on block metadata ──► Parquet rows of those series' ranges
+//!        ──► stack values summed per block ──► merged by frame name ──► FlameGraph / pprof / series
 //! ```
 
 pub mod block;
+pub mod compaction;
 pub mod error;
+pub mod meta;
 pub mod metastore;
 pub mod query;
 pub mod selector;
@@ -22,5 +27,7 @@ pub mod writer;
 
 mod storage;
 
-pub use error::{Error, Result};
-pub use storage::{Storage, StorageConfig, series_hash};
+pub use error::{Error, ErrorKind, Result};
+pub use storage::{
+    Storage, StorageConfig, UpkeepReport, read_footer, rebuild_metastore, series_hash,
+};

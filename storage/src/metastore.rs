@@ -1,100 +1,255 @@
-//! The metastore: which blocks exist, for which tenant, shard and time range, with their series.
+//! The metastore: which blocks exist, for which tenant, shard and time range, with their series;
+//! which objects may be deleted and when; compaction jobs and their leases; quarantined blocks.
 //!
-//! One [`Metastore`] trait; the embedded backend ([`embedded::EmbeddedMetastore`], on redb) serves
-//! the single binary. Keys are `(tenant, time partition, block id)` with six-hour partitions, as in
-//! Pyroscope's metastore index, so a PostgreSQL backend can index and drop partitions the same way.
+//! One [`Metastore`] trait for two backends: the embedded one ([`embedded::EmbeddedMetastore`],
+//! on redb) serves the single binary, and a PostgreSQL backend can implement the same contract
+//! (the conformance suite in [`conformance`] states it as tests any backend runs). The index is
+//! partitioned by time window (six hours of the block's minimum time), then tenant, then shard,
+//! as Pyroscope's metastore is, so lookups touch only the partitions of the range asked for and
+//! retention drops whole partitions.
+//!
+//! Objects: an L0 segment holds every tenant of one flush, so it is referenced by one entry per
+//! tenant; a compacted block by one. When the last entry of an object goes (compaction, retention,
+//! tenant deletion), the object gets a tombstone with a due time, and the deleter removes it after
+//! that, so queries that already looked the entry up can still read it. An entry removed by
+//! compaction keeps a tombstone too, so it can never be added again.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod conformance;
 pub mod embedded;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
+pub use crate::meta::{BlockMeta, PARTITION_NANOS, SeriesMeta, partition_of};
 
-/// Current block format version (see `docs/adr/0002-block-format.md`).
-pub const BLOCK_FORMAT_VERSION: u32 = 1;
-
-/// Length of a metastore time partition.
-pub const PARTITION_NANOS: i64 = 6 * 3600 * 1_000_000_000;
-
-/// The time partition of a timestamp.
-pub fn partition_of(time_nanos: i64) -> i64 {
-    time_nanos.div_euclid(PARTITION_NANOS)
+/// Which blocks a lookup wants.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockQuery<'a> {
+    pub tenant: &'a str,
+    /// Inclusive start, Unix nanoseconds.
+    pub start_nanos: i64,
+    /// Exclusive end, Unix nanoseconds.
+    pub end_nanos: i64,
+    /// Only blocks with a series of this `service_name`.
+    pub service_name: Option<&'a str>,
+    /// Only blocks with a series of this profile type.
+    pub profile_type: Option<&'a str>,
 }
 
-/// One series of a block: its labels (with `__name__` and `service_name`) and profile type id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SeriesMeta {
-    pub labels: Vec<(String, String)>,
-    pub profile_type: String,
-    pub min_time_nanos: i64,
-    pub max_time_nanos: i64,
-}
+impl<'a> BlockQuery<'a> {
+    /// Every block of `tenant` meeting `[start, end)`.
+    pub fn new(tenant: &'a str, start_nanos: i64, end_nanos: i64) -> Self {
+        Self {
+            tenant,
+            start_nanos,
+            end_nanos,
+            service_name: None,
+            profile_type: None,
+        }
+    }
 
-impl SeriesMeta {
-    /// The value of a label.
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+    /// Every block of `tenant`.
+    pub fn all(tenant: &'a str) -> Self {
+        Self::new(tenant, i64::MIN, i64::MAX)
+    }
+
+    /// Whether a block matches.
+    pub fn matches(&self, b: &BlockMeta) -> bool {
+        b.tenant == self.tenant
+            && b.overlaps(self.start_nanos, self.end_nanos)
+            && b.series.iter().any(|s| {
+                s.overlaps(self.start_nanos, self.end_nanos)
+                    && self
+                        .service_name
+                        .is_none_or(|n| s.label(kiln_otel::model::LABEL_SERVICE_NAME) == Some(n))
+                    && self.profile_type.is_none_or(|p| s.profile_type == p)
+            })
     }
 }
 
-/// Metadata of one block, as the metastore keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockMeta {
-    pub format_version: u32,
-    /// ULID.
-    pub id: String,
-    pub tenant: String,
-    pub shard: u32,
-    pub compaction_level: u32,
-    pub min_time_nanos: i64,
-    pub max_time_nanos: i64,
-    /// Series in sort order; a row's `series_id` indexes this list.
-    pub series: Vec<SeriesMeta>,
-    /// Object path of the Parquet samples.
-    pub samples_path: String,
-    pub samples_bytes: u64,
-    /// Object path of the symbols section.
-    pub symbols_path: String,
-    pub symbols_bytes: u64,
+/// What a tenant holds in one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct PartitionStats {
+    pub partition: i64,
+    pub blocks: u64,
+    /// Bytes of the tenant's datasets.
+    pub bytes: u64,
     pub rows: u64,
-    /// Profiles (ingest requests' series) that went into this block.
-    pub profiles: u64,
+    /// Bounds of the data's time range (they may be wider than the data left after removals).
+    pub min_time_nanos: i64,
+    pub max_time_nanos: i64,
 }
 
-impl BlockMeta {
-    /// Whether the block's time range meets `[start, end)`.
-    pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
-        self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
-    }
+/// A block waiting for compaction: the summary the planner decides from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedBlock {
+    pub tenant: String,
+    pub id: String,
+    pub partition: i64,
+    pub shard: u32,
+    pub level: u32,
+    pub created_ms: u64,
+    pub bytes: u64,
+    pub rows: u64,
+    pub stack_nodes: u64,
+}
 
-    /// The metastore partition.
-    pub fn partition(&self) -> i64 {
-        partition_of(self.min_time_nanos)
+impl QueuedBlock {
+    /// The summary of a block.
+    pub fn of(b: &BlockMeta) -> Self {
+        Self {
+            tenant: b.tenant.clone(),
+            id: b.id.clone(),
+            partition: b.partition(),
+            shard: b.shard,
+            level: b.level,
+            created_ms: b.created_ms(),
+            bytes: b.dataset_bytes(),
+            rows: b.rows,
+            stack_nodes: b.stack_nodes,
+        }
     }
 }
 
-/// Block metadata storage. Implementations must make `add_block` durable before returning.
+/// A compaction job: merge `sources` (blocks of one tenant, partition, shard and level) into
+/// blocks one level up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: u64,
+    pub tenant: String,
+    pub partition: i64,
+    pub shard: u32,
+    pub level: u32,
+    pub sources: Vec<QueuedBlock>,
+    /// Who holds the lease ("" = nobody).
+    pub owner: String,
+    pub lease_expires_ms: u64,
+    pub attempts: u32,
+}
+
+impl Job {
+    /// Ids of the source blocks.
+    pub fn source_ids(&self) -> Vec<String> {
+        self.sources.iter().map(|s| s.id.clone()).collect()
+    }
+}
+
+/// An object to delete once `due_ms` has passed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub id: String,
+    pub path: String,
+    pub due_ms: u64,
+}
+
+/// A block taken out of the index because it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    pub tenant: String,
+    pub id: String,
+    pub path: String,
+    pub reason: String,
+    pub at_ms: u64,
+}
+
+/// What a removal took away.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Entries (one tenant's dataset of one object) removed from the index.
+    pub entries: usize,
+    /// Objects that lost their last entry and were tombstoned.
+    pub objects: usize,
+}
+
+/// Block metadata storage. Every method that changes something is one transaction, durable when
+/// it returns.
 #[async_trait::async_trait]
 pub trait Metastore: Send + Sync + std::fmt::Debug {
-    /// Registers a block; it is queryable once this returns.
-    async fn add_block(&self, block: BlockMeta) -> Result<()>;
+    /// Registers blocks in one transaction (every dataset of one flush, say); they are
+    /// queryable once this returns. Refuses the whole batch with [`crate::Error::BlockExists`]
+    /// when one of them is already registered or was compacted away.
+    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()>;
 
-    /// Blocks of `tenant` whose time range meets `[start, end)`.
-    async fn query_blocks(
-        &self,
-        tenant: &str,
-        start_nanos: i64,
-        end_nanos: i64,
-    ) -> Result<Vec<Arc<BlockMeta>>>;
+    /// Blocks that `query` selects, reading only the partitions of its time range.
+    async fn query_blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>>;
+
+    /// Blocks of `tenant` by id; ids not registered are left out.
+    async fn get_blocks(&self, tenant: &str, ids: &[String]) -> Result<Vec<Arc<BlockMeta>>>;
 
     /// Tenants with at least one block.
     async fn tenants(&self) -> Result<Vec<String>>;
 
-    /// Removes blocks of `tenant` from the index (their objects are deleted by the caller after).
-    async fn delete_blocks(&self, tenant: &str, ids: &[String]) -> Result<()>;
+    /// The partitions of `tenant`, oldest first.
+    async fn partitions(&self, tenant: &str) -> Result<Vec<PartitionStats>>;
+
+    /// Blocks below the top level that no job has claimed, of every tenant.
+    async fn queued_blocks(&self) -> Result<Vec<QueuedBlock>>;
+
+    /// Creates jobs, each claiming its sources in the same transaction; a job one of whose
+    /// sources is gone or already claimed is skipped. Returns how many were created.
+    async fn add_jobs(&self, jobs: Vec<Job>) -> Result<usize>;
+
+    /// Leases the oldest job nobody holds (or whose lease expired) to `owner` until
+    /// `now_ms + lease_ms`.
+    async fn lease_job(&self, owner: &str, now_ms: u64, lease_ms: u64) -> Result<Option<Job>>;
+
+    /// Replaces a leased job's sources by `outputs` in one transaction: the sources leave the
+    /// index (tombstoned, never to be added again), objects that lost their last entry are
+    /// tombstoned for deletion at `now_ms + delete_after_ms`, the outputs are added and the job
+    /// is done. Fails with [`crate::Error::LeaseLost`] when `owner` no longer holds the lease.
+    async fn complete_job(
+        &self,
+        job: &Job,
+        owner: &str,
+        outputs: Vec<BlockMeta>,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<()>;
+
+    /// Gives a job up: its sources go back to the queue (less those quarantined since).
+    async fn cancel_job(&self, job: &Job) -> Result<()>;
+
+    /// Every job, leased or not.
+    async fn jobs(&self) -> Result<Vec<Job>>;
+
+    /// Removes the partitions of `tenant` before `before_partition` (retention).
+    async fn drop_partitions(
+        &self,
+        tenant: &str,
+        before_partition: i64,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<Removed>;
+
+    /// Removes every entry, job and quarantine record of `tenant`.
+    async fn delete_tenant(
+        &self,
+        tenant: &str,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<Removed>;
+
+    /// Tombstones due at `now_ms`, at most `limit`.
+    async fn due_tombstones(&self, now_ms: u64, limit: usize) -> Result<Vec<Tombstone>>;
+
+    /// Forgets tombstones whose objects were deleted.
+    async fn forget_tombstones(&self, ids: &[String]) -> Result<()>;
+
+    /// Ids of every object the metastore knows: referenced by an entry, tombstoned or
+    /// quarantined. An object not among them is an orphan.
+    async fn known_objects(&self) -> Result<HashSet<String>>;
+
+    /// Takes a block of `tenant` out of the index because it cannot be read. Returns false when
+    /// it was not there (already quarantined, say).
+    async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool>;
+
+    /// Quarantined blocks, of one tenant or of all.
+    async fn quarantined(&self, tenant: Option<&str>) -> Result<Vec<Quarantined>>;
+
+    /// Gives storage freed by removals back to the system (redb compaction, `VACUUM`).
+    async fn shrink(&self) -> Result<()>;
 }

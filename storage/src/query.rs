@@ -1,40 +1,50 @@
-//! The query engine: metastore lookup, series pruning on block metadata, DataFusion scans of
-//! the samples Parquet with the label selector, time range and span ids pushed down, and merging
-//! of stack trees by frame name.
+//! The query engine: metastore lookup (tenant, time range, service and profile type), series
+//! selection on the blocks' metadata (label selectors are answered there), then Parquet reads of
+//! exactly the selected series' row ranges, summed by stack id per block and merged across
+//! blocks through each block's symbol table.
+//!
+//! A block that cannot be read (footer, Parquet or symbols fail their checks, or its object is
+//! gone) is quarantined: taken out of the index, logged, counted, and the query answers from the
+//! other blocks. A store that cannot be reached fails the query as unavailable instead.
 
 pub mod pprof;
 pub mod tree;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Int64Type, UInt32Type, UInt64Type};
-use datafusion::common::ScalarValue;
-use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::functions_aggregate::expr_fn::sum;
-use datafusion::logical_expr::{BinaryExpr, Operator};
-use datafusion::prelude::{
-    Expr, ParquetReadOptions, SessionConfig, SessionContext, col, ident, lit,
+use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, ProfileType};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
-use futures::{StreamExt, TryStreamExt};
-use kiln_otel::model::{Labels, ProfileType};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
-use crate::block::{columns, label_column};
-use crate::metastore::{BlockMeta, Metastore, SeriesMeta};
-use crate::selector::{MatchOp, Matcher, Selector};
+use crate::block::col;
+use crate::metastore::{BlockMeta, BlockQuery, Metastore, SeriesMeta};
+use crate::selector::{MatchOp, Selector};
 use crate::store::ObjectStorage;
 use crate::symbols::SymbolTable;
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 pub use tree::FlameTree;
 
 /// Synthetic label that holds a series' profile type id.
 pub const PROFILE_TYPE_LABEL: &str = kiln_otel::model::LABEL_PROFILE_TYPE;
 
-const STORE_URL: &str = "kiln://store";
-/// Blocks scanned at once by one query.
+/// Blocks read at once by one query.
 const SCAN_CONCURRENCY: usize = 4;
+/// Rows per decoded batch.
+const BATCH_ROWS: usize = 8192;
 
 /// Which samples a query reads.
 #[derive(Debug, Clone)]
@@ -55,9 +65,41 @@ pub struct SampleFilter {
 impl SampleFilter {
     fn series_matches(&self, s: &SeriesMeta) -> bool {
         s.profile_type == self.profile_type
-            && s.min_time_nanos < self.end_nanos
-            && s.max_time_nanos >= self.start_nanos
+            && s.overlaps(self.start_nanos, self.end_nanos)
             && self.selector.matches(|name| series_label(s, name))
+    }
+
+    /// The metastore lookup: an equality matcher on `service_name` narrows it.
+    fn block_query(&self) -> BlockQuery<'_> {
+        let service_name = self
+            .selector
+            .matchers
+            .iter()
+            .find(|m| m.name == LABEL_SERVICE_NAME && m.op == MatchOp::Equal && !m.value.is_empty())
+            .map(|m| m.value.as_str());
+        BlockQuery {
+            tenant: &self.tenant,
+            start_nanos: self.start_nanos,
+            end_nanos: self.end_nanos,
+            service_name,
+            profile_type: Some(&self.profile_type),
+        }
+    }
+
+    /// Whether the row-level filters (time within the series, spans, traces) keep a row.
+    fn keeps(&self, t: i64, span: Option<u64>, trace: Option<&[u8]>) -> bool {
+        if t < self.start_nanos || t >= self.end_nanos {
+            return false;
+        }
+        if !self.span_ids.is_empty() && !span.is_some_and(|s| self.span_ids.contains(&s)) {
+            return false;
+        }
+        if !self.trace_ids.is_empty()
+            && !trace.is_some_and(|t| self.trace_ids.iter().any(|x| x.as_slice() == t))
+        {
+            return false;
+        }
+        true
     }
 }
 
@@ -107,13 +149,32 @@ pub struct ProfileStats {
     pub newest_nanos: i64,
 }
 
+/// The summed value of one stack (and per-sample label set) of a block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackValue {
+    pub stack: u32,
+    /// Encoded per-sample labels (`block::encode_sample_labels`), when asked for.
+    pub labels: Option<String>,
+    pub value: i64,
+}
+
+/// Counters of the read path.
+#[derive(Debug, Default)]
+pub struct QueryCounters {
+    /// Blocks quarantined because they could not be read.
+    pub quarantined: AtomicU64,
+    /// Bytes read from the object store by queries.
+    pub bytes_read: AtomicU64,
+}
+
 /// Reads blocks. Cheap to clone.
 #[derive(Clone)]
 pub struct QueryEngine {
     store: ObjectStorage,
     metastore: Arc<dyn Metastore>,
-    ctx: SessionContext,
-    symbols: moka::future::Cache<String, Arc<SymbolTable>>,
+    symbols: moka::future::Cache<(String, String), Arc<SymbolTable>>,
+    parquet: moka::future::Cache<(String, String), ArrowReaderMetadata>,
+    counters: Arc<QueryCounters>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -122,39 +183,194 @@ impl std::fmt::Debug for QueryEngine {
     }
 }
 
+/// A dataset's samples section as a Parquet file, read by ranges from its object.
+pub(crate) struct SectionReader {
+    store: ObjectStorage,
+    path: String,
+    section: Range<u64>,
+    counters: Arc<QueryCounters>,
+}
+
+impl SectionReader {
+    fn new(engine: &QueryEngine, block: &BlockMeta) -> Self {
+        Self {
+            store: engine.store.clone(),
+            path: block.path(),
+            section: block.samples.range(),
+            counters: Arc::clone(&engine.counters),
+        }
+    }
+
+    fn shift(&self, r: Range<u64>) -> Range<u64> {
+        self.section.start + r.start..self.section.start + r.end
+    }
+}
+
+fn external(e: Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for SectionReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        let r = self.shift(range);
+        async move {
+            let b = self
+                .store
+                .get_range(&self.path, r)
+                .await
+                .map_err(external)?;
+            self.counters
+                .bytes_read
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
+            Ok(b)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
+        async move {
+            let location = object_store::path::Path::from(self.path.as_str());
+            let out = self
+                .store
+                .inner()
+                .get_ranges(&location, &ranges)
+                .await
+                .map_err(|source| {
+                    external(Error::ObjectStore {
+                        path: self.path.clone(),
+                        source,
+                    })
+                })?;
+            let n: usize = out.iter().map(Bytes::len).sum();
+            self.counters
+                .bytes_read
+                .fetch_add(n as u64, Ordering::Relaxed);
+            Ok(out)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.section.end - self.section.start;
+            let metadata = ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .with_prefetch_hint(Some(64 * 1024))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// The reader type of a block's samples, for the compactor.
+pub(crate) type SectionReaderHandle = SectionReader;
+
+/// Whether an error means the block itself is bad (as opposed to the store being unreachable).
+pub(crate) fn is_corruption(e: &Error) -> bool {
+    match e {
+        Error::Corrupt { .. } => true,
+        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+        Error::Parquet(ParquetError::External(inner)) => {
+            inner.downcast_ref::<Error>().is_some_and(is_corruption)
+        }
+        Error::Parquet(_) | Error::Arrow(_) => true,
+        _ => false,
+    }
+}
+
+/// The row groups of `meta` that meet `ranges` (sorted, disjoint) and the selection of exactly
+/// those rows within them.
+fn row_selection(meta: &ParquetMetaData, ranges: &[Range<u64>]) -> (Vec<usize>, RowSelection) {
+    let mut groups = Vec::new();
+    let mut selectors = Vec::new();
+    let mut group_start = 0u64;
+    let mut next = 0usize;
+    for (i, rg) in meta.row_groups().iter().enumerate() {
+        let group_end = group_start + rg.num_rows() as u64;
+        let mut pos = group_start;
+        let mut any = false;
+        let mut j = next;
+        while j < ranges.len() && ranges[j].start < group_end {
+            let r = &ranges[j];
+            let (s, e) = (r.start.max(group_start), r.end.min(group_end));
+            if s < e {
+                if !any {
+                    any = true;
+                }
+                if s > pos {
+                    selectors.push(RowSelector::skip((s - pos) as usize));
+                }
+                selectors.push(RowSelector::select((e - s) as usize));
+                pos = e;
+            }
+            if r.end <= group_end {
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        next = j;
+        if any {
+            if pos < group_end {
+                selectors.push(RowSelector::skip((group_end - pos) as usize));
+            }
+            groups.push(i);
+        }
+        group_start = group_end;
+    }
+    (groups, RowSelection::from(selectors))
+}
+
+/// Merges sorted row ranges that touch.
+fn coalesce(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for r in ranges.into_iter().filter(|r| r.start < r.end) {
+        match out.last_mut() {
+            Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
 impl QueryEngine {
-    /// A query engine over `store`, with a symbols cache of about `cache_bytes`.
-    pub fn new(
-        store: ObjectStorage,
-        metastore: Arc<dyn Metastore>,
-        cache_bytes: u64,
-    ) -> Result<Self> {
-        let mut config = SessionConfig::new()
-            .with_target_partitions(2)
-            .with_parquet_pruning(true);
-        let parquet = &mut config.options_mut().execution.parquet;
-        parquet.pushdown_filters = true;
-        parquet.reorder_filters = true;
-        parquet.enable_page_index = true;
-        let ctx = SessionContext::new_with_config(config);
-        let url = ObjectStoreUrl::parse(STORE_URL)?;
-        ctx.register_object_store(url.as_ref(), Arc::clone(store.inner()));
+    /// A query engine over `store`, with caches of about `cache_bytes` for symbols and Parquet
+    /// metadata.
+    pub fn new(store: ObjectStorage, metastore: Arc<dyn Metastore>, cache_bytes: u64) -> Self {
         let symbols = moka::future::Cache::builder()
-            .weigher(|_: &String, t: &Arc<SymbolTable>| {
+            .weigher(|_: &(String, String), t: &Arc<SymbolTable>| {
                 u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
             })
             .max_capacity(cache_bytes)
             .build();
-        Ok(Self {
+        let parquet = moka::future::Cache::builder()
+            .weigher(|_: &(String, String), m: &ArrowReaderMetadata| {
+                u32::try_from(m.metadata().memory_size()).unwrap_or(u32::MAX)
+            })
+            .max_capacity(cache_bytes / 4)
+            .build();
+        Self {
             store,
             metastore,
-            ctx,
             symbols,
-        })
+            parquet,
+            counters: Arc::new(QueryCounters::default()),
+        }
     }
 
-    async fn blocks(&self, tenant: &str, start: i64, end: i64) -> Result<Vec<Arc<BlockMeta>>> {
-        self.metastore.query_blocks(tenant, start, end).await
+    /// Counters of the read path.
+    pub fn counters(&self) -> &QueryCounters {
+        &self.counters
     }
 
     /// Series (label sets with the synthetic `__profile_type__`) of `tenant` in `[start, end)` that
@@ -167,9 +383,13 @@ impl QueryEngine {
         end: i64,
     ) -> Result<BTreeSet<Vec<(String, String)>>> {
         let mut out = BTreeSet::new();
-        for block in self.blocks(tenant, start, end).await? {
+        let blocks = self
+            .metastore
+            .query_blocks(BlockQuery::new(tenant, start, end))
+            .await?;
+        for block in blocks {
             for s in &block.series {
-                if s.min_time_nanos >= end || s.max_time_nanos < start {
+                if !s.overlaps(start, end) {
                     continue;
                 }
                 let hit = selectors.is_empty()
@@ -195,9 +415,13 @@ impl QueryEngine {
         end: i64,
     ) -> Result<Vec<ProfileType>> {
         let mut ids = BTreeSet::new();
-        for block in self.blocks(tenant, start, end).await? {
+        let blocks = self
+            .metastore
+            .query_blocks(BlockQuery::new(tenant, start, end))
+            .await?;
+        for block in blocks {
             for s in &block.series {
-                if s.min_time_nanos < end && s.max_time_nanos >= start {
+                if s.overlaps(start, end) {
                     ids.insert(s.profile_type.clone());
                 }
             }
@@ -263,7 +487,7 @@ impl QueryEngine {
 
     /// Oldest and newest sample time of a tenant.
     pub async fn profile_stats(&self, tenant: &str) -> Result<ProfileStats> {
-        let blocks = self.blocks(tenant, i64::MIN, i64::MAX).await?;
+        let blocks = self.metastore.query_blocks(BlockQuery::all(tenant)).await?;
         if blocks.is_empty() {
             return Ok(ProfileStats::default());
         }
@@ -274,83 +498,40 @@ impl QueryEngine {
         })
     }
 
-    /// Blocks with at least one series the filter selects.
-    async fn candidate_blocks(&self, filter: &SampleFilter) -> Result<Vec<Arc<BlockMeta>>> {
-        let blocks = self
-            .blocks(&filter.tenant, filter.start_nanos, filter.end_nanos)
-            .await?;
+    /// Blocks with at least one series the filter selects, with those series' indices.
+    async fn candidate_blocks(
+        &self,
+        filter: &SampleFilter,
+    ) -> Result<Vec<(Arc<BlockMeta>, Vec<u32>)>> {
+        let blocks = self.metastore.query_blocks(filter.block_query()).await?;
         Ok(blocks
             .into_iter()
-            .filter(|b| b.series.iter().any(|s| filter.series_matches(s)))
+            .filter_map(|b| {
+                let series: Vec<u32> = b
+                    .series
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| filter.series_matches(s))
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                (!series.is_empty()).then_some((b, series))
+            })
             .collect())
     }
 
-    /// The DataFusion predicate of `filter` for a block; `None` when no row can match.
-    fn predicate(block: &BlockMeta, filter: &SampleFilter) -> Option<Expr> {
-        let mut expr = col(columns::PROFILE_TYPE)
-            .eq(lit(filter.profile_type.clone()))
-            .and(col(columns::TIMESTAMP).gt_eq(lit(filter.start_nanos)))
-            .and(col(columns::TIMESTAMP).lt(lit(filter.end_nanos)));
-        for m in &filter.selector.matchers {
-            if m.name == PROFILE_TYPE_LABEL {
-                if !m.matches(&filter.profile_type) {
-                    return None;
-                }
-                continue;
-            }
-            let present = block.series.iter().any(|s| s.label(&m.name).is_some());
-            if !present {
-                if m.matches("") {
-                    continue;
-                }
-                return None;
-            }
-            expr = expr.and(matcher_expr(m));
-        }
-        if !filter.span_ids.is_empty() {
-            let spans = filter.span_ids.iter().map(|&s| lit(s)).collect();
-            expr = expr.and(col(columns::SPAN_ID).in_list(spans, false));
-        }
-        if !filter.trace_ids.is_empty() {
-            let traces = filter
-                .trace_ids
-                .iter()
-                .map(|t| lit(ScalarValue::FixedSizeBinary(16, Some(t.to_vec()))))
-                .collect();
-            expr = expr.and(col(columns::TRACE_ID).in_list(traces, false));
-        }
-        Some(expr)
-    }
-
-    /// Scans one block: filter, then `SUM(value)` grouped by `group`.
-    async fn scan(
-        &self,
-        block: &BlockMeta,
-        filter: &SampleFilter,
-        group: &[&str],
-    ) -> Result<Vec<RecordBatch>> {
-        let Some(predicate) = Self::predicate(block, filter) else {
-            return Ok(Vec::new());
-        };
-        let path = format!("{STORE_URL}/{}", block.samples_path);
-        let df = self
-            .ctx
-            .read_parquet(path, ParquetReadOptions::default().parquet_pruning(true))
-            .await?;
-        let df = df.filter(predicate)?.aggregate(
-            group.iter().map(|g| col(*g)).collect(),
-            vec![sum(col(columns::VALUE))],
-        )?;
-        Ok(df.collect().await?)
-    }
-
-    async fn symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
+    /// The symbols of a block, cached.
+    pub async fn symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
         let store = self.store.clone();
-        let path = block.symbols_path.clone();
+        let path = block.path();
+        let range = block.symbols.range();
         let (tenant, id) = (block.tenant.clone(), block.id.clone());
+        let counters = Arc::clone(&self.counters);
         self.symbols
-            .try_get_with(block.symbols_path.clone(), async move {
-                let data = store.get(&path).await?;
+            .try_get_with((block.tenant.clone(), block.id.clone()), async move {
+                let data = store.get_range(&path, range).await?;
+                counters
+                    .bytes_read
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
                 SymbolTable::decode(&data)
                     .map(Arc::new)
                     .map_err(|reason| Error::Corrupt {
@@ -360,10 +541,92 @@ impl QueryEngine {
                     })
             })
             .await
-            .map_err(|e: Arc<Error>| match Arc::try_unwrap(e) {
-                Ok(e) => e,
-                Err(e) => Error::Flush(e.to_string()),
+            .map_err(unshare)
+    }
+
+    async fn parquet_metadata(&self, block: &BlockMeta) -> Result<ArrowReaderMetadata> {
+        let mut reader = SectionReader::new(self, block);
+        self.parquet
+            .try_get_with((block.tenant.clone(), block.id.clone()), async move {
+                let options =
+                    ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+                Ok::<_, Error>(ArrowReaderMetadata::load_async(&mut reader, options).await?)
             })
+            .await
+            .map_err(unshare)
+    }
+
+    /// Reads the given columns of the rows of `series` (indices into the block's series list),
+    /// calling `f` with each batch; columns come in schema order.
+    async fn read_series(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        columns: &[usize],
+        mut f: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let ranges = coalesce(
+            series
+                .iter()
+                .map(|&i| block.series[i as usize].row_range())
+                .collect(),
+        );
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let metadata = self.parquet_metadata(block).await?;
+        let (groups, selection) = row_selection(metadata.metadata(), &ranges);
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let mask = ProjectionMask::roots(metadata.parquet_schema(), columns.iter().copied());
+        let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            SectionReader::new(self, block),
+            metadata,
+        )
+        .with_row_groups(groups)
+        .with_row_selection(selection)
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()?;
+        while let Some(batch) = stream.try_next().await? {
+            f(&batch)?;
+        }
+        Ok(())
+    }
+
+    /// Every row of a block, every column, in its sort order (the compactor's input).
+    pub(crate) async fn read_all(
+        &self,
+        block: &BlockMeta,
+        batch_rows: usize,
+    ) -> Result<parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>> {
+        let metadata = self.parquet_metadata(block).await?;
+        Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
+            SectionReader::new(self, block),
+            metadata,
+        )
+        .with_batch_size(batch_rows)
+        .build()?)
+    }
+
+    /// Quarantines a block that failed to read; other errors pass through.
+    async fn quarantine_or_fail(&self, block: &BlockMeta, e: Error) -> Result<()> {
+        if !is_corruption(&e) {
+            return Err(e);
+        }
+        let reason = e.to_string();
+        tracing::error!(tenant = %block.tenant, block = %block.id, path = %block.path(),
+            reason = %reason, "block quarantined: it cannot be read; queries answer without it");
+        self.counters.quarantined.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms();
+        self.metastore
+            .quarantine(&block.tenant, &block.id, &reason, now)
+            .await?;
+        self.symbols
+            .invalidate(&(block.tenant.clone(), block.id.clone()))
+            .await;
+        Ok(())
     }
 
     /// Calls `f` with each selected block's symbols and the summed value of every selected stack
@@ -376,46 +639,119 @@ impl QueryEngine {
         mut f: impl FnMut(&SymbolTable, &[StackValue]),
     ) -> Result<()> {
         let blocks = self.candidate_blocks(filter).await?;
-        let group: &[&str] = if with_labels {
-            &[columns::STACK_ID, columns::SAMPLE_LABELS]
-        } else {
-            &[columns::STACK_ID]
-        };
+        let mut columns = vec![col::TIMESTAMP, col::STACK_ID, col::VALUE];
+        if !filter.span_ids.is_empty() {
+            columns.push(col::SPAN_ID);
+        }
+        if !filter.trace_ids.is_empty() {
+            columns.push(col::TRACE_ID);
+        }
+        if with_labels {
+            columns.push(col::SAMPLE_LABELS);
+        }
+        columns.sort_unstable();
+        let columns = &columns;
         let mut scans = futures::stream::iter(blocks)
-            .map(|block| async move {
-                let batches = self.scan(&block, filter, group).await?;
-                let mut values = Vec::new();
-                for batch in &batches {
-                    let stacks = batch.column(0).as_primitive::<UInt32Type>();
-                    // DataFusion may read Utf8 as Utf8View: normalize before reading.
-                    let labels = match with_labels {
-                        true => Some(arrow::compute::cast(batch.column(1), &DataType::Utf8)?),
-                        false => None,
-                    };
-                    let labels = labels.as_ref().map(|l| l.as_string::<i32>());
-                    let sums = batch.column(group.len()).as_primitive::<Int64Type>();
-                    for i in 0..batch.num_rows() {
-                        if sums.is_null(i) {
-                            continue;
-                        }
-                        values.push(StackValue {
-                            stack: stacks.value(i),
-                            labels: labels
-                                .filter(|l| !l.is_null(i))
-                                .map(|l| l.value(i).to_owned()),
-                            value: sums.value(i),
-                        });
-                    }
+            .map(|(block, series)| async move {
+                let result = async {
+                    let symbols = self.symbols(&block).await?;
+                    let values = self
+                        .block_stacks(&block, &series, filter, columns, with_labels)
+                        .await?;
+                    Ok::<_, Error>((symbols, values))
                 }
-                let symbols = self.symbols(&block).await?;
-                Ok::<_, Error>((symbols, values))
+                .await;
+                match result {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) => self.quarantine_or_fail(&block, e).await.map(|()| None),
+                }
             })
             .buffer_unordered(SCAN_CONCURRENCY);
         while let Some(scan) = scans.next().await {
-            let (symbols, values) = scan?;
-            f(&symbols, &values);
+            if let Some((symbols, values)) = scan? {
+                f(&symbols, &values);
+            }
         }
         Ok(())
+    }
+
+    async fn block_stacks(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        filter: &SampleFilter,
+        columns: &[usize],
+        with_labels: bool,
+    ) -> Result<Vec<StackValue>> {
+        let pos = |c: usize| columns.iter().position(|&x| x == c);
+        let (ts_i, stack_i, value_i) = (
+            pos(col::TIMESTAMP).expect("projected"),
+            pos(col::STACK_ID).expect("projected"),
+            pos(col::VALUE).expect("projected"),
+        );
+        let (span_i, trace_i, labels_i) = (
+            pos(col::SPAN_ID),
+            pos(col::TRACE_ID),
+            pos(col::SAMPLE_LABELS),
+        );
+        let nodes = block.stack_nodes as usize;
+        let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];
+        let mut keyed: HashMap<(u32, Option<String>), i64> = HashMap::new();
+        self.read_series(block, series, columns, |batch| {
+            let ts = batch.column(ts_i).as_primitive::<Int64Type>();
+            let stacks = batch.column(stack_i).as_primitive::<UInt32Type>();
+            let values = batch.column(value_i).as_primitive::<Int64Type>();
+            let spans = span_i.map(|i| batch.column(i).as_primitive::<UInt64Type>());
+            let traces = trace_i.map(|i| batch.column(i).as_fixed_size_binary());
+            let labels = labels_i.map(|i| batch.column(i).as_string::<i32>());
+            for r in 0..batch.num_rows() {
+                let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
+                if !filter.keeps(ts.value(r), spans.map(|s| s.value(r)), trace) {
+                    continue;
+                }
+                let (stack, value) = (stacks.value(r), values.value(r));
+                if with_labels {
+                    let l = labels
+                        .filter(|l| !l.is_null(r))
+                        .map(|l| l.value(r).to_owned());
+                    let slot = keyed.entry((stack, l)).or_insert(0);
+                    *slot = slot.saturating_add(value);
+                } else {
+                    let Some(slot) = dense.get_mut(stack as usize) else {
+                        return Err(Error::Corrupt {
+                            tenant: block.tenant.clone(),
+                            block: block.id.clone(),
+                            reason: format!("stack id {stack} beyond the stack tree"),
+                        });
+                    };
+                    *slot = slot.saturating_add(value);
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        if with_labels {
+            let mut v: Vec<StackValue> = keyed
+                .into_iter()
+                .map(|((stack, labels), value)| StackValue {
+                    stack,
+                    labels,
+                    value,
+                })
+                .collect();
+            v.sort_by(|a, b| (a.stack, &a.labels).cmp(&(b.stack, &b.labels)));
+            return Ok(v);
+        }
+        Ok(dense
+            .into_iter()
+            .enumerate()
+            .filter(|(_, v)| *v != 0)
+            .map(|(stack, value)| StackValue {
+                stack: stack as u32,
+                labels: None,
+                value,
+            })
+            .collect())
     }
 
     /// The merged stack tree of the selected samples.
@@ -445,7 +781,8 @@ impl QueryEngine {
     }
 
     /// Time series of the selected samples: one series per distinct value set of `group_by`,
-    /// points every `step_nanos`, aligned to `start`.
+    /// points every `step_nanos`, aligned to `start`. An average divides a step's sum by the
+    /// number of profiles in it: distinct (series, timestamp) pairs.
     pub async fn select_series(
         &self,
         filter: &SampleFilter,
@@ -459,65 +796,99 @@ impl QueryEngine {
             return Err(Error::InvalidQuery("step must be positive".into()));
         }
         let blocks = self.candidate_blocks(filter).await?;
-        let per_block: Vec<(Arc<BlockMeta>, Vec<RecordBatch>)> = futures::stream::iter(blocks)
-            .map(|block| async move {
-                let group: &[&str] = if span_exemplars {
-                    &[
-                        columns::SERIES_ID,
-                        columns::TIMESTAMP,
-                        columns::SPAN_ID,
-                        columns::TRACE_ID,
-                    ]
-                } else {
-                    &[columns::SERIES_ID, columns::TIMESTAMP]
-                };
-                let batches = self.scan(&block, filter, group).await?;
-                Ok::<_, Error>((block, batches))
-            })
-            .buffer_unordered(SCAN_CONCURRENCY)
-            .try_collect()
-            .await?;
-        // group labels -> bucket -> (sum, profile count, span -> exemplar)
-        type Bucket = (i64, HashSet<(usize, u32, i64)>, HashMap<u64, SpanExemplar>);
-        let mut groups: BTreeMap<Vec<(String, String)>, BTreeMap<i64, Bucket>> = BTreeMap::new();
-        for (b, (block, batches)) in per_block.iter().enumerate() {
-            for batch in batches {
-                let series = batch.column(0).as_primitive::<UInt32Type>();
-                let times = batch.column(1).as_primitive::<Int64Type>();
-                let spans = span_exemplars.then(|| batch.column(2).as_primitive::<UInt64Type>());
-                let traces = span_exemplars.then(|| batch.column(3).as_fixed_size_binary());
-                let sums = batch
-                    .column(batch.num_columns() - 1)
-                    .as_primitive::<Int64Type>();
-                for i in 0..batch.num_rows() {
-                    let Some(s) = block.series.get(series.value(i) as usize) else {
-                        continue;
-                    };
-                    let key: Vec<(String, String)> = group_by
-                        .iter()
-                        .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
-                        .collect();
-                    let t = i128::from(times.value(i));
-                    let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
-                    let bucket = (start + (t - start).div_euclid(step) * step) as i64;
-                    let slot = groups.entry(key).or_default().entry(bucket).or_default();
-                    let value = sums.value(i);
-                    slot.0 = slot.0.saturating_add(value);
-                    // One profile = one (block, series, timestamp); averages divide by these.
-                    slot.1.insert((b, series.value(i), times.value(i)));
-                    if let Some(span) = spans.map(|s| s.value(i)).filter(|s| *s != 0) {
-                        let trace = traces
-                            .filter(|t| !t.is_null(i))
-                            .and_then(|t| <[u8; 16]>::try_from(t.value(i)).ok());
-                        let e = slot.2.entry(span).or_insert(SpanExemplar {
-                            span_id: span,
-                            trace_id: trace,
-                            timestamp_ms: 0,
-                            value: 0,
-                        });
-                        e.value = e.value.saturating_add(value);
-                        e.timestamp_ms = e.timestamp_ms.max(times.value(i).div_euclid(1_000_000));
+        let mut columns = vec![col::SERIES_ID, col::TIMESTAMP, col::VALUE];
+        if span_exemplars || !filter.span_ids.is_empty() {
+            columns.push(col::SPAN_ID);
+        }
+        if span_exemplars || !filter.trace_ids.is_empty() {
+            columns.push(col::TRACE_ID);
+        }
+        columns.sort_unstable();
+        let columns = &columns;
+        // Per block: (series index, timestamp, span, trace) -> sum.
+        type Cell = (u32, i64, u64, Option<[u8; 16]>);
+        let per_block: Vec<Option<(Arc<BlockMeta>, HashMap<Cell, i64>)>> =
+            futures::stream::iter(blocks)
+                .map(|(block, series)| async move {
+                    let mut cells: HashMap<Cell, i64> = HashMap::new();
+                    let pos = |c: usize| columns.iter().position(|&x| x == c);
+                    let result = self
+                        .read_series(&block, &series, columns, |batch| {
+                            let sid = batch
+                                .column(pos(col::SERIES_ID).expect("projected"))
+                                .as_primitive::<UInt32Type>();
+                            let ts = batch
+                                .column(pos(col::TIMESTAMP).expect("projected"))
+                                .as_primitive::<Int64Type>();
+                            let values = batch
+                                .column(pos(col::VALUE).expect("projected"))
+                                .as_primitive::<Int64Type>();
+                            let spans = pos(col::SPAN_ID)
+                                .map(|i| batch.column(i).as_primitive::<UInt64Type>());
+                            let traces =
+                                pos(col::TRACE_ID).map(|i| batch.column(i).as_fixed_size_binary());
+                            for r in 0..batch.num_rows() {
+                                let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
+                                let span = spans.map(|s| s.value(r));
+                                if !filter.keeps(ts.value(r), span, trace) {
+                                    continue;
+                                }
+                                let key = if span_exemplars {
+                                    (
+                                        sid.value(r),
+                                        ts.value(r),
+                                        span.unwrap_or(0),
+                                        trace.and_then(|t| <[u8; 16]>::try_from(t).ok()),
+                                    )
+                                } else {
+                                    (sid.value(r), ts.value(r), 0, None)
+                                };
+                                let slot = cells.entry(key).or_insert(0);
+                                *slot = slot.saturating_add(values.value(r));
+                            }
+                            Ok(())
+                        })
+                        .await;
+                    match result {
+                        Ok(()) => Ok(Some((block, cells))),
+                        Err(e) => self.quarantine_or_fail(&block, e).await.map(|()| None),
                     }
+                })
+                .buffer_unordered(SCAN_CONCURRENCY)
+                .try_collect()
+                .await?;
+        // group labels -> bucket -> (sum, profiles, span -> exemplar)
+        type Bucket = (
+            i64,
+            HashSet<(Vec<(String, String)>, i64)>,
+            HashMap<u64, SpanExemplar>,
+        );
+        let mut groups: BTreeMap<Vec<(String, String)>, BTreeMap<i64, Bucket>> = BTreeMap::new();
+        let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
+        for (block, cells) in per_block.into_iter().flatten() {
+            for ((sid, t, span, trace), value) in cells {
+                let Some(s) = block.series.get(sid as usize) else {
+                    continue;
+                };
+                let key: Vec<(String, String)> = group_by
+                    .iter()
+                    .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
+                    .collect();
+                let bucket = (start + (i128::from(t) - start).div_euclid(step) * step) as i64;
+                let slot = groups.entry(key).or_default().entry(bucket).or_default();
+                slot.0 = slot.0.saturating_add(value);
+                if aggregation == Aggregation::Average {
+                    slot.1.insert((s.labels.clone(), t));
+                }
+                if span != 0 {
+                    let e = slot.2.entry(span).or_insert(SpanExemplar {
+                        span_id: span,
+                        trace_id: trace,
+                        timestamp_ms: 0,
+                        value: 0,
+                    });
+                    e.value = e.value.saturating_add(value);
+                    e.timestamp_ms = e.timestamp_ms.max(t.div_euclid(1_000_000));
                 }
             }
         }
@@ -569,40 +940,36 @@ impl QueryEngine {
     }
 }
 
-/// DataFusion predicate for one matcher over a label column (null = absent = "").
-fn matcher_expr(m: &Matcher) -> Expr {
-    let column = ident(label_column(&m.name));
-    let matches_empty = m.matches("");
-    let positive = match m.op {
-        MatchOp::Equal if m.value.is_empty() => return column.is_null(),
-        MatchOp::Equal => column.clone().eq(lit(m.value.clone())),
-        MatchOp::NotEqual if m.value.is_empty() => return column.is_not_null(),
-        MatchOp::NotEqual => column.clone().not_eq(lit(m.value.clone())),
-        MatchOp::Regex => Expr::BinaryExpr(BinaryExpr::new(
-            Box::new(column.clone()),
-            Operator::RegexMatch,
-            Box::new(lit(m.anchored_pattern())),
-        )),
-        MatchOp::NotRegex => Expr::BinaryExpr(BinaryExpr::new(
-            Box::new(column.clone()),
-            Operator::RegexNotMatch,
-            Box::new(lit(m.anchored_pattern())),
-        )),
-    };
-    if matches_empty {
-        column.is_null().or(positive)
-    } else {
-        positive
+/// An error shared by a cache's waiters, as an owned one.
+fn unshare(e: Arc<Error>) -> Error {
+    match Arc::try_unwrap(e) {
+        Ok(e) => e,
+        Err(e) => match &*e {
+            Error::Corrupt {
+                tenant,
+                block,
+                reason,
+            } => Error::Corrupt {
+                tenant: tenant.clone(),
+                block: block.clone(),
+                reason: reason.clone(),
+            },
+            other => Error::Flush {
+                kind: match other.kind() {
+                    ErrorKind::InvalidInput => ErrorKind::Internal,
+                    k => k,
+                },
+                message: other.to_string(),
+            },
+        },
     }
 }
 
-/// The summed value of one stack (and per-sample label set) of a block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StackValue {
-    pub stack: u32,
-    /// Encoded per-sample labels (`block::encode_sample_labels`), when asked for.
-    pub labels: Option<String>,
-    pub value: i64,
+/// Unix milliseconds now.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Adds one block's stack values to a name-keyed tree, resolving each stack node once.
@@ -641,5 +1008,18 @@ fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[Stack
             memo[node as usize] = tree_node;
         }
         tree.add_value(tree_node, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_touching_ranges() {
+        assert_eq!(
+            coalesce(vec![5..7, 0..2, 2..3, 7..7, 6..9]),
+            vec![0..3, 5..9]
+        );
     }
 }

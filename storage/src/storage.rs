@@ -1,13 +1,17 @@
-//! The storage engine as one value: object store, metastore, writer and query engine.
+//! The storage engine as one value: object store, metastore, writer, query engine, and the
+//! background upkeep (compaction, deletion of tombstoned objects, the orphan sweeper).
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kiln_otel::NormalizedProfile;
 
-use crate::metastore::Metastore;
-use crate::metastore::embedded::EmbeddedMetastore;
-use crate::query::QueryEngine;
+use crate::compaction::{CompactionConfig, Compactor};
+use crate::meta::{BlockMeta, decode_footer, footer_len, object_id_of_path, partition_of};
+use crate::metastore::embedded::Embedded;
+use crate::metastore::{BlockQuery, Metastore, Removed};
+use crate::query::{QueryEngine, now_ms};
 use crate::store::ObjectStorage;
 use crate::writer::{Writer, WriterConfig};
 use crate::{Error, Result};
@@ -18,8 +22,15 @@ pub struct StorageConfig {
     /// Root of the local object store and of the embedded metastore.
     pub data_dir: PathBuf,
     pub writer: WriterConfig,
-    /// Memory for cached symbol tables.
+    /// Memory for cached symbol tables (and a quarter of it for Parquet metadata).
     pub symbols_cache_bytes: u64,
+    pub compaction: CompactionConfig,
+    /// How long an object that lost its last metastore entry stays readable before deletion
+    /// (queries that looked it up just before still finish).
+    pub delete_delay: Duration,
+    /// An object no metastore entry names is deleted once it is this old (a crash between the
+    /// PUT and the metastore commit leaves such objects).
+    pub orphan_grace: Duration,
 }
 
 impl StorageConfig {
@@ -29,6 +40,9 @@ impl StorageConfig {
             data_dir: data_dir.into(),
             writer: WriterConfig::default(),
             symbols_cache_bytes: 256 << 20,
+            compaction: CompactionConfig::default(),
+            delete_delay: Duration::from_secs(60),
+            orphan_grace: Duration::from_secs(3600),
         }
     }
 
@@ -40,7 +54,7 @@ impl StorageConfig {
         if self.writer.flush_interval.is_zero() {
             return Err(Error::Config("the flush interval must be positive".into()));
         }
-        Ok(())
+        self.compaction.validate()
     }
 }
 
@@ -60,6 +74,15 @@ pub fn series_hash<'a>(
     h.digest()
 }
 
+/// What one upkeep round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpkeepReport {
+    pub jobs_planned: usize,
+    pub jobs_done: usize,
+    pub objects_deleted: usize,
+    pub orphans_deleted: usize,
+}
+
 /// Kiln's storage engine.
 #[derive(Debug, Clone)]
 pub struct Storage {
@@ -67,6 +90,8 @@ pub struct Storage {
     query: QueryEngine,
     metastore: Arc<dyn Metastore>,
     store: ObjectStorage,
+    compactor: Arc<Compactor>,
+    config: Arc<StorageConfig>,
 }
 
 impl Storage {
@@ -74,7 +99,7 @@ impl Storage {
     pub async fn open(config: StorageConfig) -> Result<Self> {
         config.validate()?;
         let store = ObjectStorage::local(&config.data_dir.join("objects"))?;
-        let metastore: Arc<dyn Metastore> = Arc::new(EmbeddedMetastore::open(
+        let metastore: Arc<dyn Metastore> = Arc::new(Embedded::open(
             &config.data_dir.join("metastore").join("metastore.redb"),
         )?);
         Self::with_parts(config, store, metastore)
@@ -92,12 +117,22 @@ impl Storage {
             store.clone(),
             Arc::clone(&metastore),
             config.symbols_cache_bytes,
-        )?;
+        );
+        let compactor = Arc::new(Compactor::new(
+            config.compaction.clone(),
+            store.clone(),
+            Arc::clone(&metastore),
+            query.clone(),
+            config.data_dir.join("compaction"),
+            config.delete_delay,
+        ));
         Ok(Self {
             writer,
             query,
             metastore,
             store,
+            compactor,
+            config: Arc::new(config),
         })
     }
 
@@ -121,64 +156,138 @@ impl Storage {
         self.writer.close().await;
     }
 
-    /// Deletes blocks of `tenant` that `doomed` selects: first from the metastore (so no query sees
-    /// them), then their objects. Returns how many blocks went.
-    pub async fn delete_blocks(
-        &self,
-        tenant: &str,
-        doomed: impl Fn(&crate::metastore::BlockMeta) -> bool,
-    ) -> Result<usize> {
-        let blocks = self
+    fn delete_delay_ms(&self) -> u64 {
+        self.config.delete_delay.as_millis() as u64
+    }
+
+    /// Erases every block of `tenant`: its index entries at once (no query sees them after
+    /// this), its objects once no other tenant's entry needs them. Returns entries removed.
+    pub async fn delete_tenant(&self, tenant: &str) -> Result<usize> {
+        let removed = self.metastore.delete_tenant(tenant, now_ms(), 0).await?;
+        self.collect_garbage(now_ms()).await?;
+        Ok(removed.entries)
+    }
+
+    /// Drops the partitions of `tenant` whose data is wholly older than `before_nanos`
+    /// (retention), then gives the metastore's freed space back. Returns entries removed.
+    pub async fn apply_retention(&self, tenant: &str, before_nanos: i64) -> Result<usize> {
+        // A partition can be dropped when its whole window is before the cut-off.
+        let before_partition = partition_of(before_nanos);
+        let Removed { entries, .. } = self
             .metastore
-            .query_blocks(tenant, i64::MIN, i64::MAX)
+            .drop_partitions(tenant, before_partition, now_ms(), self.delete_delay_ms())
             .await?;
-        let victims: Vec<_> = blocks.into_iter().filter(|b| doomed(b)).collect();
-        if victims.is_empty() {
+        if entries > 0 {
+            self.metastore.shrink().await?;
+        }
+        Ok(entries)
+    }
+
+    /// Deletes objects whose tombstones are due. Returns how many went.
+    pub async fn collect_garbage(&self, now: u64) -> Result<usize> {
+        let mut deleted = 0;
+        loop {
+            let due = self.metastore.due_tombstones(now, 256).await?;
+            if due.is_empty() {
+                return Ok(deleted);
+            }
+            let mut done = Vec::with_capacity(due.len());
+            for t in &due {
+                self.store.delete(&t.path).await?;
+                done.push(t.id.clone());
+            }
+            deleted += done.len();
+            self.metastore.forget_tombstones(&done).await?;
+            if due.len() < 256 {
+                return Ok(deleted);
+            }
+        }
+    }
+
+    /// Deletes objects no metastore record names that are older than the grace period.
+    pub async fn sweep_orphans(&self, now: u64) -> Result<usize> {
+        let grace = self.config.orphan_grace.as_millis() as u64;
+        let mut objects = self.store.list("segments").await?;
+        objects.extend(self.store.list("blocks").await?);
+        if objects.is_empty() {
             return Ok(0);
         }
-        let ids: Vec<String> = victims.iter().map(|b| b.id.clone()).collect();
-        self.metastore.delete_blocks(tenant, &ids).await?;
-        for b in &victims {
-            self.store.delete(&b.samples_path).await?;
-            self.store.delete(&b.symbols_path).await?;
+        let known = self.metastore.known_objects().await?;
+        let mut deleted = 0;
+        for o in objects {
+            let path = o.location.to_string();
+            let known_id = object_id_of_path(&path).is_some_and(|id| known.contains(id));
+            let age = now.saturating_sub(o.last_modified.timestamp_millis().max(0) as u64);
+            if !known_id && age >= grace {
+                tracing::info!(path = %path, age_ms = age, "orphan object deleted");
+                self.store.delete(&path).await?;
+                deleted += 1;
+            }
         }
-        Ok(victims.len())
+        Ok(deleted)
     }
 
-    /// Erases every block of `tenant`.
-    pub async fn delete_tenant(&self, tenant: &str) -> Result<usize> {
-        self.delete_blocks(tenant, |_| true).await
+    /// One upkeep round: plan and run compaction jobs, delete due objects, sweep orphans when
+    /// `sweep` is set.
+    pub async fn upkeep(&self, sweep: bool) -> Result<UpkeepReport> {
+        let now = now_ms();
+        let mut report = UpkeepReport {
+            jobs_planned: self.compactor.plan(now).await?,
+            ..Default::default()
+        };
+        report.jobs_done = self.compactor.run_pending().await?;
+        report.objects_deleted = self.collect_garbage(now_ms()).await?;
+        if sweep {
+            report.orphans_deleted = self.sweep_orphans(now_ms()).await?;
+        }
+        Ok(report)
     }
 
-    /// Deletes the blocks of `tenant` written (by their ULID's time) before `before_ms`. Retention
-    /// counts from ingestion, as Pyroscope's does, so backfilled old profiles get the full
-    /// retention period too.
-    pub async fn apply_retention(&self, tenant: &str, before_ms: u64) -> Result<usize> {
-        self.delete_blocks(tenant, |b| {
-            ulid::Ulid::from_string(&b.id).is_ok_and(|u| u.timestamp_ms() < before_ms)
+    /// Runs [`Storage::upkeep`] every `every` until the process ends; sweeps orphans at
+    /// start-up and every `sweep_every`.
+    pub fn spawn_upkeep(
+        &self,
+        every: Duration,
+        sweep_every: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let storage = self.clone();
+        tokio::spawn(async move {
+            let mut last_sweep: Option<std::time::Instant> = None;
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let sweep = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+                match storage.upkeep(sweep).await {
+                    Ok(r) => {
+                        if sweep {
+                            last_sweep = Some(std::time::Instant::now());
+                        }
+                        if r != UpkeepReport::default() {
+                            tracing::debug!(?r, "storage upkeep");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "storage upkeep failed; retrying"),
+                }
+            }
         })
-        .await
     }
 
-    /// Bytes stored for `tenant` (samples and symbols of every block).
+    /// Bytes stored for `tenant` (its datasets), from the metastore's partition summaries.
     pub async fn stored_bytes(&self, tenant: &str) -> Result<u64> {
-        let blocks = self
+        Ok(self
             .metastore
-            .query_blocks(tenant, i64::MIN, i64::MAX)
-            .await?;
-        Ok(blocks
+            .partitions(tenant)
+            .await?
             .iter()
-            .map(|b| b.samples_bytes + b.symbols_bytes)
+            .map(|p| p.bytes)
             .sum())
     }
 
     /// Hashes of every series `tenant` has (profile type and labels), for series limits.
     pub async fn series_hashes(&self, tenant: &str) -> Result<Vec<u64>> {
-        let blocks = self
-            .metastore
-            .query_blocks(tenant, i64::MIN, i64::MAX)
-            .await?;
-        Ok(blocks
+        let blocks = self.metastore.query_blocks(BlockQuery::all(tenant)).await?;
+        let mut out: Vec<u64> = blocks
             .iter()
             .flat_map(|b| b.series.iter())
             .map(|s| {
@@ -187,7 +296,10 @@ impl Storage {
                     s.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
                 )
             })
-            .collect())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
     }
 
     /// The query engine.
@@ -199,4 +311,77 @@ impl Storage {
     pub fn metastore(&self) -> &Arc<dyn Metastore> {
         &self.metastore
     }
+
+    /// The compactor.
+    pub fn compactor(&self) -> &Compactor {
+        &self.compactor
+    }
+
+    /// The object store.
+    pub fn store(&self) -> &ObjectStorage {
+        &self.store
+    }
+}
+
+/// Reads the footer of the object at `path` (of `size` bytes) into its datasets.
+pub async fn read_footer(store: &ObjectStorage, path: &str, size: u64) -> Result<Vec<BlockMeta>> {
+    let corrupt = |reason: String| Error::Corrupt {
+        tenant: String::new(),
+        block: path.to_owned(),
+        reason,
+    };
+    let tail_len = size.min(64 * 1024);
+    let tail = store.get_range(path, size - tail_len..size).await?;
+    let need = footer_len(&tail).map_err(corrupt)? as u64;
+    let footer = if need <= tail_len {
+        tail
+    } else if need <= size {
+        store.get_range(path, size - need..size).await?
+    } else {
+        return Err(corrupt("footer longer than the object".into()));
+    };
+    decode_footer(&footer, size).map_err(corrupt)
+}
+
+/// Recreates the index from the objects' footers (`kiln metastore rebuild`): every dataset of
+/// every object, less those another object says it was compacted from. Returns the entries
+/// added; objects whose footer cannot be read are reported and skipped.
+pub async fn rebuild_metastore(
+    store: &ObjectStorage,
+    metastore: &dyn Metastore,
+) -> Result<(usize, Vec<String>)> {
+    let mut objects = store.list("segments").await?;
+    objects.extend(store.list("blocks").await?);
+    let mut all: Vec<BlockMeta> = Vec::new();
+    let mut bad = Vec::new();
+    for o in &objects {
+        let path = o.location.to_string();
+        match read_footer(store, &path, o.size).await {
+            Ok(datasets) => all.extend(datasets.into_iter().filter(|d| d.path() == path)),
+            Err(e) => bad.push(format!("{path}: {e}")),
+        }
+    }
+    let replaced: std::collections::HashSet<(String, String)> = all
+        .iter()
+        .flat_map(|b| {
+            b.compacted_from
+                .iter()
+                .map(|id| (b.tenant.clone(), id.clone()))
+        })
+        .collect();
+    let keep: Vec<BlockMeta> = all
+        .into_iter()
+        .filter(|b| !replaced.contains(&(b.tenant.clone(), b.id.clone())))
+        .collect();
+    let mut added = 0;
+    for chunk in keep.chunks(256) {
+        for b in chunk {
+            match metastore.add_blocks(vec![b.clone()]).await {
+                Ok(()) => added += 1,
+                Err(Error::BlockExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok((added, bad))
 }

@@ -1,12 +1,17 @@
 //! The object store Kiln writes blocks to, with durable puts on the local file system.
 
+#[cfg(any(test, feature = "testing"))]
+pub mod faulty;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, WriteMultipart};
+use tokio::io::AsyncReadExt;
 
 use crate::{Error, Result};
 
@@ -46,6 +51,13 @@ impl ObjectStorage {
         Self { store, local: None }
     }
 
+    /// The same storage doing its I/O through `store` (a wrapper of this one's, such as a
+    /// fault injector), still fsyncing the local files it writes.
+    pub fn with_store(mut self, store: Arc<dyn ObjectStore>) -> Self {
+        self.store = store;
+        self
+    }
+
     /// The underlying store.
     pub fn inner(&self) -> &Arc<dyn ObjectStore> {
         &self.store
@@ -62,21 +74,75 @@ impl ObjectStorage {
                 path: path.to_owned(),
                 source,
             })?;
+        self.sync(path, &location).await
+    }
+
+    /// Uploads a local file as an object in parts of a few MiB (so memory does not grow with
+    /// its size); on the local file system the result is fsynced before this returns.
+    pub async fn put_file_durable(&self, path: &str, file: &Path) -> Result<()> {
+        let location = ObjectPath::from(path);
+        let os = |source| Error::ObjectStore {
+            path: path.to_owned(),
+            source,
+        };
+        let io = |source| Error::Io {
+            path: file.display().to_string(),
+            source,
+        };
+        let mut f = tokio::fs::File::open(file).await.map_err(io)?;
+        let upload = self.store.put_multipart(&location).await.map_err(os)?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut buf = vec![0u8; PART_BYTES];
+        loop {
+            let n = f.read(&mut buf).await.map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            writer.wait_for_capacity(2).await.map_err(os)?;
+            writer.write(&buf[..n]);
+        }
+        writer.finish().await.map_err(os)?;
+        self.sync(path, &location).await
+    }
+
+    async fn sync(&self, path: &str, location: &ObjectPath) -> Result<()> {
         if let Some((local, root)) = &self.local {
             let root = root.clone();
-            // The file the store wrote: object paths are percent-encoded on disk.
-            let file =
-                local
-                    .path_to_filesystem(&location)
-                    .map_err(|source| Error::ObjectStore {
-                        path: path.to_owned(),
-                        source,
-                    })?;
+            let file = local
+                .path_to_filesystem(location)
+                .map_err(|source| Error::ObjectStore {
+                    path: path.to_owned(),
+                    source,
+                })?;
             tokio::task::spawn_blocking(move || sync_path(&root, &file))
                 .await
-                .map_err(|e| Error::Flush(e.to_string()))??;
+                .map_err(|e| Error::Task(e.to_string()))??;
         }
         Ok(())
+    }
+
+    /// Reads a byte range of an object.
+    pub async fn get_range(&self, path: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+        self.store
+            .get_range(&ObjectPath::from(path), range)
+            .await
+            .map_err(|source| Error::ObjectStore {
+                path: path.to_owned(),
+                source,
+            })
+    }
+
+    /// Every object under `prefix`.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let prefix = ObjectPath::from(prefix);
+        self.store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|source| Error::ObjectStore {
+                path: prefix.to_string(),
+                source,
+            })
     }
 
     /// Deletes an object; a missing one is not an error.
@@ -107,6 +173,9 @@ impl ObjectStorage {
         })
     }
 }
+
+/// Part size of multipart uploads.
+const PART_BYTES: usize = 8 << 20;
 
 /// fsyncs `file` and every directory from its parent up to `root`.
 fn sync_path(root: &Path, file: &Path) -> Result<()> {

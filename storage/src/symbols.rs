@@ -157,18 +157,118 @@ impl SymbolsBuilder {
     pub fn add_stack(&mut self, leaf_first: impl DoubleEndedIterator<Item = u32>) -> u32 {
         let mut node = 0u32;
         for loc in leaf_first.rev() {
-            node = match self.children.get(&(node, loc)) {
-                Some(&child) => child,
-                None => {
-                    let child = self.parents.len() as u32;
-                    self.parents.push(node);
-                    self.node_locations.push(loc);
-                    self.children.insert((node, loc), child);
-                    child
-                }
-            };
+            node = self.child(node, loc);
         }
         node
+    }
+
+    /// Interns every location of a decoded table (with its functions and mappings); returns,
+    /// for every location of `table`, its index in this builder.
+    pub fn add_table_locations(&mut self, table: &SymbolTable) -> Vec<u32> {
+        let t = &table.symbols;
+        let mappings: Vec<u32> = t
+            .mappings
+            .iter()
+            .map(|m| {
+                let filename = self.string(table.string(m.filename));
+                let build_id = self.string(table.string(m.build_id));
+                let key = (
+                    m.memory_start,
+                    m.memory_limit,
+                    m.file_offset,
+                    filename,
+                    build_id,
+                );
+                if let Some(&i) = self.mapping_index.get(&key) {
+                    return i;
+                }
+                let i = self.mappings.len() as u32;
+                self.mappings.push(pb::Mapping {
+                    filename,
+                    build_id,
+                    ..*m
+                });
+                self.mapping_index.insert(key, i);
+                i
+            })
+            .collect();
+        let functions: Vec<u32> = t
+            .functions
+            .iter()
+            .map(|f| {
+                let key = (
+                    self.string(table.string(f.name)),
+                    self.string(table.string(f.system_name)),
+                    self.string(table.string(f.filename)),
+                    f.start_line,
+                );
+                if let Some(&i) = self.function_index.get(&key) {
+                    return i;
+                }
+                let i = self.functions.len() as u32;
+                self.functions.push(pb::Function {
+                    name: key.0,
+                    system_name: key.1,
+                    filename: key.2,
+                    start_line: key.3,
+                });
+                self.function_index.insert(key, i);
+                i
+            })
+            .collect();
+        t.locations
+            .iter()
+            .map(|l| {
+                let mapping = match l.mapping {
+                    0 => 0,
+                    m => mappings[m as usize - 1] + 1,
+                };
+                let line_functions: Vec<u32> = l
+                    .line_functions
+                    .iter()
+                    .map(|&f| functions[f as usize])
+                    .collect();
+                let frame_type = self.string(table.string(l.frame_type));
+                let key = (
+                    mapping,
+                    l.address,
+                    line_functions,
+                    l.line_numbers.clone(),
+                    frame_type,
+                );
+                if let Some(&i) = self.location_index.get(&key) {
+                    return i;
+                }
+                let i = self.locations.len() as u32;
+                self.locations.push(pb::Location {
+                    mapping,
+                    address: l.address,
+                    line_functions: key.2.clone(),
+                    line_numbers: key.3.clone(),
+                    frame_type,
+                });
+                self.location_index.insert(key, i);
+                i
+            })
+            .collect()
+    }
+
+    /// The child of stack node `parent` at location `loc` (both of this builder), created if
+    /// missing.
+    pub fn child(&mut self, parent: u32, loc: u32) -> u32 {
+        if let Some(&child) = self.children.get(&(parent, loc)) {
+            return child;
+        }
+        let child = self.parents.len() as u32;
+        self.parents.push(parent);
+        self.node_locations.push(loc);
+        self.children.insert((parent, loc), child);
+        child
+    }
+
+    /// Nodes of the stack tree, the root included.
+    pub fn stack_nodes(&self) -> usize {
+        self.parents.len()
     }
 
     /// Rough heap size, for flush decisions.
@@ -180,14 +280,14 @@ impl SymbolsBuilder {
     }
 
     /// Encodes the section.
-    pub fn encode(&self) -> Bytes {
+    pub fn encode(self) -> Bytes {
         let msg = pb::Symbols {
-            strings: self.strings.clone(),
-            mappings: self.mappings.clone(),
-            functions: self.functions.clone(),
-            locations: self.locations.clone(),
-            stack_parents: self.parents.clone(),
-            stack_locations: self.node_locations.clone(),
+            strings: self.strings,
+            mappings: self.mappings,
+            functions: self.functions,
+            locations: self.locations,
+            stack_parents: self.parents,
+            stack_locations: self.node_locations,
         };
         let mut out = Vec::with_capacity(msg.encoded_len() + 12);
         out.extend_from_slice(SYMBOLS_MAGIC);

@@ -1,6 +1,9 @@
-//! The segment writer: one task per shard buffers profiles per tenant and flushes them as blocks
-//! every flush interval, or sooner when the buffer passes the size limit. A write is answered only
-//! once its block is in the object store and registered in the metastore.
+//! The segment writer: one task per shard buffers profiles per tenant and flushes them every
+//! flush interval, or sooner when the buffer passes the size limit, as one segment object holding
+//! every tenant's dataset (one PUT per shard and flush). A write is answered only once the
+//! segment is in the object store and all its datasets are registered in the metastore, in one
+//! transaction; when either fails, every write of the flush is refused with the error's kind
+//! (unavailable: the client may retry) and nothing of it is acknowledged.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,10 +13,11 @@ use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
-use crate::block::{BlockBuilder, BuiltBlock};
+use crate::block::{DatasetBuilder, assemble_object};
+use crate::meta::object_path;
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 
 /// Writer settings.
 #[derive(Debug, Clone)]
@@ -36,7 +40,7 @@ impl Default for WriterConfig {
     }
 }
 
-type Ack = oneshot::Sender<Result<(), String>>;
+type Ack = oneshot::Sender<Result<(), (ErrorKind, String)>>;
 
 enum Command {
     Write {
@@ -111,7 +115,7 @@ impl Writer {
             .map_err(|_| Error::ShuttingDown)?;
         done.await
             .map_err(|_| Error::ShuttingDown)?
-            .map_err(Error::Flush)
+            .map_err(|(kind, message)| Error::Flush { kind, message })
     }
 
     /// Flushes every shard now and waits for it.
@@ -145,7 +149,7 @@ impl Writer {
 }
 
 struct Pending {
-    builder: BlockBuilder,
+    builder: DatasetBuilder,
     acks: Vec<Ack>,
 }
 
@@ -167,7 +171,7 @@ async fn run_shard(
                 }
                 Some(Command::Write { tenant, profiles, ack }) => {
                     let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-                        builder: BlockBuilder::new(tenant),
+                        builder: DatasetBuilder::new(tenant),
                         acks: Vec::new(),
                     });
                     for profile in &profiles {
@@ -200,45 +204,55 @@ async fn run_shard(
 }
 
 async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pending>) {
-    for (tenant, p) in std::mem::take(pending) {
-        let started = Instant::now();
-        let result = flush_one(shard, ctx, p.builder).await;
-        match &result {
-            Ok(Some(meta)) => debug!(
-                tenant = %tenant, shard, block = %meta.0, rows = meta.1,
-                elapsed_ms = started.elapsed().as_millis() as u64, "block flushed"
-            ),
-            Ok(None) => {}
-            Err(e) => error!(tenant = %tenant, shard, error = %e, "block flush failed"),
-        }
-        let result = result.map(|_| ()).map_err(|e| e.to_string());
-        for ack in p.acks {
-            let _ = ack.send(result.clone());
-        }
+    let pending = std::mem::take(pending);
+    if pending.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
+        pending.into_values().map(|p| (p.builder, p.acks)).unzip();
+    let result = flush_segment(shard, ctx, builders).await;
+    match &result {
+        Ok(Some((id, tenants, rows, bytes))) => debug!(
+            shard, segment = %id, tenants, rows, bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64, "segment flushed"
+        ),
+        Ok(None) => {}
+        Err(e) => error!(shard, error = %e, "segment flush failed; its writes are refused"),
+    }
+    let result = result.map(|_| ()).map_err(|e| (e.kind(), e.to_string()));
+    for ack in acks.into_iter().flatten() {
+        let _ = ack.send(result.clone());
     }
 }
 
-async fn flush_one(
+/// Writes every tenant's dataset of one flush as one segment object, then registers all of
+/// them in one metastore transaction. Returns (segment id, tenants, rows, bytes).
+async fn flush_segment(
     shard: u32,
     ctx: &FlushContext,
-    builder: BlockBuilder,
-) -> Result<Option<(String, u64)>> {
-    if builder.is_empty() {
+    builders: Vec<DatasetBuilder>,
+) -> Result<Option<(String, usize, u64, usize)>> {
+    let builders: Vec<DatasetBuilder> = builders.into_iter().filter(|b| !b.is_empty()).collect();
+    if builders.is_empty() {
         return Ok(None);
     }
     let id = ulid::Ulid::generate().to_string();
     let id_for_task = id.clone();
-    let BuiltBlock {
-        meta,
-        samples,
-        symbols,
-    } = tokio::task::spawn_blocking(move || builder.finish(shard, &id_for_task))
-        .await
-        .map_err(|e| Error::Flush(e.to_string()))??;
-    // Symbols first: a registered block's sections are always both present.
-    ctx.store.put_durable(&meta.symbols_path, symbols).await?;
-    ctx.store.put_durable(&meta.samples_path, samples).await?;
-    let rows = meta.rows;
-    ctx.metastore.add_block(meta).await?;
-    Ok(Some((id, rows)))
+    let (object, metas) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let datasets = builders
+            .into_iter()
+            .map(DatasetBuilder::finish)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(assemble_object(&id_for_task, shard, 0, datasets))
+    })
+    .await
+    .map_err(|e| Error::Task(e.to_string()))??;
+    let path = object_path(0, shard, "", &id);
+    let bytes = object.len();
+    ctx.store.put_durable(&path, object).await?;
+    let rows = metas.iter().map(|m| m.rows).sum();
+    let tenants = metas.len();
+    ctx.metastore.add_blocks(metas).await?;
+    Ok(Some((id, tenants, rows, bytes)))
 }

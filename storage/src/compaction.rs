@@ -1,0 +1,691 @@
+//! Compaction: L0 segments are split per tenant and merged, then levels are merged by count and
+//! age, so a tenant's data ends up in a few blocks per partition and shard.
+//!
+//! ```text
+//!  planner: queued blocks (metastore) grouped by (tenant, partition, shard, level)
+//!           → a job per `blocks` of them, or for what is left once the oldest is `age` old
+//!  worker:  lease a job → k-way merge of the sources' sorted rows → output block(s) one level
+//!           up → metastore.complete_job (sources out, tombstoned; outputs in; one transaction)
+//! ```
+//!
+//! The merge streams: each source is read in batches of [`CompactionConfig::batch_rows`] rows in
+//! its sort order (series, timestamp, …); series are mapped to the output's series order, which
+//! is the same total order, so every source stays sorted and a heap on (series, timestamp)
+//! merges them. Rows of one (series, timestamp) are re-sorted after their stacks are remapped.
+//! Symbols are merged into one table per output block: each source's locations are interned
+//! once, and each source stack node is mapped to an output node once (a memo array), walking the
+//! output's stack trie. The output is written to a local file, then uploaded in parts.
+//!
+//! Memory bound (stated, and measured by the high-cardinality test): rows take at most
+//! `sources × batch_rows` decoded rows plus one Parquet row group being encoded; symbols take
+//! the sources' decoded tables plus the output's table, and the output is cut into another block
+//! once its stack tree passes [`CompactionConfig::max_output_stack_nodes`]. Nothing grows with
+//! the number of rows.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
+use futures::TryStreamExt;
+use kiln_otel::model::Labels;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::async_reader::ParquetRecordBatchStream;
+use serde::{Deserialize, Serialize};
+
+use crate::block::{Row, RowBatchBuilder, col, samples_schema, series_sort_key, writer_properties};
+use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, TOP_LEVEL, encode_footer};
+use crate::metastore::{Job, Metastore, QueuedBlock};
+use crate::query::{QueryEngine, now_ms};
+use crate::store::ObjectStorage;
+use crate::symbols::{SymbolTable, SymbolsBuilder};
+use crate::{Error, Result};
+
+/// When blocks of one level are merged into the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LevelPolicy {
+    /// Merge as soon as this many blocks wait (and at most this many at once).
+    pub blocks: usize,
+    /// Merge what waits once the oldest block is this old.
+    pub age: Duration,
+}
+
+/// Compaction settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactionConfig {
+    pub enabled: bool,
+    /// Policies of levels 0 .. [`TOP_LEVEL`] - 1.
+    pub levels: Vec<LevelPolicy>,
+    /// How long a leased job is a compactor's alone.
+    pub lease: Duration,
+    /// Rows decoded at once per source.
+    pub batch_rows: usize,
+    /// Rows per Parquet row group of an output block.
+    pub row_group_rows: usize,
+    /// An output block is closed, and another started, once its stack tree has this many nodes.
+    pub max_output_stack_nodes: usize,
+    /// Jobs one upkeep round runs at most.
+    pub jobs_per_round: usize,
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        let p = |blocks, secs| LevelPolicy {
+            blocks,
+            age: Duration::from_secs(secs),
+        };
+        Self {
+            enabled: true,
+            levels: vec![p(20, 30), p(10, 12 * 60), p(10, 3 * 3600)],
+            lease: Duration::from_secs(600),
+            batch_rows: 8192,
+            row_group_rows: 128 * 1024,
+            max_output_stack_nodes: 4 << 20,
+            jobs_per_round: 16,
+        }
+    }
+}
+
+impl CompactionConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if self.levels.len() != TOP_LEVEL as usize {
+            return Err(Error::Config(format!(
+                "compaction needs a policy for each of levels 0..{TOP_LEVEL}"
+            )));
+        }
+        if self.levels.iter().any(|l| l.blocks < 2) {
+            return Err(Error::Config(
+                "a compaction level must merge at least 2 blocks".into(),
+            ));
+        }
+        if self.batch_rows == 0 || self.row_group_rows == 0 || self.max_output_stack_nodes == 0 {
+            return Err(Error::Config("compaction sizes must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Plans and runs compaction jobs through the metastore's queue and leases.
+#[derive(Debug)]
+pub struct Compactor {
+    config: CompactionConfig,
+    store: ObjectStorage,
+    metastore: Arc<dyn Metastore>,
+    query: QueryEngine,
+    scratch: PathBuf,
+    delete_delay: Duration,
+    /// This compactor's name in leases.
+    owner: String,
+}
+
+/// Groups of queued blocks that should be merged now, per the policies.
+pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
+    let mut groups: HashMap<(String, i64, u32, u32), Vec<QueuedBlock>> = HashMap::new();
+    for b in queued {
+        if b.level >= TOP_LEVEL {
+            continue;
+        }
+        groups
+            .entry((b.tenant.clone(), b.partition, b.shard, b.level))
+            .or_default()
+            .push(b);
+    }
+    let mut jobs = Vec::new();
+    let mut keys: Vec<_> = groups.keys().cloned().collect();
+    keys.sort();
+    for key in keys {
+        let mut blocks = groups.remove(&key).expect("key from the map");
+        let (tenant, partition, shard, level) = key;
+        let policy = config.levels[level as usize];
+        blocks.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        let job = |sources: Vec<QueuedBlock>| Job {
+            id: 0,
+            tenant: tenant.clone(),
+            partition,
+            shard,
+            level,
+            sources,
+            owner: String::new(),
+            lease_expires_ms: 0,
+            attempts: 0,
+        };
+        while blocks.len() >= policy.blocks {
+            let rest = blocks.split_off(policy.blocks);
+            jobs.push(job(std::mem::replace(&mut blocks, rest)));
+        }
+        let Some(oldest) = blocks.first() else {
+            continue;
+        };
+        let old = now_ms.saturating_sub(oldest.created_ms) >= policy.age.as_millis() as u64;
+        // An L0 segment is split per tenant even alone: the segment is freed sooner.
+        if old && (blocks.len() >= 2 || level == 0) {
+            jobs.push(job(blocks));
+        }
+    }
+    jobs
+}
+
+/// One source being merged.
+struct Source {
+    meta: Arc<BlockMeta>,
+    symbols: Arc<SymbolTable>,
+    stream: ParquetRecordBatchStream<crate::query::SectionReaderHandle>,
+    rows: Vec<Row>,
+    pos: usize,
+    /// Source series index -> output series index.
+    series_map: Vec<u32>,
+}
+
+impl Source {
+    /// The current row, loading the next batch when this one is used up.
+    async fn peek(&mut self) -> Result<Option<&Row>> {
+        while self.pos >= self.rows.len() {
+            let Some(batch) = self.stream.try_next().await? else {
+                return Ok(None);
+            };
+            self.rows = batch_rows(&batch, &self.meta)?;
+            self.pos = 0;
+        }
+        Ok(self.rows.get(self.pos))
+    }
+
+    /// The (output series, timestamp) key of the current row.
+    async fn key(&mut self) -> Result<Option<(u32, i64)>> {
+        let map = self.series_map.clone();
+        Ok(self
+            .peek()
+            .await?
+            .map(|r| (map[r.series as usize], r.timestamp)))
+    }
+}
+
+fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
+    let series = batch.column(col::SERIES_ID).as_primitive::<UInt32Type>();
+    let ts = batch.column(col::TIMESTAMP).as_primitive::<Int64Type>();
+    let stacks = batch.column(col::STACK_ID).as_primitive::<UInt32Type>();
+    let values = batch.column(col::VALUE).as_primitive::<Int64Type>();
+    let spans = batch.column(col::SPAN_ID).as_primitive::<UInt64Type>();
+    let traces = batch.column(col::TRACE_ID).as_fixed_size_binary();
+    let labels = batch.column(col::SAMPLE_LABELS).as_string::<i32>();
+    let mut out = Vec::with_capacity(batch.num_rows());
+    let mut last_labels: Option<Arc<str>> = None;
+    for r in 0..batch.num_rows() {
+        let s = series.value(r);
+        if s as usize >= meta.series.len() || stacks.value(r) as u64 >= meta.stack_nodes {
+            return Err(Error::Corrupt {
+                tenant: meta.tenant.clone(),
+                block: meta.id.clone(),
+                reason: "a row points outside the series list or the stack tree".into(),
+            });
+        }
+        let l = (!labels.is_null(r)).then(|| {
+            let v = labels.value(r);
+            match &last_labels {
+                Some(prev) if &**prev == v => Arc::clone(prev),
+                _ => {
+                    let a: Arc<str> = Arc::from(v);
+                    last_labels = Some(Arc::clone(&a));
+                    a
+                }
+            }
+        });
+        out.push(Row {
+            series: s,
+            timestamp: ts.value(r),
+            stack: stacks.value(r),
+            value: values.value(r),
+            span_id: spans.value(r),
+            trace_id: (!traces.is_null(r))
+                .then(|| <[u8; 16]>::try_from(traces.value(r)).ok())
+                .flatten(),
+            labels: l,
+        });
+    }
+    Ok(out)
+}
+
+/// One output block being written.
+struct Output {
+    id: String,
+    file_path: PathBuf,
+    writer: ArrowWriter<std::fs::File>,
+    batch: RowBatchBuilder,
+    symbols: SymbolsBuilder,
+    /// Per source: source location -> output location.
+    locations: Vec<Option<Vec<u32>>>,
+    /// Per source: source stack node -> output node (`u32::MAX` = not yet mapped).
+    stacks: Vec<Vec<u32>>,
+    series: Vec<SeriesMeta>,
+    /// Output (job-wide) series index of the last series in `series`.
+    last_series: Option<u32>,
+    rows: u64,
+}
+
+const UNMAPPED: u32 = u32::MAX;
+
+impl Output {
+    fn new(dir: &std::path::Path, sources: usize, row_group_rows: usize) -> Result<Self> {
+        let id = ulid::Ulid::generate().to_string();
+        let file_path = dir.join(format!("{id}.kblk.part"));
+        let file = std::fs::File::create(&file_path).map_err(|source| Error::Io {
+            path: file_path.display().to_string(),
+            source,
+        })?;
+        let writer = ArrowWriter::try_new(
+            file,
+            samples_schema(),
+            Some(writer_properties(row_group_rows)?),
+        )?;
+        Ok(Self {
+            id,
+            file_path,
+            writer,
+            batch: RowBatchBuilder::default(),
+            symbols: SymbolsBuilder::default(),
+            locations: vec![None; sources],
+            stacks: vec![Vec::new(); sources],
+            series: Vec::new(),
+            last_series: None,
+            rows: 0,
+        })
+    }
+
+    /// The output stack of source `src`'s stack node `node`.
+    fn map_stack(&mut self, src: usize, symbols: &SymbolTable, node: u32) -> u32 {
+        if self.locations[src].is_none() {
+            self.locations[src] = Some(self.symbols.add_table_locations(symbols));
+            let mut memo = vec![UNMAPPED; symbols.stack_count()];
+            if let Some(root) = memo.first_mut() {
+                *root = 0;
+            }
+            self.stacks[src] = memo;
+        }
+        let s = &symbols.symbols;
+        let mut path = Vec::new();
+        let mut n = node;
+        while self.stacks[src][n as usize] == UNMAPPED {
+            path.push(n);
+            n = s.stack_parents[n as usize];
+        }
+        let mut out = self.stacks[src][n as usize];
+        let locations = self.locations[src].as_ref().expect("set above");
+        for &x in path.iter().rev() {
+            out = self
+                .symbols
+                .child(out, locations[s.stack_locations[x as usize] as usize]);
+            self.stacks[src][x as usize] = out;
+        }
+        out
+    }
+
+    fn push(
+        &mut self,
+        job_series: u32,
+        series: &SeriesMeta,
+        mut row: Row,
+        batch_rows: usize,
+    ) -> Result<()> {
+        if self.last_series != Some(job_series) {
+            self.last_series = Some(job_series);
+            self.series.push(SeriesMeta {
+                labels: series.labels.clone(),
+                profile_type: series.profile_type.clone(),
+                min_time_nanos: i64::MAX,
+                max_time_nanos: i64::MIN,
+                first_row: self.rows,
+                rows: 0,
+            });
+        }
+        let s = self.series.last_mut().expect("pushed above");
+        s.rows += 1;
+        s.min_time_nanos = s.min_time_nanos.min(row.timestamp);
+        s.max_time_nanos = s.max_time_nanos.max(row.timestamp);
+        row.series = (self.series.len() - 1) as u32;
+        self.batch.push(&row);
+        self.rows += 1;
+        if self.batch.len() >= batch_rows {
+            self.writer.write(&self.batch.finish()?)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the output: appends symbols and footer to the file. Returns its metadata.
+    fn finish(
+        mut self,
+        template: &BlockMeta,
+        level: u32,
+        sources: &[String],
+        profiles: u64,
+    ) -> Result<(PathBuf, BlockMeta)> {
+        use std::io::Write;
+        if !self.batch.is_empty() {
+            self.writer.write(&self.batch.finish()?)?;
+        }
+        let mut file = self.writer.into_inner()?;
+        let io = |source| Error::Io {
+            path: self.file_path.display().to_string(),
+            source,
+        };
+        let samples_size = file.metadata().map_err(io)?.len();
+        let stack_nodes = self.symbols.stack_nodes() as u64;
+        let symbols = self.symbols.encode();
+        file.write_all(&symbols).map_err(io)?;
+        let mut meta = BlockMeta {
+            format_version: BLOCK_FORMAT_VERSION,
+            id: self.id.clone(),
+            tenant: template.tenant.clone(),
+            shard: template.shard,
+            level,
+            min_time_nanos: self
+                .series
+                .iter()
+                .map(|s| s.min_time_nanos)
+                .min()
+                .unwrap_or(0),
+            max_time_nanos: self
+                .series
+                .iter()
+                .map(|s| s.max_time_nanos)
+                .max()
+                .unwrap_or(0),
+            object_size: 0,
+            samples: Section {
+                offset: 0,
+                size: samples_size,
+            },
+            symbols: Section {
+                offset: samples_size,
+                size: symbols.len() as u64,
+            },
+            rows: self.rows,
+            profiles,
+            series: self.series,
+            stack_nodes,
+            compacted_from: sources.to_vec(),
+        };
+        let footer = encode_footer(std::slice::from_ref(&meta));
+        file.write_all(&footer).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        meta.object_size = samples_size + symbols.len() as u64 + footer.len() as u64;
+        Ok((self.file_path, meta))
+    }
+}
+
+impl Compactor {
+    /// A compactor writing its scratch files under `scratch`.
+    pub fn new(
+        config: CompactionConfig,
+        store: ObjectStorage,
+        metastore: Arc<dyn Metastore>,
+        query: QueryEngine,
+        scratch: PathBuf,
+        delete_delay: Duration,
+    ) -> Self {
+        Self {
+            config,
+            store,
+            metastore,
+            query,
+            scratch,
+            delete_delay,
+            owner: format!("compactor-{}", ulid::Ulid::generate()),
+        }
+    }
+
+    /// Plans jobs for what waits in the queue. Returns how many were created.
+    pub async fn plan(&self, now_ms: u64) -> Result<usize> {
+        if !self.config.enabled {
+            return Ok(0);
+        }
+        let queued = self.metastore.queued_blocks().await?;
+        let jobs = plan_jobs(&self.config, queued, now_ms);
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        self.metastore.add_jobs(jobs).await
+    }
+
+    /// Leases and runs jobs until none is left or the round's budget is spent. Returns how
+    /// many completed.
+    pub async fn run_pending(&self) -> Result<usize> {
+        if !self.config.enabled {
+            return Ok(0);
+        }
+        let mut done = 0;
+        for _ in 0..self.config.jobs_per_round {
+            let lease = self.config.lease.as_millis() as u64;
+            let Some(job) = self
+                .metastore
+                .lease_job(&self.owner, now_ms(), lease)
+                .await?
+            else {
+                break;
+            };
+            if self.run(&job).await? {
+                done += 1;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Plans and runs jobs until the queue holds nothing due (tests and `kiln bench`).
+    pub async fn compact_all(&self, now_ms: u64) -> Result<usize> {
+        let mut done = 0;
+        loop {
+            let planned = self.plan(now_ms).await?;
+            let ran = self.run_pending().await?;
+            done += ran;
+            if planned == 0 && ran == 0 {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Runs one leased job. Returns whether it completed; a corrupt source is quarantined and
+    /// the job given up (its other sources go back to the queue).
+    pub async fn run(&self, job: &Job) -> Result<bool> {
+        let started = std::time::Instant::now();
+        match self.merge(job).await {
+            Ok(outputs) => {
+                let rows: u64 = outputs.iter().map(|(_, m)| m.rows).sum();
+                let bytes: u64 = outputs.iter().map(|(_, m)| m.object_size).sum();
+                let metas: Vec<BlockMeta> = outputs.iter().map(|(_, m)| m.clone()).collect();
+                for (path, meta) in &outputs {
+                    let result = self.store.put_file_durable(&meta.path(), path).await;
+                    let _ = std::fs::remove_file(path);
+                    result?;
+                }
+                let delay = self.delete_delay.as_millis() as u64;
+                match self
+                    .metastore
+                    .complete_job(job, &self.owner, metas.clone(), now_ms(), delay)
+                    .await
+                {
+                    Ok(()) => {
+                        tracing::debug!(tenant = %job.tenant, job = job.id, level = job.level,
+                            sources = job.sources.len(), outputs = outputs.len(), rows, bytes,
+                            elapsed_ms = started.elapsed().as_millis() as u64, "compaction job done");
+                        Ok(true)
+                    }
+                    Err(e) => {
+                        // Not registered: the outputs are garbage.
+                        for m in &metas {
+                            let _ = self.store.delete(&m.path()).await;
+                        }
+                        match e {
+                            Error::LeaseLost { .. } => Ok(false),
+                            e => Err(e),
+                        }
+                    }
+                }
+            }
+            Err((Some(bad), e)) if crate::query::is_corruption(&e) => {
+                tracing::error!(tenant = %bad.tenant, block = %bad.id, error = %e,
+                    "compaction source quarantined: it cannot be read");
+                self.query
+                    .counters()
+                    .quarantined
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.metastore
+                    .quarantine(&bad.tenant, &bad.id, &e.to_string(), now_ms())
+                    .await?;
+                self.metastore.cancel_job(job).await?;
+                Ok(false)
+            }
+            Err((_, e)) => {
+                tracing::warn!(tenant = %job.tenant, job = job.id, error = %e,
+                    "compaction job failed; it is retried when its lease expires");
+                Err(e)
+            }
+        }
+    }
+
+    /// Merges a job's sources into output files. On failure, names the source that failed when
+    /// one did.
+    async fn merge(
+        &self,
+        job: &Job,
+    ) -> std::result::Result<Vec<(PathBuf, BlockMeta)>, (Option<Arc<BlockMeta>>, Error)> {
+        let ids = job.source_ids();
+        let metas = self
+            .metastore
+            .get_blocks(&job.tenant, &ids)
+            .await
+            .map_err(|e| (None, e))?;
+        if metas.len() != ids.len() {
+            return Err((
+                None,
+                Error::Metastore(format!("a source of job {} is gone", job.id)),
+            ));
+        }
+        std::fs::create_dir_all(&self.scratch).map_err(|source| {
+            (
+                None,
+                Error::Io {
+                    path: self.scratch.display().to_string(),
+                    source,
+                },
+            )
+        })?;
+        // Output series: the union of the sources', in sort order.
+        let mut keys: Vec<(usize, usize)> = Vec::new();
+        for (b, m) in metas.iter().enumerate() {
+            keys.extend((0..m.series.len()).map(|s| (b, s)));
+        }
+        let key_of = |&(b, s): &(usize, usize)| series_sort_key(&metas[b].series[s]);
+        keys.sort_by(|x, y| key_of(x).cmp(&key_of(y)));
+        let mut series_maps: Vec<Vec<u32>> =
+            metas.iter().map(|m| vec![0; m.series.len()]).collect();
+        let mut out_series: Vec<SeriesMeta> = Vec::new();
+        let mut last: Option<(usize, usize)> = None;
+        for k in &keys {
+            if last.is_none_or(|l| key_of(&l) != key_of(k)) {
+                out_series.push(metas[k.0].series[k.1].clone());
+                last = Some(*k);
+            }
+            series_maps[k.0][k.1] = (out_series.len() - 1) as u32;
+        }
+        let mut sources = Vec::with_capacity(metas.len());
+        for (meta, series_map) in metas.iter().zip(series_maps) {
+            let fail = |e| (Some(Arc::clone(meta)), e);
+            let symbols = self.query.symbols(meta).await.map_err(fail)?;
+            let stream = self
+                .query
+                .read_all(meta, self.config.batch_rows)
+                .await
+                .map_err(fail)?;
+            sources.push(Source {
+                meta: Arc::clone(meta),
+                symbols,
+                stream,
+                rows: Vec::new(),
+                pos: 0,
+                series_map,
+            });
+        }
+        let mut heap: BinaryHeap<Reverse<(u32, i64, usize)>> = BinaryHeap::new();
+        for (i, s) in sources.iter_mut().enumerate() {
+            if let Some((series, t)) = s.key().await.map_err(|e| (Some(Arc::clone(&s.meta)), e))? {
+                heap.push(Reverse((series, t, i)));
+            }
+        }
+        let local = |e| (None, e);
+        let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
+        let mut outputs: Vec<(PathBuf, BlockMeta)> = Vec::new();
+        let mut out =
+            Output::new(&self.scratch, sources.len(), self.config.row_group_rows).map_err(local)?;
+        let mut group: Vec<Row> = Vec::new();
+        while let Some(Reverse((series, t, _))) = heap.peek().copied() {
+            // Every source's rows of this (series, timestamp), stacks remapped.
+            group.clear();
+            while let Some(&Reverse((s2, t2, i))) = heap.peek() {
+                if (s2, t2) != (series, t) {
+                    break;
+                }
+                heap.pop();
+                let src = &mut sources[i];
+                let meta = Arc::clone(&src.meta);
+                let fail = |e| (Some(Arc::clone(&meta)), e);
+                loop {
+                    let Some(row) = src.peek().await.map_err(fail)? else {
+                        break;
+                    };
+                    let mut row = row.clone();
+                    if src.series_map[row.series as usize] != series || row.timestamp != t {
+                        break;
+                    }
+                    src.pos += 1;
+                    row.stack = out.map_stack(i, &src.symbols, row.stack);
+                    group.push(row);
+                }
+                if let Some(key) = src.key().await.map_err(fail)? {
+                    heap.push(Reverse((key.0, key.1, i)));
+                }
+            }
+            group.sort_by(|a, b| a.key().cmp(&b.key()));
+            for row in group.drain(..) {
+                out.push(
+                    series,
+                    &out_series[series as usize],
+                    row,
+                    self.config.batch_rows,
+                )
+                .map_err(local)?;
+            }
+            // Cut the output at a series boundary once its symbols are large.
+            if out.symbols.stack_nodes() >= self.config.max_output_stack_nodes {
+                let next_series = heap.peek().map(|Reverse((s, _, _))| *s);
+                if next_series != Some(series) {
+                    let next =
+                        Output::new(&self.scratch, sources.len(), self.config.row_group_rows)
+                            .map_err(local)?;
+                    let done = std::mem::replace(&mut out, next);
+                    let p = if outputs.is_empty() { profiles } else { 0 };
+                    outputs.push(
+                        done.finish(&metas[0], job.level + 1, &ids, p)
+                            .map_err(local)?,
+                    );
+                }
+            }
+        }
+        if out.rows > 0 || outputs.is_empty() {
+            let p = if outputs.is_empty() { profiles } else { 0 };
+            outputs.push(
+                out.finish(&metas[0], job.level + 1, &ids, p)
+                    .map_err(local)?,
+            );
+        } else {
+            let _ = std::fs::remove_file(&out.file_path);
+        }
+        Ok(outputs)
+    }
+}
+
+/// Labels of a series as a `Labels` set (for tests comparing series).
+pub fn series_labels(s: &SeriesMeta) -> Labels {
+    Labels::from_pairs(s.labels.iter().cloned())
+}

@@ -1,0 +1,494 @@
+//! Block metadata: what the metastore indexes and what every object's footer carries.
+//!
+//! An object (an L0 segment or a compacted block) holds one dataset per tenant. The metastore
+//! keeps one [`BlockMeta`] per (object, tenant): the tenant's dataset with the object's identity,
+//! so a tenant's lookups never see another tenant's metadata. On disk and in the metastore the
+//! metadata is the compact protobuf `kiln.storage.v1.BlockMeta` (strings once, in a table).
+//!
+//! Object layout (format version 2):
+//!
+//! ```text
+//!  dataset 0: samples (Parquet) | symbols (KSYM) | dataset 1: … | footer
+//!  footer:    BlockMeta (protobuf, every dataset) | u32 LE length | u32 LE format version
+//!             | u32 LE CRC32 of the metadata, length and version | b"KBLK"
+//! ```
+
+use std::collections::HashMap;
+
+use kiln_proto::kiln::storage::v1 as pb;
+use prost::Message;
+
+/// Current block format version (see `docs/adr/0002-block-format.md`).
+pub const BLOCK_FORMAT_VERSION: u32 = 2;
+
+/// Magic bytes closing every object.
+pub const FOOTER_MAGIC: &[u8; 4] = b"KBLK";
+
+/// Bytes after the footer's metadata: length, version, CRC and magic.
+pub const FOOTER_TRAILER_BYTES: usize = 16;
+
+/// Blocks at this compaction level are not compacted further.
+pub const TOP_LEVEL: u32 = 3;
+
+/// Length of a metastore time partition.
+pub const PARTITION_NANOS: i64 = 6 * 3600 * 1_000_000_000;
+
+/// The time partition of a timestamp.
+pub fn partition_of(time_nanos: i64) -> i64 {
+    time_nanos.div_euclid(PARTITION_NANOS)
+}
+
+/// A byte range of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Section {
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl Section {
+    /// The range as `offset..offset + size`.
+    pub fn range(&self) -> std::ops::Range<u64> {
+        self.offset..self.offset + self.size
+    }
+}
+
+/// One series of a dataset: its labels (with `__name__` and `service_name`), profile type id,
+/// time range and rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesMeta {
+    pub labels: Vec<(String, String)>,
+    pub profile_type: String,
+    pub min_time_nanos: i64,
+    pub max_time_nanos: i64,
+    /// The series' rows are `first_row..first_row + rows` of the samples section.
+    pub first_row: u64,
+    pub rows: u64,
+}
+
+impl SeriesMeta {
+    /// The value of a label.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the series has samples in `[start, end)`.
+    pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
+        self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
+    }
+
+    /// The row range.
+    pub fn row_range(&self) -> std::ops::Range<u64> {
+        self.first_row..self.first_row + self.rows
+    }
+}
+
+/// One tenant's dataset of one object, as the metastore indexes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMeta {
+    pub format_version: u32,
+    /// ULID of the object.
+    pub id: String,
+    pub tenant: String,
+    pub shard: u32,
+    /// Compaction level; 0 = an L0 segment (shared by every tenant of one flush).
+    pub level: u32,
+    pub min_time_nanos: i64,
+    pub max_time_nanos: i64,
+    /// Bytes of the whole object.
+    pub object_size: u64,
+    pub samples: Section,
+    pub symbols: Section,
+    /// Series in sort order; a row's `series_id` indexes this list.
+    pub series: Vec<SeriesMeta>,
+    pub rows: u64,
+    pub profiles: u64,
+    /// Nodes of the dataset's stack tree.
+    pub stack_nodes: u64,
+    /// Blocks of the same tenant this one replaced.
+    pub compacted_from: Vec<String>,
+}
+
+impl BlockMeta {
+    /// Whether the block's time range meets `[start, end)`.
+    pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
+        self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
+    }
+
+    /// The metastore partition: that of the block's minimum time.
+    pub fn partition(&self) -> i64 {
+        partition_of(self.min_time_nanos)
+    }
+
+    /// The object's path.
+    pub fn path(&self) -> String {
+        object_path(self.level, self.shard, &self.tenant, &self.id)
+    }
+
+    /// Bytes of this tenant's dataset.
+    pub fn dataset_bytes(&self) -> u64 {
+        self.samples.size + self.symbols.size
+    }
+
+    /// Creation time of the object (its ULID's), Unix milliseconds.
+    pub fn created_ms(&self) -> u64 {
+        ulid::Ulid::from_string(&self.id).map_or(0, |u| u.timestamp_ms())
+    }
+
+    /// Distinct `service_name` values, sorted.
+    pub fn service_names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .series
+            .iter()
+            .filter_map(|s| s.label(kiln_otel::model::LABEL_SERVICE_NAME))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Distinct profile type ids, sorted.
+    pub fn profile_types(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .series
+            .iter()
+            .map(|s| s.profile_type.as_str())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The metastore entry: this dataset alone, as protobuf.
+    pub fn encode_entry(&self) -> Vec<u8> {
+        encode_object_meta(std::slice::from_ref(self)).encode_to_vec()
+    }
+
+    /// Decodes a metastore entry.
+    pub fn decode_entry(data: &[u8]) -> Result<Self, String> {
+        let msg = pb::BlockMeta::decode(data).map_err(|e| e.to_string())?;
+        let mut metas = decode_object_meta(&msg)?;
+        if metas.len() != 1 {
+            return Err(format!(
+                "a metastore entry holds one dataset, not {}",
+                metas.len()
+            ));
+        }
+        Ok(metas.remove(0))
+    }
+}
+
+/// The object path of a block: L0 segments under `segments/{shard}/` (they hold several
+/// tenants), compacted blocks under `blocks/{tenant}/{shard}/`.
+pub fn object_path(level: u32, shard: u32, tenant: &str, id: &str) -> String {
+    if level == 0 {
+        format!("segments/{shard}/{id}.kblk")
+    } else {
+        format!("blocks/{}/{shard}/{id}.kblk", escape_tenant(tenant))
+    }
+}
+
+/// The object id (ULID) in an object path written by [`object_path`].
+pub fn object_id_of_path(path: &str) -> Option<&str> {
+    let name = path.rsplit('/').next()?;
+    let id = name.strip_suffix(".kblk")?;
+    ulid::Ulid::from_string(id).ok().map(|_| id)
+}
+
+/// A tenant id as a path segment: letters, digits, `_`, `.` and `-` as they are, every other
+/// byte as `+HH` (`+` is not a tenant character, so the mapping is one to one; object stores
+/// percent-encode `~`, so it cannot serve).
+pub fn escape_tenant(tenant: &str) -> String {
+    let mut out = String::with_capacity(tenant.len());
+    for b in tenant.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("+{b:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Default)]
+struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, u32>,
+}
+
+impl StringTable {
+    fn new() -> Self {
+        let mut t = Self::default();
+        t.get("");
+        t
+    }
+
+    fn get(&mut self, s: &str) -> u32 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as u32;
+        self.strings.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// The protobuf metadata of an object holding `datasets` (all of one object: same id, shard
+/// and level).
+pub fn encode_object_meta(datasets: &[BlockMeta]) -> pb::BlockMeta {
+    let mut strings = StringTable::new();
+    let first = datasets.first();
+    let mut out = pb::BlockMeta {
+        format_version: first.map_or(BLOCK_FORMAT_VERSION, |d| d.format_version),
+        id: first.map(|d| d.id.clone()).unwrap_or_default(),
+        shard: first.map_or(0, |d| d.shard),
+        level: first.map_or(0, |d| d.level),
+        min_time: datasets.iter().map(|d| d.min_time_nanos).min().unwrap_or(0),
+        max_time: datasets.iter().map(|d| d.max_time_nanos).max().unwrap_or(0),
+        size: first.map_or(0, |d| d.object_size),
+        strings: Vec::new(),
+        datasets: Vec::with_capacity(datasets.len()),
+    };
+    for d in datasets {
+        debug_assert_eq!(d.id, out.id, "one object's datasets");
+        out.datasets.push(pb::Dataset {
+            tenant: strings.get(&d.tenant),
+            min_time: d.min_time_nanos,
+            max_time: d.max_time_nanos,
+            samples_offset: d.samples.offset,
+            samples_size: d.samples.size,
+            symbols_offset: d.symbols.offset,
+            symbols_size: d.symbols.size,
+            rows: d.rows,
+            profiles: d.profiles,
+            series: d
+                .series
+                .iter()
+                .map(|s| pb::Series {
+                    profile_type: strings.get(&s.profile_type),
+                    labels: s
+                        .labels
+                        .iter()
+                        .flat_map(|(k, v)| [strings.get(k), strings.get(v)])
+                        .collect(),
+                    min_time: s.min_time_nanos,
+                    max_time: s.max_time_nanos,
+                    first_row: s.first_row,
+                    rows: s.rows,
+                })
+                .collect(),
+            compacted_from: d.compacted_from.clone(),
+            stack_nodes: d.stack_nodes,
+        });
+    }
+    out.strings = strings.strings;
+    out
+}
+
+/// The datasets of an object's protobuf metadata, checked.
+pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, String> {
+    if msg.format_version != BLOCK_FORMAT_VERSION {
+        return Err(format!(
+            "unsupported block format version {} (this build reads {BLOCK_FORMAT_VERSION})",
+            msg.format_version
+        ));
+    }
+    if ulid::Ulid::from_string(&msg.id).is_err() {
+        return Err(format!("block id {:?} is not a ULID", msg.id));
+    }
+    let s = |i: u32| -> Result<String, String> {
+        msg.strings
+            .get(i as usize)
+            .cloned()
+            .ok_or_else(|| format!("string index {i} out of range"))
+    };
+    let mut out = Vec::with_capacity(msg.datasets.len());
+    for d in &msg.datasets {
+        let mut series = Vec::with_capacity(d.series.len());
+        for x in &d.series {
+            if x.labels.len() % 2 != 0 {
+                return Err("odd label list".into());
+            }
+            series.push(SeriesMeta {
+                labels: x
+                    .labels
+                    .chunks_exact(2)
+                    .map(|kv| Ok((s(kv[0])?, s(kv[1])?)))
+                    .collect::<Result<_, String>>()?,
+                profile_type: s(x.profile_type)?,
+                min_time_nanos: x.min_time,
+                max_time_nanos: x.max_time,
+                first_row: x.first_row,
+                rows: x.rows,
+            });
+        }
+        let rows: u64 = series.iter().map(|x| x.rows).sum();
+        if rows != d.rows {
+            return Err(format!(
+                "series rows add up to {rows}, the dataset has {}",
+                d.rows
+            ));
+        }
+        out.push(BlockMeta {
+            format_version: msg.format_version,
+            id: msg.id.clone(),
+            tenant: s(d.tenant)?,
+            shard: msg.shard,
+            level: msg.level,
+            min_time_nanos: d.min_time,
+            max_time_nanos: d.max_time,
+            object_size: msg.size,
+            samples: Section {
+                offset: d.samples_offset,
+                size: d.samples_size,
+            },
+            symbols: Section {
+                offset: d.symbols_offset,
+                size: d.symbols_size,
+            },
+            series,
+            rows: d.rows,
+            profiles: d.profiles,
+            stack_nodes: d.stack_nodes,
+            compacted_from: d.compacted_from.clone(),
+        });
+    }
+    Ok(out)
+}
+
+/// The footer closing an object whose datasets are `datasets` (their `object_size` is ignored).
+pub fn encode_footer(datasets: &[BlockMeta]) -> Vec<u8> {
+    let mut msg = encode_object_meta(datasets);
+    msg.size = 0;
+    let mut out = msg.encode_to_vec();
+    let len = out.len() as u32;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&BLOCK_FORMAT_VERSION.to_le_bytes());
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(FOOTER_MAGIC);
+    out
+}
+
+/// How many bytes at the end of an object hold the footer, read from its last
+/// [`FOOTER_TRAILER_BYTES`]; the error says what is wrong.
+pub fn footer_len(trailer: &[u8]) -> Result<usize, String> {
+    if trailer.len() < FOOTER_TRAILER_BYTES || &trailer[trailer.len() - 4..] != FOOTER_MAGIC {
+        return Err("no block footer (magic missing)".into());
+    }
+    let t = &trailer[trailer.len() - FOOTER_TRAILER_BYTES..];
+    let len = u32::from_le_bytes(t[0..4].try_into().expect("4 bytes")) as usize;
+    let version = u32::from_le_bytes(t[4..8].try_into().expect("4 bytes"));
+    if version != BLOCK_FORMAT_VERSION {
+        return Err(format!(
+            "unsupported block format version {version} (this build reads {BLOCK_FORMAT_VERSION})"
+        ));
+    }
+    Ok(len + FOOTER_TRAILER_BYTES)
+}
+
+/// Decodes an object's footer (the object's last [`footer_len`] bytes) into its datasets, with
+/// `object_size` set to `object_size`.
+pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, String> {
+    let total = footer_len(footer)?;
+    if footer.len() < total {
+        return Err("footer truncated".into());
+    }
+    let footer = &footer[footer.len() - total..];
+    let (body, tail) = footer.split_at(total - 8);
+    let crc = u32::from_le_bytes(tail[0..4].try_into().expect("4 bytes"));
+    if crc32fast::hash(body) != crc {
+        return Err("footer checksum mismatch".into());
+    }
+    let msg = pb::BlockMeta::decode(&body[..body.len() - 8]).map_err(|e| e.to_string())?;
+    let mut metas = decode_object_meta(&msg)?;
+    for m in &mut metas {
+        m.object_size = object_size;
+        let end = m.samples.offset + m.samples.size;
+        if end > object_size || m.symbols.offset + m.symbols.size > object_size {
+            return Err(format!("dataset of {} lies outside the object", m.tenant));
+        }
+    }
+    Ok(metas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn meta(tenant: &str, id: &str) -> BlockMeta {
+        BlockMeta {
+            format_version: BLOCK_FORMAT_VERSION,
+            id: id.into(),
+            tenant: tenant.into(),
+            shard: 1,
+            level: 0,
+            min_time_nanos: 10,
+            max_time_nanos: 20,
+            object_size: 0,
+            samples: Section { offset: 0, size: 5 },
+            symbols: Section { offset: 5, size: 3 },
+            series: vec![SeriesMeta {
+                labels: vec![("service_name".into(), "api".into())],
+                profile_type: "p:c:n:c:n".into(),
+                min_time_nanos: 10,
+                max_time_nanos: 20,
+                first_row: 0,
+                rows: 7,
+            }],
+            rows: 7,
+            profiles: 1,
+            stack_nodes: 4,
+            compacted_from: vec![],
+        }
+    }
+
+    #[test]
+    fn tenant_escaping_is_literal_and_one_to_one() {
+        assert_eq!(escape_tenant("team-a_1.x"), "team-a_1.x");
+        assert_eq!(escape_tenant("team*(1)!'"), "team+2A+281+29+21+27");
+        assert_ne!(escape_tenant("a*"), escape_tenant("a+2A"));
+    }
+
+    #[test]
+    fn entries_and_footers_round_trip_and_detect_damage() {
+        let id = ulid::Ulid::generate().to_string();
+        let a = meta("a", &id);
+        assert_eq!(BlockMeta::decode_entry(&a.encode_entry()).unwrap(), a);
+        let mut b = meta("b*", &id);
+        b.samples.offset = 8;
+        b.symbols.offset = 13;
+        let footer = encode_footer(&[a.clone(), b.clone()]);
+        let size = 16 + footer.len() as u64;
+        let mut object = vec![0u8; 16];
+        object.extend_from_slice(&footer);
+        let n = footer_len(&object[object.len() - FOOTER_TRAILER_BYTES..]).unwrap();
+        let got = decode_footer(&object[object.len() - n..], size).unwrap();
+        assert_eq!(got[0].tenant, "a");
+        assert_eq!(got[1].tenant, "b*");
+        assert_eq!(got[1].samples, b.samples);
+        let mut damaged = object.clone();
+        let mid = damaged.len() - n + 3;
+        damaged[mid] ^= 0x40;
+        assert!(
+            decode_footer(&damaged[damaged.len() - n..], size)
+                .unwrap_err()
+                .contains("checksum")
+        );
+        assert!(footer_len(b"nothing here at all").is_err());
+    }
+
+    #[test]
+    fn object_paths_name_their_id() {
+        let id = ulid::Ulid::generate().to_string();
+        assert_eq!(object_id_of_path(&object_path(0, 1, "t", &id)), Some(&*id));
+        assert_eq!(
+            object_path(2, 0, "a*", &id),
+            format!("blocks/a+2A/0/{id}.kblk")
+        );
+        assert_eq!(object_id_of_path("blocks/x/0/nope.kblk"), None);
+    }
+}
