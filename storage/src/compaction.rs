@@ -551,11 +551,19 @@ impl Compactor {
         job: &Job,
     ) -> std::result::Result<Vec<(PathBuf, BlockMeta)>, (Option<Arc<BlockMeta>>, Error)> {
         let ids = job.source_ids();
-        let metas = self
+        let metas: Vec<Arc<BlockMeta>> = self
             .metastore
             .get_blocks(&job.tenant, &ids)
             .await
-            .map_err(|e| (None, e))?;
+            .map_err(|e| (None, e))?
+            .into_iter()
+            .filter(|b| b.partition() == job.partition)
+            .collect();
+        // What the outputs' footers name as replaced: `kiln metastore rebuild` skips those.
+        let ids: Vec<String> = ids
+            .iter()
+            .map(|id| crate::meta::compacted_source(id, job.partition))
+            .collect();
         if metas.len() != ids.len() {
             return Err((
                 None,

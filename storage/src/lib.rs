@@ -23,6 +23,8 @@ pub mod query;
 pub mod selector;
 pub mod store;
 pub mod symbols;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod writer;
 
 mod storage;

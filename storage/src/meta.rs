@@ -107,7 +107,7 @@ pub struct BlockMeta {
     pub profiles: u64,
     /// Nodes of the dataset's stack tree.
     pub stack_nodes: u64,
-    /// Blocks of the same tenant this one replaced.
+    /// Entries of the same tenant this one replaced, as [`compacted_source`] writes them.
     pub compacted_from: Vec<String>,
 }
 
@@ -117,7 +117,8 @@ impl BlockMeta {
         self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
     }
 
-    /// The metastore partition: that of the block's minimum time.
+    /// The metastore partition: that of the block's minimum time (a dataset never spans two:
+    /// the writer splits profiles at partition boundaries and compaction merges within one).
     pub fn partition(&self) -> i64 {
         partition_of(self.min_time_nanos)
     }
@@ -178,6 +179,11 @@ impl BlockMeta {
         }
         Ok(metas.remove(0))
     }
+}
+
+/// How a compacted block names one of its sources in `compacted_from`: `{id}@{partition}`.
+pub fn compacted_source(id: &str, partition: i64) -> String {
+    format!("{id}@{partition}")
 }
 
 /// The object path of a block: L0 segments under `segments/{shard}/` (they hold several

@@ -151,6 +151,7 @@ pub struct Tombstone {
 pub struct Quarantined {
     pub tenant: String,
     pub id: String,
+    pub partition: i64,
     pub path: String,
     pub reason: String,
     pub at_ms: u64,
@@ -177,7 +178,8 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// Blocks that `query` selects, reading only the partitions of its time range.
     async fn query_blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>>;
 
-    /// Blocks of `tenant` by id; ids not registered are left out.
+    /// Blocks of `tenant` by id (every partition's entry of each); ids not registered are left
+    /// out.
     async fn get_blocks(&self, tenant: &str, ids: &[String]) -> Result<Vec<Arc<BlockMeta>>>;
 
     /// Tenants with at least one block.
@@ -243,8 +245,8 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// quarantined. An object not among them is an orphan.
     async fn known_objects(&self) -> Result<HashSet<String>>;
 
-    /// Takes a block of `tenant` out of the index because it cannot be read. Returns false when
-    /// it was not there (already quarantined, say).
+    /// Takes every entry of object `id` of `tenant` out of the index because it cannot be read.
+    /// Returns false when there was none (already quarantined, say).
     async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool>;
 
     /// Quarantined blocks, of one tenant or of all.

@@ -366,12 +366,15 @@ pub async fn rebuild_metastore(
         .flat_map(|b| {
             b.compacted_from
                 .iter()
-                .map(|id| (b.tenant.clone(), id.clone()))
+                .map(|source| (b.tenant.clone(), source.clone()))
         })
         .collect();
     let keep: Vec<BlockMeta> = all
         .into_iter()
-        .filter(|b| !replaced.contains(&(b.tenant.clone(), b.id.clone())))
+        .filter(|b| {
+            let me = crate::meta::compacted_source(&b.id, b.partition());
+            !replaced.contains(&(b.tenant.clone(), me))
+        })
         .collect();
     let mut added = 0;
     for chunk in keep.chunks(256) {

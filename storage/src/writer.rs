@@ -13,7 +13,7 @@ use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
-use crate::block::{DatasetBuilder, assemble_object};
+use crate::block::{DatasetBuilder, assemble_object, profile_partitions};
 use crate::meta::object_path;
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
@@ -148,9 +148,32 @@ impl Writer {
     }
 }
 
+/// One tenant's writes waiting for a flush: a dataset per time partition (a dataset never spans
+/// two, so retention can drop partitions whole).
 struct Pending {
-    builder: DatasetBuilder,
+    builders: BTreeMap<i64, DatasetBuilder>,
     acks: Vec<Ack>,
+}
+
+impl Pending {
+    fn add(&mut self, tenant: &str, profile: &NormalizedProfile) {
+        let partitions = profile_partitions(profile);
+        let single = partitions.len() == 1;
+        for p in partitions {
+            let b = self
+                .builders
+                .entry(p)
+                .or_insert_with(|| DatasetBuilder::new(tenant));
+            b.add_in(profile, (!single).then_some(p));
+        }
+    }
+
+    fn estimated_bytes(&self) -> usize {
+        self.builders
+            .values()
+            .map(DatasetBuilder::estimated_bytes)
+            .sum()
+    }
 }
 
 async fn run_shard(
@@ -171,14 +194,14 @@ async fn run_shard(
                 }
                 Some(Command::Write { tenant, profiles, ack }) => {
                     let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-                        builder: DatasetBuilder::new(tenant),
+                        builders: BTreeMap::new(),
                         acks: Vec::new(),
                     });
                     for profile in &profiles {
-                        p.builder.add(profile);
+                        p.add(&tenant, profile);
                     }
                     p.acks.push(ack);
-                    let size: usize = pending.values().map(|p| p.builder.estimated_bytes()).sum();
+                    let size: usize = pending.values().map(Pending::estimated_bytes).sum();
                     if size >= config.flush_bytes {
                         flush(shard, &ctx, &mut pending).await;
                     }
@@ -209,8 +232,12 @@ async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pe
         return;
     }
     let started = Instant::now();
-    let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
-        pending.into_values().map(|p| (p.builder, p.acks)).unzip();
+    let mut builders = Vec::new();
+    let mut acks = Vec::new();
+    for p in pending.into_values() {
+        builders.extend(p.builders.into_values());
+        acks.push(p.acks);
+    }
     let result = flush_segment(shard, ctx, builders).await;
     match &result {
         Ok(Some((id, tenants, rows, bytes))) => debug!(

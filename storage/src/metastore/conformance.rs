@@ -293,7 +293,9 @@ pub async fn shared_segments_are_tombstoned_with_their_last_entry(m: &dyn Metast
         m.known_objects().await.unwrap().contains(&seg),
         "known until forgotten"
     );
-    m.forget_tombstones(std::slice::from_ref(&seg)).await.unwrap();
+    m.forget_tombstones(std::slice::from_ref(&seg))
+        .await
+        .unwrap();
     let known = m.known_objects().await.unwrap();
     assert!(!known.contains(&seg) && known.contains(&out));
 }

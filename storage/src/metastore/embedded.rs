@@ -5,15 +5,17 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `blocks` | (partition, tenant, shard, id) | the entry: protobuf `BlockMeta` with one dataset |
-//! | `block_index` | (tenant, id) | (partition, shard) |
+//! | `block_index` | (tenant, id, partition) | shard |
 //! | `partitions` | (tenant, partition) | blocks, bytes, rows, min and max time |
 //! | `objects` | id | (entries referencing the object, path) |
 //! | `object_tombstones` | id | (due ms, path) |
-//! | `entry_tombstones` | (id, tenant) | compacted entries, never to be added again |
+//! | `entry_tombstones` | (id, tenant, partition) | compacted entries, never to be added again |
 //! | `queue` | (tenant, partition, shard, level, id) | JSON `QueuedBlock` |
 //! | `jobs` | job id | JSON `Job` |
-//! | `claims` | (tenant, id) | job id |
-//! | `quarantine` | (tenant, id) | JSON `Quarantined` |
+//! | `claims` | (tenant, id, partition) | job id |
+//! | `quarantine` | (tenant, id, partition) | JSON `Quarantined` |
+//!
+//! An entry is one tenant's dataset of one object in one partition: (tenant, id, partition).
 //!
 //! Nothing is loaded at start-up: lookups range-scan the partitions of their tenant and time
 //! range and decode entries through a cache bounded in bytes. A storage failure (a full disk,
@@ -36,19 +38,20 @@ use crate::{Error, Result};
 
 const BLOCKS: TableDefinition<'_, (i64, &str, u32, &str), &[u8]> =
     TableDefinition::new("blocks_v2");
-const BLOCK_INDEX: TableDefinition<'_, (&str, &str), (i64, u32)> =
+const BLOCK_INDEX: TableDefinition<'_, (&str, &str, i64), u32> =
     TableDefinition::new("block_index");
 const PARTITIONS: TableDefinition<'_, (&str, i64), &[u8]> = TableDefinition::new("partitions");
 const OBJECTS: TableDefinition<'_, &str, (u32, &str)> = TableDefinition::new("objects");
 const OBJECT_TOMBSTONES: TableDefinition<'_, &str, (u64, &str)> =
     TableDefinition::new("object_tombstones");
-const ENTRY_TOMBSTONES: TableDefinition<'_, (&str, &str), ()> =
+const ENTRY_TOMBSTONES: TableDefinition<'_, (&str, &str, i64), ()> =
     TableDefinition::new("entry_tombstones");
 const QUEUE: TableDefinition<'_, (&str, i64, u32, u32, &str), &[u8]> =
     TableDefinition::new("queue");
 const JOBS: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("jobs");
-const CLAIMS: TableDefinition<'_, (&str, &str), u64> = TableDefinition::new("claims");
-const QUARANTINE: TableDefinition<'_, (&str, &str), &[u8]> = TableDefinition::new("quarantine");
+const CLAIMS: TableDefinition<'_, (&str, &str, i64), u64> = TableDefinition::new("claims");
+const QUARANTINE: TableDefinition<'_, (&str, &str, i64), &[u8]> =
+    TableDefinition::new("quarantine");
 const COUNTERS: TableDefinition<'_, &str, u64> = TableDefinition::new("counters");
 
 /// Greater than every tenant id and block id (both ASCII).
@@ -174,7 +177,7 @@ pub struct EmbeddedMetastore {
     db: RwLock<Option<Arc<Database>>>,
     /// One write transaction at a time, and reopening only between them.
     write_lock: tokio::sync::Mutex<()>,
-    cache: moka::sync::Cache<(String, String), Arc<BlockMeta>>,
+    cache: moka::sync::Cache<(String, String, i64), Arc<BlockMeta>>,
 }
 
 impl std::fmt::Debug for EmbeddedMetastore {
@@ -376,8 +379,14 @@ impl EmbeddedMetastore {
         result
     }
 
-    fn decode(&self, tenant: &str, id: &str, data: &[u8]) -> Result<Arc<BlockMeta>> {
-        let key = (tenant.to_owned(), id.to_owned());
+    fn decode(
+        &self,
+        tenant: &str,
+        id: &str,
+        partition: i64,
+        data: &[u8],
+    ) -> Result<Arc<BlockMeta>> {
+        let key = (tenant.to_owned(), id.to_owned(), partition);
         if let Some(b) = self.cache.get(&key) {
             return Ok(b);
         }
@@ -386,7 +395,7 @@ impl EmbeddedMetastore {
             block: id.to_owned(),
             reason: format!("metastore entry: {reason}"),
         })?;
-        if b.tenant != tenant || b.id != id {
+        if b.tenant != tenant || b.id != id || b.partition() != partition {
             return Err(Error::Corrupt {
                 tenant: tenant.to_owned(),
                 block: id.to_owned(),
@@ -415,7 +424,7 @@ impl EmbeddedMetastore {
         {
             let mut index = tx.open_table(BLOCK_INDEX).map_err(db_err)?;
             if index
-                .get((b.tenant.as_str(), b.id.as_str()))
+                .get((b.tenant.as_str(), b.id.as_str(), partition))
                 .map_err(db_err)?
                 .is_some()
             {
@@ -423,14 +432,14 @@ impl EmbeddedMetastore {
             }
             let tombs = tx.open_table(ENTRY_TOMBSTONES).map_err(db_err)?;
             if tombs
-                .get((b.id.as_str(), b.tenant.as_str()))
+                .get((b.id.as_str(), b.tenant.as_str(), partition))
                 .map_err(db_err)?
                 .is_some()
             {
                 return Err(exists());
             }
             index
-                .insert((b.tenant.as_str(), b.id.as_str()), (partition, b.shard))
+                .insert((b.tenant.as_str(), b.id.as_str(), partition), b.shard)
                 .map_err(db_err)?;
         }
         tx.open_table(BLOCKS)
@@ -471,30 +480,42 @@ impl EmbeddedMetastore {
                 .insert(b.id.as_str(), (refs + 1, path.as_str()))
                 .map_err(db_err)?;
         }
-        if b.level < TOP_LEVEL {
-            tx.open_table(QUEUE)
-                .map_err(db_err)?
-                .insert(
-                    (
-                        b.tenant.as_str(),
-                        partition,
-                        b.shard,
-                        b.level,
-                        b.id.as_str(),
-                    ),
-                    json(&QueuedBlock::of(b)).as_slice(),
-                )
-                .map_err(db_err)?;
+        Self::enqueue(tx, b)
+    }
+
+    /// Puts a block in the compaction queue, unless it is at the top level.
+    fn enqueue(tx: &WriteTransaction, b: &BlockMeta) -> Result<()> {
+        if b.level >= TOP_LEVEL {
+            return Ok(());
         }
+        tx.open_table(QUEUE)
+            .map_err(db_err)?
+            .insert(
+                (
+                    b.tenant.as_str(),
+                    b.partition(),
+                    b.shard,
+                    b.level,
+                    b.id.as_str(),
+                ),
+                json(&QueuedBlock::of(b)).as_slice(),
+            )
+            .map_err(db_err)?;
         Ok(())
     }
 
     /// Reads an entry inside a write transaction.
-    fn entry_in(&self, tx: &WriteTransaction, tenant: &str, id: &str) -> Result<Option<BlockMeta>> {
-        let Some((partition, shard)) = tx
+    fn entry_in(
+        &self,
+        tx: &WriteTransaction,
+        tenant: &str,
+        id: &str,
+        partition: i64,
+    ) -> Result<Option<BlockMeta>> {
+        let Some(shard) = tx
             .open_table(BLOCK_INDEX)
             .map_err(db_err)?
-            .get((tenant, id))
+            .get((tenant, id, partition))
             .map_err(db_err)?
             .map(|v| v.value())
         else {
@@ -506,7 +527,9 @@ impl EmbeddedMetastore {
                 "block {id} of {tenant} is indexed but missing"
             )));
         };
-        Ok(Some((*self.decode(tenant, id, data.value())?).clone()))
+        Ok(Some(
+            (*self.decode(tenant, id, partition, data.value())?).clone(),
+        ))
     }
 
     /// Removes one entry from the index. With `keep_object`, the object keeps its reference
@@ -523,7 +546,7 @@ impl EmbeddedMetastore {
         let (tenant, id, partition) = (b.tenant.as_str(), b.id.as_str(), b.partition());
         tx.open_table(BLOCK_INDEX)
             .map_err(db_err)?
-            .remove((tenant, id))
+            .remove((tenant, id, partition))
             .map_err(db_err)?;
         tx.open_table(BLOCKS)
             .map_err(db_err)?
@@ -556,10 +579,11 @@ impl EmbeddedMetastore {
         if tombstone_entry {
             tx.open_table(ENTRY_TOMBSTONES)
                 .map_err(db_err)?
-                .insert((id, tenant), ())
+                .insert((id, tenant, partition), ())
                 .map_err(db_err)?;
         }
-        self.cache.invalidate(&(tenant.to_owned(), id.to_owned()));
+        self.cache
+            .invalidate(&(tenant.to_owned(), id.to_owned(), partition));
         if keep_object {
             return Ok(false);
         }
@@ -604,7 +628,7 @@ impl EmbeddedMetastore {
         let mut claims = tx.open_table(CLAIMS).map_err(db_err)?;
         for s in &job.sources {
             claims
-                .remove((job.tenant.as_str(), s.id.as_str()))
+                .remove((job.tenant.as_str(), s.id.as_str(), s.partition))
                 .map_err(db_err)?;
         }
         Ok(())
@@ -626,7 +650,7 @@ impl EmbeddedMetastore {
             {
                 let (k, v) = row.map_err(db_err)?;
                 let id = k.value().3.to_owned();
-                out.push((*self.decode(tenant, &id, v.value())?).clone());
+                out.push((*self.decode(tenant, &id, p, v.value())?).clone());
             }
         }
         Ok(out)
@@ -726,7 +750,7 @@ impl Metastore for Embedded {
             {
                 let (k, v) = row.map_err(db_err)?;
                 let id = k.value().3;
-                match m.decode(q.tenant, id, v.value()) {
+                match m.decode(q.tenant, id, p, v.value()) {
                     Ok(b) if q.matches(&b) => out.push(b),
                     Ok(_) => {}
                     Err(e) => tracing::error!(tenant = q.tenant, block = id, error = %e,
@@ -744,18 +768,18 @@ impl Metastore for Embedded {
         let blocks = tx.open_table(BLOCKS).map_err(db_err)?;
         let mut out = Vec::new();
         for id in ids {
-            let Some((p, shard)) = index
-                .get((tenant, id.as_str()))
-                .map_err(db_err)?
-                .map(|v| v.value())
-            else {
-                continue;
-            };
-            if let Some(v) = blocks
-                .get((p, tenant, shard, id.as_str()))
+            for row in index
+                .range((tenant, id.as_str(), i64::MIN)..=(tenant, id.as_str(), i64::MAX))
                 .map_err(db_err)?
             {
-                out.push(m.decode(tenant, id, v.value())?);
+                let (k, v) = row.map_err(db_err)?;
+                let (p, shard) = (k.value().2, v.value());
+                if let Some(v) = blocks
+                    .get((p, tenant, shard, id.as_str()))
+                    .map_err(db_err)?
+                {
+                    out.push(m.decode(tenant, id, p, v.value())?);
+                }
             }
         }
         Ok(out)
@@ -818,7 +842,7 @@ impl Metastore for Embedded {
                             if s.tenant != job.tenant
                                 || queue.get(key).map_err(db_err)?.is_none()
                                 || claims
-                                    .get((s.tenant.as_str(), s.id.as_str()))
+                                    .get((s.tenant.as_str(), s.id.as_str(), s.partition))
                                     .map_err(db_err)?
                                     .is_some()
                             {
@@ -843,7 +867,7 @@ impl Metastore for Embedded {
                                 ))
                                 .map_err(db_err)?;
                             claims
-                                .insert((s.tenant.as_str(), s.id.as_str()), job.id)
+                                .insert((s.tenant.as_str(), s.id.as_str(), s.partition), job.id)
                                 .map_err(db_err)?;
                         }
                     }
@@ -902,7 +926,7 @@ impl Metastore for Embedded {
                 }
                 let due = now_ms.saturating_add(delete_after_ms);
                 for s in &job.sources {
-                    let Some(b) = m.entry_in(tx, &job.tenant, &s.id)? else {
+                    let Some(b) = m.entry_in(tx, &job.tenant, &s.id, s.partition)? else {
                         return Err(Error::Metastore(format!(
                             "source {} of job {job_id} is gone",
                             s.id
@@ -931,20 +955,8 @@ impl Metastore for Embedded {
                 };
                 EmbeddedMetastore::delete_job(tx, &job)?;
                 for s in &job.sources {
-                    if let Some(b) = m.entry_in(tx, &job.tenant, &s.id)? {
-                        tx.open_table(QUEUE)
-                            .map_err(db_err)?
-                            .insert(
-                                (
-                                    b.tenant.as_str(),
-                                    b.partition(),
-                                    b.shard,
-                                    b.level,
-                                    b.id.as_str(),
-                                ),
-                                json(&QueuedBlock::of(&b)).as_slice(),
-                            )
-                            .map_err(db_err)?;
+                    if let Some(b) = m.entry_in(tx, &job.tenant, &s.id, s.partition)? {
+                        EmbeddedMetastore::enqueue(tx, &b)?;
                     }
                 }
                 Ok(())
@@ -1005,21 +1017,24 @@ impl Metastore for Embedded {
                     removed.entries += 1;
                     removed.objects += usize::from(m.remove_entry(tx, &b, due, false, false)?);
                 }
-                let quarantined: Vec<String> = {
+                let quarantined: Vec<(String, i64)> = {
                     let q = tx.open_table(QUARANTINE).map_err(db_err)?;
                     let mut v = Vec::new();
                     for row in q
-                        .range((tenant.as_str(), "")..=(tenant.as_str(), MAX_STR))
+                        .range(
+                            (tenant.as_str(), "", i64::MIN)..=(tenant.as_str(), MAX_STR, i64::MAX),
+                        )
                         .map_err(db_err)?
                     {
-                        v.push(row.map_err(db_err)?.0.value().1.to_owned());
+                        let k = row.map_err(db_err)?.0;
+                        v.push((k.value().1.to_owned(), k.value().2));
                     }
                     v
                 };
-                for id in quarantined {
+                for (id, p) in quarantined {
                     tx.open_table(QUARANTINE)
                         .map_err(db_err)?
-                        .remove((tenant.as_str(), id.as_str()))
+                        .remove((tenant.as_str(), id.as_str(), p))
                         .map_err(db_err)?;
                     removed.entries += 1;
                     removed.objects += usize::from(m.release_object(tx, &id, due)?);
@@ -1058,14 +1073,16 @@ impl Metastore for Embedded {
                 let mut entries = tx.open_table(ENTRY_TOMBSTONES).map_err(db_err)?;
                 for id in &ids {
                     objects.remove(id.as_str()).map_err(db_err)?;
-                    let tenants: Vec<String> = entries
-                        .range((id.as_str(), "")..=(id.as_str(), MAX_STR))
+                    let keys: Vec<(String, i64)> = entries
+                        .range((id.as_str(), "", i64::MIN)..=(id.as_str(), MAX_STR, i64::MAX))
                         .map_err(db_err)?
-                        .map(|r| r.map(|(k, _)| k.value().1.to_owned()))
+                        .map(|r| r.map(|(k, _)| (k.value().1.to_owned(), k.value().2)))
                         .collect::<std::result::Result<_, _>>()
                         .map_err(db_err)?;
-                    for t in tenants {
-                        entries.remove((id.as_str(), t.as_str())).map_err(db_err)?;
+                    for (t, p) in keys {
+                        entries
+                            .remove((id.as_str(), t.as_str(), p))
+                            .map_err(db_err)?;
                     }
                 }
                 Ok(())
@@ -1099,79 +1116,83 @@ impl Metastore for Embedded {
         let (tenant, id, reason) = (tenant.to_owned(), id.to_owned(), reason.to_owned());
         self.0
             .write(move |m, tx| {
-                // An entry that cannot even be decoded is removed by its keys alone.
-                let located = tx
-                    .open_table(BLOCK_INDEX)
-                    .map_err(db_err)?
-                    .get((tenant.as_str(), id.as_str()))
-                    .map_err(db_err)?
-                    .map(|v| v.value());
-                let Some((partition, shard)) = located else {
+                let located: Vec<(i64, u32)> = {
+                    let index = tx.open_table(BLOCK_INDEX).map_err(db_err)?;
+                    let mut v = Vec::new();
+                    for row in index
+                        .range(
+                            (tenant.as_str(), id.as_str(), i64::MIN)
+                                ..=(tenant.as_str(), id.as_str(), i64::MAX),
+                        )
+                        .map_err(db_err)?
+                    {
+                        let (k, v2) = row.map_err(db_err)?;
+                        v.push((k.value().2, v2.value()));
+                    }
+                    v
+                };
+                if located.is_empty() {
                     return Ok(false);
-                };
-                let path = match m.entry_in(tx, &tenant, &id) {
-                    Ok(Some(b)) => {
-                        m.remove_entry(tx, &b, 0, false, true)?;
-                        b.path()
-                    }
-                    Ok(None) => return Ok(false),
-                    Err(_) => {
-                        tx.open_table(BLOCK_INDEX)
-                            .map_err(db_err)?
-                            .remove((tenant.as_str(), id.as_str()))
-                            .map_err(db_err)?;
-                        tx.open_table(BLOCKS)
-                            .map_err(db_err)?
-                            .remove((partition, tenant.as_str(), shard, id.as_str()))
-                            .map_err(db_err)?;
-                        let objects = tx.open_table(OBJECTS).map_err(db_err)?;
-                        objects
-                            .get(id.as_str())
-                            .map_err(db_err)?
-                            .map(|v| v.value().1.to_owned())
-                            .unwrap_or_default()
-                    }
-                };
-                // A job holding it gives its sources back to the queue.
-                let claim = tx
-                    .open_table(CLAIMS)
+                }
+                let path = tx
+                    .open_table(OBJECTS)
                     .map_err(db_err)?
-                    .get((tenant.as_str(), id.as_str()))
+                    .get(id.as_str())
                     .map_err(db_err)?
-                    .map(|v| v.value());
-                if let Some(job_id) = claim
-                    && let Some(job) = EmbeddedMetastore::get_job(tx, job_id)?
-                {
-                    EmbeddedMetastore::delete_job(tx, &job)?;
-                    for s in job.sources.iter().filter(|s| s.id != id) {
-                        if let Some(b) = m.entry_in(tx, &job.tenant, &s.id)? {
-                            tx.open_table(QUEUE)
+                    .map(|v| v.value().1.to_owned())
+                    .unwrap_or_default();
+                for (partition, shard) in located {
+                    // An entry that cannot even be decoded is removed by its keys alone; the
+                    // object keeps its reference, so it stays known (and kept) while listed.
+                    match m.entry_in(tx, &tenant, &id, partition) {
+                        Ok(Some(b)) => {
+                            m.remove_entry(tx, &b, 0, false, true)?;
+                        }
+                        Ok(None) => continue,
+                        Err(_) => {
+                            tx.open_table(BLOCK_INDEX)
                                 .map_err(db_err)?
-                                .insert(
-                                    (
-                                        b.tenant.as_str(),
-                                        b.partition(),
-                                        b.shard,
-                                        b.level,
-                                        b.id.as_str(),
-                                    ),
-                                    json(&QueuedBlock::of(&b)).as_slice(),
-                                )
+                                .remove((tenant.as_str(), id.as_str(), partition))
+                                .map_err(db_err)?;
+                            tx.open_table(BLOCKS)
+                                .map_err(db_err)?
+                                .remove((partition, tenant.as_str(), shard, id.as_str()))
                                 .map_err(db_err)?;
                         }
                     }
+                    // A job holding it gives its other sources back to the queue.
+                    let claim = tx
+                        .open_table(CLAIMS)
+                        .map_err(db_err)?
+                        .get((tenant.as_str(), id.as_str(), partition))
+                        .map_err(db_err)?
+                        .map(|v| v.value());
+                    if let Some(job_id) = claim
+                        && let Some(job) = EmbeddedMetastore::get_job(tx, job_id)?
+                    {
+                        EmbeddedMetastore::delete_job(tx, &job)?;
+                        for s in job.sources.iter().filter(|s| s.id != id) {
+                            if let Some(b) = m.entry_in(tx, &job.tenant, &s.id, s.partition)? {
+                                EmbeddedMetastore::enqueue(tx, &b)?;
+                            }
+                        }
+                    }
+                    let record = Quarantined {
+                        tenant: tenant.clone(),
+                        id: id.clone(),
+                        partition,
+                        path: path.clone(),
+                        reason: reason.clone(),
+                        at_ms: now_ms,
+                    };
+                    tx.open_table(QUARANTINE)
+                        .map_err(db_err)?
+                        .insert(
+                            (tenant.as_str(), id.as_str(), partition),
+                            json(&record).as_slice(),
+                        )
+                        .map_err(db_err)?;
                 }
-                let record = Quarantined {
-                    tenant: tenant.clone(),
-                    id: id.clone(),
-                    path,
-                    reason,
-                    at_ms: now_ms,
-                };
-                tx.open_table(QUARANTINE)
-                    .map_err(db_err)?
-                    .insert((tenant.as_str(), id.as_str()), json(&record).as_slice())
-                    .map_err(db_err)?;
                 Ok(true)
             })
             .await
@@ -1182,7 +1203,9 @@ impl Metastore for Embedded {
         let q = tx.open_table(QUARANTINE).map_err(db_err)?;
         let mut out = Vec::new();
         let rows = match tenant {
-            Some(t) => q.range((t, "")..=(t, MAX_STR)).map_err(db_err)?,
+            Some(t) => q
+                .range((t, "", i64::MIN)..=(t, MAX_STR, i64::MAX))
+                .map_err(db_err)?,
             None => q.iter().map_err(db_err)?,
         };
         for row in rows {

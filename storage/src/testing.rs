@@ -1,0 +1,121 @@
+//! Helpers for tests of the storage engine (feature `testing`): profiles built from root-first
+//! stacks of function names, and a storage on a temporary directory.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_otel::model::{
+    Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols,
+};
+
+use crate::compaction::LevelPolicy;
+use crate::query::SampleFilter;
+use crate::selector::parse_selector;
+use crate::store::ObjectStorage;
+use crate::store::faulty::FaultyStore;
+use crate::{Storage, StorageConfig};
+
+/// The CPU profile type id the helpers use.
+pub const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+
+/// The CPU profile type.
+pub fn cpu_type() -> ProfileType {
+    ProfileType::parse(CPU).expect("a valid profile type id")
+}
+
+/// A CPU profile of service `service` at `time_nanos` with the given root-first stacks and
+/// values (stacks may repeat).
+pub fn profile(service: &str, stacks: &[(Vec<String>, i64)], time_nanos: i64) -> NormalizedProfile {
+    let mut symbols = Symbols::default();
+    let mut index: HashMap<&str, u32> = HashMap::new();
+    let mut samples = Vec::with_capacity(stacks.len());
+    for (frames, value) in stacks {
+        let stack = frames
+            .iter()
+            .rev()
+            .map(|f| {
+                *index.entry(f.as_str()).or_insert_with(|| {
+                    let i = symbols.functions.len() as u32;
+                    symbols.functions.push(Function {
+                        name: f.clone(),
+                        ..Default::default()
+                    });
+                    symbols.locations.push(Location {
+                        lines: vec![Line {
+                            function: i,
+                            line: 1,
+                        }],
+                        ..Default::default()
+                    });
+                    i
+                })
+            })
+            .collect();
+        samples.push(Sample {
+            stack,
+            value: *value,
+            ..Default::default()
+        });
+    }
+    NormalizedProfile {
+        symbols,
+        series: vec![Series {
+            labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", service)]),
+            profile_type: cpu_type(),
+            time_nanos,
+            duration_nanos: 10_000_000_000,
+            samples,
+        }],
+    }
+}
+
+/// Root-first frames from `a;b;c`.
+pub fn frames(folded: &str) -> Vec<String> {
+    folded.split(';').map(str::to_owned).collect()
+}
+
+/// A filter over every CPU sample of `tenant` matching `selector` in `[start, end)`.
+pub fn filter(tenant: &str, selector: &str, start: i64, end: i64) -> SampleFilter {
+    SampleFilter {
+        tenant: tenant.into(),
+        profile_type: CPU.into(),
+        selector: parse_selector(selector).expect("a valid selector"),
+        start_nanos: start,
+        end_nanos: end,
+        span_ids: vec![],
+        trace_ids: vec![],
+    }
+}
+
+/// Settings for tests: a short flush interval, compaction by count only (no age trigger within
+/// a test's lifetime) with small fan-ins, no delete delay.
+pub fn config(dir: &std::path::Path) -> StorageConfig {
+    let mut c = StorageConfig::new(dir);
+    c.writer.flush_interval = Duration::from_millis(5);
+    let p = |blocks| LevelPolicy {
+        blocks,
+        age: Duration::from_secs(365 * 24 * 3600),
+    };
+    c.compaction.levels = vec![p(4), p(3), p(2)];
+    c.compaction.batch_rows = 64;
+    c.compaction.row_group_rows = 256;
+    c.delete_delay = Duration::ZERO;
+    c.orphan_grace = Duration::ZERO;
+    c
+}
+
+/// A storage on the local directory `dir` whose object store fails on demand.
+pub async fn faulty_storage(config: StorageConfig) -> (Storage, Arc<FaultyStore>) {
+    let local = ObjectStorage::local(&config.data_dir.join("objects")).expect("a local store");
+    let faulty = Arc::new(FaultyStore::new(Arc::clone(local.inner())));
+    let store = local.with_store(faulty.clone());
+    let metastore: Arc<dyn crate::metastore::Metastore> = Arc::new(
+        crate::metastore::embedded::Embedded::open(
+            &config.data_dir.join("metastore").join("metastore.redb"),
+        )
+        .expect("a metastore"),
+    );
+    let storage = Storage::with_parts(config, store, metastore).expect("a storage");
+    (storage, faulty)
+}

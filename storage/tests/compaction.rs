@@ -1,0 +1,357 @@
+//! Storage v2 end to end, in process: segments, compaction, garbage collection, retention,
+//! quarantine, store failures and rebuilding the index from footers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use kiln_storage::meta::{PARTITION_NANOS, object_id_of_path};
+use kiln_storage::metastore::BlockQuery;
+use kiln_storage::query::Aggregation;
+use kiln_storage::testing::{config, faulty_storage, filter, frames, profile};
+use kiln_storage::{ErrorKind, Storage};
+
+const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
+const SEC: i64 = 1_000_000_000;
+
+type Stacks = BTreeMap<Vec<String>, i64>;
+
+async fn stacks(s: &Storage, tenant: &str, selector: &str) -> Stacks {
+    s.query()
+        .merge_tree(&filter(
+            tenant,
+            selector,
+            T0 - PARTITION_NANOS,
+            T0 + 16 * PARTITION_NANOS,
+        ))
+        .await
+        .unwrap()
+        .stacks()
+}
+
+async fn series(s: &Storage, tenant: &str) -> Vec<(Vec<(String, String)>, Vec<(i64, f64)>)> {
+    s.query()
+        .select_series(
+            &filter(tenant, "{}", T0 - PARTITION_NANOS, T0 + 4 * PARTITION_NANOS),
+            &["service_name".to_string()],
+            60 * SEC,
+            Aggregation::Sum,
+            None,
+            false,
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.labels, s.points))
+        .collect()
+}
+
+async fn objects(s: &Storage) -> usize {
+    let mut n = s.store().list("segments").await.unwrap().len();
+    n += s.store().list("blocks").await.unwrap().len();
+    n
+}
+
+/// Writes `n` flushes for tenants a and b (services api and db), each its own segment.
+async fn ingest(s: &Storage, n: i64) {
+    for i in 0..n {
+        let t = T0 + i * 10 * SEC;
+        let stack = |leaf: &str| frames(&format!("main;handle;{leaf}{}", i % 7));
+        let (x, y) = tokio::join!(
+            s.write(
+                "a",
+                profile(
+                    "api",
+                    &[(stack("parse"), 10 + i), (frames("main;idle"), 1)],
+                    t
+                )
+            ),
+            s.write(
+                "b",
+                profile("db", &[(stack("query"), 5), (frames("main;b_only"), 2)], t)
+            ),
+        );
+        x.unwrap();
+        y.unwrap();
+        s.write("a", profile("db", &[(stack("scan"), 3)], t + SEC))
+            .await
+            .unwrap();
+        s.flush().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_merges_levels_and_keeps_every_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    ingest(&s, 24).await;
+    let before_a = stacks(&s, "a", "{}").await;
+    let before_api = stacks(&s, "a", r#"{service_name="api"}"#).await;
+    let before_b = stacks(&s, "b", "{}").await;
+    let series_a = series(&s, "a").await;
+    let pprof_total: i64 = s
+        .query()
+        .merge_pprof(&filter("a", "{}", i64::MIN, i64::MAX))
+        .await
+        .unwrap()
+        .sample
+        .iter()
+        .map(|x| x.value[0])
+        .sum();
+    let blocks = |t: &'static str| {
+        let s = s.clone();
+        async move {
+            s.metastore()
+                .query_blocks(BlockQuery::all(t))
+                .await
+                .unwrap()
+        }
+    };
+    let l0 = blocks("a").await;
+    assert!(
+        l0.len() >= 24 && l0.iter().all(|b| b.level == 0),
+        "{}",
+        l0.len()
+    );
+    let segments_before = objects(&s).await;
+
+    let done = s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    assert!(done > 0);
+    let after = blocks("a").await;
+    assert!(after.len() < 6, "blocks left: {}", after.len());
+    assert!(after.iter().any(|b| b.level >= 2), "levels climbed");
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_eq!(stacks(&s, "a", r#"{service_name="api"}"#).await, before_api);
+    assert_eq!(series(&s, "a").await, series_a);
+    assert_eq!(
+        stacks(&s, "b", "{}").await,
+        before_b,
+        "tenant b is untouched"
+    );
+    assert!(
+        !stacks(&s, "b", "{}")
+            .await
+            .keys()
+            .flatten()
+            .any(|f| f.starts_with("parse")),
+        "tenant wall"
+    );
+    let pprof_after: i64 = s
+        .query()
+        .merge_pprof(&filter("a", "{}", i64::MIN, i64::MAX))
+        .await
+        .unwrap()
+        .sample
+        .iter()
+        .map(|x| x.value[0])
+        .sum();
+    assert_eq!(pprof_after, pprof_total);
+    // One symbol table per compacted block: its size is what the block carries, once.
+    let symbols: u64 = after.iter().map(|b| b.symbols.size).sum();
+    let symbols_before: u64 = l0.iter().map(|b| b.symbols.size).sum();
+    assert!(
+        symbols * 4 < symbols_before,
+        "{symbols} vs {symbols_before}"
+    );
+
+    // Sources are deleted once due; the answers stay.
+    let deleted = s.collect_garbage(u64::MAX).await.unwrap();
+    assert!(deleted >= 24, "{deleted}");
+    assert!(objects(&s).await < segments_before);
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_eq!(stacks(&s, "b", "{}").await, before_b);
+
+    // After a restart, the same.
+    s.close().await;
+    drop(s);
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_eq!(series(&s, "a").await, series_a);
+}
+
+fn kiln_storage_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_is_unavailable_and_ingest_recovers_without_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, faulty) = faulty_storage(config(dir.path())).await;
+    s.write("t", profile("api", &[(frames("main;ok"), 1)], T0))
+        .await
+        .unwrap();
+    faulty.fail_puts.store(true, Ordering::SeqCst);
+    let err = s
+        .write("t", profile("api", &[(frames("main;lost"), 5)], T0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(faulty.refused_puts.load(Ordering::SeqCst) > 0);
+    faulty.fail_puts.store(false, Ordering::SeqCst);
+    s.write("t", profile("api", &[(frames("main;after"), 2)], T0))
+        .await
+        .unwrap();
+    let got = stacks(&s, "t", "{}").await;
+    assert_eq!(
+        got,
+        Stacks::from([(frames("main;after"), 2), (frames("main;ok"), 1)]),
+        "nothing refused was stored"
+    );
+    // Reads fail as unavailable too, and are not mistaken for corruption.
+    s.close().await;
+    drop(s);
+    let s2 = {
+        let (s2, f2) = faulty_storage(config(dir.path())).await;
+        f2.fail_gets.store(true, Ordering::SeqCst);
+        let err = s2
+            .query()
+            .merge_tree(&filter("t", "{}", i64::MIN, i64::MAX))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+        f2.fail_gets.store(false, Ordering::SeqCst);
+        s2
+    };
+    assert!(s2.metastore().quarantined(None).await.unwrap().is_empty());
+    assert_eq!(stacks(&s2, "t", "{}").await, got);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_is_quarantined_and_queries_answer_from_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_path;
+    {
+        let s = Storage::open(config(dir.path())).await.unwrap();
+        s.write("t", profile("api", &[(frames("main;first"), 3)], T0))
+            .await
+            .unwrap();
+        s.write("t", profile("api", &[(frames("main;second"), 4)], T0 + SEC))
+            .await
+            .unwrap();
+        s.write("u", profile("api", &[(frames("main;other"), 4)], T0))
+            .await
+            .unwrap();
+        let blocks = s
+            .metastore()
+            .query_blocks(BlockQuery::all("t"))
+            .await
+            .unwrap();
+        assert_eq!(blocks.len(), 2);
+        let first = blocks.iter().min_by_key(|b| b.min_time_nanos).unwrap();
+        bad_path = first.path();
+        let file = dir.path().join("objects").join(&bad_path);
+        let mut bytes = std::fs::read(&file).unwrap();
+        let at = (first.symbols.offset + first.symbols.size / 2) as usize;
+        bytes[at] ^= 0x5a;
+        std::fs::write(&file, bytes).unwrap();
+        s.close().await;
+    }
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    let got = stacks(&s, "t", "{}").await;
+    assert_eq!(got, Stacks::from([(frames("main;second"), 4)]));
+    assert_eq!(s.query().counters().quarantined.load(Ordering::Relaxed), 1);
+    let q = s.metastore().quarantined(Some("t")).await.unwrap();
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].path, bad_path);
+    assert!(q[0].reason.contains("checksum"), "{}", q[0].reason);
+    // The next query does not even look at it; the other tenant never did.
+    assert_eq!(stacks(&s, "t", "{}").await, got);
+    assert_eq!(
+        stacks(&s, "u", "{}").await,
+        Stacks::from([(frames("main;other"), 4)])
+    );
+    assert!(
+        s.metastore()
+            .quarantined(Some("u"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A quarantined object is known: the sweeper keeps it for inspection.
+    assert_eq!(s.sweep_orphans(u64::MAX).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_old_partitions_of_one_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    for day in 0..3 {
+        let t = T0 + day * 4 * PARTITION_NANOS;
+        s.write("t", profile("api", &[(frames(&format!("day{day}")), 1)], t))
+            .await
+            .unwrap();
+        s.write("u", profile("api", &[(frames(&format!("u{day}")), 1)], t))
+            .await
+            .unwrap();
+    }
+    // An OTLP-like profile whose samples straddle a partition boundary is split in two.
+    let mut p = profile("api", &[(frames("early"), 1), (frames("late"), 1)], 0);
+    p.series[0].samples[0].timestamp_nanos = T0 + 4 * PARTITION_NANOS - SEC;
+    p.series[0].samples[1].timestamp_nanos = T0 + 4 * PARTITION_NANOS + SEC;
+    s.write("t", p).await.unwrap();
+    let removed = s
+        .apply_retention("t", T0 + 4 * PARTITION_NANOS)
+        .await
+        .unwrap();
+    assert_eq!(removed, 2, "day 0 and the early half of the split profile");
+    let got = stacks(&s, "t", "{}").await;
+    assert_eq!(
+        got.keys().map(|k| k[0].as_str()).collect::<Vec<_>>(),
+        ["day1", "day2", "late"]
+    );
+    assert_eq!(
+        stacks(&s, "u", "{}").await.len(),
+        3,
+        "the other tenant keeps everything"
+    );
+    assert_eq!(s.delete_tenant("t").await.unwrap(), 3);
+    assert!(stacks(&s, "t", "{}").await.is_empty());
+    assert_eq!(stacks(&s, "u", "{}").await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    ingest(&s, 6).await;
+    s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    ingest(&s, 2).await;
+    let want_a = stacks(&s, "a", "{}").await;
+    let want_b = stacks(&s, "b", "{}").await;
+    // An object no entry names, as a crash between PUT and commit leaves it.
+    let orphan = format!("segments/0/{}.kblk", ulid::Ulid::generate());
+    s.store()
+        .put_durable(&orphan, bytes::Bytes::from_static(b"half written"))
+        .await
+        .unwrap();
+    assert_eq!(s.sweep_orphans(kiln_storage_now()).await.unwrap(), 1);
+    assert!(
+        s.store()
+            .list("segments")
+            .await
+            .unwrap()
+            .iter()
+            .all(|o| object_id_of_path(o.location.as_ref()) != object_id_of_path(&orphan))
+    );
+    s.close().await;
+    drop(s);
+
+    // Lose the index; rebuild it from the objects (compacted sources not yet deleted included).
+    let meta = dir.path().join("metastore");
+    std::fs::remove_dir_all(&meta).unwrap();
+    let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
+    let m =
+        kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
+    let (added, bad) = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    assert!(added > 0 && bad.is_empty(), "{added} {bad:?}");
+    drop(m);
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    assert_eq!(
+        stacks(&s, "a", "{}").await,
+        want_a,
+        "no duplicates, nothing lost"
+    );
+    assert_eq!(stacks(&s, "b", "{}").await, want_b);
+}
