@@ -27,9 +27,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::Result;
-use crate::meta::{
-    BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, encode_footer, partition_of,
-};
+use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, encode_footer};
 use crate::symbols::SymbolsBuilder;
 
 /// Column names of the samples section.
@@ -248,25 +246,12 @@ impl DatasetBuilder {
 
     /// Adds a normalized profile.
     pub fn add(&mut self, profile: &NormalizedProfile) {
-        self.add_in(profile, None);
-    }
-
-    /// Adds the samples of a normalized profile that fall in `partition` (all with `None`).
-    pub fn add_in(&mut self, profile: &NormalizedProfile, partition: Option<i64>) {
         if profile.series.is_empty() {
             return;
         }
         let locations = self.symbols.add_locations(&profile.symbols);
-        let effective = |series: &kiln_otel::model::Series, t: i64| {
-            if t != 0 { t } else { series.time_nanos }
-        };
         for series in &profile.series {
-            if let Some(p) = partition
-                && !series
-                    .samples
-                    .iter()
-                    .any(|x| partition_of(effective(series, x.timestamp_nanos)) == p)
-            {
+            if series.samples.is_empty() {
                 continue;
             }
             let key = (series.profile_type.id(), series.labels.clone());
@@ -281,10 +266,11 @@ impl DatasetBuilder {
                 });
             }
             for sample in &series.samples {
-                let timestamp = effective(series, sample.timestamp_nanos);
-                if partition.is_some_and(|p| partition_of(timestamp) != p) {
-                    continue;
-                }
+                let timestamp = if sample.timestamp_nanos != 0 {
+                    sample.timestamp_nanos
+                } else {
+                    series.time_nanos
+                };
                 let entry = &mut self.series[id as usize];
                 entry.min = entry.min.min(timestamp);
                 entry.max = entry.max.max(timestamp);
@@ -404,26 +390,6 @@ impl DatasetBuilder {
             symbols,
         })
     }
-}
-
-/// The time partitions a profile's samples fall in, sorted.
-pub fn profile_partitions(profile: &NormalizedProfile) -> Vec<i64> {
-    let mut out: Vec<i64> = profile
-        .series
-        .iter()
-        .flat_map(|s| {
-            s.samples.iter().map(move |x| {
-                partition_of(if x.timestamp_nanos != 0 {
-                    x.timestamp_nanos
-                } else {
-                    s.time_nanos
-                })
-            })
-        })
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out
 }
 
 /// Series order = sort order: profile type, service name, then the whole label set. Returns the

@@ -268,8 +268,15 @@ struct Output {
 const UNMAPPED: u32 = u32::MAX;
 
 impl Output {
-    fn new(dir: &std::path::Path, sources: usize, row_group_rows: usize) -> Result<Self> {
-        let id = ulid::Ulid::generate().to_string();
+    /// A new output whose id carries `created_ms` (the oldest source's time, so the output
+    /// stays in its sources' partition).
+    fn new(
+        dir: &std::path::Path,
+        sources: usize,
+        row_group_rows: usize,
+        created_ms: u64,
+    ) -> Result<Self> {
+        let id = ulid::Ulid::from_parts(created_ms, ulid::Ulid::generate().random()).to_string();
         let file_path = dir.join(format!("{id}.kblk.part"));
         let file = std::fs::File::create(&file_path).map_err(|source| Error::Io {
             path: file_path.display().to_string(),
@@ -600,7 +607,7 @@ impl Compactor {
         let mut sources = Vec::with_capacity(metas.len());
         for (meta, series_map) in metas.iter().zip(series_maps) {
             let fail = |e| (Some(Arc::clone(meta)), e);
-            let symbols = self.query.symbols(meta).await.map_err(fail)?;
+            let symbols = self.query.load_symbols(meta).await.map_err(fail)?;
             let stream = self
                 .query
                 .read_all(meta, self.config.batch_rows)
@@ -622,10 +629,16 @@ impl Compactor {
             }
         }
         let local = |e| (None, e);
+        let created_ms = metas.iter().map(|m| m.created_ms()).min().unwrap_or(0);
         let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
         let mut outputs: Vec<(PathBuf, BlockMeta)> = Vec::new();
-        let mut out =
-            Output::new(&self.scratch, sources.len(), self.config.row_group_rows).map_err(local)?;
+        let mut out = Output::new(
+            &self.scratch,
+            sources.len(),
+            self.config.row_group_rows,
+            created_ms,
+        )
+        .map_err(local)?;
         let mut group: Vec<Row> = Vec::new();
         while let Some(Reverse((series, t, _))) = heap.peek().copied() {
             // Every source's rows of this (series, timestamp), stacks remapped.
@@ -668,9 +681,13 @@ impl Compactor {
             if out.symbols.stack_nodes() >= self.config.max_output_stack_nodes {
                 let next_series = heap.peek().map(|Reverse((s, _, _))| *s);
                 if next_series != Some(series) {
-                    let next =
-                        Output::new(&self.scratch, sources.len(), self.config.row_group_rows)
-                            .map_err(local)?;
+                    let next = Output::new(
+                        &self.scratch,
+                        sources.len(),
+                        self.config.row_group_rows,
+                        created_ms,
+                    )
+                    .map_err(local)?;
                     let done = std::mem::replace(&mut out, next);
                     let p = if outputs.is_empty() { profiles } else { 0 };
                     outputs.push(

@@ -14,6 +14,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
@@ -33,9 +34,43 @@ pub const TOP_LEVEL: u32 = 3;
 /// Length of a metastore time partition.
 pub const PARTITION_NANOS: i64 = 6 * 3600 * 1_000_000_000;
 
-/// The time partition of a timestamp.
+/// The time partition of a timestamp (Unix nanoseconds).
 pub fn partition_of(time_nanos: i64) -> i64 {
     time_nanos.div_euclid(PARTITION_NANOS)
+}
+
+/// The time of new object ids (Unix milliseconds): the system clock, or a fixed one in tests.
+#[derive(Clone, Default)]
+pub struct Clock(Option<Arc<std::sync::atomic::AtomicU64>>);
+
+impl Clock {
+    /// A clock that reads `ms` until it is set again.
+    pub fn manual(ms: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self(Some(ms))
+    }
+
+    /// Unix milliseconds now.
+    pub fn now_ms(&self) -> u64 {
+        match &self.0 {
+            Some(ms) => ms.load(std::sync::atomic::Ordering::SeqCst),
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            None => f.write_str("Clock(system)"),
+            Some(ms) => write!(
+                f,
+                "Clock(manual {})",
+                ms.load(std::sync::atomic::Ordering::SeqCst)
+            ),
+        }
+    }
 }
 
 /// A byte range of an object.
@@ -111,16 +146,27 @@ pub struct BlockMeta {
     pub compacted_from: Vec<String>,
 }
 
+/// What identifies a metastore entry: tenant, object id and partition.
+pub type EntryKey = (String, String, i64);
+
 impl BlockMeta {
+    /// The entry's identity: one tenant's dataset of one partition in one object.
+    pub fn key(&self) -> EntryKey {
+        (self.tenant.clone(), self.id.clone(), self.partition())
+    }
+
     /// Whether the block's time range meets `[start, end)`.
     pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
         self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
     }
 
-    /// The metastore partition: that of the block's minimum time (a dataset never spans two:
-    /// the writer splits profiles at partition boundaries and compaction merges within one).
+    /// The metastore partition: the six-hour window of the object's creation (its ULID time),
+    /// as in Pyroscope's metastore index. Compaction merges within a partition and gives its
+    /// output the oldest source's time, so a block never leaves its partition; retention drops
+    /// partitions by age of ingestion, so backfilled profiles get the full retention period.
+    /// Lookups by data time use each partition's data time range.
     pub fn partition(&self) -> i64 {
-        partition_of(self.min_time_nanos)
+        partition_of((self.created_ms() as i64).saturating_mul(1_000_000))
     }
 
     /// The object's path.

@@ -30,6 +30,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
 use crate::block::col;
+use crate::meta::EntryKey;
 use crate::metastore::{BlockMeta, BlockQuery, Metastore, SeriesMeta};
 use crate::selector::{MatchOp, Selector};
 use crate::store::ObjectStorage;
@@ -172,8 +173,8 @@ pub struct QueryCounters {
 pub struct QueryEngine {
     store: ObjectStorage,
     metastore: Arc<dyn Metastore>,
-    symbols: moka::future::Cache<(String, String), Arc<SymbolTable>>,
-    parquet: moka::future::Cache<(String, String), ArrowReaderMetadata>,
+    symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
+    parquet: moka::future::Cache<EntryKey, ArrowReaderMetadata>,
     counters: Arc<QueryCounters>,
 }
 
@@ -348,13 +349,13 @@ impl QueryEngine {
     /// metadata.
     pub fn new(store: ObjectStorage, metastore: Arc<dyn Metastore>, cache_bytes: u64) -> Self {
         let symbols = moka::future::Cache::builder()
-            .weigher(|_: &(String, String), t: &Arc<SymbolTable>| {
+            .weigher(|_: &EntryKey, t: &Arc<SymbolTable>| {
                 u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
             })
             .max_capacity(cache_bytes)
             .build();
         let parquet = moka::future::Cache::builder()
-            .weigher(|_: &(String, String), m: &ArrowReaderMetadata| {
+            .weigher(|_: &EntryKey, m: &ArrowReaderMetadata| {
                 u32::try_from(m.metadata().memory_size()).unwrap_or(u32::MAX)
             })
             .max_capacity(cache_bytes / 4)
@@ -519,6 +520,28 @@ impl QueryEngine {
             .collect())
     }
 
+    /// The symbols of a block, read and checked without the cache (the compactor reads each
+    /// block once; keeping them would crowd out what queries use).
+    pub async fn load_symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
+        if let Some(t) = self.symbols.get(&block.key()).await {
+            return Ok(t);
+        }
+        let data = self
+            .store
+            .get_range(&block.path(), block.symbols.range())
+            .await?;
+        self.counters
+            .bytes_read
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        SymbolTable::decode(&data)
+            .map(Arc::new)
+            .map_err(|reason| Error::Corrupt {
+                tenant: block.tenant.clone(),
+                block: block.id.clone(),
+                reason,
+            })
+    }
+
     /// The symbols of a block, cached.
     pub async fn symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
         let store = self.store.clone();
@@ -527,7 +550,7 @@ impl QueryEngine {
         let (tenant, id) = (block.tenant.clone(), block.id.clone());
         let counters = Arc::clone(&self.counters);
         self.symbols
-            .try_get_with((block.tenant.clone(), block.id.clone()), async move {
+            .try_get_with(block.key(), async move {
                 let data = store.get_range(&path, range).await?;
                 counters
                     .bytes_read
@@ -547,7 +570,7 @@ impl QueryEngine {
     async fn parquet_metadata(&self, block: &BlockMeta) -> Result<ArrowReaderMetadata> {
         let mut reader = SectionReader::new(self, block);
         self.parquet
-            .try_get_with((block.tenant.clone(), block.id.clone()), async move {
+            .try_get_with(block.key(), async move {
                 let options =
                     ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
                 Ok::<_, Error>(ArrowReaderMetadata::load_async(&mut reader, options).await?)
@@ -623,9 +646,8 @@ impl QueryEngine {
         self.metastore
             .quarantine(&block.tenant, &block.id, &reason, now)
             .await?;
-        self.symbols
-            .invalidate(&(block.tenant.clone(), block.id.clone()))
-            .await;
+        self.symbols.invalidate(&block.key()).await;
+        self.parquet.invalidate(&block.key()).await;
         Ok(())
     }
 

@@ -105,6 +105,16 @@ pub fn config(dir: &std::path::Path) -> StorageConfig {
     c
 }
 
+/// [`config`] with object ids made at the time `ms` holds (their metastore partition).
+pub fn config_with_clock(
+    dir: &std::path::Path,
+    ms: Arc<std::sync::atomic::AtomicU64>,
+) -> StorageConfig {
+    let mut c = config(dir);
+    c.writer.clock = crate::meta::Clock::manual(ms);
+    c
+}
+
 /// A storage on the local directory `dir` whose object store fails on demand.
 pub async fn faulty_storage(config: StorageConfig) -> (Storage, Arc<FaultyStore>) {
     let local = ObjectStorage::local(&config.data_dir.join("objects")).expect("a local store");

@@ -13,8 +13,8 @@ use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
-use crate::block::{DatasetBuilder, assemble_object, profile_partitions};
-use crate::meta::object_path;
+use crate::block::{DatasetBuilder, assemble_object};
+use crate::meta::{Clock, object_path};
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
 use crate::{Error, ErrorKind, Result};
@@ -28,6 +28,8 @@ pub struct WriterConfig {
     pub flush_interval: Duration,
     /// A shard flushes as soon as its buffer passes this many bytes.
     pub flush_bytes: usize,
+    /// Time of segment ids (their metastore partition).
+    pub clock: Clock,
 }
 
 impl Default for WriterConfig {
@@ -36,6 +38,7 @@ impl Default for WriterConfig {
             shards: 2,
             flush_interval: Duration::from_millis(200),
             flush_bytes: 32 << 20,
+            clock: Clock::default(),
         }
     }
 }
@@ -66,6 +69,7 @@ pub struct Writer {
 struct FlushContext {
     store: ObjectStorage,
     metastore: Arc<dyn Metastore>,
+    clock: Clock,
 }
 
 impl Writer {
@@ -75,7 +79,11 @@ impl Writer {
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
     ) -> Self {
-        let ctx = Arc::new(FlushContext { store, metastore });
+        let ctx = Arc::new(FlushContext {
+            store,
+            metastore,
+            clock: config.clock.clone(),
+        });
         let mut tasks = Vec::new();
         let shards = (0..config.shards.max(1))
             .map(|shard| {
@@ -148,32 +156,9 @@ impl Writer {
     }
 }
 
-/// One tenant's writes waiting for a flush: a dataset per time partition (a dataset never spans
-/// two, so retention can drop partitions whole).
 struct Pending {
-    builders: BTreeMap<i64, DatasetBuilder>,
+    builder: DatasetBuilder,
     acks: Vec<Ack>,
-}
-
-impl Pending {
-    fn add(&mut self, tenant: &str, profile: &NormalizedProfile) {
-        let partitions = profile_partitions(profile);
-        let single = partitions.len() == 1;
-        for p in partitions {
-            let b = self
-                .builders
-                .entry(p)
-                .or_insert_with(|| DatasetBuilder::new(tenant));
-            b.add_in(profile, (!single).then_some(p));
-        }
-    }
-
-    fn estimated_bytes(&self) -> usize {
-        self.builders
-            .values()
-            .map(DatasetBuilder::estimated_bytes)
-            .sum()
-    }
 }
 
 async fn run_shard(
@@ -194,14 +179,14 @@ async fn run_shard(
                 }
                 Some(Command::Write { tenant, profiles, ack }) => {
                     let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-                        builders: BTreeMap::new(),
+                        builder: DatasetBuilder::new(tenant),
                         acks: Vec::new(),
                     });
                     for profile in &profiles {
-                        p.add(&tenant, profile);
+                        p.builder.add(profile);
                     }
                     p.acks.push(ack);
-                    let size: usize = pending.values().map(Pending::estimated_bytes).sum();
+                    let size: usize = pending.values().map(|p| p.builder.estimated_bytes()).sum();
                     if size >= config.flush_bytes {
                         flush(shard, &ctx, &mut pending).await;
                     }
@@ -232,12 +217,8 @@ async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pe
         return;
     }
     let started = Instant::now();
-    let mut builders = Vec::new();
-    let mut acks = Vec::new();
-    for p in pending.into_values() {
-        builders.extend(p.builders.into_values());
-        acks.push(p.acks);
-    }
+    let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
+        pending.into_values().map(|p| (p.builder, p.acks)).unzip();
     let result = flush_segment(shard, ctx, builders).await;
     match &result {
         Ok(Some((id, tenants, rows, bytes))) => debug!(
@@ -264,7 +245,8 @@ async fn flush_segment(
     if builders.is_empty() {
         return Ok(None);
     }
-    let id = ulid::Ulid::generate().to_string();
+    let id =
+        ulid::Ulid::from_parts(ctx.clock.now_ms(), ulid::Ulid::generate().random()).to_string();
     let id_for_task = id.clone();
     let (object, metas) = tokio::task::spawn_blocking(move || -> Result<_> {
         let datasets = builders

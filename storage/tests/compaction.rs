@@ -2,12 +2,13 @@
 //! quarantine, store failures and rebuilding the index from footers.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_storage::meta::{PARTITION_NANOS, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::Aggregation;
-use kiln_storage::testing::{config, faulty_storage, filter, frames, profile};
+use kiln_storage::testing::{config, config_with_clock, faulty_storage, filter, frames, profile};
 use kiln_storage::{ErrorKind, Storage};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
@@ -274,38 +275,45 @@ async fn a_flipped_byte_is_quarantined_and_queries_answer_from_the_rest() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_drops_old_partitions_of_one_tenant() {
+async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Storage::open(config(dir.path())).await.unwrap();
+    let clock = Arc::new(AtomicU64::new(0));
+    let mut cfg = config_with_clock(dir.path(), clock.clone());
+    cfg.writer.shards = 1;
+    let s = Storage::open(cfg).await.unwrap();
+    let ms = |t: i64| (t / 1_000_000) as u64;
     for day in 0..3 {
         let t = T0 + day * 4 * PARTITION_NANOS;
-        s.write("t", profile("api", &[(frames(&format!("day{day}")), 1)], t))
-            .await
-            .unwrap();
-        s.write("u", profile("api", &[(frames(&format!("u{day}")), 1)], t))
-            .await
-            .unwrap();
+        clock.store(ms(t), Ordering::SeqCst);
+        // Written together, so both tenants share the day's segment.
+        let (x, y) = tokio::join!(
+            s.write("t", profile("api", &[(frames(&format!("day{day}")), 1)], t)),
+            s.write("u", profile("api", &[(frames(&format!("u{day}")), 1)], t)),
+        );
+        x.unwrap();
+        y.unwrap();
     }
-    // An OTLP-like profile whose samples straddle a partition boundary is split in two.
-    let mut p = profile("api", &[(frames("early"), 1), (frames("late"), 1)], 0);
-    p.series[0].samples[0].timestamp_nanos = T0 + 4 * PARTITION_NANOS - SEC;
-    p.series[0].samples[1].timestamp_nanos = T0 + 4 * PARTITION_NANOS + SEC;
-    s.write("t", p).await.unwrap();
+    // A backfilled profile (data from day 0, ingested on day 2) lives as long as its ingestion.
+    s.write("t", profile("api", &[(frames("backfill"), 1)], T0))
+        .await
+        .unwrap();
     let removed = s
         .apply_retention("t", T0 + 4 * PARTITION_NANOS)
         .await
         .unwrap();
-    assert_eq!(removed, 2, "day 0 and the early half of the split profile");
+    assert_eq!(removed, 1, "day 0's segment");
     let got = stacks(&s, "t", "{}").await;
     assert_eq!(
         got.keys().map(|k| k[0].as_str()).collect::<Vec<_>>(),
-        ["day1", "day2", "late"]
+        ["backfill", "day1", "day2"]
     );
     assert_eq!(
         stacks(&s, "u", "{}").await.len(),
         3,
         "the other tenant keeps everything"
     );
+    // Day 0's segment still holds u's data: it stays until u's entry goes too.
+    assert_eq!(s.collect_garbage(u64::MAX).await.unwrap(), 0);
     assert_eq!(s.delete_tenant("t").await.unwrap(), 3);
     assert!(stacks(&s, "t", "{}").await.is_empty());
     assert_eq!(stacks(&s, "u", "{}").await.len(), 3);

@@ -51,6 +51,11 @@ pub fn block_id(ms: u64, n: u128) -> String {
     ulid::Ulid::from_parts(ms, n).to_string()
 }
 
+/// A block id made at data time `t` (nanoseconds): its partition is `t`'s.
+pub fn id_at(t: i64, n: u128) -> String {
+    block_id((t / 1_000_000) as u64, n)
+}
+
 /// A test entry of `tenant` for object `id` with one series per (service, profile type).
 pub fn entry(
     tenant: &str,
@@ -114,10 +119,10 @@ const HOUR: i64 = 3_600_000_000_000;
 /// Lookups read the partitions of their range and filter by tenant, service and profile type.
 pub async fn lookups_follow_partitions_tenants_and_filters(m: &dyn Metastore) {
     let (a, b, c, d) = (
-        block_id(1, 1),
-        block_id(1, 2),
-        block_id(1, 3),
-        block_id(1, 4),
+        id_at(T0, 1),
+        id_at(T0 + 7 * HOUR, 2),
+        id_at(T0 + 30 * HOUR, 3),
+        id_at(T0, 4),
     );
     m.add_blocks(vec![
         entry("acme", &a, 0, 0, T0, T0 + HOUR, &[("api", CPU)]),
@@ -402,7 +407,7 @@ pub async fn cancelled_jobs_return_their_sources(m: &dyn Metastore) {
 /// Retention drops whole partitions of one tenant; deleting a tenant removes everything of it.
 pub async fn retention_and_tenant_deletion_leave_others_untouched(m: &dyn Metastore) {
     let day = 24 * HOUR;
-    let ids_a: Vec<String> = (0..4).map(|n| block_id(1, n)).collect();
+    let ids_a: Vec<String> = (0..4).map(|n| id_at(T0 + n as i64 * day, n)).collect();
     let b_id = block_id(1, 10);
     m.add_blocks(
         ids_a
