@@ -204,6 +204,20 @@ impl Kiln {
         }
     }
 
+    /// Kills the server with SIGKILL (no flush, no goodbye) and waits for it to be gone.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts the server again (after [`Kiln::kill`] or [`Kiln::stop`]) on the same port and data.
+    pub fn start_again(&mut self) -> Result<()> {
+        self.spawn()
+    }
+
     /// Stops with SIGTERM and starts again on the same port and data.
     pub fn restart(&mut self) -> Result<()> {
         self.stop()?;

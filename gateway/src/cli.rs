@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use kiln_storage::compaction::LevelPolicy;
 use kiln_storage::{Storage, StorageConfig};
 use tracing::{info, warn};
 
@@ -158,6 +159,15 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub compaction: bool,
 
+    /// When each level is merged into the next, as `blocks:age` per level from L0: merge as soon
+    /// as `blocks` wait, or what waits once the oldest is `age` old (`s`, `m`, `h`, `d`).
+    #[arg(
+        long,
+        env = "KILN_COMPACTION_LEVELS",
+        default_value = "20:30s,10:12m,10:3h"
+    )]
+    pub compaction_levels: String,
+
     /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
     #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
     pub upkeep_interval_ms: u64,
@@ -166,10 +176,13 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_DELETE_DELAY_SECS", default_value_t = 60)]
     pub delete_delay_secs: u64,
 
-    /// Seconds before an object no index entry names (left by a crash) is deleted; the sweep
-    /// runs at start-up and every ten minutes.
+    /// Seconds before an object no index entry names (left by a crash) is deleted.
     #[arg(long, env = "KILN_ORPHAN_GRACE_SECS", default_value_t = 3600)]
     pub orphan_grace_secs: u64,
+
+    /// How often the orphan sweep runs, in seconds (also once at start-up).
+    #[arg(long, env = "KILN_ORPHAN_SWEEP_INTERVAL_SECS", default_value_t = 600)]
+    pub orphan_sweep_interval_secs: u64,
 
     /// How often retention runs, in seconds.
     #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
@@ -194,6 +207,8 @@ impl Default for ServeArgs {
 impl ServeArgs {
     /// Checks values clap cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.compaction_levels()?;
+        self.storage_config().validate()?;
         anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
         anyhow::ensure!(
             self.flush_interval_ms > 0,
@@ -219,6 +234,28 @@ impl ServeArgs {
         Ok(())
     }
 
+    /// The compaction policies of `--compaction-levels`.
+    pub fn compaction_levels(&self) -> anyhow::Result<Vec<LevelPolicy>> {
+        self.compaction_levels
+            .split(',')
+            .map(|level| {
+                let (blocks, age) = level.trim().split_once(':').ok_or_else(|| {
+                    anyhow::anyhow!("--compaction-levels: {level:?} is not blocks:age")
+                })?;
+                let blocks: usize = blocks.parse().map_err(|_| {
+                    anyhow::anyhow!("--compaction-levels: {blocks:?} is not a block count")
+                })?;
+                let age = parse_duration_secs(age).ok_or_else(|| {
+                    anyhow::anyhow!("--compaction-levels: {age:?} is not a duration")
+                })?;
+                Ok(LevelPolicy {
+                    blocks,
+                    age: Duration::from_secs(age),
+                })
+            })
+            .collect()
+    }
+
     /// Storage settings from these flags.
     pub fn storage_config(&self) -> StorageConfig {
         let mut c = StorageConfig::new(&self.data_dir);
@@ -227,6 +264,9 @@ impl ServeArgs {
         c.writer.flush_bytes = self.flush_bytes;
         c.symbols_cache_bytes = self.symbols_cache_bytes;
         c.compaction.enabled = self.compaction;
+        if let Ok(levels) = self.compaction_levels() {
+            c.compaction.levels = levels;
+        }
         c.delete_delay = Duration::from_secs(self.delete_delay_secs);
         c.orphan_grace = Duration::from_secs(self.orphan_grace_secs);
         c
@@ -349,7 +389,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     app.storage.spawn_upkeep(
         Duration::from_millis(args.upkeep_interval_ms.max(10)),
-        Duration::from_secs(600),
+        Duration::from_secs(args.orphan_sweep_interval_secs.max(1)),
     );
     crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;
     Ok(())

@@ -36,6 +36,9 @@ pub enum Error {
     /// A block was added twice, or after it was compacted away.
     #[error("block {block} of tenant {tenant} already exists or was compacted")]
     BlockExists { tenant: String, block: String },
+    /// A block a query looked up was compacted away before it was read (the query retries).
+    #[error("block {block} of tenant {tenant} was replaced while being read")]
+    BlockGone { tenant: String, block: String },
     /// A compaction job's lease passed to another compactor.
     #[error("the lease of compaction job {job} was lost")]
     LeaseLost { job: u64 },
@@ -75,7 +78,9 @@ impl Error {
                 object_store::Error::NotFound { .. } => ErrorKind::Internal,
                 _ => ErrorKind::Unavailable,
             },
-            Self::MetastoreUnavailable(_) | Self::Io { .. } => ErrorKind::Unavailable,
+            Self::MetastoreUnavailable(_) | Self::Io { .. } | Self::BlockGone { .. } => {
+                ErrorKind::Unavailable
+            }
             Self::Flush { kind, .. } => *kind,
             Self::ShuttingDown => ErrorKind::ShuttingDown,
             Self::Metastore(_)

@@ -638,6 +638,20 @@ impl QueryEngine {
         if !is_corruption(&e) {
             return Err(e);
         }
+        // A block compacted away (and deleted) after this query looked it up is not corrupt:
+        // the query starts again from a fresh lookup.
+        if is_missing(&e) {
+            let live = self
+                .metastore
+                .get_blocks(&block.tenant, std::slice::from_ref(&block.id))
+                .await?;
+            if !live.iter().any(|b| b.key() == block.key()) {
+                return Err(Error::BlockGone {
+                    tenant: block.tenant.clone(),
+                    block: block.id.clone(),
+                });
+            }
+        }
         let reason = e.to_string();
         tracing::error!(tenant = %block.tenant, block = %block.id, path = %block.path(),
             reason = %reason, "block quarantined: it cannot be read; queries answer without it");
@@ -778,12 +792,15 @@ impl QueryEngine {
 
     /// The merged stack tree of the selected samples.
     pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
-        let mut tree = FlameTree::default();
-        self.for_each_block_stacks(filter, false, |symbols, values| {
-            add_block_stacks(&mut tree, symbols, values)
+        retrying(|| async {
+            let mut tree = FlameTree::default();
+            self.for_each_block_stacks(filter, false, |symbols, values| {
+                add_block_stacks(&mut tree, symbols, values)
+            })
+            .await?;
+            Ok(tree)
         })
-        .await?;
-        Ok(tree)
+        .await
     }
 
     /// The selected samples merged into one pprof profile.
@@ -794,12 +811,15 @@ impl QueryEngine {
         let profile_type = ProfileType::parse(&filter.profile_type).ok_or_else(|| {
             Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
         })?;
-        let mut builder = pprof::PprofBuilder::new(&profile_type);
-        self.for_each_block_stacks(filter, true, |symbols, values| {
-            builder.add_block(symbols, values)
+        retrying(|| async {
+            let mut builder = pprof::PprofBuilder::new(&profile_type);
+            self.for_each_block_stacks(filter, true, |symbols, values| {
+                builder.add_block(symbols, values)
+            })
+            .await?;
+            Ok(builder.finish(filter.start_nanos, filter.end_nanos))
         })
-        .await?;
-        Ok(builder.finish(filter.start_nanos, filter.end_nanos))
+        .await
     }
 
     /// Time series of the selected samples: one series per distinct value set of `group_by`,
@@ -817,6 +837,28 @@ impl QueryEngine {
         if step_nanos <= 0 {
             return Err(Error::InvalidQuery("step must be positive".into()));
         }
+        retrying(|| {
+            self.select_series_once(
+                filter,
+                group_by,
+                step_nanos,
+                aggregation,
+                limit,
+                span_exemplars,
+            )
+        })
+        .await
+    }
+
+    async fn select_series_once(
+        &self,
+        filter: &SampleFilter,
+        group_by: &[String],
+        step_nanos: i64,
+        aggregation: Aggregation,
+        limit: Option<usize>,
+        span_exemplars: bool,
+    ) -> Result<Vec<SeriesPoints>> {
         let blocks = self.candidate_blocks(filter).await?;
         let mut columns = vec![col::SERIES_ID, col::TIMESTAMP, col::VALUE];
         if span_exemplars || !filter.span_ids.is_empty() {
@@ -962,28 +1004,50 @@ impl QueryEngine {
     }
 }
 
-/// An error shared by a cache's waiters, as an owned one.
+/// An error shared by a cache's waiters, as an owned one of the same kind (corruption stays
+/// corruption, so the block is still quarantined).
 fn unshare(e: Arc<Error>) -> Error {
     match Arc::try_unwrap(e) {
         Ok(e) => e,
-        Err(e) => match &*e {
-            Error::Corrupt {
-                tenant,
-                block,
-                reason,
-            } => Error::Corrupt {
-                tenant: tenant.clone(),
-                block: block.clone(),
-                reason: reason.clone(),
-            },
-            other => Error::Flush {
-                kind: match other.kind() {
-                    ErrorKind::InvalidInput => ErrorKind::Internal,
-                    k => k,
-                },
-                message: other.to_string(),
-            },
+        Err(e) if is_corruption(&e) => Error::Corrupt {
+            tenant: String::new(),
+            block: String::new(),
+            reason: e.to_string(),
         },
+        Err(e) => Error::Flush {
+            kind: match e.kind() {
+                ErrorKind::InvalidInput => ErrorKind::Internal,
+                k => k,
+            },
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Whether an error says the object is not there.
+fn is_missing(e: &Error) -> bool {
+    match e {
+        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+        Error::Parquet(ParquetError::External(inner)) => {
+            inner.downcast_ref::<Error>().is_some_and(is_missing)
+        }
+        Error::Corrupt { reason, .. } => reason.contains("not found"),
+        _ => false,
+    }
+}
+
+/// Runs a read up to three times while the blocks it looked up are compacted away under it.
+async fn retrying<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Err(Error::BlockGone { .. }) if attempt < 2 => attempt += 1,
+            other => return other,
+        }
     }
 }
 

@@ -204,16 +204,32 @@ impl Storage {
         }
     }
 
-    /// Deletes objects no metastore record names that are older than the grace period.
+    /// Deletes objects no metastore record names that are older than the grace period, and
+    /// the leftovers of uploads and compactions a crash interrupted.
     pub async fn sweep_orphans(&self, now: u64) -> Result<usize> {
         let grace = self.config.orphan_grace.as_millis() as u64;
+        let (store, scratch, grace_d) = (
+            self.store.clone(),
+            self.config.data_dir.join("compaction"),
+            self.config.orphan_grace,
+        );
+        let leftovers = tokio::task::spawn_blocking(move || -> Result<usize> {
+            Ok(store.remove_stale_uploads(grace_d)?
+                + crate::store::remove_stale_files(&scratch, grace_d, &|n| n.ends_with(".part"))?)
+        })
+        .await
+        .map_err(|e| Error::Task(e.to_string()))??;
+        if leftovers > 0 {
+            tracing::info!(
+                files = leftovers,
+                "interrupted uploads and compactions removed"
+            );
+        }
         let mut objects = self.store.list("segments").await?;
         objects.extend(self.store.list("blocks").await?);
-        if objects.is_empty() {
-            return Ok(0);
-        }
+        // Listed before the metastore is asked: an object registered in between is known.
         let known = self.metastore.known_objects().await?;
-        let mut deleted = 0;
+        let mut deleted = leftovers;
         for o in objects {
             let path = o.location.to_string();
             let known_id = object_id_of_path(&path).is_some_and(|id| known.contains(id));

@@ -145,6 +145,19 @@ impl ObjectStorage {
             })
     }
 
+    /// Removes files of uploads a crash interrupted (the local store stages a put as
+    /// `{path}#{n}` and renames it when complete) that are older than `grace`. Returns how many
+    /// went; other stores clean up after themselves (S3 multipart uploads expire by policy).
+    pub fn remove_stale_uploads(&self, grace: std::time::Duration) -> Result<usize> {
+        let Some((_, root)) = &self.local else {
+            return Ok(0);
+        };
+        remove_stale_files(root, grace, &|name| {
+            name.rsplit_once('#')
+                .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    }
+
     /// Deletes an object; a missing one is not an error.
     pub async fn delete(&self, path: &str) -> Result<()> {
         match self.store.delete(&ObjectPath::from(path)).await {
@@ -172,6 +185,48 @@ impl ObjectStorage {
             source,
         })
     }
+}
+
+/// Removes files under `dir` (recursively) whose name `doomed` selects and that were last
+/// modified more than `grace` ago. Returns how many went.
+pub fn remove_stale_files(
+    dir: &Path,
+    grace: std::time::Duration,
+    doomed: &dyn Fn(&str) -> bool,
+) -> Result<usize> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| Error::Io { path, source }
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io(dir)(e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(io(dir))?;
+        let path = entry.path();
+        let meta = entry.metadata().map_err(io(&path))?;
+        if meta.is_dir() {
+            removed += remove_stale_files(&path, grace, doomed)?;
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= grace);
+        if old && doomed(&name) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// Part size of multipart uploads.

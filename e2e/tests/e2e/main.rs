@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod clients;
 mod corpus;
+mod crash;
 mod grafana;
 mod grpc;
 mod limits;
