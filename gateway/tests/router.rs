@@ -309,3 +309,61 @@ async fn multipart_lines_and_push_json() {
     let (total, _) = flamegraph_total(&router, "t2", "memory:alloc_space:bytes::", "{}").await;
     assert_eq!(total, 0);
 }
+
+/// An object store that fails: every write of the flush is answered 503 with `Retry-After` and
+/// nothing of it is stored; when the store is back, ingest works again without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_object_store_is_answered_503_and_ingest_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StorageConfig::new(dir.path());
+    config.writer.flush_interval = std::time::Duration::from_millis(10);
+    let (storage, faulty) = kiln_storage::testing::faulty_storage(config).await;
+    let router = router(Arc::new(App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    )));
+    let ingest = |body: &'static str| {
+        Request::post("/ingest?name=shop.cpu&from=1700000000")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let (status, _) = send(&router, ingest("main;kept 3\n")).await;
+    assert_eq!(status, StatusCode::OK);
+    faulty.set_down(true);
+    let resp = router
+        .clone()
+        .oneshot(ingest("main;lost 5\n"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(resp.headers()["retry-after"], "5");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("unavailable"), "{text}");
+    // A query while the store is down is unavailable too, not an internal error.
+    let (status, _) = send(&router, flamegraph_request("team-a", false)).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    faulty.set_down(false);
+    let (status, body) = send(&router, ingest("main;after 1\n")).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = send(&router, flamegraph_request("team-a", false)).await;
+    assert_eq!(status, StatusCode::OK);
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    assert_eq!(
+        fg.total, 40_000_000,
+        "only the acknowledged writes are stored"
+    );
+    assert!(!fg.names.iter().any(|n| n == "lost"));
+    let (status, body) = send(&router, flamegraph_request("team-b", false)).await;
+    assert_eq!(status, StatusCode::OK);
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    assert_eq!(fg.total, 0, "another tenant sees nothing");
+}
