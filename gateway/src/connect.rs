@@ -126,15 +126,17 @@ pub async fn querier_handler(
     body: Body,
 ) -> Response {
     let querier = Querier::new(app.clone());
+    let mut warnings = Vec::new();
     let (name, result) = match app.authenticate(&headers, Scope::Read) {
         Err(e) => ("auth", Err(e)),
         Ok(tenant) => {
-            let result = async {
+            let (result, w) = kiln_storage::query::with_warnings(async {
                 let _slot = app.tenants.query_slot(&tenant).await?;
                 let call = prepare(&app, &headers, body, tenant.clone()).await?;
                 Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
-            }
+            })
             .await;
+            warnings = w;
             let (name, result) = match result {
                 Ok((name, r)) => (name, r),
                 Err(e) => ("prepare", Err(e)),
@@ -146,11 +148,21 @@ pub async fn querier_handler(
         }
     };
     app.metrics.query(name, result.is_ok());
-    match result {
+    let mut resp = match result {
         Ok((codec, body)) => connect_ok(codec, body),
         Err(e) => connect_error(&e),
+    };
+    // Partial answers say so (blocks quarantined while answering), in a header any client sees.
+    if !warnings.is_empty()
+        && let Ok(v) = header::HeaderValue::from_str(&warnings.join("; "))
+    {
+        resp.headers_mut().insert(WARNING_HEADER, v);
     }
+    resp
 }
+
+/// Response header carrying a query's warnings.
+pub const WARNING_HEADER: &str = "kiln-warning";
 
 macro_rules! unary {
     ($querier:expr, $call:expr, $method:ident) => {{

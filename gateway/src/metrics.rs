@@ -52,6 +52,10 @@ pub struct Metrics {
     pub tenant_samples: Family<TenantLabels, Counter>,
     pub tenant_refused: Family<RefusedLabels, Counter>,
     pub tenant_stored_bytes: Family<TenantLabels, Gauge>,
+    /// Blocks quarantined since start-up (unreadable: left out of answers and compaction).
+    pub storage_quarantined_blocks: Gauge,
+    /// Bytes queries read from the object store since start-up.
+    pub storage_query_read_bytes: Gauge,
     seen: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -95,6 +99,8 @@ impl Default for Metrics {
             tenant_samples: Family::default(),
             tenant_refused: Family::default(),
             tenant_stored_bytes: Family::default(),
+            storage_quarantined_blocks: Gauge::default(),
+            storage_query_read_bytes: Gauge::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
@@ -141,6 +147,16 @@ impl Default for Metrics {
             "tenant_stored_bytes",
             "Bytes of blocks stored, per tenant",
             m.tenant_stored_bytes.clone(),
+        );
+        r.register(
+            "storage_quarantined_blocks",
+            "Blocks quarantined since start-up because they could not be read",
+            m.storage_quarantined_blocks.clone(),
+        );
+        r.register(
+            "storage_query_read_bytes",
+            "Bytes read from the object store by queries since start-up",
+            m.storage_query_read_bytes.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
         m

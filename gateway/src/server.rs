@@ -154,6 +154,16 @@ async fn ready() -> impl IntoResponse {
 }
 
 async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
+    let counters = app.storage.query().counters();
+    let get = |c: &std::sync::atomic::AtomicU64| {
+        i64::try_from(c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX)
+    };
+    app.metrics
+        .storage_quarantined_blocks
+        .set(get(&counters.quarantined));
+    app.metrics
+        .storage_query_read_bytes
+        .set(get(&counters.bytes_read));
     if let Ok(tenants) = app.storage.metastore().tenants().await {
         for t in tenants {
             if let Ok(bytes) = app.storage.stored_bytes(&t).await {

@@ -367,3 +367,114 @@ async fn a_failing_object_store_is_answered_503_and_ingest_recovers() {
         .unwrap();
     assert_eq!(fg.total, 0, "another tenant sees nothing");
 }
+
+/// A block whose bytes were damaged is quarantined: the query answers from the rest with a
+/// `kiln-warning` header, and the admin API lists it to its own tenant only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_block_is_quarantined_with_a_warning_and_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let ingest = |body: &'static str| {
+        Request::post("/ingest?name=shop.cpu&from=1700000000")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    {
+        let mut config = StorageConfig::new(dir.path());
+        config.writer.flush_interval = std::time::Duration::from_millis(10);
+        let app = Arc::new(App::new(
+            Storage::open(config).await.unwrap(),
+            Authenticator::trusted_header(),
+            Tenants::defaults(),
+        ));
+        let router = router(Arc::clone(&app));
+        for body in ["main;first 3\n", "main;second 1\n"] {
+            let (status, _) = send(&router, ingest(body)).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        app.storage.close().await;
+    }
+    // Damage the first segment's symbols section, as a bad disk would.
+    let mut segments: Vec<std::path::PathBuf> = Vec::new();
+    let mut dirs = vec![dir.path().join("objects/segments")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.path().is_dir() {
+                dirs.push(e.path());
+            } else {
+                segments.push(e.path());
+            }
+        }
+    }
+    segments.sort_by_key(|p| p.file_name().unwrap().to_owned());
+    let footer_meta = {
+        let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
+        let rel = segments[0]
+            .strip_prefix(dir.path().join("objects"))
+            .unwrap();
+        let size = std::fs::metadata(&segments[0]).unwrap().len();
+        kiln_storage::read_footer(&store, rel.to_str().unwrap(), size)
+            .await
+            .unwrap()
+    };
+    let mut bytes = std::fs::read(&segments[0]).unwrap();
+    let sym = footer_meta[0].symbols;
+    bytes[(sym.offset + sym.size / 2) as usize] ^= 0x33;
+    std::fs::write(&segments[0], bytes).unwrap();
+
+    let mut config = StorageConfig::new(dir.path());
+    config.writer.flush_interval = std::time::Duration::from_millis(10);
+    let app = Arc::new(App::new(
+        Storage::open(config).await.unwrap(),
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    ));
+    let router = router(Arc::clone(&app));
+    let resp = router
+        .clone()
+        .oneshot(flamegraph_request("team-a", false))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let warning = resp.headers()["kiln-warning"].to_str().unwrap().to_owned();
+    assert!(warning.contains("quarantined"), "{warning}");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_ref())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    assert_eq!(fg.total, 10_000_000, "the undamaged block answers");
+    // The next answer is whole again: the block is out of the index.
+    let resp = router
+        .clone()
+        .oneshot(flamegraph_request("team-a", false))
+        .await
+        .unwrap();
+    assert!(resp.headers().get("kiln-warning").is_none());
+    let listed = app
+        .storage
+        .metastore()
+        .quarantined(Some("team-a"))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0].reason.contains("checksum"),
+        "{}",
+        listed[0].reason
+    );
+    let other = app
+        .storage
+        .metastore()
+        .quarantined(Some("team-b"))
+        .await
+        .unwrap();
+    assert!(other.is_empty(), "another tenant's list is its own");
+    // The admin route exists and wants the admin scope (trusted-header tenants lack it).
+    let req = Request::get("/api/v1/tenants/team-a/quarantine")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _) = send(&router, req).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}

@@ -159,6 +159,27 @@ pub struct StackValue {
     pub value: i64,
 }
 
+tokio::task_local! {
+    /// Warnings of the query running in this task (see [`with_warnings`]).
+    static WARNINGS: std::cell::RefCell<Vec<String>>;
+}
+
+/// Runs a query, collecting the warnings it raised (a block quarantined and left out of the
+/// answer, say), so the caller can hand them to the client.
+pub async fn with_warnings<F: std::future::Future>(f: F) -> (F::Output, Vec<String>) {
+    WARNINGS
+        .scope(std::cell::RefCell::new(Vec::new()), async move {
+            let out = f.await;
+            let warnings = WARNINGS.with(|w| std::mem::take(&mut *w.borrow_mut()));
+            (out, warnings)
+        })
+        .await
+}
+
+fn warn(message: String) {
+    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(message));
+}
+
 /// Counters of the read path.
 #[derive(Debug, Default)]
 pub struct QueryCounters {
@@ -656,6 +677,10 @@ impl QueryEngine {
         tracing::error!(tenant = %block.tenant, block = %block.id, path = %block.path(),
             reason = %reason, "block quarantined: it cannot be read; queries answer without it");
         self.counters.quarantined.fetch_add(1, Ordering::Relaxed);
+        warn(format!(
+            "block {} is unreadable and was quarantined; the answer leaves its data out",
+            block.id
+        ));
         let now = now_ms();
         self.metastore
             .quarantine(&block.tenant, &block.id, &reason, now)

@@ -191,6 +191,27 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
     }
     kiln.start_again()?;
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
+    let crash_before = kiln.flamegraph("crash", CPU, "{}")?;
+    kiln.assert_tenant_empty("nobody")?;
+
+    // Lose the metastore's contents: `kiln metastore rebuild` recreates them from the footers.
+    kiln.stop()?;
+    let out = std::process::Command::new(kiln_e2e::kiln_bin())
+        .args(["metastore", "rebuild", "--data-dir"])
+        .arg(&data)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && stdout.contains("metastore rebuilt"),
+        "rebuild failed: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kiln.start_again()?;
+    ensure!(
+        kiln.flamegraph("crash", CPU, "{}")? == crash_before,
+        "rebuilt index answers differently"
+    );
+    ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
     kiln.assert_tenant_empty("nobody")?;
     Ok(())
 }
