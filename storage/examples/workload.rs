@@ -18,9 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kiln_otel::model::{
-    Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols,
-};
+use kiln_otel::model::{Labels, NormalizedProfile};
 use kiln_storage::meta::Clock;
 use kiln_storage::metastore::embedded::Embedded;
 use kiln_storage::metastore::{BlockMeta, BlockQuery, Metastore};
@@ -137,53 +135,19 @@ fn profile(
     t: i64,
     rng: &mut Rng,
 ) -> NormalizedProfile {
-    let mut symbols = Symbols::default();
-    let mut index: HashMap<&str, u32> = HashMap::new();
-    let mut samples = Vec::with_capacity(SAMPLES_PER_PROFILE);
     let start = rng.below(pool.len() as u64) as usize;
-    for k in 0..SAMPLES_PER_PROFILE.min(pool.len()) {
-        let frames = &pool[(start + k * 7) % pool.len()];
-        let stack = frames
-            .iter()
-            .rev()
-            .map(|f| {
-                *index.entry(f.as_str()).or_insert_with(|| {
-                    let i = symbols.functions.len() as u32;
-                    symbols.functions.push(Function {
-                        name: f.clone(),
-                        ..Default::default()
-                    });
-                    symbols.locations.push(Location {
-                        lines: vec![Line {
-                            function: i,
-                            line: 1,
-                        }],
-                        ..Default::default()
-                    });
-                    i
-                })
-            })
-            .collect();
-        samples.push(Sample {
-            stack,
-            value: (1 + rng.below(20) as i64) * 10_000_000,
-            ..Default::default()
-        });
-    }
-    NormalizedProfile {
-        symbols,
-        series: vec![Series {
-            labels: Labels::from_pairs([
-                ("__name__".to_string(), "process_cpu".to_string()),
-                ("service_name".to_string(), format!("service-{svc:02}")),
-                ("pod".to_string(), format!("service-{svc:02}-pod-{pod}")),
-            ]),
-            profile_type: ProfileType::parse(CPU).expect("valid"),
-            time_nanos: t,
-            duration_nanos: STEP,
-            samples,
-        }],
-    }
+    let stacks: Vec<(Vec<String>, i64)> = (0..SAMPLES_PER_PROFILE.min(pool.len()))
+        .map(|k| {
+            let frames = pool[(start + k * 7) % pool.len()].clone();
+            (frames, (1 + rng.below(20) as i64) * 10_000_000)
+        })
+        .collect();
+    let labels = Labels::from_pairs([
+        ("__name__".to_string(), "process_cpu".to_string()),
+        ("service_name".to_string(), format!("service-{svc:02}")),
+        ("pod".to_string(), format!("service-{svc:02}-pod-{pod}")),
+    ]);
+    kiln_storage::testing::profile_with_labels(labels, &stacks, t)
 }
 
 fn config(dir: &str, clock: Option<Arc<AtomicU64>>, compaction: bool) -> StorageConfig {

@@ -67,6 +67,60 @@ impl SymbolsBuilder {
         i
     }
 
+    /// Interns a mapping whose strings are already interned.
+    fn intern_mapping(&mut self, m: pb::Mapping) -> u32 {
+        let key = (
+            m.memory_start,
+            m.memory_limit,
+            m.file_offset,
+            m.filename,
+            m.build_id,
+        );
+        if let Some(&i) = self.mapping_index.get(&key) {
+            return i;
+        }
+        let i = self.mappings.len() as u32;
+        self.mappings.push(m);
+        self.mapping_index.insert(key, i);
+        i
+    }
+
+    /// Interns a function whose strings are already interned.
+    fn intern_function(&mut self, f: pb::Function) -> u32 {
+        let key = (f.name, f.system_name, f.filename, f.start_line);
+        if let Some(&i) = self.function_index.get(&key) {
+            return i;
+        }
+        let i = self.functions.len() as u32;
+        self.functions.push(f);
+        self.function_index.insert(key, i);
+        i
+    }
+
+    /// Interns a location whose mapping, functions and strings are already interned.
+    fn intern_location(&mut self, l: pb::Location) -> u32 {
+        let key = (
+            l.mapping,
+            l.address,
+            l.line_functions,
+            l.line_numbers,
+            l.frame_type,
+        );
+        if let Some(&i) = self.location_index.get(&key) {
+            return i;
+        }
+        let i = self.locations.len() as u32;
+        self.locations.push(pb::Location {
+            mapping: key.0,
+            address: key.1,
+            line_functions: key.2.clone(),
+            line_numbers: key.3.clone(),
+            frame_type: key.4,
+        });
+        self.location_index.insert(key, i);
+        i
+    }
+
     /// Interns a profile's locations (and their functions and mappings); returns, for every
     /// location of the profile, its index in this block.
     pub fn add_locations(&mut self, symbols: &ProfileSymbols) -> Vec<u32> {
@@ -74,81 +128,46 @@ impl SymbolsBuilder {
             .mappings
             .iter()
             .map(|m| {
-                let filename = self.string(&m.filename);
-                let build_id = self.string(&m.build_id);
-                let key = (
-                    m.memory_start,
-                    m.memory_limit,
-                    m.file_offset,
-                    filename,
-                    build_id,
-                );
-                if let Some(&i) = self.mapping_index.get(&key) {
-                    return i;
-                }
-                let i = self.mappings.len() as u32;
-                self.mappings.push(pb::Mapping {
+                let mapping = pb::Mapping {
                     memory_start: m.memory_start,
                     memory_limit: m.memory_limit,
                     file_offset: m.file_offset,
-                    filename,
-                    build_id,
+                    filename: self.string(&m.filename),
+                    build_id: self.string(&m.build_id),
                     has_functions: m.has_functions,
-                });
-                self.mapping_index.insert(key, i);
-                i
+                };
+                self.intern_mapping(mapping)
             })
             .collect();
         let functions: Vec<u32> = symbols
             .functions
             .iter()
             .map(|f| {
-                let key = (
-                    self.string(&f.name),
-                    self.string(&f.system_name),
-                    self.string(&f.filename),
-                    f.start_line,
-                );
-                if let Some(&i) = self.function_index.get(&key) {
-                    return i;
-                }
-                let i = self.functions.len() as u32;
-                self.functions.push(pb::Function {
-                    name: key.0,
-                    system_name: key.1,
-                    filename: key.2,
-                    start_line: key.3,
-                });
-                self.function_index.insert(key, i);
-                i
+                let function = pb::Function {
+                    name: self.string(&f.name),
+                    system_name: self.string(&f.system_name),
+                    filename: self.string(&f.filename),
+                    start_line: f.start_line,
+                };
+                self.intern_function(function)
             })
             .collect();
         symbols
             .locations
             .iter()
             .map(|l| {
-                let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
-                let line_functions: Vec<u32> = l
-                    .lines
-                    .iter()
-                    .map(|x| functions[x.function as usize])
-                    .collect();
-                let line_numbers: Vec<i64> = l.lines.iter().map(|x| x.line).collect();
-                let frame_type = self.string(&l.frame_type);
-                let key = (mapping, l.address, line_functions, line_numbers, frame_type);
-                if let Some(&i) = self.location_index.get(&key) {
-                    return i;
-                }
-                let i = self.locations.len() as u32;
-                self.locations.push(pb::Location {
-                    mapping,
+                let location = pb::Location {
+                    mapping: l.mapping.map_or(0, |m| mappings[m as usize] + 1),
                     address: l.address,
-                    line_functions: key.2.clone(),
-                    line_numbers: key.3.clone(),
-                    frame_type,
-                });
-                self.location_index.insert(key, i);
-                i
+                    line_functions: l
+                        .lines
+                        .iter()
+                        .map(|x| functions[x.function as usize])
+                        .collect(),
+                    line_numbers: l.lines.iter().map(|x| x.line).collect(),
+                    frame_type: self.string(&l.frame_type),
+                };
+                self.intern_location(location)
             })
             .collect()
     }
@@ -170,85 +189,45 @@ impl SymbolsBuilder {
             .mappings
             .iter()
             .map(|m| {
-                let filename = self.string(table.string(m.filename));
-                let build_id = self.string(table.string(m.build_id));
-                let key = (
-                    m.memory_start,
-                    m.memory_limit,
-                    m.file_offset,
-                    filename,
-                    build_id,
-                );
-                if let Some(&i) = self.mapping_index.get(&key) {
-                    return i;
-                }
-                let i = self.mappings.len() as u32;
-                self.mappings.push(pb::Mapping {
-                    filename,
-                    build_id,
+                let mapping = pb::Mapping {
+                    filename: self.string(table.string(m.filename)),
+                    build_id: self.string(table.string(m.build_id)),
                     ..*m
-                });
-                self.mapping_index.insert(key, i);
-                i
+                };
+                self.intern_mapping(mapping)
             })
             .collect();
         let functions: Vec<u32> = t
             .functions
             .iter()
             .map(|f| {
-                let key = (
-                    self.string(table.string(f.name)),
-                    self.string(table.string(f.system_name)),
-                    self.string(table.string(f.filename)),
-                    f.start_line,
-                );
-                if let Some(&i) = self.function_index.get(&key) {
-                    return i;
-                }
-                let i = self.functions.len() as u32;
-                self.functions.push(pb::Function {
-                    name: key.0,
-                    system_name: key.1,
-                    filename: key.2,
-                    start_line: key.3,
-                });
-                self.function_index.insert(key, i);
-                i
+                let function = pb::Function {
+                    name: self.string(table.string(f.name)),
+                    system_name: self.string(table.string(f.system_name)),
+                    filename: self.string(table.string(f.filename)),
+                    start_line: f.start_line,
+                };
+                self.intern_function(function)
             })
             .collect();
         t.locations
             .iter()
             .map(|l| {
-                let mapping = match l.mapping {
-                    0 => 0,
-                    m => mappings[m as usize - 1] + 1,
-                };
-                let line_functions: Vec<u32> = l
-                    .line_functions
-                    .iter()
-                    .map(|&f| functions[f as usize])
-                    .collect();
-                let frame_type = self.string(table.string(l.frame_type));
-                let key = (
-                    mapping,
-                    l.address,
-                    line_functions,
-                    l.line_numbers.clone(),
-                    frame_type,
-                );
-                if let Some(&i) = self.location_index.get(&key) {
-                    return i;
-                }
-                let i = self.locations.len() as u32;
-                self.locations.push(pb::Location {
-                    mapping,
+                let location = pb::Location {
+                    mapping: match l.mapping {
+                        0 => 0,
+                        m => mappings[m as usize - 1] + 1,
+                    },
                     address: l.address,
-                    line_functions: key.2.clone(),
-                    line_numbers: key.3.clone(),
-                    frame_type,
-                });
-                self.location_index.insert(key, i);
-                i
+                    line_functions: l
+                        .line_functions
+                        .iter()
+                        .map(|&f| functions[f as usize])
+                        .collect(),
+                    line_numbers: l.line_numbers.clone(),
+                    frame_type: self.string(table.string(l.frame_type)),
+                };
+                self.intern_location(location)
             })
             .collect()
     }

@@ -27,6 +27,19 @@ pub fn cpu_type() -> ProfileType {
 /// A CPU profile of service `service` at `time_nanos` with the given root-first stacks and
 /// values (stacks may repeat).
 pub fn profile(service: &str, stacks: &[(Vec<String>, i64)], time_nanos: i64) -> NormalizedProfile {
+    profile_with_labels(
+        Labels::from_pairs([("__name__", "process_cpu"), ("service_name", service)]),
+        stacks,
+        time_nanos,
+    )
+}
+
+/// A CPU profile of the series `labels` at `time_nanos` with the given root-first stacks.
+pub fn profile_with_labels(
+    labels: Labels,
+    stacks: &[(Vec<String>, i64)],
+    time_nanos: i64,
+) -> NormalizedProfile {
     let mut symbols = Symbols::default();
     let mut index: HashMap<&str, u32> = HashMap::new();
     let mut samples = Vec::with_capacity(stacks.len());
@@ -61,7 +74,7 @@ pub fn profile(service: &str, stacks: &[(Vec<String>, i64)], time_nanos: i64) ->
     NormalizedProfile {
         symbols,
         series: vec![Series {
-            labels: Labels::from_pairs([("__name__", "process_cpu"), ("service_name", service)]),
+            labels,
             profile_type: cpu_type(),
             time_nanos,
             duration_nanos: 10_000_000_000,
