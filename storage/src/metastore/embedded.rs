@@ -1267,6 +1267,39 @@ mod tests {
         assert_eq!(got[0].id, id);
     }
 
+    /// Retention and tenant deletion give the file's space back (redb compaction), unlike
+    /// BoltDB's file under Pyroscope's metastore.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_file_shrinks_after_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let m = Embedded::open(&path).unwrap();
+        let services: Vec<(String, &str)> = (0..40).map(|i| (format!("svc-{i}"), CPU)).collect();
+        let series: Vec<(&str, &str)> = services.iter().map(|(s, p)| (s.as_str(), *p)).collect();
+        for batch in 0..20u128 {
+            let blocks = (0..100u128)
+                .map(|n| entry("t", &block_id(1, batch * 100 + n), 1, 0, 5, 9, &series))
+                .collect();
+            m.add_blocks(blocks).await.unwrap();
+        }
+        let full = std::fs::metadata(&path).unwrap().len();
+        m.delete_tenant("t", 0, 0).await.unwrap();
+        let ids: Vec<String> = m
+            .due_tombstones(u64::MAX, 10_000)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        m.forget_tombstones(&ids).await.unwrap();
+        m.shrink().await.unwrap();
+        let shrunk = std::fs::metadata(&path).unwrap().len();
+        assert!(shrunk * 4 < full, "{full} bytes before, {shrunk} after");
+        m.add_blocks(vec![entry("t", &block_id(2, 1), 0, 0, 5, 9, &series)])
+            .await
+            .expect("usable after shrinking");
+    }
+
     /// A full disk refuses writes as unavailable; once there is room again, writes succeed
     /// without a restart and nothing refused was registered.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
