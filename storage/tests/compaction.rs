@@ -118,7 +118,12 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
     let done = s.compactor().compact_all(kiln_storage_now()).await.unwrap();
     assert!(done > 0);
     let after = blocks("a").await;
-    assert!(after.len() < 6, "blocks left: {}", after.len());
+    assert!(
+        after.len() * 3 < l0.len(),
+        "blocks left: {} of {}",
+        after.len(),
+        l0.len()
+    );
     assert!(after.iter().any(|b| b.level >= 2), "levels climbed");
     assert_eq!(stacks(&s, "a", "{}").await, before_a);
     assert_eq!(stacks(&s, "a", r#"{service_name="api"}"#).await, before_api);
@@ -285,7 +290,7 @@ async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
     for day in 0..3 {
         let t = T0 + day * 4 * PARTITION_NANOS;
         clock.store(ms(t), Ordering::SeqCst);
-        // Written together, so both tenants share the day's segment.
+        // Written together, so both tenants usually share the day's segment.
         let (x, y) = tokio::join!(
             s.write("t", profile("api", &[(frames(&format!("day{day}")), 1)], t)),
             s.write("u", profile("api", &[(frames(&format!("u{day}")), 1)], t)),
@@ -297,11 +302,30 @@ async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
     s.write("t", profile("api", &[(frames("backfill"), 1)], T0))
         .await
         .unwrap();
+    let ids = |tenant: &'static str| {
+        let s = s.clone();
+        async move {
+            s.metastore()
+                .query_blocks(BlockQuery::all(tenant))
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| (b.id.clone(), b.partition()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let day0 = kiln_storage::meta::partition_of(T0);
+    let t_day0: Vec<String> = ids("t")
+        .await
+        .into_iter()
+        .filter(|(_, p)| *p == day0)
+        .map(|(id, _)| id)
+        .collect();
     let removed = s
         .apply_retention("t", T0 + 4 * PARTITION_NANOS)
         .await
         .unwrap();
-    assert_eq!(removed, 1, "day 0's segment");
+    assert_eq!(removed, t_day0.len(), "day 0's entries");
     let got = stacks(&s, "t", "{}").await;
     assert_eq!(
         got.keys().map(|k| k[0].as_str()).collect::<Vec<_>>(),
@@ -312,8 +336,10 @@ async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
         3,
         "the other tenant keeps everything"
     );
-    // Day 0's segment still holds u's data: it stays until u's entry goes too.
-    assert_eq!(s.collect_garbage(u64::MAX).await.unwrap(), 0);
+    // A day-0 segment that also holds u's data stays until u's entry goes too.
+    let u_ids: Vec<String> = ids("u").await.into_iter().map(|(id, _)| id).collect();
+    let unshared = t_day0.iter().filter(|id| !u_ids.contains(id)).count();
+    assert_eq!(s.collect_garbage(u64::MAX).await.unwrap(), unshared);
     assert_eq!(s.delete_tenant("t").await.unwrap(), 3);
     assert!(stacks(&s, "t", "{}").await.is_empty());
     assert_eq!(stacks(&s, "u", "{}").await.len(), 3);
