@@ -478,3 +478,54 @@ async fn a_damaged_block_is_quarantined_with_a_warning_and_listed() {
     let (status, _) = send(&router, req).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
+
+/// The embedded metastore's disk fills up: writes are answered 503 and nothing of them is
+/// stored; once there is room, ingest works again without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_metastore_disk_is_answered_503_and_ingest_recovers() {
+    use kiln_storage::metastore::embedded::{DiskFault, Embedded};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StorageConfig::new(dir.path());
+    config.writer.flush_interval = std::time::Duration::from_millis(10);
+    let full = Arc::new(AtomicBool::new(false));
+    let metastore = Embedded::open_with_backend(
+        &dir.path().join("metastore.redb"),
+        DiskFault::factory(Arc::clone(&full)),
+    )
+    .unwrap();
+    let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
+    let storage = Storage::with_parts(config, store, Arc::new(metastore)).unwrap();
+    let router = router(Arc::new(App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    )));
+    let ingest = |body: &'static str| {
+        Request::post("/ingest?name=shop.cpu&from=1700000000")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    full.store(true, Ordering::SeqCst);
+    let resp = router
+        .clone()
+        .oneshot(ingest("main;lost 5\n"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(resp.headers().contains_key("retry-after"));
+    full.store(false, Ordering::SeqCst);
+    let (status, body) = send(&router, ingest("main;kept 3\n")).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = send(&router, flamegraph_request("team-a", false)).await;
+    assert_eq!(status, StatusCode::OK);
+    let fg = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .flamegraph
+        .unwrap();
+    assert_eq!(
+        fg.total, 30_000_000,
+        "only the acknowledged write is stored"
+    );
+}
