@@ -30,6 +30,10 @@ pub enum Error {
     /// The metastore's storage failed (disk full, I/O error).
     #[error("metastore unavailable: {0}")]
     MetastoreUnavailable(String),
+    /// Two metastore transactions conflicted (a deadlock or serialization failure); the
+    /// transaction is tried again, and this is answered only when the retries ran out.
+    #[error("metastore conflict: {0}")]
+    MetastoreConflict(String),
     /// The metastore holds something it cannot read, or refused an inconsistent change.
     #[error("metastore error: {0}")]
     Metastore(String),
@@ -78,9 +82,10 @@ impl Error {
                 object_store::Error::NotFound { .. } => ErrorKind::Internal,
                 _ => ErrorKind::Unavailable,
             },
-            Self::MetastoreUnavailable(_) | Self::Io { .. } | Self::BlockGone { .. } => {
-                ErrorKind::Unavailable
-            }
+            Self::MetastoreUnavailable(_)
+            | Self::MetastoreConflict(_)
+            | Self::Io { .. }
+            | Self::BlockGone { .. } => ErrorKind::Unavailable,
             Self::Flush { kind, .. } => *kind,
             Self::ShuttingDown => ErrorKind::ShuttingDown,
             Self::Metastore(_)

@@ -2,8 +2,9 @@
 //! which objects may be deleted and when; compaction jobs and their leases; quarantined blocks.
 //!
 //! One [`Metastore`] trait for two backends: the embedded one ([`embedded::EmbeddedMetastore`],
-//! on redb) serves the single binary, and a PostgreSQL backend can implement the same contract
-//! (the conformance suite in [`conformance`] states it as tests any backend runs). The index is
+//! on redb) serves the single binary, and [`postgres::Postgres`] serves several `kiln` processes
+//! sharing one database (the conformance suite in [`conformance`] states the contract as tests
+//! both run). The index is
 //! partitioned by time window (six hours of the block's minimum time), then tenant, then shard,
 //! as Pyroscope's metastore is, so lookups touch only the partitions of the range asked for and
 //! retention drops whole partitions.
@@ -17,6 +18,7 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod embedded;
+pub mod postgres;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -142,3 +142,49 @@ pub async fn faulty_storage(config: StorageConfig) -> (Storage, Arc<FaultyStore>
     let storage = Storage::with_parts(config, store, metastore).expect("a storage");
     (storage, faulty)
 }
+
+/// The PostgreSQL server the tests use: `KILN_TEST_POSTGRES_URL`, which the test command
+/// (`scripts/test-services.sh`) sets after starting a private server.
+pub fn postgres_server_url() -> String {
+    std::env::var("KILN_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "KILN_TEST_POSTGRES_URL is not set: run the tests with scripts/test.sh, or start \
+             the test services with `eval \"$(bash scripts/test-services.sh)\"`"
+        )
+    })
+}
+
+/// A fresh, empty database on the test server, for one test; returns its URL.
+pub async fn postgres_database() -> String {
+    let server = postgres_server_url();
+    let (client, connection) = tokio_postgres::connect(&server, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test PostgreSQL at {server}: {e}"));
+    tokio::spawn(connection);
+    let name = format!(
+        "kiln_test_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create a test database");
+    let mut config: tokio_postgres::Config = server.parse().expect("a PostgreSQL URL");
+    config.dbname(&name);
+    url_of(&config, &name)
+}
+
+/// A `postgres://` URL for `config` with database `dbname`.
+fn url_of(config: &tokio_postgres::Config, dbname: &str) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let auth = match config.get_password() {
+        Some(p) => format!("{user}:{}", String::from_utf8_lossy(p)),
+        None => user.to_owned(),
+    };
+    format!("postgres://{auth}@{host}:{port}/{dbname}")
+}
