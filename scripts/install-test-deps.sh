@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof) and openssl
-# (test keys) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy, the
-# opentelemetry-proto stubs with grpcio) in a venv under the build directory, and
-# @pyroscope/nodejs under e2e/clients/node, and Debian's chromium for the flame graph render test
+# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), openssl
+# (test keys) and PostgreSQL from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
+# the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
+# directory, @pyroscope/nodejs under e2e/clients/node, and Debian's chromium for the flame graph render test
 # (the plugin frontend's npm packages are installed by grafana-plugin/build.sh and test.sh).
 # Idempotent: a second run only checks.
 set -euo pipefail
@@ -12,6 +12,7 @@ need_apt=()
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -23,7 +24,7 @@ venv="${KILN_TEST_VENV:-${CARGO_TARGET_DIR:-$root/target}/test-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ]; then
+if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ] || [ ! -x "$venv/bin/moto_server" ]; then
   echo "install-test-deps: pip install into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/e2e/clients/python/requirements.txt"
 fi

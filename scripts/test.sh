@@ -18,6 +18,10 @@ export CARGO_TERM_COLOR=never
 
 started=$(date +%s)
 bash "$root/scripts/install-test-deps.sh"
+# PostgreSQL and an S3-compatible server on 127.0.0.1, stopped when the run ends.
+services=$(bash "$root/scripts/test-services.sh")
+eval "$services"
+trap 'bash "$root/scripts/test-services.sh" stop' EXIT
 
 cargo fmt --all --check
 

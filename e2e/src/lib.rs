@@ -66,6 +66,7 @@ pub struct Kiln {
     pub port: u16,
     pub data_dir: tempfile::TempDir,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     http: reqwest::blocking::Client,
     auth: Option<Vec<(String, String)>>,
@@ -81,6 +82,11 @@ impl Kiln {
 
     /// Starts kiln with exactly these flags (plus listen address, data dir and a short flush).
     pub fn start_with(flags: &[&str]) -> Result<Self> {
+        Self::start_with_env(flags, &[])
+    }
+
+    /// [`Kiln::start_with`] with these environment variables set for the process.
+    pub fn start_with_env(flags: &[&str], env: &[(&str, &str)]) -> Result<Self> {
         let data_dir = tempfile::tempdir()?;
         let log = data_dir.path().join("kiln.log");
         let mut args = vec![
@@ -94,6 +100,10 @@ impl Kiln {
             port: free_port(),
             data_dir,
             args,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             log,
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(60))
@@ -123,6 +133,7 @@ impl Kiln {
             .arg("--data-dir")
             .arg(self.data_dir.path().join("data"))
             .env("KILN_LOG", "info,kiln_storage=debug")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .spawn()

@@ -19,6 +19,75 @@ pub struct App {
     pub metrics: Metrics,
     /// Ceiling for one gRPC message (tenants' own limits are checked after decoding).
     pub grpc_max_message_bytes: usize,
+    /// What this process does: its APIs and background work.
+    pub roles: Roles,
+}
+
+/// The roles of a `kiln` process (`--roles`). Any number of processes of each role can share
+/// one metastore and one object store; the single binary runs all three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    /// Accepts profiles (`/ingest`, `push.v1`, OTLP).
+    pub ingest: bool,
+    /// Answers queries (`querier.v1`).
+    pub query: bool,
+    /// Compacts, applies retention, deletes tombstoned objects and sweeps orphans.
+    pub compact: bool,
+}
+
+impl Roles {
+    /// Every role.
+    pub const ALL: Self = Self {
+        ingest: true,
+        query: true,
+        compact: true,
+    };
+
+    /// Parses `ingest,query,compact` (any non-empty subset; `all` for every role).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let mut roles = Self {
+            ingest: false,
+            query: false,
+            compact: false,
+        };
+        for r in s.split(',').map(str::trim).filter(|r| !r.is_empty()) {
+            match r {
+                "ingest" => roles.ingest = true,
+                "query" => roles.query = true,
+                "compact" => roles.compact = true,
+                "all" => roles = Self::ALL,
+                other => {
+                    return Err(format!(
+                        "unknown role {other:?}: use ingest, query, compact or all"
+                    ));
+                }
+            }
+        }
+        if roles
+            == (Self {
+                ingest: false,
+                query: false,
+                compact: false,
+            })
+        {
+            return Err("give at least one role: ingest, query, compact".into());
+        }
+        Ok(roles)
+    }
+}
+
+impl std::fmt::Display for Roles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = [
+            (self.ingest, "ingest"),
+            (self.query, "query"),
+            (self.compact, "compact"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+        f.write_str(&names.join(","))
+    }
 }
 
 impl App {
@@ -30,6 +99,7 @@ impl App {
             auth,
             metrics: Metrics::default(),
             grpc_max_message_bytes: 64 << 20,
+            roles: Roles::ALL,
         }
     }
 

@@ -10,7 +10,7 @@ use kiln_storage::compaction::LevelPolicy;
 use kiln_storage::{Storage, StorageConfig};
 use tracing::{info, warn};
 
-use crate::app::App;
+use crate::app::{App, Roles};
 use crate::auth::{AuthMode, Authenticator, KeyStore, Scope, parse_duration_secs};
 use crate::tenants::Tenants;
 
@@ -42,6 +42,13 @@ pub enum MetastoreCommand {
         /// The data directory `kiln serve` uses.
         #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
         data_dir: PathBuf,
+        /// The metastore `kiln serve` uses (a PostgreSQL database must be empty; an embedded
+        /// one is set aside first). Default: embedded, under the data directory.
+        #[arg(long, env = "KILN_METASTORE")]
+        metastore: Option<String>,
+        /// The object store `kiln serve` uses. Default: the data directory.
+        #[arg(long, env = "KILN_OBJECT_STORE")]
+        object_store: Option<String>,
     },
 }
 
@@ -89,9 +96,37 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:4040")]
     pub listen: SocketAddr,
 
-    /// Directory for the local object store and the embedded metastore.
+    /// Directory for the local object store and the embedded metastore (when they are not
+    /// elsewhere) and for compaction's scratch files.
     #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
+
+    /// What this process does: `ingest`, `query`, `compact`, comma-separated (default all).
+    /// Processes of any roles can share one `--metastore` (PostgreSQL) and `--object-store`.
+    #[arg(long, env = "KILN_ROLES", default_value = "ingest,query,compact")]
+    pub roles: String,
+
+    /// The metastore: `postgres://user:password@host:port/database` (shared by several
+    /// processes; the schema is migrated at start-up), or a path for the embedded one.
+    /// Default: embedded, under the data directory.
+    #[arg(long, env = "KILN_METASTORE")]
+    pub metastore: Option<String>,
+
+    /// The object store: `s3://bucket/prefix` (any S3-compatible endpoint), `gs://bucket/prefix`,
+    /// `az://container/prefix`, or a path. Credentials and endpoints come from `object_store`'s
+    /// environment variables (`AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `AWS_ACCESS_KEY_ID`, …),
+    /// each also settable as `KILN_…`. Default: the data directory.
+    #[arg(long, env = "KILN_OBJECT_STORE")]
+    pub object_store: Option<String>,
+
+    /// Seconds a failing request to a remote object store is retried (with backoff) before the
+    /// write or query fails with 503.
+    #[arg(
+        long,
+        env = "KILN_OBJECT_STORE_RETRY_TIMEOUT_SECS",
+        default_value_t = 10
+    )]
+    pub object_store_retry_timeout_secs: u64,
 
     /// Authentication: `none` (one tenant, `anonymous`; loopback only), `jwt` (Bearer or Basic
     /// tokens, keys from --jwt-keys), or `trusted-header` (`X-Scope-OrgID` from a proxy).
@@ -208,6 +243,7 @@ impl ServeArgs {
     /// Checks values clap cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
         self.compaction_levels()?;
+        self.roles()?;
         self.storage_config().validate()?;
         anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
         anyhow::ensure!(
@@ -232,6 +268,11 @@ impl ServeArgs {
             );
         }
         Ok(())
+    }
+
+    /// The roles of `--roles`.
+    pub fn roles(&self) -> anyhow::Result<Roles> {
+        Roles::parse(&self.roles).map_err(|e| anyhow::anyhow!("--roles: {e}"))
     }
 
     /// The compaction policies of `--compaction-levels`.
@@ -259,11 +300,14 @@ impl ServeArgs {
     /// Storage settings from these flags.
     pub fn storage_config(&self) -> StorageConfig {
         let mut c = StorageConfig::new(&self.data_dir);
+        c.metastore = self.metastore.clone();
+        c.object_store = self.object_store.clone();
+        c.object_store_retry_timeout = Duration::from_secs(self.object_store_retry_timeout_secs);
         c.writer.shards = self.shards;
         c.writer.flush_interval = Duration::from_millis(self.flush_interval_ms);
         c.writer.flush_bytes = self.flush_bytes;
         c.symbols_cache_bytes = self.symbols_cache_bytes;
-        c.compaction.enabled = self.compaction;
+        c.compaction.enabled = self.compaction && self.roles().is_ok_and(|r| r.compact);
         if let Ok(levels) = self.compaction_levels() {
             c.compaction.levels = levels;
         }
@@ -316,7 +360,9 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     let auth = args.authenticator()?;
     let tenants = Tenants::load(args.tenants.as_deref(), args.limit_overrides())?;
     let storage = Storage::open(args.storage_config()).await?;
-    Ok(Arc::new(App::new(storage, auth, tenants)))
+    let mut app = App::new(storage, auth, tenants);
+    app.roles = args.roles()?;
+    Ok(Arc::new(app))
 }
 
 /// Background upkeep: reload keys and tenant limits on change or SIGHUP, run retention.
@@ -366,6 +412,9 @@ fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
             reload("SIGHUP", true);
         }
     });
+    if !app.roles.compact {
+        return;
+    }
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(retention_every);
         loop {
@@ -383,14 +432,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    info!(roles = %app.roles, "kiln starting");
     spawn_upkeep(
         Arc::clone(&app),
         Duration::from_secs(args.retention_interval_secs.max(1)),
     );
-    app.storage.spawn_upkeep(
-        Duration::from_millis(args.upkeep_interval_ms.max(10)),
-        Duration::from_secs(args.orphan_sweep_interval_secs.max(1)),
-    );
+    if app.roles.compact {
+        app.storage.spawn_upkeep(
+            Duration::from_millis(args.upkeep_interval_ms.max(10)),
+            Duration::from_secs(args.orphan_sweep_interval_secs.max(1)),
+        );
+    }
     crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;
     Ok(())
 }
@@ -398,28 +450,41 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// Runs `kiln metastore …`.
 pub async fn metastore(cmd: MetastoreCommand) -> anyhow::Result<()> {
     match cmd {
-        MetastoreCommand::Rebuild { data_dir } => {
-            let config = StorageConfig::new(&data_dir);
-            let store = kiln_storage::store::ObjectStorage::local(&data_dir.join("objects"))?;
-            let path = data_dir.join("metastore").join("metastore.redb");
-            if path.exists() {
+        MetastoreCommand::Rebuild {
+            data_dir,
+            metastore,
+            object_store,
+        } => {
+            let mut config = StorageConfig::new(&data_dir);
+            config.metastore = metastore;
+            config.object_store = object_store;
+            let store = config.open_object_store()?;
+            let embedded = match &config.metastore {
+                None => Some(config.embedded_metastore_path()),
+                Some(url) if !url.contains("://") => Some(PathBuf::from(url)),
+                Some(_) => None,
+            };
+            if let Some(path) = embedded.as_ref().filter(|p| p.exists()) {
                 let aside = path.with_extension(format!(
                     "redb.before-rebuild-{}",
                     std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_secs())
                 ));
-                std::fs::rename(&path, &aside)?;
+                std::fs::rename(path, &aside)?;
                 println!("the old metastore is kept as {}", aside.display());
             }
-            let metastore = kiln_storage::metastore::embedded::Embedded::open(&path)?;
-            let (added, bad) = kiln_storage::rebuild_metastore(&store, &metastore).await?;
+            let metastore = config.open_metastore().await?;
+            anyhow::ensure!(
+                metastore.tenants().await?.is_empty(),
+                "the metastore already holds entries: rebuild into an empty database"
+            );
+            let (added, bad) = kiln_storage::rebuild_metastore(&store, metastore.as_ref()).await?;
             for b in &bad {
                 eprintln!("unreadable object left out: {b}");
             }
             println!(
-                "metastore rebuilt under {}: {added} entries, {} unreadable objects",
-                config.data_dir.display(),
+                "metastore rebuilt: {added} entries, {} unreadable objects",
                 bad.len()
             );
         }

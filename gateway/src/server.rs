@@ -27,12 +27,28 @@ use crate::ingest::ingest_handler;
 /// The whole HTTP + gRPC application.
 pub fn router(app: AppRef) -> Router {
     let grpc = grpc_router(app.clone());
+    let roles = app.roles;
+    let ingest = if roles.ingest {
+        Router::new()
+            .route("/ingest", post(ingest_handler))
+            .route("/pyroscope/ingest", post(ingest_handler))
+            .route("/push.v1.PusherService/Push", post(push_handler))
+            .route("/v1development/profiles", post(crate::otlp::http_handler))
+    } else {
+        Router::new()
+            .route("/ingest", post(role_missing))
+            .route("/pyroscope/ingest", post(role_missing))
+            .route("/push.v1.PusherService/Push", post(role_missing))
+            .route("/v1development/profiles", post(role_missing))
+    };
+    let query = if roles.query {
+        Router::new().route("/querier.v1.QuerierService/{method}", post(querier_handler))
+    } else {
+        Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing))
+    };
     Router::new()
-        .route("/ingest", post(ingest_handler))
-        .route("/pyroscope/ingest", post(ingest_handler))
-        .route("/push.v1.PusherService/Push", post(push_handler))
-        .route("/querier.v1.QuerierService/{method}", post(querier_handler))
-        .route("/v1development/profiles", post(crate::otlp::http_handler))
+        .merge(ingest)
+        .merge(query)
         .route("/api/v1/tenants", get(crate::admin::list))
         .route(
             "/api/v1/tenants/{id}",
@@ -56,6 +72,20 @@ pub fn router(app: AppRef) -> Router {
         ))
 }
 
+/// An API of a role this process does not run (`--roles`): 404, naming the roles it runs, so a
+/// misrouted request is plain to see.
+async fn role_missing(State(app): State<AppRef>, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "{} is not served here: this kiln runs the roles {}\n",
+            uri.path(),
+            app.roles
+        ),
+    )
+        .into_response()
+}
+
 fn grpc_router(app: AppRef) -> Router {
     let max = app.grpc_max_message_bytes;
     let svc = Grpc::new(app.clone());
@@ -67,11 +97,16 @@ fn grpc_router(app: AppRef) -> Router {
     let pusher = PusherServiceServer::new(svc)
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
-    tonic::service::Routes::new(querier)
-        .add_service(pusher)
-        .add_service(crate::otlp::OtlpGrpc::new(app))
-        .prepare()
-        .into_axum_router()
+    let mut routes = tonic::service::Routes::default();
+    if app.roles.query {
+        routes = routes.add_service(querier);
+    }
+    if app.roles.ingest {
+        routes = routes
+            .add_service(pusher)
+            .add_service(crate::otlp::OtlpGrpc::new(app));
+    }
+    routes.prepare().into_axum_router()
 }
 
 /// A gRPC refusal (trailers-only response) for an error found before tonic runs.

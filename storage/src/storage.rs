@@ -1,7 +1,7 @@
 //! The storage engine as one value: object store, metastore, writer, query engine, and the
 //! background upkeep (compaction, deletion of tombstoned objects, the orphan sweeper).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use kiln_otel::NormalizedProfile;
 use crate::compaction::{CompactionConfig, Compactor};
 use crate::meta::{BlockMeta, decode_footer, footer_len, object_id_of_path, partition_of};
 use crate::metastore::embedded::Embedded;
+use crate::metastore::postgres;
 use crate::metastore::{BlockQuery, Metastore, Removed};
 use crate::query::{QueryEngine, now_ms};
 use crate::store::ObjectStorage;
@@ -19,8 +20,16 @@ use crate::{Error, Result};
 /// Storage settings.
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
-    /// Root of the local object store and of the embedded metastore.
+    /// Root of the local object store and of the embedded metastore (when they are not set
+    /// elsewhere), and of compaction's scratch files.
     pub data_dir: PathBuf,
+    /// The object store's URL ([`ObjectStorage::from_url`]); `None`: `{data_dir}/objects`.
+    pub object_store: Option<String>,
+    /// How long requests to a remote object store are retried before failing.
+    pub object_store_retry_timeout: Duration,
+    /// The metastore: `postgres://…`, or a redb file path; `None`: the embedded metastore
+    /// under `{data_dir}/metastore`.
+    pub metastore: Option<String>,
     pub writer: WriterConfig,
     /// Memory for cached symbol tables (and a quarter of it for Parquet metadata).
     pub symbols_cache_bytes: u64,
@@ -38,12 +47,44 @@ impl StorageConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            object_store: None,
+            object_store_retry_timeout: Duration::from_secs(10),
+            metastore: None,
             writer: WriterConfig::default(),
             symbols_cache_bytes: 256 << 20,
             compaction: CompactionConfig::default(),
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
         }
+    }
+
+    /// The object store these settings name.
+    pub fn open_object_store(&self) -> Result<ObjectStorage> {
+        match &self.object_store {
+            None => ObjectStorage::local(&self.data_dir.join("objects")),
+            Some(url) => ObjectStorage::from_url(url, self.object_store_retry_timeout),
+        }
+    }
+
+    /// The metastore these settings name (PostgreSQL: connected and migrated).
+    pub async fn open_metastore(&self) -> Result<Arc<dyn Metastore>> {
+        Ok(match &self.metastore {
+            Some(url) if postgres::is_postgres_url(url) => {
+                Arc::new(postgres::Postgres::connect(&postgres::PostgresConfig::new(url)).await?)
+            }
+            Some(url) if url.contains("://") => {
+                return Err(Error::Config(format!(
+                    "metastore {url}: use postgres://…, or a path for the embedded metastore"
+                )));
+            }
+            Some(path) => Arc::new(Embedded::open(Path::new(path))?),
+            None => Arc::new(Embedded::open(&self.embedded_metastore_path())?),
+        })
+    }
+
+    /// Where the embedded metastore lives by default.
+    pub fn embedded_metastore_path(&self) -> PathBuf {
+        self.data_dir.join("metastore").join("metastore.redb")
     }
 
     /// Checks the settings.
@@ -98,10 +139,8 @@ impl Storage {
     /// Opens the storage on the local file system with the embedded metastore.
     pub async fn open(config: StorageConfig) -> Result<Self> {
         config.validate()?;
-        let store = ObjectStorage::local(&config.data_dir.join("objects"))?;
-        let metastore: Arc<dyn Metastore> = Arc::new(Embedded::open(
-            &config.data_dir.join("metastore").join("metastore.redb"),
-        )?);
+        let store = config.open_object_store()?;
+        let metastore = config.open_metastore().await?;
         Self::with_parts(config, store, metastore)
     }
 

@@ -15,6 +15,20 @@ use tokio::io::AsyncReadExt;
 
 use crate::{Error, Result};
 
+/// `KILN_{prefix}…` environment variables as `object_store` configuration keys
+/// (`KILN_AWS_ENDPOINT_URL` → `aws_endpoint_url`).
+fn kiln_env(prefix: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::env::vars()
+        .filter_map(|(k, v)| {
+            let key = k.strip_prefix("KILN_")?;
+            key.starts_with(prefix)
+                .then(|| (key.to_ascii_lowercase(), v))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// An object store plus, when it is the local file system, its root for fsync.
 #[derive(Debug, Clone)]
 pub struct ObjectStorage {
@@ -44,6 +58,98 @@ impl ObjectStorage {
             store: store.clone(),
             local: Some((store, root)),
         })
+    }
+
+    /// The store a URL names, with `data_dir` for relative and default paths:
+    ///
+    /// - a path or `file:///path`: the local file system (puts are fsynced);
+    /// - `s3://bucket/prefix` (any S3-compatible endpoint), `gs://bucket/prefix`,
+    ///   `az://container/prefix` (also `azure://`, `abfs://`): credentials, region and
+    ///   endpoint from `object_store`'s environment variables (`AWS_ACCESS_KEY_ID`,
+    ///   `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`, `AZURE_STORAGE_ACCOUNT_NAME`,
+    ///   …), each also settable as `KILN_…` (`KILN_AWS_ENDPOINT_URL`), which wins;
+    /// - `memory://`: in memory, for tests.
+    ///
+    /// Requests to remote stores are retried with exponential backoff for up to
+    /// `retry_timeout`; a store still failing then is answered "unavailable" (503).
+    pub fn from_url(url: &str, retry_timeout: std::time::Duration) -> Result<Self> {
+        Self::from_url_with(url, retry_timeout, &[])
+    }
+
+    /// [`Self::from_url`] with configuration keys (`aws_endpoint_url`, …) that win over the
+    /// environment's.
+    pub fn from_url_with(
+        url: &str,
+        retry_timeout: std::time::Duration,
+        options: &[(String, String)],
+    ) -> Result<Self> {
+        use object_store::RetryConfig;
+        use object_store::prefix::PrefixStore;
+
+        let config_err = |what: &str, e: object_store::Error| {
+            Error::Config(format!("object store {url}: {what}: {e}"))
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Self::local(Path::new(url));
+        };
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let prefix = prefix.trim_matches('/');
+        let retry = RetryConfig {
+            max_retries: 10,
+            retry_timeout,
+            ..RetryConfig::default()
+        };
+        let store: Arc<dyn ObjectStore> = match scheme {
+            "file" => return Self::local(Path::new(&format!("/{}", rest.trim_start_matches('/')))),
+            "memory" => Arc::new(object_store::memory::InMemory::new()),
+            "s3" | "s3a" => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env();
+                for (key, value) in kiln_env("AWS_").iter().chain(options) {
+                    if let Ok(key) = key.parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+                let b = b.with_bucket_name(bucket).with_retry(retry);
+                let store = b.build().map_err(|e| config_err("S3", e))?;
+                with_prefix(store, prefix)
+            }
+            "gs" => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env();
+                for (key, value) in kiln_env("GOOGLE_").iter().chain(options) {
+                    if let Ok(key) = key.parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+                let b = b.with_bucket_name(bucket).with_retry(retry);
+                let store = b.build().map_err(|e| config_err("GCS", e))?;
+                with_prefix(store, prefix)
+            }
+            "az" | "azure" | "abfs" | "abfss" => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env();
+                for (key, value) in kiln_env("AZURE_").iter().chain(options) {
+                    if let Ok(key) = key.parse() {
+                        b = b.with_config(key, value);
+                    }
+                }
+                let b = b.with_container_name(bucket).with_retry(retry);
+                let store = b.build().map_err(|e| config_err("Azure", e))?;
+                with_prefix(store, prefix)
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "object store {url}: unknown scheme {other:?} (use a path, file://, s3://, \
+                     gs://, az:// or memory://)"
+                )));
+            }
+        };
+        fn with_prefix<S: ObjectStore>(store: S, prefix: &str) -> Arc<dyn ObjectStore> {
+            if prefix.is_empty() {
+                Arc::new(store)
+            } else {
+                Arc::new(PrefixStore::new(store, prefix))
+            }
+        }
+        Ok(Self::remote(store))
     }
 
     /// Any other store (S3, GCS, Azure, in-memory); puts are durable when the store says so.

@@ -188,3 +188,45 @@ fn url_of(config: &tokio_postgres::Config, dbname: &str) -> String {
     };
     format!("postgres://{auth}@{host}:{port}/{dbname}")
 }
+
+/// The S3-compatible test server (`KILN_TEST_S3_ENDPOINT`, bucket `KILN_TEST_S3_BUCKET`) that
+/// the test command starts, as an `s3://` URL under a fresh prefix plus the configuration that
+/// reaches it (endpoint, plain HTTP, dummy credentials).
+pub fn s3_location() -> (String, Vec<(String, String)>) {
+    let endpoint = std::env::var("KILN_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "KILN_TEST_S3_ENDPOINT is not set: run the tests with scripts/test.sh, or start the \
+             test services with `eval \"$(bash scripts/test-services.sh)\"`"
+        )
+    });
+    let bucket = std::env::var("KILN_TEST_S3_BUCKET").unwrap_or_else(|_| "kiln-test".into());
+    let prefix = ulid::Ulid::generate().to_string().to_lowercase();
+    let options = [
+        ("aws_endpoint_url", endpoint.as_str()),
+        ("aws_allow_http", "true"),
+        ("aws_access_key_id", "test"),
+        ("aws_secret_access_key", "test"),
+        ("aws_region", "us-east-1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    (format!("s3://{bucket}/{prefix}"), options)
+}
+
+/// A storage on a PostgreSQL metastore and an S3 object store (scratch files under
+/// `config.data_dir`), as one process of a scale-out deployment sees them.
+pub async fn shared_storage(
+    config: StorageConfig,
+    postgres_url: &str,
+    s3: &(String, Vec<(String, String)>),
+) -> Storage {
+    let store =
+        ObjectStorage::from_url_with(&s3.0, Duration::from_secs(5), &s3.1).expect("an S3 store");
+    let metastore = crate::metastore::postgres::Postgres::connect(
+        &crate::metastore::postgres::PostgresConfig::new(postgres_url),
+    )
+    .await
+    .expect("a PostgreSQL metastore");
+    Storage::with_parts(config, store, Arc::new(metastore)).expect("a storage")
+}

@@ -11,4 +11,5 @@ mod grpc;
 mod limits;
 mod otlp;
 mod restart;
+mod scale_out;
 mod spans;

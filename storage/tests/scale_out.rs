@@ -1,0 +1,191 @@
+//! Scale-out in process: storages sharing one PostgreSQL metastore and one S3 bucket (the test
+//! command's servers), as separate ingest/query and compactor processes would.
+
+use std::collections::BTreeMap;
+
+use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::metastore::BlockQuery;
+use kiln_storage::testing::{
+    config, filter, frames, postgres_database, profile, s3_location, shared_storage,
+};
+use kiln_storage::{Storage, StorageConfig};
+
+const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
+const SEC: i64 = 1_000_000_000;
+
+type Stacks = BTreeMap<Vec<String>, i64>;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+async fn stacks(s: &Storage, tenant: &str) -> Stacks {
+    s.query()
+        .merge_tree(&filter(
+            tenant,
+            "{}",
+            T0 - PARTITION_NANOS,
+            T0 + PARTITION_NANOS,
+        ))
+        .await
+        .unwrap()
+        .stacks()
+}
+
+/// The flame graph `n` flushes of [`ingest`] must give tenant `a`.
+fn expected_a(n: i64) -> Stacks {
+    let mut want = Stacks::new();
+    for i in 0..n {
+        *want
+            .entry(frames(&format!("main;handle;parse{}", i % 5)))
+            .or_default() += 10 + i;
+        *want.entry(frames("main;idle")).or_default() += 1;
+    }
+    want
+}
+
+/// Writes `n` flushes, each its own L0 segment holding tenants a and b.
+async fn ingest(s: &Storage, n: i64) {
+    for i in 0..n {
+        let t = T0 + i * 10 * SEC;
+        let (x, y) = tokio::join!(
+            s.write(
+                "a",
+                profile(
+                    "api",
+                    &[
+                        (frames(&format!("main;handle;parse{}", i % 5)), 10 + i),
+                        (frames("main;idle"), 1),
+                    ],
+                    t
+                )
+            ),
+            s.write("b", profile("db", &[(frames("main;b_only"), 2)], t)),
+        );
+        x.unwrap();
+        y.unwrap();
+        s.flush().await;
+    }
+}
+
+fn role(dir: &std::path::Path, compaction: bool) -> StorageConfig {
+    let mut c = config(dir);
+    c.compaction.enabled = compaction;
+    // One shard, so both tenants of a flush share its one segment.
+    c.writer.shards = 1;
+    c
+}
+
+/// An ingest/query storage and a compactor storage share PostgreSQL and S3: the compactor
+/// merges what the other wrote, the other's answers stay the same, a fresh process on the
+/// same metastore and bucket answers the same, and other tenants see nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_separate_compactor_shares_postgres_and_s3() {
+    let (pg, s3) = (postgres_database().await, s3_location());
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let front = shared_storage(role(d1.path(), false), &pg, &s3).await;
+    let compactor = shared_storage(role(d2.path(), true), &pg, &s3).await;
+
+    ingest(&front, 24).await;
+    assert_eq!(stacks(&front, "a").await, expected_a(24));
+    let l0 = front
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert!(l0.len() >= 24, "{}", l0.len());
+    let l0_b = front
+        .metastore()
+        .query_blocks(BlockQuery::all("b"))
+        .await
+        .unwrap()
+        .len();
+    let segments = front.store().list("segments").await.unwrap().len();
+    assert!(
+        segments < l0.len() + l0_b,
+        "one object per flush, shared by the tenants flushed together: {segments} objects for \
+         {} + {l0_b} entries",
+        l0.len()
+    );
+
+    // The front end never compacts; the compactor does.
+    assert_eq!(front.compactor().compact_all(now_ms()).await.unwrap(), 0);
+    let jobs = compactor.compactor().compact_all(now_ms()).await.unwrap();
+    assert!(jobs > 0);
+    compactor.collect_garbage(u64::MAX).await.unwrap();
+    let after = front
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert!(
+        after.len() < 6 && after.iter().all(|b| b.level > 0),
+        "{after:?}"
+    );
+    assert!(
+        front.store().list("segments").await.unwrap().is_empty(),
+        "L0 segments deleted once both tenants' entries were compacted"
+    );
+    assert_eq!(stacks(&front, "a").await, expected_a(24));
+    assert_eq!(stacks(&compactor, "a").await, expected_a(24));
+    let b_total: i64 = stacks(&front, "b").await.values().sum();
+    assert_eq!(b_total, 2 * 24);
+
+    front.close().await;
+    compactor.close().await;
+    let fresh = shared_storage(role(d3.path(), false), &pg, &s3).await;
+    assert_eq!(stacks(&fresh, "a").await, expected_a(24));
+    assert!(stacks(&fresh, "other").await.is_empty());
+    assert!(!stacks(&fresh, "b").await.contains_key(&frames("main;idle")));
+}
+
+/// Two compactors working one queue at once never compact the same blocks twice: every row
+/// is in exactly one block afterwards and the totals are those ingested.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_compactors_at_once_never_compact_the_same_blocks() {
+    let (pg, s3) = (postgres_database().await, s3_location());
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let front = shared_storage(role(d1.path(), false), &pg, &s3).await;
+    ingest(&front, 48).await;
+    let rows_before: u64 = front
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.rows)
+        .sum();
+    let c1 = shared_storage(role(d2.path(), true), &pg, &s3).await;
+    let c2 = shared_storage(role(d3.path(), true), &pg, &s3).await;
+    let (j1, j2) = tokio::join!(
+        c1.compactor().compact_all(now_ms()),
+        c2.compactor().compact_all(now_ms())
+    );
+    let (j1, j2) = (j1.unwrap(), j2.unwrap());
+    assert!(j1 + j2 > 0, "{j1} + {j2} jobs");
+    let blocks = front
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    let rows_after: u64 = blocks.iter().map(|b| b.rows).sum();
+    assert_eq!(rows_after, rows_before, "no row lost or merged twice");
+    let mut ids: Vec<&str> = blocks.iter().map(|b| b.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), blocks.len());
+    assert!(front.metastore().jobs().await.unwrap().is_empty());
+    assert_eq!(stacks(&front, "a").await, expected_a(48));
+    assert!(stacks(&front, "other").await.is_empty());
+}
