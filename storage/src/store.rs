@@ -101,7 +101,7 @@ impl ObjectStorage {
         };
         let store: Arc<dyn ObjectStore> = match scheme {
             "file" => return Self::local(Path::new(&format!("/{}", rest.trim_start_matches('/')))),
-            "memory" => Arc::new(object_store::memory::InMemory::new()),
+            "memory" => with_prefix(object_store::memory::InMemory::new(), prefix),
             "s3" | "s3a" => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env();
                 for (key, value) in kiln_env("AWS_").iter().chain(options) {
@@ -358,4 +358,62 @@ fn sync_path(root: &Path, file: &Path) -> Result<()> {
         dir = d.parent();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn urls_name_their_stores() {
+        let t = Duration::from_secs(1);
+        let dir = tempfile::tempdir().unwrap();
+        let local = ObjectStorage::from_url(dir.path().to_str().unwrap(), t).unwrap();
+        assert!(local.local.is_some());
+        let file = ObjectStorage::from_url(&format!("file://{}", dir.path().display()), t).unwrap();
+        assert!(file.local.is_some());
+        let s3 = ObjectStorage::from_url_with(
+            "s3://bucket/some/prefix",
+            t,
+            &opts(&[
+                ("aws_region", "us-east-1"),
+                ("aws_access_key_id", "k"),
+                ("aws_secret_access_key", "s"),
+            ]),
+        )
+        .unwrap();
+        assert!(s3.local.is_none());
+        assert!(format!("{:?}", s3.inner()).contains("bucket"));
+        let az = ObjectStorage::from_url_with(
+            "az://container/p",
+            t,
+            &opts(&[("azure_storage_use_emulator", "true")]),
+        )
+        .unwrap();
+        assert!(format!("{:?}", az.inner()).contains("container"));
+        for bad in ["ftp://x/y", "postgres://a/b"] {
+            let err = ObjectStorage::from_url(bad, t).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{bad}: {err}");
+        }
+    }
+
+    /// A prefix in the URL keeps every object under it.
+    #[tokio::test]
+    async fn memory_store_with_prefix_round_trips() {
+        let s = ObjectStorage::from_url("memory://bucket/pre/fix", Duration::from_secs(1)).unwrap();
+        s.put_durable("segments/0/a.kblk", Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
+        assert_eq!(s.get("segments/0/a.kblk").await.unwrap().as_ref(), b"abc");
+        assert_eq!(s.list("segments").await.unwrap().len(), 1);
+    }
 }

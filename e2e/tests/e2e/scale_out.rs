@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use kiln_e2e::Kiln;
+use kiln_e2e::{Kiln, kiln_bin};
 use kiln_proto::querier::v1 as q;
 use kiln_storage::metastore::postgres::{Postgres, PostgresConfig};
 use kiln_storage::metastore::{BlockQuery, Metastore};
@@ -176,5 +176,28 @@ fn roles_share_postgres_and_s3() -> Result<()> {
         "beta sees alpha's frames: {:?}",
         beta.names
     );
+    drop(fresh);
+
+    // A lost database is rebuilt from the bucket's footers into an empty one.
+    let rebuilt = rt.block_on(kiln_storage::testing::postgres_database());
+    let out = std::process::Command::new(kiln_bin())
+        .args(["metastore", "rebuild", "--data-dir"])
+        .arg(single.data_dir.path().join("unused"))
+        .args(["--metastore", &rebuilt, "--object-store", &s3_url])
+        .envs(env.iter().copied())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "rebuild: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut flags = shared.to_vec();
+    flags[3] = rebuilt.as_str();
+    let restored = Kiln::start_with_env(&flags, &env)?;
+    ensure!(
+        answers(&restored)? == want,
+        "after rebuilding the metastore from the bucket"
+    );
+    restored.assert_tenant_empty("gamma")?;
     Ok(())
 }
