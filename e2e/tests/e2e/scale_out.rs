@@ -201,3 +201,50 @@ fn roles_share_postgres_and_s3() -> Result<()> {
     restored.assert_tenant_empty("gamma")?;
     Ok(())
 }
+
+/// An object store that cannot be reached is retried for `--object-store-retry-timeout-secs`,
+/// then the write is refused with 503 and `Retry-After`, never acknowledged; reads of the same
+/// tenant find nothing.
+#[test]
+fn an_unreachable_bucket_is_answered_503() -> Result<()> {
+    let pg = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(kiln_storage::testing::postgres_database());
+    let dead = format!("http://127.0.0.1:{}", kiln_e2e::free_port());
+    let env = [
+        ("AWS_ENDPOINT_URL", dead.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let k = Kiln::start_with_env(
+        &[
+            "--auth",
+            "trusted-header",
+            "--metastore",
+            &pg,
+            "--object-store",
+            "s3://nowhere/kiln",
+            "--object-store-retry-timeout-secs",
+            "1",
+        ],
+        &env,
+    )?;
+    let resp = k
+        .http()
+        .post(k.url("/ingest?name=svc.cpu&from=1700000000"))
+        .header("X-Scope-OrgID", "alpha")
+        .body("main;a 3\n")
+        .send()?;
+    ensure!(resp.status().as_u16() == 503, "{}", resp.status());
+    ensure!(
+        resp.headers().contains_key("retry-after"),
+        "{:?}",
+        resp.headers()
+    );
+    k.assert_tenant_empty("alpha")?;
+    Ok(())
+}
