@@ -3,6 +3,7 @@
 //! - `GET /api/v1/tenants`: every tenant with data, limits or traffic, with its usage.
 //! - `GET /api/v1/tenants/{id}/usage`: one tenant's usage.
 //! - `DELETE /api/v1/tenants/{id}`: erases the tenant's blocks.
+//! - `GET /api/v1/tenants/{id}/blocks`: blocks by compaction level, rows, bytes, jobs.
 //! - `GET /api/v1/quarantine`, `GET /api/v1/tenants/{id}/quarantine`: unreadable blocks.
 
 use std::collections::BTreeSet;
@@ -73,6 +74,40 @@ pub async fn delete(
     app.metrics.set_stored_bytes(&id, 0);
     tracing::info!(tenant = %id, blocks = deleted, "tenant erased");
     Ok(Json(json!({ "tenant": id, "deleted_blocks": deleted })))
+}
+
+/// `GET /api/v1/tenants/{id}/blocks`: the tenant's blocks by compaction level, with rows, bytes
+/// and compaction jobs waiting or running (how far compaction is behind).
+pub async fn blocks(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
+    let metastore = app.storage.metastore();
+    let blocks = metastore
+        .query_blocks(kiln_storage::metastore::BlockQuery::all(&id))
+        .await?;
+    let mut levels: std::collections::BTreeMap<u32, u64> = Default::default();
+    for b in &blocks {
+        *levels.entry(b.level).or_default() += 1;
+    }
+    let jobs = metastore
+        .jobs()
+        .await?
+        .iter()
+        .filter(|j| j.tenant == id)
+        .count();
+    Ok(Json(json!({
+        "tenant": id,
+        "blocks": blocks.len(),
+        "levels": levels,
+        "top_level": kiln_storage::meta::TOP_LEVEL,
+        "rows": blocks.iter().map(|b| b.rows).sum::<u64>(),
+        "bytes": blocks.iter().map(|b| b.dataset_bytes()).sum::<u64>(),
+        "jobs": jobs,
+    })))
 }
 
 /// `GET /api/v1/quarantine` (every tenant's, for the operator): blocks taken out of the index

@@ -32,6 +32,9 @@ pub enum Command {
     /// Metastore maintenance.
     #[command(subcommand)]
     Metastore(MetastoreCommand),
+    /// Benchmark the whole system under a deterministic workload, optionally side by side with
+    /// DuckDB and ClickHouse (chDB) on the same rows.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -162,8 +165,9 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
     pub shards: u32,
 
-    /// Longest time, in milliseconds, a write is buffered before it is flushed to a block.
-    #[arg(long, env = "KILN_FLUSH_INTERVAL_MS", default_value_t = 200)]
+    /// Longest time, in milliseconds, a write waits for others to share its segment; writes
+    /// that arrive during a flush are flushed together right after it (group commit).
+    #[arg(long, env = "KILN_FLUSH_INTERVAL_MS", default_value_t = 50)]
     pub flush_interval_ms: u64,
 
     /// A shard flushes as soon as its buffer passes this many bytes.

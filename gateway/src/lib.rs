@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod bench;
 pub mod cli;
 pub mod connect;
 pub mod error;

@@ -10,6 +10,12 @@ async fn main() -> anyhow::Result<()> {
     let args = match cli.command {
         Some(Command::Token(cmd)) => return kiln_gateway::cli::token(cmd),
         Some(Command::Serve(args)) => *args,
+        Some(Command::Bench(args)) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::new("warn"))
+                .init();
+            return kiln_gateway::bench::run(*args).await;
+        }
         Some(Command::Metastore(cmd)) => {
             tracing_subscriber::fmt()
                 .with_env_filter(EnvFilter::new("warn"))

@@ -55,6 +55,7 @@ pub fn router(app: AppRef) -> Router {
             axum::routing::delete(crate::admin::delete),
         )
         .route("/api/v1/tenants/{id}/usage", get(crate::admin::usage))
+        .route("/api/v1/tenants/{id}/blocks", get(crate::admin::blocks))
         .route("/api/v1/quarantine", get(crate::admin::quarantine_all))
         .route(
             "/api/v1/tenants/{id}/quarantine",

@@ -26,6 +26,74 @@ pub fn encode(profile: &Profile) -> Vec<u8> {
     profile.encode_to_vec()
 }
 
+/// The distinct stacks of a profile as root-first function names (inlined frames expanded,
+/// unnamed frames left out), sorted.
+pub fn root_first_stacks(p: &Profile) -> Vec<Vec<String>> {
+    use std::collections::HashMap;
+    let names: HashMap<u64, &str> = p
+        .function
+        .iter()
+        .map(|f| {
+            let name = p
+                .string_table
+                .get(f.name as usize)
+                .map_or("", String::as_str);
+            (f.id, name)
+        })
+        .collect();
+    let locations: HashMap<u64, Vec<&str>> = p
+        .location
+        .iter()
+        .map(|l| {
+            let frames = l
+                .line
+                .iter()
+                .map(|x| names.get(&x.function_id).copied().unwrap_or(""))
+                .collect();
+            (l.id, frames)
+        })
+        .collect();
+    let mut stacks: Vec<Vec<String>> = p
+        .sample
+        .iter()
+        .map(|s| {
+            let mut frames: Vec<String> = s
+                .location_id
+                .iter()
+                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect();
+            frames.reverse();
+            frames
+        })
+        .filter(|f| !f.is_empty())
+        .collect();
+    stacks.sort();
+    stacks.dedup();
+    stacks
+}
+
+/// Stacks of every pprof file in `dir` (sorted by name), one pool per file that decodes and
+/// holds at least `min_stacks` distinct stacks: the real stacks benchmarks build workloads from.
+pub fn stack_pools(dir: &std::path::Path, min_stacks: usize) -> Vec<Vec<Vec<String>>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
+        .iter()
+        .filter_map(|f| decode(&std::fs::read(f).ok()?, 256 << 20).ok())
+        .map(|p| root_first_stacks(&p))
+        .filter(|pool| pool.len() >= min_stacks)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write;

@@ -48,67 +48,7 @@ impl Rng {
 /// Root-first stacks of function names from every corpus pprof file, one pool per file.
 fn corpus_pools() -> Vec<Vec<Vec<String>>> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/pprof");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
-    files.sort();
-    let mut pools = Vec::new();
-    for f in files {
-        let Ok(data) = std::fs::read(&f) else {
-            continue;
-        };
-        let Ok(p) = kiln_otel::pprof::decode(&data, 256 << 20) else {
-            continue;
-        };
-        let names: HashMap<u64, String> = p
-            .function
-            .iter()
-            .map(|f| {
-                let n = p
-                    .string_table
-                    .get(f.name as usize)
-                    .cloned()
-                    .unwrap_or_default();
-                (f.id, n)
-            })
-            .collect();
-        let locs: HashMap<u64, Vec<String>> = p
-            .location
-            .iter()
-            .map(|l| {
-                let frames = l
-                    .line
-                    .iter()
-                    .map(|x| names.get(&x.function_id).cloned().unwrap_or_default())
-                    .collect();
-                (l.id, frames)
-            })
-            .collect();
-        let mut pool: Vec<Vec<String>> = p
-            .sample
-            .iter()
-            .map(|s| {
-                let mut frames: Vec<String> = s
-                    .location_id
-                    .iter()
-                    .flat_map(|id| locs.get(id).cloned().unwrap_or_default())
-                    .collect();
-                frames.reverse();
-                frames
-            })
-            .filter(|f| !f.is_empty())
-            .collect();
-        pool.sort();
-        pool.dedup();
-        if pool.len() >= 20 {
-            pools.push(pool);
-        }
-    }
+    let mut pools = kiln_otel::pprof::stack_pools(&dir, 20);
     if pools.is_empty() {
         eprintln!("../shared/corpus is absent: synthetic stacks");
         let mut rng = Rng(7);

@@ -1,6 +1,7 @@
-//! The segment writer: one task per shard buffers profiles per tenant and flushes them every
-//! flush interval, or sooner when the buffer passes the size limit, as one segment object holding
-//! every tenant's dataset (one PUT per shard and flush). A write is answered only once the
+//! The segment writer: one task per shard buffers profiles per tenant and flushes them once the
+//! first of them has waited the flush interval, or sooner when the buffer passes the size limit,
+//! or as soon as the previous flush is done when writes queued up behind it (group commit), as
+//! one segment object holding every tenant's dataset (one PUT per shard and flush). A write is answered only once the
 //! segment is in the object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
 //! (unavailable: the client may retry) and nothing of it is acknowledged.
@@ -36,7 +37,7 @@ impl Default for WriterConfig {
     fn default() -> Self {
         Self {
             shards: 2,
-            flush_interval: Duration::from_millis(200),
+            flush_interval: Duration::from_millis(50),
             flush_bytes: 32 << 20,
             clock: Clock::default(),
         }
@@ -57,6 +58,8 @@ enum Command {
     Close {
         done: oneshot::Sender<()>,
     },
+    /// The oldest pending write has waited the flush interval (internal to a shard's loop).
+    Tick,
 }
 
 /// Handle to the shard tasks.
@@ -161,6 +164,29 @@ struct Pending {
     acks: Vec<Ack>,
 }
 
+/// Adds a write to the shard's buffer; returns the bytes it added.
+fn buffer(
+    pending: &mut BTreeMap<String, Pending>,
+    tenant: String,
+    profiles: &[NormalizedProfile],
+    ack: Ack,
+) -> usize {
+    let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
+        builder: DatasetBuilder::new(tenant),
+        acks: Vec::new(),
+    });
+    let before = p.builder.estimated_bytes();
+    for profile in profiles {
+        p.builder.add(profile);
+    }
+    p.acks.push(ack);
+    p.builder.estimated_bytes().saturating_sub(before)
+}
+
+/// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch)
+/// or until the buffer passes `flush_bytes`. Flushes run one at a time, and writes that
+/// arrive during one are flushed together as soon as it is done, without waiting another
+/// interval (group commit): under load, acknowledgements follow the flushes back to back.
 async fn run_shard(
     shard: u32,
     mut rx: mpsc::Receiver<Command>,
@@ -168,31 +194,70 @@ async fn run_shard(
     config: WriterConfig,
 ) {
     let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
-    let mut ticker = tokio::time::interval(config.flush_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut size = 0usize;
+    // When the oldest buffered write has waited `flush_interval`.
+    let mut flush_at: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
-            cmd = rx.recv() => match cmd {
-                None => {
-                    flush(shard, &ctx, &mut pending).await;
-                    return;
+        let cmd = match flush_at {
+            None => rx.recv().await,
+            Some(at) => tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = tokio::time::sleep_until(at) => Some(Command::Tick),
+            },
+        };
+        match cmd {
+            Some(Command::Write {
+                tenant,
+                profiles,
+                ack,
+            }) => {
+                size += buffer(&mut pending, tenant, &profiles, ack);
+                flush_at.get_or_insert_with(|| tokio::time::Instant::now() + config.flush_interval);
+            }
+            Some(Command::Tick) => {}
+            Some(Command::Flush { done }) => {
+                flush(shard, &ctx, &mut pending).await;
+                (size, flush_at) = (0, None);
+                let _ = done.send(());
+                continue;
+            }
+            None | Some(Command::Close { .. }) => {
+                flush(shard, &ctx, &mut pending).await;
+                rx.close();
+                if let Some(Command::Close { done }) = cmd {
+                    let _ = done.send(());
                 }
-                Some(Command::Write { tenant, profiles, ack }) => {
-                    let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-                        builder: DatasetBuilder::new(tenant),
-                        acks: Vec::new(),
-                    });
-                    for profile in &profiles {
-                        p.builder.add(profile);
+                return;
+            }
+        }
+        let due = flush_at.is_some_and(|at| at <= tokio::time::Instant::now());
+        if !due && size < config.flush_bytes {
+            continue;
+        }
+        // Group commit: flush, then take what queued up meanwhile and flush it at once, until
+        // nothing waits.
+        loop {
+            flush(shard, &ctx, &mut pending).await;
+            (size, flush_at) = (0, None);
+            let mut control = None;
+            while size < config.flush_bytes {
+                match rx.try_recv() {
+                    Ok(Command::Write {
+                        tenant,
+                        profiles,
+                        ack,
+                    }) => size += buffer(&mut pending, tenant, &profiles, ack),
+                    Ok(other) => {
+                        control = Some(other);
+                        break;
                     }
-                    p.acks.push(ack);
-                    let size: usize = pending.values().map(|p| p.builder.estimated_bytes()).sum();
-                    if size >= config.flush_bytes {
-                        flush(shard, &ctx, &mut pending).await;
-                    }
+                    Err(_) => break,
                 }
+            }
+            match control {
                 Some(Command::Flush { done }) => {
                     flush(shard, &ctx, &mut pending).await;
+                    size = 0;
                     let _ = done.send(());
                 }
                 Some(Command::Close { done }) => {
@@ -201,11 +266,10 @@ async fn run_shard(
                     let _ = done.send(());
                     return;
                 }
-            },
-            _ = ticker.tick() => {
-                if !pending.is_empty() {
-                    flush(shard, &ctx, &mut pending).await;
-                }
+                Some(Command::Write { .. } | Command::Tick) | None => {}
+            }
+            if pending.is_empty() {
+                break;
             }
         }
     }

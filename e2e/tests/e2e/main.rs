@@ -3,6 +3,7 @@
 
 mod auth;
 mod bad_input;
+mod bench;
 mod clients;
 mod corpus;
 mod crash;
