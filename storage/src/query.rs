@@ -895,12 +895,15 @@ impl QueryEngine {
         }
         columns.sort_unstable();
         let columns = &columns;
-        // Per block: (series index, timestamp, span, trace) -> sum.
+        // Per block: (series index, timestamp, span, trace) and its sum. Rows come in the
+        // block's sort order (series, then time), so equal keys are mostly adjacent: they are
+        // summed as they come, without hashing; repeats that are not adjacent stay separate
+        // cells and are summed into their bucket below.
         type Cell = (u32, i64, u64, Option<[u8; 16]>);
-        let per_block: Vec<Option<(Arc<BlockMeta>, HashMap<Cell, i64>)>> =
+        let per_block: Vec<Option<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> =
             futures::stream::iter(blocks)
                 .map(|(block, series)| async move {
-                    let mut cells: HashMap<Cell, i64> = HashMap::new();
+                    let mut cells: Vec<(Cell, i64)> = Vec::new();
                     let pos = |c: usize| columns.iter().position(|&x| x == c);
                     let result = self
                         .read_series(&block, &series, columns, |batch| {
@@ -933,8 +936,12 @@ impl QueryEngine {
                                 } else {
                                     (sid.value(r), ts.value(r), 0, None)
                                 };
-                                let slot = cells.entry(key).or_insert(0);
-                                *slot = slot.saturating_add(values.value(r));
+                                match cells.last_mut() {
+                                    Some((last, sum)) if *last == key => {
+                                        *sum = sum.saturating_add(values.value(r));
+                                    }
+                                    _ => cells.push((key, values.value(r))),
+                                }
                             }
                             Ok(())
                         })
@@ -953,19 +960,34 @@ impl QueryEngine {
             HashSet<(Vec<(String, String)>, i64)>,
             HashMap<u64, SpanExemplar>,
         );
-        let mut groups: BTreeMap<Vec<(String, String)>, BTreeMap<i64, Bucket>> = BTreeMap::new();
+        let mut group_of: HashMap<Vec<(String, String)>, usize> = HashMap::new();
+        let mut groups: Vec<(Vec<(String, String)>, BTreeMap<i64, Bucket>)> = Vec::new();
         let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
         for (block, cells) in per_block.into_iter().flatten() {
+            // Each series' group, once per block rather than once per cell.
+            let series_group: Vec<usize> = block
+                .series
+                .iter()
+                .map(|s| {
+                    let key: Vec<(String, String)> = group_by
+                        .iter()
+                        .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
+                        .collect();
+                    *group_of.entry(key.clone()).or_insert_with(|| {
+                        groups.push((key, BTreeMap::new()));
+                        groups.len() - 1
+                    })
+                })
+                .collect();
             for ((sid, t, span, trace), value) in cells {
-                let Some(s) = block.series.get(sid as usize) else {
+                let (Some(s), Some(&g)) = (
+                    block.series.get(sid as usize),
+                    series_group.get(sid as usize),
+                ) else {
                     continue;
                 };
-                let key: Vec<(String, String)> = group_by
-                    .iter()
-                    .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
-                    .collect();
                 let bucket = (start + (i128::from(t) - start).div_euclid(step) * step) as i64;
-                let slot = groups.entry(key).or_default().entry(bucket).or_default();
+                let slot = groups[g].1.entry(bucket).or_default();
                 slot.0 = slot.0.saturating_add(value);
                 if aggregation == Aggregation::Average {
                     slot.1.insert((s.labels.clone(), t));
@@ -982,6 +1004,8 @@ impl QueryEngine {
                 }
             }
         }
+        groups.retain(|(_, buckets)| !buckets.is_empty());
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out: Vec<(i64, SeriesPoints)> = groups
             .into_iter()
             .map(|(labels, buckets)| {
