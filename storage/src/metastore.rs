@@ -257,3 +257,44 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// Gives storage freed by removals back to the system (redb compaction, `VACUUM`).
     async fn shrink(&self) -> Result<()>;
 }
+
+/// Decoded metastore entries by (tenant, id, partition), bounded in bytes: entries never change
+/// once written, so both backends cache their decoding.
+pub(crate) type EntryCache = moka::sync::Cache<(String, String, i64), Arc<BlockMeta>>;
+
+/// An [`EntryCache`] of 64 MiB.
+pub(crate) fn entry_cache() -> EntryCache {
+    moka::sync::Cache::builder()
+        .weigher(|_, b: &Arc<BlockMeta>| {
+            (256 + b.series.len() * 160).try_into().unwrap_or(u32::MAX)
+        })
+        .max_capacity(64 << 20)
+        .build()
+}
+
+/// Decodes the entry `data` stored under (tenant, id, partition) through `cache`; an entry
+/// that does not decode, or names another block, is corrupt.
+pub(crate) fn decode_cached(
+    cache: &EntryCache,
+    tenant: &str,
+    id: &str,
+    partition: i64,
+    data: &[u8],
+) -> Result<Arc<BlockMeta>> {
+    let key = (tenant.to_owned(), id.to_owned(), partition);
+    if let Some(b) = cache.get(&key) {
+        return Ok(b);
+    }
+    let corrupt = |reason: String| crate::Error::Corrupt {
+        tenant: tenant.to_owned(),
+        block: id.to_owned(),
+        reason,
+    };
+    let b = BlockMeta::decode_entry(data).map_err(|r| corrupt(format!("metastore entry: {r}")))?;
+    if b.tenant != tenant || b.id != id || b.partition() != partition {
+        return Err(corrupt("metastore entry names another block".into()));
+    }
+    let b = Arc::new(b);
+    cache.insert(key, Arc::clone(&b));
+    Ok(b)
+}

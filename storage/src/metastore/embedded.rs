@@ -177,7 +177,7 @@ pub struct EmbeddedMetastore {
     db: RwLock<Option<Arc<Database>>>,
     /// One write transaction at a time, and reopening only between them.
     write_lock: tokio::sync::Mutex<()>,
-    cache: moka::sync::Cache<(String, String, i64), Arc<BlockMeta>>,
+    cache: super::EntryCache,
 }
 
 impl std::fmt::Debug for EmbeddedMetastore {
@@ -259,12 +259,7 @@ impl EmbeddedMetastore {
             backend,
             db: RwLock::new(None),
             write_lock: tokio::sync::Mutex::new(()),
-            cache: moka::sync::Cache::builder()
-                .weigher(|_, b: &Arc<BlockMeta>| {
-                    (256 + b.series.len() * 160).try_into().unwrap_or(u32::MAX)
-                })
-                .max_capacity(64 << 20)
-                .build(),
+            cache: super::entry_cache(),
         };
         let db = m.db()?;
         let tx = db.begin_write().map_err(db_err)?;
@@ -386,25 +381,7 @@ impl EmbeddedMetastore {
         partition: i64,
         data: &[u8],
     ) -> Result<Arc<BlockMeta>> {
-        let key = (tenant.to_owned(), id.to_owned(), partition);
-        if let Some(b) = self.cache.get(&key) {
-            return Ok(b);
-        }
-        let b = BlockMeta::decode_entry(data).map_err(|reason| Error::Corrupt {
-            tenant: tenant.to_owned(),
-            block: id.to_owned(),
-            reason: format!("metastore entry: {reason}"),
-        })?;
-        if b.tenant != tenant || b.id != id || b.partition() != partition {
-            return Err(Error::Corrupt {
-                tenant: tenant.to_owned(),
-                block: id.to_owned(),
-                reason: "metastore entry names another block".into(),
-            });
-        }
-        let b = Arc::new(b);
-        self.cache.insert(key, Arc::clone(&b));
-        Ok(b)
+        super::decode_cached(&self.cache, tenant, id, partition, data)
     }
 
     fn next_counter(tx: &WriteTransaction, name: &str) -> Result<u64> {

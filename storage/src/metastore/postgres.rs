@@ -68,7 +68,7 @@ impl PostgresConfig {
 #[derive(Clone)]
 pub struct Postgres {
     pool: Pool,
-    cache: moka::sync::Cache<(String, String, i64), Arc<BlockMeta>>,
+    cache: super::EntryCache,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -225,12 +225,7 @@ impl Postgres {
             .map_err(|e| Error::Config(format!("PostgreSQL pool: {e}")))?;
         let m = Self {
             pool,
-            cache: moka::sync::Cache::builder()
-                .weigher(|_, b: &Arc<BlockMeta>| {
-                    (256 + b.series.len() * 160).try_into().unwrap_or(u32::MAX)
-                })
-                .max_capacity(64 << 20)
-                .build(),
+            cache: super::entry_cache(),
         };
         m.migrate().await?;
         Ok(m)
@@ -295,25 +290,7 @@ impl Postgres {
         partition: i64,
         data: &[u8],
     ) -> Result<Arc<BlockMeta>> {
-        let key = (tenant.to_owned(), id.to_owned(), partition);
-        if let Some(b) = self.cache.get(&key) {
-            return Ok(b);
-        }
-        let b = BlockMeta::decode_entry(data).map_err(|reason| Error::Corrupt {
-            tenant: tenant.to_owned(),
-            block: id.to_owned(),
-            reason: format!("metastore entry: {reason}"),
-        })?;
-        if b.tenant != tenant || b.id != id || b.partition() != partition {
-            return Err(Error::Corrupt {
-                tenant: tenant.to_owned(),
-                block: id.to_owned(),
-                reason: "metastore entry names another block".into(),
-            });
-        }
-        let b = Arc::new(b);
-        self.cache.insert(key, Arc::clone(&b));
-        Ok(b)
+        super::decode_cached(&self.cache, tenant, id, partition, data)
     }
 
     /// Adds one entry; refuses a duplicate or a compacted one.
