@@ -24,6 +24,8 @@ pub const SYMBOLS_VERSION: u32 = 1;
 #[derive(Debug)]
 pub struct SymbolsBuilder {
     strings: Vec<String>,
+    /// Bytes of `strings`, kept as they are added ([`Self::estimated_bytes`] runs per write).
+    string_bytes: usize,
     string_index: HashMap<String, u32>,
     mappings: Vec<pb::Mapping>,
     mapping_index: HashMap<(u64, u64, u64, u32, u32), u32>,
@@ -40,6 +42,7 @@ impl Default for SymbolsBuilder {
     fn default() -> Self {
         let mut b = Self {
             strings: Vec::new(),
+            string_bytes: 0,
             string_index: HashMap::new(),
             mappings: Vec::new(),
             mapping_index: HashMap::new(),
@@ -63,6 +66,7 @@ impl SymbolsBuilder {
         }
         let i = self.strings.len() as u32;
         self.strings.push(s.to_owned());
+        self.string_bytes += s.len();
         self.string_index.insert(s.to_owned(), i);
         i
     }
@@ -252,7 +256,8 @@ impl SymbolsBuilder {
 
     /// Rough heap size, for flush decisions.
     pub fn estimated_bytes(&self) -> usize {
-        self.strings.iter().map(|s| s.len() + 48).sum::<usize>()
+        self.string_bytes
+            + self.strings.len() * 48
             + self.functions.len() * 64
             + self.locations.len() * 96
             + self.parents.len() * 40
