@@ -207,6 +207,11 @@ pub struct ServeArgs {
     )]
     pub compaction_levels: String,
 
+    /// Size, in MiB, up to which top-level blocks of a tenant's partition and shard keep
+    /// merging with each other (four of a size tier at a time).
+    #[arg(long, env = "KILN_COMPACTION_TARGET_MIB", default_value_t = 256)]
+    pub compaction_target_mib: u64,
+
     /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
     #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
     pub upkeep_interval_ms: u64,
@@ -315,6 +320,7 @@ impl ServeArgs {
         if let Ok(levels) = self.compaction_levels() {
             c.compaction.levels = levels;
         }
+        c.compaction.top.target_bytes = self.compaction_target_mib.saturating_mul(1 << 20);
         c.delete_delay = Duration::from_secs(self.delete_delay_secs);
         c.orphan_grace = Duration::from_secs(self.orphan_grace_secs);
         c

@@ -53,12 +53,58 @@ pub struct LevelPolicy {
     pub age: Duration,
 }
 
+/// How blocks of the top level are merged with each other: by size, so the number of blocks
+/// follows the volume of data rather than the number of flushes.
+///
+/// A top-level block below `target_bytes` (and with a stack tree below half of
+/// [`CompactionConfig::max_output_stack_nodes`], so a merge cannot just cut it again) is
+/// *open*. Open blocks fall in size tiers (`tier_bytes`, then × `fanout` each tier up); as soon
+/// as `fanout` of them share a tier they are merged, as a size-tiered LSM does, so each row is
+/// rewritten about log_fanout(target / first size) times. Once the partition's window has
+/// ended and `age` has passed, the open blocks left are packed together up to `target_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopPolicy {
+    /// Open blocks of one tier merged at once.
+    pub fanout: usize,
+    /// Size of the first tier's upper bound.
+    pub tier_bytes: u64,
+    /// A top-level block this large is done.
+    pub target_bytes: u64,
+    /// How long after its window ends a partition's open blocks are packed.
+    pub age: Duration,
+}
+
+impl Default for TopPolicy {
+    fn default() -> Self {
+        Self {
+            fanout: 4,
+            tier_bytes: 1 << 20,
+            target_bytes: 256 << 20,
+            age: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl TopPolicy {
+    /// The size tier of an open block.
+    fn tier(&self, bytes: u64) -> u32 {
+        let (mut tier, mut bound) = (0, self.tier_bytes.max(1));
+        while bytes >= bound {
+            tier += 1;
+            bound = bound.saturating_mul(self.fanout as u64);
+        }
+        tier
+    }
+}
+
 /// Compaction settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactionConfig {
     pub enabled: bool,
     /// Policies of levels 0 .. [`TOP_LEVEL`] - 1.
     pub levels: Vec<LevelPolicy>,
+    /// How top-level blocks merge with each other.
+    pub top: TopPolicy,
     /// How long a leased job is a compactor's alone.
     pub lease: Duration,
     /// Rows decoded at once per source.
@@ -80,6 +126,7 @@ impl Default for CompactionConfig {
         Self {
             enabled: true,
             levels: vec![p(20, 30), p(10, 12 * 60), p(10, 3 * 3600)],
+            top: TopPolicy::default(),
             lease: Duration::from_secs(600),
             batch_rows: 8192,
             row_group_rows: 128 * 1024,
@@ -100,6 +147,11 @@ impl CompactionConfig {
         if self.levels.iter().any(|l| l.blocks < 2) {
             return Err(Error::Config(
                 "a compaction level must merge at least 2 blocks".into(),
+            ));
+        }
+        if self.top.fanout < 2 {
+            return Err(Error::Config(
+                "top-level blocks must merge at least 2 at once".into(),
             ));
         }
         if self.batch_rows == 0 || self.row_group_rows == 0 || self.max_output_stack_nodes == 0 {
@@ -126,11 +178,13 @@ pub struct Compactor {
 pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
     let mut groups: HashMap<(String, i64, u32, u32), Vec<QueuedBlock>> = HashMap::new();
     for b in queued {
-        if b.level >= TOP_LEVEL {
-            continue;
-        }
         groups
-            .entry((b.tenant.clone(), b.partition, b.shard, b.level))
+            .entry((
+                b.tenant.clone(),
+                b.partition,
+                b.shard,
+                b.level.min(TOP_LEVEL),
+            ))
             .or_default()
             .push(b);
     }
@@ -140,7 +194,6 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
     for key in keys {
         let mut blocks = groups.remove(&key).expect("key from the map");
         let (tenant, partition, shard, level) = key;
-        let policy = config.levels[level as usize];
         blocks.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
         let job = |sources: Vec<QueuedBlock>| Job {
             id: 0,
@@ -153,6 +206,15 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
             lease_expires_ms: 0,
             attempts: 0,
         };
+        if level == TOP_LEVEL {
+            jobs.extend(
+                plan_top(config, partition, blocks, now_ms)
+                    .into_iter()
+                    .map(job),
+            );
+            continue;
+        }
+        let policy = config.levels[level as usize];
         while blocks.len() >= policy.blocks {
             let rest = blocks.split_off(policy.blocks);
             jobs.push(job(std::mem::replace(&mut blocks, rest)));
@@ -167,6 +229,62 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
         }
     }
     jobs
+}
+
+/// Source lists of merges among the top-level blocks of one (tenant, partition, shard), oldest
+/// first (see [`TopPolicy`]).
+fn plan_top(
+    config: &CompactionConfig,
+    partition: i64,
+    blocks: Vec<QueuedBlock>,
+    now_ms: u64,
+) -> Vec<Vec<QueuedBlock>> {
+    let top = &config.top;
+    let open: Vec<QueuedBlock> = blocks
+        .into_iter()
+        .filter(|b| {
+            b.bytes < top.target_bytes && b.stack_nodes < (config.max_output_stack_nodes / 2) as u64
+        })
+        .collect();
+    let window_end_ms = (partition + 1).saturating_mul(crate::meta::PARTITION_NANOS / 1_000_000);
+    let closed = i64::try_from(now_ms).unwrap_or(i64::MAX)
+        >= window_end_ms.saturating_add(top.age.as_millis() as i64);
+    let mut out = Vec::new();
+    if closed {
+        // Pack what is left, smallest first, each merge up to the target size.
+        let mut open = open;
+        open.sort_by_key(|b| b.bytes);
+        let mut current: Vec<QueuedBlock> = Vec::new();
+        let mut bytes = 0;
+        for b in open {
+            if !current.is_empty() && bytes + b.bytes > top.target_bytes {
+                if current.len() >= 2 {
+                    out.push(std::mem::take(&mut current));
+                }
+                current.clear();
+                bytes = 0;
+            }
+            bytes += b.bytes;
+            current.push(b);
+        }
+        if current.len() >= 2 {
+            out.push(current);
+        }
+        return out;
+    }
+    let mut tiers: HashMap<u32, Vec<QueuedBlock>> = HashMap::new();
+    for b in open {
+        tiers.entry(top.tier(b.bytes)).or_default().push(b);
+    }
+    let mut tiers: Vec<_> = tiers.into_iter().collect();
+    tiers.sort_by_key(|(t, _)| *t);
+    for (_, mut blocks) in tiers {
+        while blocks.len() >= top.fanout {
+            let rest = blocks.split_off(top.fanout);
+            out.push(std::mem::replace(&mut blocks, rest));
+        }
+    }
+    out
 }
 
 /// One source being merged.
@@ -691,7 +809,7 @@ impl Compactor {
                     let done = std::mem::replace(&mut out, next);
                     let p = if outputs.is_empty() { profiles } else { 0 };
                     outputs.push(
-                        done.finish(&metas[0], job.level + 1, &ids, p)
+                        done.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &ids, p)
                             .map_err(local)?,
                     );
                 }
@@ -700,7 +818,7 @@ impl Compactor {
         if out.rows > 0 || outputs.is_empty() {
             let p = if outputs.is_empty() { profiles } else { 0 };
             outputs.push(
-                out.finish(&metas[0], job.level + 1, &ids, p)
+                out.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &ids, p)
                     .map_err(local)?,
             );
         } else {
@@ -713,4 +831,80 @@ impl Compactor {
 /// Labels of a series as a `Labels` set (for tests comparing series).
 pub fn series_labels(s: &SeriesMeta) -> Labels {
     Labels::from_pairs(s.labels.iter().cloned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn top(id: u32, partition: i64, bytes: u64) -> QueuedBlock {
+        QueuedBlock {
+            tenant: "t".into(),
+            id: format!("{id:04}"),
+            partition,
+            shard: 0,
+            level: TOP_LEVEL,
+            created_ms: u64::from(id),
+            bytes,
+            rows: 1,
+            stack_nodes: 1,
+        }
+    }
+
+    fn sources(jobs: &[Job]) -> Vec<Vec<String>> {
+        let mut out: Vec<Vec<String>> = jobs.iter().map(|j| j.source_ids()).collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn top_level_blocks_merge_by_size_tier() {
+        let c = CompactionConfig::default();
+        assert_eq!(
+            (c.top.tier(0), c.top.tier(MIB - 1), c.top.tier(MIB)),
+            (0, 0, 1)
+        );
+        assert_eq!((c.top.tier(4 * MIB - 1), c.top.tier(4 * MIB)), (1, 2));
+        // Five small blocks and three of 2 MiB: four small ones merge; the fifth and the 2 MiB
+        // ones wait for a fourth of their tier. A block at the target size is done.
+        let mut queued: Vec<QueuedBlock> = (0..5).map(|i| top(i, 7, 100 << 10)).collect();
+        queued.extend((10..13).map(|i| top(i, 7, 2 * MIB)));
+        queued.push(top(20, 7, 300 * MIB));
+        let jobs = plan_jobs(&c, queued.clone(), 0);
+        assert_eq!(sources(&jobs), [vec!["0000", "0001", "0002", "0003"]]);
+        assert!(jobs.iter().all(|j| j.level == TOP_LEVEL));
+        queued.push(top(13, 7, 3 * MIB));
+        let jobs = plan_jobs(&c, queued.clone(), 0);
+        assert_eq!(
+            sources(&jobs),
+            [
+                vec!["0000", "0001", "0002", "0003"],
+                vec!["0010", "0011", "0012", "0013"]
+            ]
+        );
+        // A block whose stack tree is near the cut is done too, whatever its size.
+        let mut big_tree = top(30, 7, 100 << 10);
+        big_tree.stack_nodes = c.max_output_stack_nodes as u64;
+        let jobs = plan_jobs(&c, vec![big_tree, top(31, 7, 1), top(32, 7, 1)], 0);
+        assert!(jobs.is_empty());
+    }
+
+    #[test]
+    fn a_closed_partition_packs_its_open_blocks_up_to_the_target() {
+        let c = CompactionConfig::default();
+        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
+        let queued = vec![
+            top(0, 1, 100 * MIB),
+            top(1, 1, 100 * MIB),
+            top(2, 1, 100 * MIB),
+            top(3, 1, 10 * MIB),
+            top(4, 1, 300 * MIB),
+        ];
+        // Still open (the window ends at 2 × window, then an hour): tiers only, none has four.
+        assert!(plan_jobs(&c, queued.clone(), 2 * window_ms).is_empty());
+        let jobs = plan_jobs(&c, queued, 2 * window_ms + 3_600_000);
+        assert_eq!(sources(&jobs), [vec!["0003", "0000", "0001"]]);
+    }
 }

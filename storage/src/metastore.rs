@@ -190,7 +190,7 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// The partitions of `tenant`, oldest first.
     async fn partitions(&self, tenant: &str) -> Result<Vec<PartitionStats>>;
 
-    /// Blocks below the top level that no job has claimed, of every tenant.
+    /// Blocks that no job has claimed, of every tenant (top-level ones too: they merge by size).
     async fn queued_blocks(&self) -> Result<Vec<QueuedBlock>>;
 
     /// Creates jobs, each claiming its sources in the same transaction; a job one of whose

@@ -174,6 +174,69 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
     assert_eq!(series(&s, "a").await, series_a);
 }
 
+/// Top-level blocks merge with each other by size, so the block count follows the volume of
+/// data, not the number of flushes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_level_blocks_merge_with_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    let p = |blocks| kiln_storage::compaction::LevelPolicy {
+        blocks,
+        age: std::time::Duration::from_secs(365 * 24 * 3600),
+    };
+    c.compaction.levels = vec![p(2), p(2), p(2)];
+    c.compaction.top.fanout = 2;
+    let shards = c.writer.shards as usize;
+    let s = Storage::open(c).await.unwrap();
+    ingest(&s, 40).await;
+    let rows_before: u64 = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.rows)
+        .sum();
+    let before_a = stacks(&s, "a", "{}").await;
+    let before_b = stacks(&s, "b", "{}").await;
+    let series_a = series(&s, "a").await;
+    s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    let after = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    let top: Vec<_> = after
+        .iter()
+        .filter(|b| b.level == kiln_storage::meta::TOP_LEVEL)
+        .collect();
+    // 40 flushes make 5 L3 blocks per shard; merged two by two in size tiers, at most one
+    // block per tier (of 1 MiB, 2 MiB, …) is left, and these are all far below 1 MiB.
+    assert!(!top.is_empty());
+    assert!(top.len() <= shards, "top-level blocks: {}", top.len());
+    assert!(after.len() <= 4 * shards, "blocks: {}", after.len());
+    let rows = |bs: &[std::sync::Arc<kiln_storage::meta::BlockMeta>]| -> u64 {
+        bs.iter().map(|b| b.rows).sum()
+    };
+    assert_eq!(rows(&after), rows_before, "every row kept once");
+    assert!(
+        top.iter()
+            .any(|b| b.compacted_from.len() >= 2 && b.rows > 0),
+        "a top-level block replaced others"
+    );
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_eq!(series(&s, "a").await, series_a);
+    assert_eq!(stacks(&s, "b", "{}").await, before_b, "tenant b untouched");
+    assert!(
+        !stacks(&s, "b", "{}")
+            .await
+            .keys()
+            .flatten()
+            .any(|f| f.starts_with("parse")),
+        "tenant wall"
+    );
+}
+
 fn kiln_storage_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

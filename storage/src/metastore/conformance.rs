@@ -27,6 +27,7 @@ macro_rules! metastore_conformance_suite {
             shared_segments_are_tombstoned_with_their_last_entry,
             jobs_are_leased_completed_and_never_readded,
             cancelled_jobs_return_their_sources,
+            top_level_blocks_are_queued_and_merge_among_themselves,
             retention_and_tenant_deletion_leave_others_untouched,
             quarantine_takes_blocks_out_of_lookups,
         );
@@ -379,6 +380,50 @@ pub async fn jobs_are_leased_completed_and_never_readded(m: &dyn Metastore) {
     assert!(matches!(err, Error::BlockExists { .. }), "compacted: {err}");
     let q = m.queued_blocks().await.unwrap();
     assert_eq!(q.iter().map(|b| b.level).collect::<Vec<_>>(), [0, 1]);
+}
+
+/// Top-level blocks wait in the queue too: they merge with each other (by size), and a job's
+/// top-level output waits there in turn.
+pub async fn top_level_blocks_are_queued_and_merge_among_themselves(m: &dyn Metastore) {
+    use crate::meta::TOP_LEVEL;
+    let (a, b) = (block_id(1, 1), block_id(1, 2));
+    m.add_blocks(vec![
+        entry("t", &a, TOP_LEVEL, 0, T0, T0, &[("s", CPU)]),
+        entry("t", &b, TOP_LEVEL, 0, T0, T0 + HOUR, &[("s", CPU)]),
+    ])
+    .await
+    .unwrap();
+    let q = m.queued_blocks().await.unwrap();
+    assert_eq!(q.len(), 2);
+    assert!(q.iter().all(|b| b.level == TOP_LEVEL && b.bytes > 0));
+    assert_eq!(m.add_jobs(vec![job("t", q)]).await.unwrap(), 1);
+    assert!(m.queued_blocks().await.unwrap().is_empty());
+    let leased = m.lease_job("w", 0, 1000).await.unwrap().unwrap();
+    let out = block_id(1, 3);
+    m.complete_job(
+        &leased,
+        "w",
+        vec![entry("t", &out, TOP_LEVEL, 0, T0, T0 + HOUR, &[("s", CPU)])],
+        10,
+        0,
+    )
+    .await
+    .unwrap();
+    let q = m.queued_blocks().await.unwrap();
+    assert_eq!(
+        q.iter()
+            .map(|b| (b.id.as_str(), b.level))
+            .collect::<Vec<_>>(),
+        [(out.as_str(), TOP_LEVEL)]
+    );
+    let ids: Vec<String> = m
+        .query_blocks(BlockQuery::all("t"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.id.clone())
+        .collect();
+    assert_eq!(ids, [out]);
 }
 
 /// A cancelled job gives its sources back to the queue.

@@ -57,7 +57,7 @@ const COUNTERS: TableDefinition<'_, &str, u64> = TableDefinition::new("counters"
 /// Greater than every tenant id and block id (both ASCII).
 const MAX_STR: &str = "\u{10FFFF}";
 
-/// Blocks at this level are not compacted further.
+/// The highest level: its blocks merge only with each other, by size.
 pub use crate::meta::TOP_LEVEL;
 
 /// Opens the storage backend of the database file; the disk-full test passes [`DiskFault`].
@@ -460,11 +460,8 @@ impl EmbeddedMetastore {
         Self::enqueue(tx, b)
     }
 
-    /// Puts a block in the compaction queue, unless it is at the top level.
+    /// Puts a block in the compaction queue (top-level blocks too: they merge by size).
     fn enqueue(tx: &WriteTransaction, b: &BlockMeta) -> Result<()> {
-        if b.level >= TOP_LEVEL {
-            return Ok(());
-        }
         tx.open_table(QUEUE)
             .map_err(db_err)?
             .insert(

@@ -28,7 +28,6 @@ use super::{
     BlockMeta, BlockQuery, Job, Metastore, PartitionStats, Quarantined, QueuedBlock, Removed,
     Tombstone,
 };
-use crate::meta::TOP_LEVEL;
 use crate::{Error, Result};
 
 /// Schema migrations, applied in order; each runs once per database.
@@ -674,10 +673,10 @@ impl Metastore for Postgres {
             .query(
                 &format!(
                     "SELECT {QUEUED_COLUMNS} FROM kiln_blocks
-                     WHERE job_id IS NULL AND level < $1
+                     WHERE job_id IS NULL
                      ORDER BY tenant, partition, shard, level, id"
                 ),
-                &[&i32::try_from(TOP_LEVEL).unwrap_or(i32::MAX)],
+                &[],
             )
             .await
             .map_err(pg_err)?;
@@ -686,7 +685,6 @@ impl Metastore for Postgres {
 
     async fn add_jobs(&self, jobs: Vec<Job>) -> Result<usize> {
         let jobs = &jobs;
-        let top = i32::try_from(TOP_LEVEL).unwrap_or(i32::MAX);
         transaction!(self, true, |tx| {
             let mut created = 0;
             'jobs: for job in jobs {
@@ -695,7 +693,7 @@ impl Metastore for Postgres {
                         .query_opt(
                             "SELECT 1 FROM kiln_blocks
                              WHERE tenant = $1 AND partition = $2 AND id = $3 AND shard = $4
-                               AND level = $5 AND level < $6 AND job_id IS NULL
+                               AND level = $5 AND job_id IS NULL
                              FOR UPDATE",
                             &[
                                 &s.tenant,
@@ -703,7 +701,6 @@ impl Metastore for Postgres {
                                 &s.id,
                                 &i64::from(s.shard),
                                 &i32::try_from(s.level).unwrap_or(i32::MAX),
-                                &top,
                             ],
                         )
                         .await
