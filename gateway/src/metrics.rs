@@ -56,6 +56,8 @@ pub struct Metrics {
     pub storage_quarantined_blocks: Gauge,
     /// Bytes queries read from the object store since start-up.
     pub storage_query_read_bytes: Gauge,
+    /// Series row ranges queries read from rollups instead of samples since start-up.
+    pub storage_query_rollup_reads: Gauge,
     seen: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -101,6 +103,7 @@ impl Default for Metrics {
             tenant_stored_bytes: Family::default(),
             storage_quarantined_blocks: Gauge::default(),
             storage_query_read_bytes: Gauge::default(),
+            storage_query_rollup_reads: Gauge::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
@@ -157,6 +160,11 @@ impl Default for Metrics {
             "storage_query_read_bytes",
             "Bytes read from the object store by queries since start-up",
             m.storage_query_read_bytes.clone(),
+        );
+        r.register(
+            "storage_query_rollup_reads",
+            "Series row ranges read from pre-aggregated rollups instead of samples since start-up",
+            m.storage_query_rollup_reads.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
         m

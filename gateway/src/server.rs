@@ -200,6 +200,9 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
     app.metrics
         .storage_query_read_bytes
         .set(get(&counters.bytes_read));
+    app.metrics
+        .storage_query_rollup_reads
+        .set(get(&counters.rollup_reads));
     if let Ok(tenants) = app.storage.metastore().tenants().await {
         for t in tenants {
             if let Ok(bytes) = app.storage.stored_bytes(&t).await {

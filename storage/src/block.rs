@@ -383,6 +383,7 @@ impl DatasetBuilder {
             profiles,
             stack_nodes,
             compacted_from: Vec::new(),
+            rollups: Vec::new(),
         };
         Ok(BuiltDataset {
             meta,

@@ -37,9 +37,12 @@ use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use serde::{Deserialize, Serialize};
 
 use crate::block::{Row, RowBatchBuilder, col, samples_schema, series_sort_key, writer_properties};
-use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, TOP_LEVEL, encode_footer};
+use crate::meta::{
+    BLOCK_FORMAT_VERSION, BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer,
+};
 use crate::metastore::{Job, Metastore, QueuedBlock};
 use crate::query::{QueryEngine, now_ms};
+use crate::rollup::{FinishedRollup, RollupWriter};
 use crate::store::ObjectStorage;
 use crate::symbols::{SymbolTable, SymbolsBuilder};
 use crate::{Error, Result};
@@ -105,6 +108,9 @@ pub struct CompactionConfig {
     pub levels: Vec<LevelPolicy>,
     /// How top-level blocks merge with each other.
     pub top: TopPolicy,
+    /// Rollups written with each output, finest first (ADR 0007): bucket widths in
+    /// nanoseconds, [`crate::meta::PROFILE_TOTALS`] for profile totals.
+    pub rollups: Vec<i64>,
     /// How long a leased job is a compactor's alone.
     pub lease: Duration,
     /// Rows decoded at once per source.
@@ -127,6 +133,7 @@ impl Default for CompactionConfig {
             enabled: true,
             levels: vec![p(20, 30), p(10, 12 * 60), p(10, 3 * 3600)],
             top: TopPolicy::default(),
+            rollups: crate::rollup::DEFAULT_RESOLUTIONS.to_vec(),
             lease: Duration::from_secs(600),
             batch_rows: 8192,
             row_group_rows: 128 * 1024,
@@ -147,6 +154,11 @@ impl CompactionConfig {
         if self.levels.iter().any(|l| l.blocks < 2) {
             return Err(Error::Config(
                 "a compaction level must merge at least 2 blocks".into(),
+            ));
+        }
+        if self.rollups.windows(2).any(|w| w[0] >= w[1]) || self.rollups.iter().any(|&r| r < 0) {
+            return Err(Error::Config(
+                "rollup resolutions must be increasing and not negative".into(),
             ));
         }
         if self.top.fanout < 2 {
@@ -381,6 +393,7 @@ struct Output {
     /// Output (job-wide) series index of the last series in `series`.
     last_series: Option<u32>,
     rows: u64,
+    rollups: Vec<RollupWriter>,
 }
 
 const UNMAPPED: u32 = u32::MAX;
@@ -391,10 +404,22 @@ impl Output {
     fn new(
         dir: &std::path::Path,
         sources: usize,
-        row_group_rows: usize,
+        config: &CompactionConfig,
         created_ms: u64,
     ) -> Result<Self> {
+        let row_group_rows = config.row_group_rows;
         let id = ulid::Ulid::from_parts(created_ms, ulid::Ulid::generate().random()).to_string();
+        let mut rollups = Vec::with_capacity(config.rollups.len());
+        for (i, &r) in config.rollups.iter().enumerate() {
+            let path = dir.join(format!("{id}.rollup{i}.part"));
+            match RollupWriter::new(r, path, row_group_rows, config.batch_rows) {
+                Ok(w) => rollups.push(w),
+                Err(e) => {
+                    crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
+                    return Err(e);
+                }
+            }
+        }
         let file_path = dir.join(format!("{id}.kblk.part"));
         let file = std::fs::File::create(&file_path).map_err(|source| Error::Io {
             path: file_path.display().to_string(),
@@ -416,6 +441,7 @@ impl Output {
             series: Vec::new(),
             last_series: None,
             rows: 0,
+            rollups,
         })
     }
 
@@ -470,6 +496,9 @@ impl Output {
         s.min_time_nanos = s.min_time_nanos.min(row.timestamp);
         s.max_time_nanos = s.max_time_nanos.max(row.timestamp);
         row.series = (self.series.len() - 1) as u32;
+        for r in &mut self.rollups {
+            r.push(row.series, row.timestamp, row.stack, row.value)?;
+        }
         self.batch.push(&row);
         self.rows += 1;
         if self.batch.len() >= batch_rows {
@@ -496,10 +525,38 @@ impl Output {
             source,
         };
         let samples_size = file.metadata().map_err(io)?.len();
+        // Rollups worth keeping follow the samples.
+        let finished: Vec<FinishedRollup> = std::mem::take(&mut self.rollups)
+            .into_iter()
+            .map(|r| r.finish(self.series.len()))
+            .collect::<Result<_>>()?;
+        let keep = crate::rollup::worth_keeping(&finished, self.rows);
+        let mut rollups = Vec::new();
+        let mut offset = samples_size;
+        let appended = (|| {
+            for (r, keep) in finished.iter().zip(keep) {
+                if !keep {
+                    continue;
+                }
+                let mut part = std::fs::File::open(&r.path)?;
+                let size = std::io::copy(&mut part, &mut file)?;
+                rollups.push(Rollup {
+                    resolution_nanos: r.resolution,
+                    section: Section { offset, size },
+                    series_rows: r.series_rows.clone(),
+                });
+                offset += size;
+            }
+            Ok(())
+        })();
+        crate::rollup::remove_files(finished.iter().map(|r| &r.path));
+        appended.map_err(io)?;
+        let rollup_end = offset;
         let stack_nodes = self.symbols.stack_nodes() as u64;
         let symbols = self.symbols.encode();
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
+            rollups,
             format_version: BLOCK_FORMAT_VERSION,
             id: self.id.clone(),
             tenant: template.tenant.clone(),
@@ -523,7 +580,7 @@ impl Output {
                 size: samples_size,
             },
             symbols: Section {
-                offset: samples_size,
+                offset: rollup_end,
                 size: symbols.len() as u64,
             },
             rows: self.rows,
@@ -535,7 +592,7 @@ impl Output {
         let footer = encode_footer(std::slice::from_ref(&meta));
         file.write_all(&footer).map_err(io)?;
         file.sync_all().map_err(io)?;
-        meta.object_size = samples_size + symbols.len() as u64 + footer.len() as u64;
+        meta.object_size = rollup_end + symbols.len() as u64 + footer.len() as u64;
         Ok((self.file_path, meta))
     }
 }
@@ -750,13 +807,8 @@ impl Compactor {
         let created_ms = metas.iter().map(|m| m.created_ms()).min().unwrap_or(0);
         let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
         let mut outputs: Vec<(PathBuf, BlockMeta)> = Vec::new();
-        let mut out = Output::new(
-            &self.scratch,
-            sources.len(),
-            self.config.row_group_rows,
-            created_ms,
-        )
-        .map_err(local)?;
+        let mut out =
+            Output::new(&self.scratch, sources.len(), &self.config, created_ms).map_err(local)?;
         let mut group: Vec<Row> = Vec::new();
         while let Some(Reverse((series, t, _))) = heap.peek().copied() {
             // Every source's rows of this (series, timestamp), stacks remapped.
@@ -799,13 +851,8 @@ impl Compactor {
             if out.symbols.stack_nodes() >= self.config.max_output_stack_nodes {
                 let next_series = heap.peek().map(|Reverse((s, _, _))| *s);
                 if next_series != Some(series) {
-                    let next = Output::new(
-                        &self.scratch,
-                        sources.len(),
-                        self.config.row_group_rows,
-                        created_ms,
-                    )
-                    .map_err(local)?;
+                    let next = Output::new(&self.scratch, sources.len(), &self.config, created_ms)
+                        .map_err(local)?;
                     let done = std::mem::replace(&mut out, next);
                     let p = if outputs.is_empty() { profiles } else { 0 };
                     outputs.push(
@@ -823,6 +870,7 @@ impl Compactor {
             );
         } else {
             let _ = std::fs::remove_file(&out.file_path);
+            crate::rollup::remove_files(out.rollups.iter().map(RollupWriter::path));
         }
         Ok(outputs)
     }

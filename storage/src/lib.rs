@@ -20,6 +20,7 @@ pub mod error;
 pub mod meta;
 pub mod metastore;
 pub mod query;
+pub mod rollup;
 pub mod selector;
 pub mod store;
 pub mod symbols;

@@ -144,6 +144,25 @@ pub struct BlockMeta {
     pub stack_nodes: u64,
     /// Entries of the same tenant this one replaced, as [`compacted_source`] writes them.
     pub compacted_from: Vec<String>,
+    /// Pre-aggregated copies of the samples (compacted blocks only), finest first.
+    pub rollups: Vec<Rollup>,
+}
+
+/// Bucket width of a rollup that holds profile totals rather than stacks.
+pub const PROFILE_TOTALS: i64 = 0;
+
+/// A pre-aggregated copy of a dataset's samples (ADR 0007): a Parquet section with the samples'
+/// schema. With a resolution, each (series, stack)'s values summed per time bucket aligned to the
+/// Unix epoch (the row's timestamp is the bucket's start); with [`PROFILE_TOTALS`], each
+/// profile's total per (series, timestamp), stack 0. Span, trace and per-sample labels are
+/// dropped, so a query filtering on them reads the samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollup {
+    /// Bucket width in nanoseconds, or [`PROFILE_TOTALS`].
+    pub resolution_nanos: i64,
+    pub section: Section,
+    /// Row range of each series of the dataset (same order).
+    pub series_rows: Vec<std::ops::Range<u64>>,
 }
 
 /// What identifies a metastore entry: tenant, object id and partition.
@@ -176,7 +195,12 @@ impl BlockMeta {
 
     /// Bytes of this tenant's dataset.
     pub fn dataset_bytes(&self) -> u64 {
-        self.samples.size + self.symbols.size
+        self.samples.size + self.symbols.size + self.rollup_bytes()
+    }
+
+    /// Bytes of the dataset's rollups.
+    pub fn rollup_bytes(&self) -> u64 {
+        self.rollups.iter().map(|r| r.section.size).sum()
     }
 
     /// Creation time of the object (its ULID's), Unix milliseconds.
@@ -334,6 +358,17 @@ pub fn encode_object_meta(datasets: &[BlockMeta]) -> pb::BlockMeta {
                 .collect(),
             compacted_from: d.compacted_from.clone(),
             stack_nodes: d.stack_nodes,
+            rollups: d
+                .rollups
+                .iter()
+                .map(|r| pb::Rollup {
+                    resolution: r.resolution_nanos,
+                    offset: r.section.offset,
+                    size: r.section.size,
+                    series_first_row: r.series_rows.iter().map(|x| x.start).collect(),
+                    series_rows: r.series_rows.iter().map(|x| x.end - x.start).collect(),
+                })
+                .collect(),
         });
     }
     out.strings = strings.strings;
@@ -406,9 +441,39 @@ pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, String>
             profiles: d.profiles,
             stack_nodes: d.stack_nodes,
             compacted_from: d.compacted_from.clone(),
+            rollups: d
+                .rollups
+                .iter()
+                .map(|r| decode_rollup(r, d.series.len()))
+                .collect::<Result<_, String>>()?,
         });
     }
     Ok(out)
+}
+
+fn decode_rollup(r: &pb::Rollup, series: usize) -> Result<Rollup, String> {
+    if r.series_first_row.len() != series || r.series_rows.len() != series {
+        return Err(format!(
+            "a rollup lists {} series, the dataset has {series}",
+            r.series_rows.len()
+        ));
+    }
+    if r.resolution < 0 {
+        return Err(format!("rollup resolution {} is negative", r.resolution));
+    }
+    Ok(Rollup {
+        resolution_nanos: r.resolution,
+        section: Section {
+            offset: r.offset,
+            size: r.size,
+        },
+        series_rows: r
+            .series_first_row
+            .iter()
+            .zip(&r.series_rows)
+            .map(|(&first, &n)| first..first.saturating_add(n))
+            .collect(),
+    })
 }
 
 /// The footer closing an object whose datasets are `datasets` (their `object_size` is ignored).
@@ -460,7 +525,12 @@ pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, 
     for m in &mut metas {
         m.object_size = object_size;
         let end = m.samples.offset + m.samples.size;
-        if end > object_size || m.symbols.offset + m.symbols.size > object_size {
+        if end > object_size
+            || m.symbols.offset + m.symbols.size > object_size
+            || m.rollups
+                .iter()
+                .any(|r| r.section.offset.saturating_add(r.section.size) > object_size)
+        {
             return Err(format!("dataset of {} lies outside the object", m.tenant));
         }
     }
@@ -495,6 +565,7 @@ mod tests {
             profiles: 1,
             stack_nodes: 4,
             compacted_from: vec![],
+            rollups: vec![],
         }
     }
 

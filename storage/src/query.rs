@@ -30,8 +30,9 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 
 use crate::block::col;
-use crate::meta::EntryKey;
+use crate::meta::{EntryKey, PROFILE_TOTALS};
 use crate::metastore::{BlockMeta, BlockQuery, Metastore, SeriesMeta};
+use crate::rollup::{Source, plan_series};
 use crate::selector::{MatchOp, Selector};
 use crate::store::ObjectStorage;
 use crate::symbols::SymbolTable;
@@ -187,6 +188,8 @@ pub struct QueryCounters {
     pub quarantined: AtomicU64,
     /// Bytes read from the object store by queries.
     pub bytes_read: AtomicU64,
+    /// Series row ranges read from rollups rather than samples (ADR 0007).
+    pub rollup_reads: AtomicU64,
 }
 
 /// Reads blocks. Cheap to clone.
@@ -195,7 +198,8 @@ pub struct QueryEngine {
     store: ObjectStorage,
     metastore: Arc<dyn Metastore>,
     symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
-    parquet: moka::future::Cache<EntryKey, ArrowReaderMetadata>,
+    /// Parquet metadata by entry and section ([`Source`]).
+    parquet: moka::future::Cache<(EntryKey, Source), ArrowReaderMetadata>,
     counters: Arc<QueryCounters>,
 }
 
@@ -214,11 +218,16 @@ pub(crate) struct SectionReader {
 }
 
 impl SectionReader {
-    fn new(engine: &QueryEngine, block: &BlockMeta) -> Self {
+    /// A reader of `block`'s samples or one of its rollups.
+    fn new(engine: &QueryEngine, block: &BlockMeta, source: Source) -> Self {
+        let section = match source {
+            Source::Samples => block.samples.range(),
+            Source::Rollup(i) => block.rollups[i].section.range(),
+        };
         Self {
             store: engine.store.clone(),
             path: block.path(),
-            section: block.samples.range(),
+            section,
             counters: Arc::clone(&engine.counters),
         }
     }
@@ -352,6 +361,33 @@ fn row_selection(meta: &ParquetMetaData, ranges: &[Range<u64>]) -> (Vec<usize>, 
     (groups, RowSelection::from(selectors))
 }
 
+/// Adds `value` to stack `stack` of a block's dense sums.
+fn add_dense(dense: &mut [i64], block: &BlockMeta, stack: u32, value: i64) -> Result<()> {
+    let Some(slot) = dense.get_mut(stack as usize) else {
+        return Err(Error::Corrupt {
+            tenant: block.tenant.clone(),
+            block: block.id.clone(),
+            reason: format!("stack id {stack} beyond the stack tree"),
+        });
+    };
+    *slot = slot.saturating_add(value);
+    Ok(())
+}
+
+/// The non-zero sums of a block's dense array.
+fn dense_values(dense: Vec<i64>) -> Vec<StackValue> {
+    dense
+        .into_iter()
+        .enumerate()
+        .filter(|(_, v)| *v != 0)
+        .map(|(stack, value)| StackValue {
+            stack: stack as u32,
+            labels: None,
+            value,
+        })
+        .collect()
+}
+
 /// Merges sorted row ranges that touch.
 fn coalesce(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
     ranges.sort_by_key(|r| r.start);
@@ -376,7 +412,7 @@ impl QueryEngine {
             .max_capacity(cache_bytes)
             .build();
         let parquet = moka::future::Cache::builder()
-            .weigher(|_: &EntryKey, m: &ArrowReaderMetadata| {
+            .weigher(|_: &(EntryKey, Source), m: &ArrowReaderMetadata| {
                 u32::try_from(m.metadata().memory_size()).unwrap_or(u32::MAX)
             })
             .max_capacity(cache_bytes / 4)
@@ -589,10 +625,14 @@ impl QueryEngine {
             .map_err(unshare)
     }
 
-    async fn parquet_metadata(&self, block: &BlockMeta) -> Result<ArrowReaderMetadata> {
-        let mut reader = SectionReader::new(self, block);
+    async fn parquet_metadata(
+        &self,
+        block: &BlockMeta,
+        source: Source,
+    ) -> Result<ArrowReaderMetadata> {
+        let mut reader = SectionReader::new(self, block, source);
         self.parquet
-            .try_get_with(block.key(), async move {
+            .try_get_with((block.key(), source), async move {
                 let options =
                     ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
                 Ok::<_, Error>(ArrowReaderMetadata::load_async(&mut reader, options).await?)
@@ -601,11 +641,12 @@ impl QueryEngine {
             .map_err(unshare)
     }
 
-    /// Reads the given columns of the rows of `series` (indices into the block's series list),
-    /// calling `f` with each batch; columns come in schema order.
+    /// Reads the given columns of the rows of `series` (indices into the block's series list)
+    /// in the samples or a rollup, calling `f` with each batch; columns come in schema order.
     async fn read_series(
         &self,
         block: &BlockMeta,
+        source: Source,
         series: &[u32],
         columns: &[usize],
         mut f: impl FnMut(&RecordBatch) -> Result<()>,
@@ -613,20 +654,28 @@ impl QueryEngine {
         let ranges = coalesce(
             series
                 .iter()
-                .map(|&i| block.series[i as usize].row_range())
+                .map(|&i| match source {
+                    Source::Samples => block.series[i as usize].row_range(),
+                    Source::Rollup(r) => block.rollups[r].series_rows[i as usize].clone(),
+                })
                 .collect(),
         );
         if ranges.is_empty() {
             return Ok(());
         }
-        let metadata = self.parquet_metadata(block).await?;
+        if source != Source::Samples {
+            self.counters
+                .rollup_reads
+                .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+        }
+        let metadata = self.parquet_metadata(block, source).await?;
         let (groups, selection) = row_selection(metadata.metadata(), &ranges);
         if groups.is_empty() {
             return Ok(());
         }
         let mask = ProjectionMask::roots(metadata.parquet_schema(), columns.iter().copied());
         let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            SectionReader::new(self, block),
+            SectionReader::new(self, block, source),
             metadata,
         )
         .with_row_groups(groups)
@@ -646,9 +695,9 @@ impl QueryEngine {
         block: &BlockMeta,
         batch_rows: usize,
     ) -> Result<parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>> {
-        let metadata = self.parquet_metadata(block).await?;
+        let metadata = self.parquet_metadata(block, Source::Samples).await?;
         Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
-            SectionReader::new(self, block),
+            SectionReader::new(self, block, Source::Samples),
             metadata,
         )
         .with_batch_size(batch_rows)
@@ -687,7 +736,15 @@ impl QueryEngine {
             .quarantine(&block.tenant, &block.id, &reason, now)
             .await?;
         self.symbols.invalidate(&block.key()).await;
-        self.parquet.invalidate(&block.key()).await;
+        let key = block.key();
+        self.parquet
+            .invalidate(&(key.clone(), Source::Samples))
+            .await;
+        for i in 0..block.rollups.len() {
+            self.parquet
+                .invalidate(&(key.clone(), Source::Rollup(i)))
+                .await;
+        }
         Ok(())
     }
 
@@ -756,10 +813,18 @@ impl QueryEngine {
             pos(col::TRACE_ID),
             pos(col::SAMPLE_LABELS),
         );
+        if !with_labels && filter.span_ids.is_empty() && filter.trace_ids.is_empty() {
+            if let Some(values) = self
+                .block_stacks_from_rollups(block, series, filter)
+                .await?
+            {
+                return Ok(values);
+            }
+        }
         let nodes = block.stack_nodes as usize;
         let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];
         let mut keyed: HashMap<(u32, Option<String>), i64> = HashMap::new();
-        self.read_series(block, series, columns, |batch| {
+        self.read_series(block, Source::Samples, series, columns, |batch| {
             let ts = batch.column(ts_i).as_primitive::<Int64Type>();
             let stacks = batch.column(stack_i).as_primitive::<UInt32Type>();
             let values = batch.column(value_i).as_primitive::<Int64Type>();
@@ -779,14 +844,7 @@ impl QueryEngine {
                     let slot = keyed.entry((stack, l)).or_insert(0);
                     *slot = slot.saturating_add(value);
                 } else {
-                    let Some(slot) = dense.get_mut(stack as usize) else {
-                        return Err(Error::Corrupt {
-                            tenant: block.tenant.clone(),
-                            block: block.id.clone(),
-                            reason: format!("stack id {stack} beyond the stack tree"),
-                        });
-                    };
-                    *slot = slot.saturating_add(value);
+                    add_dense(&mut dense, block, stack, value)?;
                 }
             }
             Ok(())
@@ -804,16 +862,74 @@ impl QueryEngine {
             v.sort_by(|a, b| (a.stack, &a.labels).cmp(&(b.stack, &b.labels)));
             return Ok(v);
         }
-        Ok(dense
-            .into_iter()
+        Ok(dense_values(dense))
+    }
+
+    /// [`Self::block_stacks`] through the block's rollups (ADR 0007): each selected series'
+    /// range split by [`plan_series`] into whole buckets of the coarsest rollup that fits and
+    /// samples at the edges. `None` when the block has no stack rollup or none would be read.
+    async fn block_stacks_from_rollups(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        filter: &SampleFilter,
+    ) -> Result<Option<Vec<StackValue>>> {
+        let mut levels: Vec<(usize, i64)> = block
+            .rollups
+            .iter()
             .enumerate()
-            .filter(|(_, v)| *v != 0)
-            .map(|(stack, value)| StackValue {
-                stack: stack as u32,
-                labels: None,
-                value,
+            .filter(|(_, r)| r.resolution_nanos != PROFILE_TOTALS)
+            .map(|(i, r)| (i, r.resolution_nanos))
+            .collect();
+        if levels.is_empty() {
+            return Ok(None);
+        }
+        levels.sort_by_key(|&(_, r)| std::cmp::Reverse(r));
+        // Per source, per series: the intervals (timestamps, or bucket starts) it contributes.
+        let mut plan: BTreeMap<Source, BTreeMap<u32, Vec<Range<i64>>>> = BTreeMap::new();
+        for &i in series {
+            let s = &block.series[i as usize];
+            for (source, range) in plan_series(&levels, s, filter.start_nanos, filter.end_nanos) {
+                plan.entry(source)
+                    .or_default()
+                    .entry(i)
+                    .or_default()
+                    .push(range);
+            }
+        }
+        if plan.keys().all(|s| *s == Source::Samples) {
+            return Ok(None);
+        }
+        let mut dense = vec![0i64; block.stack_nodes as usize];
+        let columns = [col::SERIES_ID, col::TIMESTAMP, col::STACK_ID, col::VALUE];
+        for (source, pieces) in &plan {
+            let ids: Vec<u32> = pieces.keys().copied().collect();
+            self.read_series(block, *source, &ids, &columns, |batch| {
+                let sid = batch.column(0).as_primitive::<UInt32Type>();
+                let ts = batch.column(1).as_primitive::<Int64Type>();
+                let stacks = batch.column(2).as_primitive::<UInt32Type>();
+                let values = batch.column(3).as_primitive::<Int64Type>();
+                let mut current: Option<(u32, &[Range<i64>])> = None;
+                for r in 0..batch.num_rows() {
+                    let s = sid.value(r);
+                    let ranges = match current {
+                        Some((c, ranges)) if c == s => ranges,
+                        _ => {
+                            let ranges = pieces.get(&s).map_or(&[][..], Vec::as_slice);
+                            current = Some((s, ranges));
+                            ranges
+                        }
+                    };
+                    let t = ts.value(r);
+                    if ranges.iter().any(|x| x.contains(&t)) {
+                        add_dense(&mut dense, block, stacks.value(r), values.value(r))?;
+                    }
+                }
+                Ok(())
             })
-            .collect())
+            .await?;
+        }
+        Ok(Some(dense_values(dense)))
     }
 
     /// The merged stack tree of the selected samples.
@@ -905,8 +1021,19 @@ impl QueryEngine {
                 .map(|(block, series)| async move {
                     let mut cells: Vec<(Cell, i64)> = Vec::new();
                     let pos = |c: usize| columns.iter().position(|&x| x == c);
+                    // Profile totals answer exactly when no span or trace is asked about.
+                    let totals = block
+                        .rollups
+                        .iter()
+                        .position(|r| r.resolution_nanos == PROFILE_TOTALS)
+                        .filter(|_| {
+                            !span_exemplars
+                                && filter.span_ids.is_empty()
+                                && filter.trace_ids.is_empty()
+                        });
+                    let source = totals.map_or(Source::Samples, Source::Rollup);
                     let result = self
-                        .read_series(&block, &series, columns, |batch| {
+                        .read_series(&block, source, &series, columns, |batch| {
                             let sid = batch
                                 .column(pos(col::SERIES_ID).expect("projected"))
                                 .as_primitive::<UInt32Type>();

@@ -104,6 +104,7 @@ pub fn entry(
         profiles: 1,
         stack_nodes: 5,
         compacted_from: vec![],
+        rollups: vec![],
     }
 }
 

@@ -1,0 +1,349 @@
+//! Rollups: pre-aggregated copies of a compacted block's samples at coarser time resolutions
+//! (the segment trees of the Pyroscope storage seed, ADR 0007), so a flame graph or a series
+//! over a long range reads a few rows per series and bucket instead of every sample.
+//!
+//! ```text
+//!  compaction output rows (series, timestamp, stack, value), in sort order
+//!      ├─► samples section (every row)
+//!      ├─► rollup "profile totals": Σ value per (series, timestamp)             → series queries
+//!      ├─► rollup 10 min: Σ value per (series, 10-min bucket, stack)           ┐
+//!      ├─► rollup 1 h:    Σ value per (series, hour, stack)                     ├─► flame graphs
+//!      └─► rollup 1 d:    Σ value per (series, day, stack)                     ┘
+//! ```
+//!
+//! A query splits each series' time range: the buckets of the coarsest resolution that lie
+//! wholly inside it come from that rollup, what is left at the edges from the next finer one,
+//! and the rest from the samples ([`plan_series`]). Buckets are aligned to the Unix epoch, so a
+//! bucket is either wholly inside a range or not; as far as a series' own data goes, a range
+//! reaching past the series' first or last sample covers the bucket holding it. The answer is
+//! exactly the samples' (asserted by `storage/tests/rollups.rs`).
+//!
+//! A resolution is kept only where it halves the rows of the next finer level (a block of
+//! mostly distinct stacks would gain nothing from it), so rollups never cost more than half
+//! of what they save a query from reading.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use parquet::arrow::ArrowWriter;
+
+use crate::block::{Row, RowBatchBuilder, samples_schema, writer_properties};
+use crate::meta::{PROFILE_TOTALS, SeriesMeta};
+use crate::{Error, Result};
+
+const MINUTE: i64 = 60 * 1_000_000_000;
+
+/// Resolutions compaction writes, finest first: profile totals, 10 minutes, 1 hour, 1 day.
+pub const DEFAULT_RESOLUTIONS: [i64; 4] = [PROFILE_TOTALS, 10 * MINUTE, 60 * MINUTE, 1440 * MINUTE];
+
+/// Where rows for one time interval of a series are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    Samples,
+    /// Index into the block's rollups.
+    Rollup(usize),
+}
+
+/// Splits `[start, end)` of `series` into intervals, each read from `Source`: the coarsest of
+/// `levels` (rollup index and resolution, coarsest first, stacks only) whose buckets lie wholly
+/// inside what is left, the samples for the rest. A rollup interval is a range of bucket starts.
+pub fn plan_series(
+    levels: &[(usize, i64)],
+    series: &SeriesMeta,
+    start: i64,
+    end: i64,
+) -> Vec<(Source, Range<i64>)> {
+    let mut out = Vec::new();
+    split(
+        levels,
+        series.min_time_nanos,
+        series.max_time_nanos,
+        start,
+        end,
+        &mut out,
+    );
+    out
+}
+
+fn split(
+    levels: &[(usize, i64)],
+    min: i64,
+    max: i64,
+    start: i64,
+    end: i64,
+    out: &mut Vec<(Source, Range<i64>)>,
+) {
+    if start >= end || start > max || end <= min {
+        return;
+    }
+    let Some((&(index, r), finer)) = levels.split_first() else {
+        out.push((Source::Samples, start..end));
+        return;
+    };
+    // Buckets wholly inside [start, end), as far as the series' data [min, max] goes.
+    let first = if start <= min {
+        floor(min, r)
+    } else {
+        floor(start, r).saturating_add(if start.rem_euclid(r) == 0 { 0 } else { r })
+    };
+    let last = if end > max {
+        floor(max, r).saturating_add(r)
+    } else {
+        floor(end, r)
+    };
+    if first < last {
+        split(finer, min, max, start, first, out);
+        out.push((Source::Rollup(index), first..last));
+        split(finer, min, max, last, end, out);
+    } else {
+        split(finer, min, max, start, end, out);
+    }
+}
+
+fn floor(t: i64, r: i64) -> i64 {
+    t.div_euclid(r).saturating_mul(r)
+}
+
+/// Writes one rollup of a compaction output while its rows stream by, to a scratch file.
+pub(crate) struct RollupWriter {
+    resolution: i64,
+    path: PathBuf,
+    writer: ArrowWriter<std::fs::File>,
+    batch: RowBatchBuilder,
+    batch_rows: usize,
+    /// The (series, bucket) being summed, and its values by stack.
+    current: Option<(u32, i64)>,
+    sums: BTreeMap<u32, i64>,
+    rows: u64,
+    series_rows: Vec<Range<u64>>,
+}
+
+impl RollupWriter {
+    /// A writer for `resolution` into `path`.
+    pub(crate) fn new(
+        resolution: i64,
+        path: PathBuf,
+        row_group_rows: usize,
+        batch_rows: usize,
+    ) -> Result<Self> {
+        let file = std::fs::File::create(&path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let writer = ArrowWriter::try_new(
+            file,
+            samples_schema(),
+            Some(writer_properties(row_group_rows)?),
+        )?;
+        Ok(Self {
+            resolution,
+            path,
+            writer,
+            batch: RowBatchBuilder::default(),
+            batch_rows,
+            current: None,
+            sums: BTreeMap::new(),
+            rows: 0,
+            series_rows: Vec::new(),
+        })
+    }
+
+    /// Adds a sample row of output series `series` (series come in order, each once).
+    pub(crate) fn push(
+        &mut self,
+        series: u32,
+        timestamp: i64,
+        stack: u32,
+        value: i64,
+    ) -> Result<()> {
+        let (bucket, stack) = if self.resolution == PROFILE_TOTALS {
+            (timestamp, 0)
+        } else {
+            (floor(timestamp, self.resolution), stack)
+        };
+        if self.current != Some((series, bucket)) {
+            self.emit()?;
+            while self.series_rows.len() <= series as usize {
+                self.series_rows.push(self.rows..self.rows);
+            }
+            self.current = Some((series, bucket));
+        }
+        let slot = self.sums.entry(stack).or_insert(0);
+        *slot = slot.saturating_add(value);
+        Ok(())
+    }
+
+    /// Writes the sums of the current (series, bucket).
+    fn emit(&mut self) -> Result<()> {
+        let Some((series, bucket)) = self.current.take() else {
+            return Ok(());
+        };
+        for (stack, value) in std::mem::take(&mut self.sums) {
+            self.batch.push(&Row {
+                series,
+                timestamp: bucket,
+                stack,
+                value,
+                span_id: 0,
+                trace_id: None,
+                labels: None,
+            });
+            self.rows += 1;
+            if self.batch.len() >= self.batch_rows {
+                self.writer.write(&self.batch.finish()?)?;
+            }
+        }
+        if let Some(r) = self.series_rows.get_mut(series as usize) {
+            r.end = self.rows;
+        }
+        Ok(())
+    }
+
+    /// The scratch file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Closes the Parquet file: its path, rows, resolution and per-series row ranges (one per
+    /// of `series` output series).
+    pub(crate) fn finish(mut self, series: usize) -> Result<FinishedRollup> {
+        self.emit()?;
+        if !self.batch.is_empty() {
+            self.writer.write(&self.batch.finish()?)?;
+        }
+        self.writer.close()?;
+        while self.series_rows.len() < series {
+            self.series_rows.push(self.rows..self.rows);
+        }
+        Ok(FinishedRollup {
+            resolution: self.resolution,
+            path: self.path,
+            rows: self.rows,
+            series_rows: self.series_rows,
+        })
+    }
+}
+
+/// A rollup file ready to be appended to its block.
+pub(crate) struct FinishedRollup {
+    pub resolution: i64,
+    pub path: PathBuf,
+    pub rows: u64,
+    pub series_rows: Vec<Range<u64>>,
+}
+
+/// Which of `rollups` (finest first) are worth keeping for a block of `sample_rows` rows: each
+/// at most half the rows of the next finer level kept (the samples for the finest).
+pub(crate) fn worth_keeping(rollups: &[FinishedRollup], sample_rows: u64) -> Vec<bool> {
+    let mut finer = sample_rows;
+    let mut keep = Vec::with_capacity(rollups.len());
+    for r in rollups {
+        // Profile totals are compared with the samples: they drop the stacks, not time.
+        let base = if r.resolution == PROFILE_TOTALS {
+            sample_rows
+        } else {
+            finer
+        };
+        let k = r.rows > 0 && r.rows.saturating_mul(2) <= base;
+        if k && r.resolution != PROFILE_TOTALS {
+            finer = r.rows;
+        }
+        keep.push(k);
+    }
+    keep
+}
+
+/// Removes scratch files.
+pub(crate) fn remove_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) {
+    for p in paths {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: i64 = 60 * MINUTE;
+
+    fn series(min: i64, max: i64) -> SeriesMeta {
+        SeriesMeta {
+            labels: vec![],
+            profile_type: String::new(),
+            min_time_nanos: min,
+            max_time_nanos: max,
+            first_row: 0,
+            rows: 1,
+        }
+    }
+
+    #[test]
+    fn ranges_split_into_the_coarsest_whole_buckets() {
+        let levels = [(2, H), (1, 10 * MINUTE)];
+        let s = series(0, 24 * H);
+        // Aligned: whole hours only.
+        assert_eq!(
+            plan_series(&levels, &s, 2 * H, 5 * H),
+            [(Source::Rollup(2), 2 * H..5 * H)]
+        );
+        // Unaligned: 10-minute buckets, then samples at the edges.
+        let start = 2 * H + 15 * MINUTE;
+        let end = 5 * H + 25 * MINUTE + 1;
+        assert_eq!(
+            plan_series(&levels, &s, start, end),
+            [
+                (Source::Samples, start..2 * H + 20 * MINUTE),
+                (Source::Rollup(1), 2 * H + 20 * MINUTE..3 * H),
+                (Source::Rollup(2), 3 * H..5 * H),
+                (Source::Rollup(1), 5 * H..5 * H + 20 * MINUTE),
+                (Source::Samples, 5 * H + 20 * MINUTE..end),
+            ]
+        );
+        // Less than a bucket: samples only.
+        assert_eq!(
+            plan_series(&levels, &s, H + 1, H + 5 * MINUTE),
+            [(Source::Samples, H + 1..H + 5 * MINUTE)]
+        );
+        // No rollups: samples only.
+        assert_eq!(
+            plan_series(&[], &s, 2 * H, 5 * H),
+            [(Source::Samples, 2 * H..5 * H)]
+        );
+    }
+
+    #[test]
+    fn a_range_past_the_data_covers_the_buckets_holding_it() {
+        let levels = [(0, H)];
+        // Data from 1:17 to 3:42; a range from before to after it reads whole hours only.
+        let s = series(H + 17 * MINUTE, 3 * H + 42 * MINUTE);
+        assert_eq!(
+            plan_series(&levels, &s, 0, 100 * H),
+            [(Source::Rollup(0), H..4 * H)]
+        );
+        // Starting inside the data at 2:30: the rest of hour 2 from the samples.
+        assert_eq!(
+            plan_series(&levels, &s, 2 * H + 30 * MINUTE, 100 * H),
+            [
+                (Source::Samples, 2 * H + 30 * MINUTE..3 * H),
+                (Source::Rollup(0), 3 * H..4 * H)
+            ]
+        );
+        // Outside the data: nothing.
+        assert!(plan_series(&levels, &s, 5 * H, 6 * H).is_empty());
+    }
+
+    #[test]
+    fn a_level_is_kept_where_it_halves_the_rows() {
+        let r = |resolution, rows| FinishedRollup {
+            resolution,
+            path: PathBuf::new(),
+            rows,
+            series_rows: vec![],
+        };
+        let levels = [r(0, 10), r(10, 600), r(60, 500), r(1440, 100)];
+        // Totals (10 of 1000) kept; 10 min (600 of 1000) not; 1 h (500 of 1000) kept; 1 d kept.
+        assert_eq!(worth_keeping(&levels, 1000), [true, false, true, true]);
+        assert_eq!(worth_keeping(&[r(60, 0)], 1000), [false]);
+    }
+}

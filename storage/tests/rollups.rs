@@ -1,0 +1,210 @@
+//! Rollups (ADR 0007): flame graphs and series read through the pre-aggregated levels equal
+//! what the samples alone give, for aligned and unaligned ranges, and are really used.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use kiln_otel::model::Labels;
+use kiln_storage::meta::PROFILE_TOTALS;
+use kiln_storage::metastore::BlockQuery;
+use kiln_storage::query::{Aggregation, SampleFilter};
+use kiln_storage::testing::{config, filter, frames, profile_with_labels};
+use kiln_storage::{Storage, StorageConfig};
+
+const SEC: i64 = 1_000_000_000;
+const MIN: i64 = 60 * SEC;
+const HOUR: i64 = 60 * MIN;
+/// A day boundary, so every resolution's buckets start with the data.
+const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % (24 * HOUR);
+/// Profiles every 30 s for 3 h 37 min.
+const STEPS: i64 = 3 * 120 + 74;
+const STACKS: [&str; 6] = [
+    "main;serve;parse",
+    "main;serve;parse;lex",
+    "main;serve;query",
+    "main;gc",
+    "main;serve;query;scan",
+    "run;idle",
+];
+
+type Stacks = BTreeMap<Vec<String>, i64>;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn pod_profile(service: &str, pod: usize, step: i64) -> kiln_otel::model::NormalizedProfile {
+    let pod_name = format!("{service}-{pod}");
+    let labels = Labels::from_pairs([
+        ("__name__", "process_cpu"),
+        ("service_name", service),
+        ("pod", pod_name.as_str()),
+    ]);
+    let stacks: Vec<(Vec<String>, i64)> = (0..4)
+        .map(|k| {
+            let i = (step as usize * 7 + pod * 3 + k * 5) % STACKS.len();
+            (
+                frames(STACKS[i]),
+                1 + (step * 13 + k as i64 * 29 + pod as i64) % 97,
+            )
+        })
+        .collect();
+    // Some stacks appear twice in a profile: the samples keep both rows.
+    let mut stacks = stacks;
+    stacks.push(stacks[0].clone());
+    profile_with_labels(labels, &stacks, T0 + step * 30 * SEC + pod as i64 * SEC)
+}
+
+async fn ingest(s: &Storage) {
+    // 16 steps of every pod written at once: they share segments, as live traffic does.
+    for chunk in (0..STEPS).collect::<Vec<_>>().chunks(16) {
+        let mut writes = Vec::new();
+        for &step in chunk {
+            for pod in 0..3 {
+                writes.push(s.write("a", pod_profile("api", pod, step)));
+            }
+            writes.push(s.write("b", pod_profile("db", 0, step)));
+        }
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+        s.flush().await;
+    }
+}
+
+/// Windows: aligned to hours and 10 minutes, unaligned, shorter than a bucket, past the data.
+fn windows() -> Vec<(i64, i64)> {
+    let mut w = vec![
+        (T0, T0 + HOUR),
+        (T0 + HOUR, T0 + 3 * HOUR),
+        (T0 + 20 * MIN, T0 + 3 * HOUR + 10 * MIN),
+        (T0 + 7 * MIN + 3 * SEC, T0 + 2 * HOUR + 53 * MIN + 1),
+        (T0 + HOUR + 1, T0 + HOUR + 4 * MIN),
+        (T0 - 30 * 24 * HOUR, T0 + 30 * 24 * HOUR),
+        (T0 + 2 * HOUR + 15 * MIN, T0 + 30 * 24 * HOUR),
+        (T0 - HOUR, T0 + 1),
+        (T0 + 10 * HOUR, T0 + 11 * HOUR),
+    ];
+    // A few more unaligned ones, deterministic.
+    let mut x = 0x9e37_79b9_u64;
+    for _ in 0..8 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let start = T0 - HOUR + (x % (5 * HOUR as u64)) as i64;
+        let len = 1 + (x.rotate_left(17) % (4 * HOUR as u64)) as i64;
+        w.push((start, start + len));
+    }
+    w
+}
+
+fn window_filter(tenant: &str, selector: &str, (start, end): (i64, i64)) -> SampleFilter {
+    filter(tenant, selector, start, end)
+}
+
+#[derive(Debug, PartialEq)]
+struct Answers {
+    flames: Vec<Stacks>,
+    series: Vec<Vec<(Vec<(String, String)>, Vec<(i64, f64)>)>>,
+}
+
+async fn answers(s: &Storage, tenant: &str, selector: &str) -> Answers {
+    let mut flames = Vec::new();
+    let mut series = Vec::new();
+    for w in windows() {
+        let f = window_filter(tenant, selector, w);
+        flames.push(s.query().merge_tree(&f).await.unwrap().stacks());
+        for aggregation in [Aggregation::Sum, Aggregation::Average] {
+            let got = s
+                .query()
+                .select_series(&f, &["pod".to_string()], 60 * SEC, aggregation, None, false)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|p| (p.labels, p.points))
+                .collect();
+            series.push(got);
+        }
+    }
+    Answers { flames, series }
+}
+
+fn rollup_config(dir: &std::path::Path) -> StorageConfig {
+    let mut c = config(dir);
+    c.compaction.batch_rows = 100;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_answer_exactly_what_the_samples_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    ingest(&s).await;
+    // Before compaction every block is an L0 segment: the samples alone answer.
+    let blocks = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert!(blocks.iter().all(|b| b.rollups.is_empty()));
+    let raw_a = answers(&s, "a", "{}").await;
+    let raw_pod = answers(&s, "a", r#"{pod="api-1"}"#).await;
+    let raw_b = answers(&s, "b", "{}").await;
+    assert!(raw_a.flames.iter().filter(|f| !f.is_empty()).count() >= 10);
+
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let blocks = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    let resolutions: std::collections::BTreeSet<i64> = blocks
+        .iter()
+        .flat_map(|b| b.rollups.iter().map(|r| r.resolution_nanos))
+        .collect();
+    for r in [PROFILE_TOTALS, 10 * MIN, HOUR] {
+        assert!(
+            resolutions.contains(&r),
+            "rollup {r} written: {resolutions:?}"
+        );
+    }
+    let reads = || s.query().counters().rollup_reads.load(Ordering::Relaxed);
+    let before = reads();
+    assert_eq!(answers(&s, "a", "{}").await, raw_a);
+    assert!(reads() > before, "the rollups were read");
+    assert_eq!(answers(&s, "a", r#"{pod="api-1"}"#).await, raw_pod);
+    assert_eq!(answers(&s, "b", "{}").await, raw_b, "tenant b");
+    // Tenant wall: b sees none of a's series, a none of b's.
+    let b_flames = answers(&s, "b", r#"{service_name="api"}"#).await;
+    assert!(b_flames.flames.iter().all(|f| f.is_empty()));
+    assert!(b_flames.series.iter().all(|s| s.is_empty()));
+    let a_db = answers(&s, "a", r#"{service_name="db"}"#).await;
+    assert!(a_db.flames.iter().all(|f| f.is_empty()));
+
+    // The same after a restart (rollups are in the footer and the metastore entry).
+    s.close().await;
+    drop(s);
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    assert_eq!(answers(&s, "a", "{}").await, raw_a);
+}
+
+/// A span filter cannot be answered from rollups, which drop span ids: the samples answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_span_filter_reads_the_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    ingest(&s).await;
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let mut f = filter("a", "{}", T0, T0 + 3 * HOUR);
+    f.span_ids = vec![42];
+    let before = s.query().counters().rollup_reads.load(Ordering::Relaxed);
+    let tree = s.query().merge_tree(&f).await.unwrap();
+    assert!(tree.stacks().is_empty(), "no sample carries span 42");
+    assert_eq!(
+        s.query().counters().rollup_reads.load(Ordering::Relaxed),
+        before
+    );
+}
