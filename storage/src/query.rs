@@ -813,13 +813,14 @@ impl QueryEngine {
             pos(col::TRACE_ID),
             pos(col::SAMPLE_LABELS),
         );
-        if !with_labels && filter.span_ids.is_empty() && filter.trace_ids.is_empty() {
-            if let Some(values) = self
+        if !with_labels
+            && filter.span_ids.is_empty()
+            && filter.trace_ids.is_empty()
+            && let Some(values) = self
                 .block_stacks_from_rollups(block, series, filter)
                 .await?
-            {
-                return Ok(values);
-            }
+        {
+            return Ok(values);
         }
         let nodes = block.stack_nodes as usize;
         let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];

@@ -8,7 +8,9 @@
 //! On disk (format version 1): `b"KSYM"`, `u32` LE version, then the zstd-free protobuf
 //! `kiln.storage.v1.Symbols`, then a `u32` LE CRC32 of everything before it.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
 use bytes::Bytes;
 use kiln_otel::model::Symbols as ProfileSymbols;
@@ -32,7 +34,12 @@ pub struct SymbolsBuilder {
     functions: Vec<pb::Function>,
     function_index: HashMap<(u32, u32, u32, i64), u32>,
     locations: Vec<pb::Location>,
-    location_index: HashMap<(u32, u64, Vec<u32>, Vec<i64>, u32), u32>,
+    /// Indices into `locations`, by a hash of their content (looked up without building one).
+    location_index: HashTable<u32>,
+    hasher: DefaultHashBuilder,
+    /// Reused buffers for a location's lines while it is looked up.
+    scratch_functions: Vec<u32>,
+    scratch_lines: Vec<i64>,
     parents: Vec<u32>,
     node_locations: Vec<u32>,
     children: HashMap<(u32, u32), u32>,
@@ -49,7 +56,10 @@ impl Default for SymbolsBuilder {
             functions: Vec::new(),
             function_index: HashMap::new(),
             locations: Vec::new(),
-            location_index: HashMap::new(),
+            location_index: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
+            scratch_functions: Vec::new(),
+            scratch_lines: Vec::new(),
             parents: vec![0],
             node_locations: vec![0],
             children: HashMap::new(),
@@ -101,27 +111,49 @@ impl SymbolsBuilder {
         i
     }
 
-    /// Interns a location whose mapping, functions and strings are already interned.
-    fn intern_location(&mut self, l: pb::Location) -> u32 {
-        let key = (
-            l.mapping,
-            l.address,
-            l.line_functions,
-            l.line_numbers,
-            l.frame_type,
-        );
-        if let Some(&i) = self.location_index.get(&key) {
+    /// Interns a location whose mapping, functions and strings are already interned, given by
+    /// its parts; nothing is allocated unless it is new.
+    fn intern_location(
+        &mut self,
+        mapping: u32,
+        address: u64,
+        line_functions: &[u32],
+        line_numbers: &[i64],
+        frame_type: u32,
+    ) -> u32 {
+        let hash =
+            self.hasher
+                .hash_one((mapping, address, line_functions, line_numbers, frame_type));
+        let locations = &self.locations;
+        if let Some(&i) = self.location_index.find(hash, |&i| {
+            let l = &locations[i as usize];
+            l.mapping == mapping
+                && l.address == address
+                && l.frame_type == frame_type
+                && l.line_functions == line_functions
+                && l.line_numbers == line_numbers
+        }) {
             return i;
         }
         let i = self.locations.len() as u32;
         self.locations.push(pb::Location {
-            mapping: key.0,
-            address: key.1,
-            line_functions: key.2.clone(),
-            line_numbers: key.3.clone(),
-            frame_type: key.4,
+            mapping,
+            address,
+            line_functions: line_functions.to_vec(),
+            line_numbers: line_numbers.to_vec(),
+            frame_type,
         });
-        self.location_index.insert(key, i);
+        let (locations, hasher) = (&self.locations, &self.hasher);
+        self.location_index.insert_unique(hash, i, |&j| {
+            let l = &locations[j as usize];
+            hasher.hash_one((
+                l.mapping,
+                l.address,
+                l.line_functions.as_slice(),
+                l.line_numbers.as_slice(),
+                l.frame_type,
+            ))
+        });
         i
     }
 
@@ -156,24 +188,30 @@ impl SymbolsBuilder {
                 self.intern_function(function)
             })
             .collect();
-        symbols
+        let (mut funcs, mut lines) = (
+            std::mem::take(&mut self.scratch_functions),
+            std::mem::take(&mut self.scratch_lines),
+        );
+        let out = symbols
             .locations
             .iter()
             .map(|l| {
-                let location = pb::Location {
-                    mapping: l.mapping.map_or(0, |m| mappings[m as usize] + 1),
-                    address: l.address,
-                    line_functions: l
-                        .lines
-                        .iter()
-                        .map(|x| functions[x.function as usize])
-                        .collect(),
-                    line_numbers: l.lines.iter().map(|x| x.line).collect(),
-                    frame_type: self.string(&l.frame_type),
-                };
-                self.intern_location(location)
+                funcs.clear();
+                funcs.extend(l.lines.iter().map(|x| functions[x.function as usize]));
+                lines.clear();
+                lines.extend(l.lines.iter().map(|x| x.line));
+                let frame_type = self.string(&l.frame_type);
+                self.intern_location(
+                    l.mapping.map_or(0, |m| mappings[m as usize] + 1),
+                    l.address,
+                    &funcs,
+                    &lines,
+                    frame_type,
+                )
             })
-            .collect()
+            .collect();
+        (self.scratch_functions, self.scratch_lines) = (funcs, lines);
+        out
     }
 
     /// Inserts a stack of block location indices, leaf first; returns its stack id.
@@ -214,26 +252,28 @@ impl SymbolsBuilder {
                 self.intern_function(function)
             })
             .collect();
-        t.locations
+        let mut funcs = std::mem::take(&mut self.scratch_functions);
+        let out = t
+            .locations
             .iter()
             .map(|l| {
-                let location = pb::Location {
-                    mapping: match l.mapping {
+                funcs.clear();
+                funcs.extend(l.line_functions.iter().map(|&f| functions[f as usize]));
+                let frame_type = self.string(table.string(l.frame_type));
+                self.intern_location(
+                    match l.mapping {
                         0 => 0,
                         m => mappings[m as usize - 1] + 1,
                     },
-                    address: l.address,
-                    line_functions: l
-                        .line_functions
-                        .iter()
-                        .map(|&f| functions[f as usize])
-                        .collect(),
-                    line_numbers: l.line_numbers.clone(),
-                    frame_type: self.string(table.string(l.frame_type)),
-                };
-                self.intern_location(location)
+                    l.address,
+                    &funcs,
+                    &l.line_numbers,
+                    frame_type,
+                )
             })
-            .collect()
+            .collect();
+        self.scratch_functions = funcs;
+        out
     }
 
     /// The child of stack node `parent` at location `loc` (both of this builder), created if
