@@ -33,11 +33,16 @@ def timed(fn, runs):
     return {"p50_ms": pick(50), "p99_ms": pick(99)}, out
 
 
+# How far the unaligned hour ends before the data's end (Grafana's "last hour" ends now).
+UNALIGNED_SHIFT = 433_000_000_000
+
+
 def windows(end):
     return {
-        "flame_1h": end - HOUR,
-        "flame_12h": end - 12 * HOUR,
-        "flame_30d": end - 30 * 24 * HOUR,
+        "flame_1h": (end - HOUR, end),
+        "flame_12h": (end - 12 * HOUR, end),
+        "flame_1h_unaligned": (end - HOUR - UNALIGNED_SHIFT, end - UNALIGNED_SHIFT),
+        "flame_30d": (end - 30 * 24 * HOUR, end),
     }
 
 
@@ -61,7 +66,7 @@ def duckdb_peer(d, end, service, runs):
     rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
     size = sum(os.path.getsize(f) for f in (path, path + ".wal") if os.path.exists(f))
 
-    def flame(start):
+    def flame(start, stop):
         return con.execute(
             """
             WITH agg AS (
@@ -73,20 +78,20 @@ def duckdb_peer(d, end, service, runs):
                 GROUP BY node_id)
             SELECT n.name, n.parent_id, t.total FROM totals t JOIN nodes n USING (node_id)
             """,
-            [service, start, end],
+            [service, start, stop],
         ).fetchall()
 
-    def by_stack(start):
+    def by_stack(start, stop):
         return con.execute(
             "SELECT stack_id, sum(value) FROM samples WHERE service = ? AND ts >= ? AND ts < ? "
             "GROUP BY stack_id",
-            [service, start, end],
+            [service, start, stop],
         ).fetchall()
 
     out = {"load_s": load_s, "rows": rows, "bytes": size, "bytes_per_row": size / max(rows, 1)}
-    for key, start in windows(end).items():
-        out[key], _ = timed(lambda: flame(start), runs)
-        out[key + "_by_stack"], result = timed(lambda: by_stack(start), runs)
+    for key, (start, stop) in windows(end).items():
+        out[key], _ = timed(lambda: flame(start, stop), runs)
+        out[key + "_by_stack"], result = timed(lambda: by_stack(start, stop), runs)
         out[key + "_total"] = sum(v for _, v in result)
     out["series_12h"], _ = timed(
         lambda: con.execute(
@@ -143,12 +148,12 @@ def chdb_peer(d, end, service, runs):
         str(q("SELECT sum(bytes_on_disk) FROM system.parts WHERE database = 'bench' AND active")).strip()
     )
 
-    def flame(start):
+    def flame(start, stop):
         return q(
             f"""
             WITH agg AS (
                 SELECT stack_id, sum(value) AS v FROM bench.samples
-                WHERE service = '{service}' AND ts >= {start} AND ts < {end} GROUP BY stack_id)
+                WHERE service = '{service}' AND ts >= {start} AND ts < {stop} GROUP BY stack_id)
             SELECT n.name, n.parent_id, t.total FROM (
                 SELECT node_id, sum(v) AS total FROM agg
                 INNER JOIN bench.stacks AS s USING (stack_id)
@@ -157,16 +162,16 @@ def chdb_peer(d, end, service, runs):
             """
         )
 
-    def by_stack(start):
+    def by_stack(start, stop):
         return q(
             f"SELECT stack_id, sum(value) FROM bench.samples WHERE service = '{service}' "
-            f"AND ts >= {start} AND ts < {end} GROUP BY stack_id"
+            f"AND ts >= {start} AND ts < {stop} GROUP BY stack_id"
         )
 
     out = {"load_s": load_s, "rows": rows, "bytes": size, "bytes_per_row": size / max(rows, 1)}
-    for key, start in windows(end).items():
-        out[key], _ = timed(lambda: flame(start), runs)
-        out[key + "_by_stack"], result = timed(lambda: by_stack(start), runs)
+    for key, (start, stop) in windows(end).items():
+        out[key], _ = timed(lambda: flame(start, stop), runs)
+        out[key + "_by_stack"], result = timed(lambda: by_stack(start, stop), runs)
         out[key + "_total"] = sum(int(line.split(",")[1]) for line in str(result).splitlines() if line)
     out["series_12h"], _ = timed(
         lambda: q(

@@ -28,6 +28,9 @@ use workload::{PeerRows, Shape, Workload, service_name};
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const HOUR_NANOS: i64 = 3_600_000_000_000;
+/// How far the unaligned 1 h window ends before the data's end: Grafana's "last hour" ends
+/// now, not on a bucket boundary, so the rollups' edges are read from samples.
+const UNALIGNED_SHIFT_NANOS: i64 = 433_000_000_000;
 /// The service the queries look at (the last one when there are fewer).
 fn queried_service(shape: &Shape) -> usize {
     3.min(shape.services.saturating_sub(1))
@@ -135,12 +138,15 @@ pub struct KilnResults {
     pub bytes_at_rest: u64,
     pub bytes_per_row: f64,
     pub flame_1h: Timing,
+    /// 1 h ending 7 min 13 s before the data's end (not on a bucket boundary).
+    pub flame_1h_unaligned: Timing,
     pub flame_12h: Timing,
     pub flame_30d: Timing,
     pub series_12h: Timing,
     pub label_values: Timing,
-    /// Flame graph totals (1 h, 12 h) and what the workload sent for the same windows.
-    pub totals: [(i64, i64); 2],
+    /// Flame graph totals (1 h, 12 h, 1 h unaligned) and what the workload sent for the same
+    /// windows.
+    pub totals: [(i64, i64); 3],
 }
 
 /// Runs `kiln bench`.
@@ -199,7 +205,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     drop(server);
     if let Some(p) = &peers {
         for peer in ["duckdb", "chdb"] {
-            for (i, key) in ["flame_1h_total", "flame_12h_total"].iter().enumerate() {
+            for (i, key) in [
+                "flame_1h_total",
+                "flame_12h_total",
+                "flame_1h_unaligned_total",
+            ]
+            .iter()
+            .enumerate()
+            {
                 let got = p[peer][key].as_i64();
                 ensure!(
                     got == Some(kiln.totals[i].1),
@@ -352,8 +365,15 @@ async fn bench_kiln(
         .build()?;
     let shape = workload.shape;
     let end = shape.end_nanos();
-    let windows = [end - HOUR_NANOS, end - 12 * HOUR_NANOS];
-    let mut sent_totals = [0i64; 2];
+    let windows = [
+        (end - HOUR_NANOS, end),
+        (end - 12 * HOUR_NANOS, end),
+        (
+            end - HOUR_NANOS - UNALIGNED_SHIFT_NANOS,
+            end - UNALIGNED_SHIFT_NANOS,
+        ),
+    ];
+    let mut sent_totals = [0i64; 3];
     let (mut rows, mut bytes, mut latencies) = (0u64, 0u64, Vec::new());
     let mut peer_error = None;
     let cpu_before = server.cpu_seconds();
@@ -367,8 +387,8 @@ async fn bench_kiln(
         for p in &profiles {
             rows += p.samples.len() as u64;
             if p.service == queried_service(&shape) {
-                for (i, from) in windows.iter().enumerate() {
-                    if p.time_nanos >= *from {
+                for (i, (from, to)) in windows.iter().enumerate() {
+                    if p.time_nanos >= *from && p.time_nanos < *to {
                         sent_totals[i] += p.samples.iter().map(|s| s.1).sum::<i64>();
                     }
                 }
@@ -463,7 +483,7 @@ async fn bench_kiln(
         r#"{{service_name="{}"}}"#,
         service_name(queried_service(&shape))
     );
-    let flame = |start: i64| {
+    let flame = |(start, end): (i64, i64)| {
         q::SelectMergeStacktracesRequest {
             profile_type_id: CPU.into(),
             label_selector: selector.clone(),
@@ -478,17 +498,22 @@ async fn bench_kiln(
         (
             "flame 1h",
             "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(end - HOUR_NANOS),
+            flame(windows[0]),
         ),
         (
             "flame 12h",
             "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(end - 12 * HOUR_NANOS),
+            flame(windows[1]),
+        ),
+        (
+            "flame 1h unaligned",
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            flame(windows[2]),
         ),
         (
             "flame 30d",
             "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(end - 30 * 24 * HOUR_NANOS),
+            flame((end - 30 * 24 * HOUR_NANOS, end)),
         ),
         (
             "series 12h",
@@ -518,14 +543,14 @@ async fn bench_kiln(
     ];
     let bar = progress((queries.len() * args.runs) as u64, "queries");
     let mut timings = Vec::new();
-    let mut totals = [(0i64, 0i64); 2];
+    let mut totals = [(0i64, 0i64); 3];
     for (i, (_, path, body)) in queries.iter().enumerate() {
         let mut runs = Vec::with_capacity(args.runs);
         for _ in 0..args.runs {
             let t = Instant::now();
             let answer = call(path, body.clone()).await?;
             runs.push(t.elapsed().as_secs_f64() * 1000.0);
-            if i < 2 {
+            if i < 3 {
                 let fg = q::SelectMergeStacktracesResponse::decode(answer)?
                     .flamegraph
                     .unwrap_or_default();
@@ -536,7 +561,7 @@ async fn bench_kiln(
         timings.push(timing(runs));
     }
     bar.finish_and_clear();
-    for (name, (got, sent)) in ["1 h", "12 h"].iter().zip(totals) {
+    for (name, (got, sent)) in ["1 h", "12 h", "1 h unaligned"].iter().zip(totals) {
         ensure!(sent > 0, "the workload sent nothing for the {name} window");
         ensure!(
             got == sent,
@@ -566,9 +591,10 @@ async fn bench_kiln(
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
         flame_1h: timings[0],
         flame_12h: timings[1],
-        flame_30d: timings[2],
-        series_12h: timings[3],
-        label_values: timings[4],
+        flame_1h_unaligned: timings[2],
+        flame_30d: timings[3],
+        series_12h: timings[4],
+        label_values: timings[5],
         totals,
     })
 }
@@ -651,6 +677,11 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
     for (name, key, t) in [
         ("flame graph, 1 service, 1 h", "flame_1h", k.flame_1h),
         ("flame graph, 1 service, 12 h", "flame_12h", k.flame_12h),
+        (
+            "flame graph, 1 service, 1 h unaligned",
+            "flame_1h_unaligned",
+            k.flame_1h_unaligned,
+        ),
         ("flame graph, 1 service, 30 d", "flame_30d", k.flame_30d),
         ("per-minute series by pod, 12 h", "series_12h", k.series_12h),
         ("label values (pod), 12 h", "label_values", k.label_values),
