@@ -28,6 +28,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
 
 use crate::block::col;
 use crate::meta::{EntryKey, PROFILE_TOTALS};
@@ -361,6 +362,58 @@ fn row_selection(meta: &ParquetMetaData, ranges: &[Range<u64>]) -> (Vec<usize>, 
     (groups, RowSelection::from(selectors))
 }
 
+/// The parts of `rows` (one series' rows, in time order) on pages of the timestamp column whose
+/// bounds meet one of `times`, from the page index; all of `rows` where there is none. Pages
+/// hold other series' rows too, so their bounds may be wider than this series' times: never
+/// narrower, so no row in `times` is left out.
+fn rows_in_times(
+    meta: &ParquetMetaData,
+    rows: Range<u64>,
+    times: &[Range<i64>],
+) -> Vec<Range<u64>> {
+    let (Some(column_index), Some(offset_index)) = (meta.column_index(), meta.offset_index())
+    else {
+        return vec![rows];
+    };
+    let mut out = Vec::new();
+    let mut group_start = 0u64;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        let group_end = group_start + rg.num_rows() as u64;
+        let (start, end) = (rows.start.max(group_start), rows.end.min(group_end));
+        if start < end {
+            let index = column_index.get(g).and_then(|c| c.get(col::TIMESTAMP));
+            let pages = offset_index.get(g).and_then(|o| o.get(col::TIMESTAMP));
+            match (index, pages) {
+                (Some(ColumnIndexMetaData::INT64(index)), Some(pages)) => {
+                    let pages = pages.page_locations();
+                    for (p, page) in pages.iter().enumerate() {
+                        let page_start = group_start + page.first_row_index as u64;
+                        let page_end = pages
+                            .get(p + 1)
+                            .map_or(group_end, |n| group_start + n.first_row_index as u64);
+                        let (s, e) = (page_start.max(start), page_end.min(end));
+                        if s >= e {
+                            continue;
+                        }
+                        let meets = match (index.min_value(p), index.max_value(p)) {
+                            (Some(&lo), Some(&hi)) => {
+                                times.iter().any(|t| lo < t.end && hi >= t.start)
+                            }
+                            _ => true,
+                        };
+                        if meets {
+                            out.push(s..e);
+                        }
+                    }
+                }
+                _ => out.push(start..end),
+            }
+        }
+        group_start = group_end;
+    }
+    out
+}
+
 /// Adds `value` to stack `stack` of a block's dense sums.
 fn add_dense(dense: &mut [i64], block: &BlockMeta, stack: u32, value: i64) -> Result<()> {
     let Some(slot) = dense.get_mut(stack as usize) else {
@@ -643,23 +696,27 @@ impl QueryEngine {
 
     /// Reads the given columns of the rows of `series` (indices into the block's series list)
     /// in the samples or a rollup, calling `f` with each batch; columns come in schema order.
+    ///
+    /// Only pages whose timestamps may fall in `times` are read (the Parquet page index of the
+    /// timestamp column; rows of a series are in time order), so a short range over a block
+    /// holding hours of a series reads a few pages of it.
     async fn read_series(
         &self,
         block: &BlockMeta,
         source: Source,
         series: &[u32],
+        times: &[Range<i64>],
         columns: &[usize],
         mut f: impl FnMut(&RecordBatch) -> Result<()>,
     ) -> Result<()> {
-        let ranges = coalesce(
-            series
-                .iter()
-                .map(|&i| match source {
-                    Source::Samples => block.series[i as usize].row_range(),
-                    Source::Rollup(r) => block.rollups[r].series_rows[i as usize].clone(),
-                })
-                .collect(),
-        );
+        let ranges: Vec<Range<u64>> = series
+            .iter()
+            .map(|&i| match source {
+                Source::Samples => block.series[i as usize].row_range(),
+                Source::Rollup(r) => block.rollups[r].series_rows[i as usize].clone(),
+            })
+            .filter(|r| r.start < r.end)
+            .collect();
         if ranges.is_empty() {
             return Ok(());
         }
@@ -669,6 +726,15 @@ impl QueryEngine {
                 .fetch_add(ranges.len() as u64, Ordering::Relaxed);
         }
         let metadata = self.parquet_metadata(block, source).await?;
+        let ranges = coalesce(
+            ranges
+                .into_iter()
+                .flat_map(|r| rows_in_times(metadata.metadata(), r, times))
+                .collect(),
+        );
+        if ranges.is_empty() {
+            return Ok(());
+        }
         let (groups, selection) = row_selection(metadata.metadata(), &ranges);
         if groups.is_empty() {
             return Ok(());
@@ -825,7 +891,8 @@ impl QueryEngine {
         let nodes = block.stack_nodes as usize;
         let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];
         let mut keyed: HashMap<(u32, Option<String>), i64> = HashMap::new();
-        self.read_series(block, Source::Samples, series, columns, |batch| {
+        let window = [filter.start_nanos..filter.end_nanos];
+        self.read_series(block, Source::Samples, series, &window, columns, |batch| {
             let ts = batch.column(ts_i).as_primitive::<Int64Type>();
             let stacks = batch.column(stack_i).as_primitive::<UInt32Type>();
             let values = batch.column(value_i).as_primitive::<Int64Type>();
@@ -905,7 +972,8 @@ impl QueryEngine {
         let columns = [col::SERIES_ID, col::TIMESTAMP, col::STACK_ID, col::VALUE];
         for (source, pieces) in &plan {
             let ids: Vec<u32> = pieces.keys().copied().collect();
-            self.read_series(block, *source, &ids, &columns, |batch| {
+            let times: Vec<Range<i64>> = pieces.values().flatten().cloned().collect();
+            self.read_series(block, *source, &ids, &times, &columns, |batch| {
                 let sid = batch.column(0).as_primitive::<UInt32Type>();
                 let ts = batch.column(1).as_primitive::<Int64Type>();
                 let stacks = batch.column(2).as_primitive::<UInt32Type>();
@@ -1012,6 +1080,7 @@ impl QueryEngine {
         }
         columns.sort_unstable();
         let columns = &columns;
+        let window = &[filter.start_nanos..filter.end_nanos];
         // Per block: (series index, timestamp, span, trace) and its sum. Rows come in the
         // block's sort order (series, then time), so equal keys are mostly adjacent: they are
         // summed as they come, without hashing; repeats that are not adjacent stay separate
@@ -1034,7 +1103,7 @@ impl QueryEngine {
                         });
                     let source = totals.map_or(Source::Samples, Source::Rollup);
                     let result = self
-                        .read_series(&block, source, &series, columns, |batch| {
+                        .read_series(&block, source, &series, window, columns, |batch| {
                             let sid = batch
                                 .column(pos(col::SERIES_ID).expect("projected"))
                                 .as_primitive::<UInt32Type>();
@@ -1285,5 +1354,70 @@ mod tests {
             coalesce(vec![5..7, 0..2, 2..3, 7..7, 6..9]),
             vec![0..3, 5..9]
         );
+    }
+
+    /// 1,000 rows of two series (times 0, 10, 20, … per series) in pages of 10 rows.
+    fn paged_metadata() -> ParquetMetaData {
+        use crate::block::{Row, RowBatchBuilder, samples_schema};
+        let mut batch = RowBatchBuilder::default();
+        for series in 0..2u32 {
+            for i in 0..500i64 {
+                batch.push(&Row {
+                    series,
+                    timestamp: i * 10,
+                    stack: 1,
+                    value: 1,
+                    span_id: 0,
+                    trace_id: None,
+                    labels: None,
+                });
+            }
+        }
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
+            .set_write_batch_size(10)
+            .set_data_page_row_count_limit(10)
+            .set_max_row_group_row_count(Some(300))
+            .build();
+        let mut out = Vec::new();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(&mut out, samples_schema(), Some(props)).unwrap();
+        w.write(&batch.finish().unwrap()).unwrap();
+        w.close().unwrap();
+        ParquetMetaDataReader::new()
+            .with_page_index_policy(PageIndexPolicy::Required)
+            .parse_and_finish(&Bytes::from(out))
+            .unwrap()
+    }
+
+    #[test]
+    fn page_index_narrows_a_series_to_the_pages_of_its_times() {
+        let meta = paged_metadata();
+        let rows_of =
+            |ranges: &[Range<u64>]| -> u64 { ranges.iter().map(|r| r.end - r.start).sum() };
+        // Series 1 is rows 500..1000 with times (row - 500) × 10.
+        let got = rows_in_times(&meta, 500..1000, &[2500..2600]);
+        assert!(got.iter().any(|r| r.contains(&750)) && got.iter().any(|r| r.contains(&759)));
+        assert!(rows_of(&got) <= 30, "{got:?}");
+        // Two ranges, one of them past the data.
+        let got = rows_in_times(&meta, 500..1000, &[0..15, 4990..9000]);
+        assert!(got.iter().any(|r| r.contains(&500)) && got.iter().any(|r| r.contains(&999)));
+        assert!(rows_of(&got) <= 40, "{got:?}");
+        // Every row whose time is in range is kept, whatever the range.
+        for (lo, hi) in [(0, 1), (333, 1777), (4995, 5000), (-50, 10_000), (123, 124)] {
+            let got = rows_in_times(&meta, 500..1000, &[lo..hi]);
+            for row in 500..1000u64 {
+                let t = (row as i64 - 500) * 10;
+                if (lo..hi).contains(&t) {
+                    assert!(
+                        got.iter().any(|r| r.contains(&row)),
+                        "row {row} of {lo}..{hi}"
+                    );
+                }
+            }
+            assert!(got.iter().all(|r| r.start >= 500 && r.end <= 1000));
+        }
+        // Nothing in range: nothing read.
+        assert!(rows_in_times(&meta, 500..1000, &[6000..7000]).is_empty());
     }
 }
