@@ -92,6 +92,22 @@ pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> 
         .build())
 }
 
+/// A Parquet writer of samples (or rollup) rows into a new local file at `path`.
+pub(crate) fn samples_file_writer(
+    path: &std::path::Path,
+    row_group_rows: usize,
+) -> Result<ArrowWriter<std::fs::File>> {
+    let file = std::fs::File::create(path).map_err(|source| crate::Error::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(ArrowWriter::try_new(
+        file,
+        samples_schema(),
+        Some(writer_properties(row_group_rows)?),
+    )?)
+}
+
 /// One sample row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {

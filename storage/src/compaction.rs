@@ -36,7 +36,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use serde::{Deserialize, Serialize};
 
-use crate::block::{Row, RowBatchBuilder, col, samples_schema, series_sort_key, writer_properties};
+use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
 use crate::meta::{
     BLOCK_FORMAT_VERSION, BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer,
 };
@@ -421,15 +421,13 @@ impl Output {
             }
         }
         let file_path = dir.join(format!("{id}.kblk.part"));
-        let file = std::fs::File::create(&file_path).map_err(|source| Error::Io {
-            path: file_path.display().to_string(),
-            source,
-        })?;
-        let writer = ArrowWriter::try_new(
-            file,
-            samples_schema(),
-            Some(writer_properties(row_group_rows)?),
-        )?;
+        let writer = match crate::block::samples_file_writer(&file_path, row_group_rows) {
+            Ok(w) => w,
+            Err(e) => {
+                crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
+                return Err(e);
+            }
+        };
         Ok(Self {
             id,
             file_path,

@@ -891,8 +891,9 @@ impl QueryEngine {
         let nodes = block.stack_nodes as usize;
         let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];
         let mut keyed: HashMap<(u32, Option<String>), i64> = HashMap::new();
-        let window = [filter.start_nanos..filter.end_nanos];
-        self.read_series(block, Source::Samples, series, &window, columns, |batch| {
+        let window = filter.start_nanos..filter.end_nanos;
+        let times = std::slice::from_ref(&window);
+        self.read_series(block, Source::Samples, series, times, columns, |batch| {
             let ts = batch.column(ts_i).as_primitive::<Int64Type>();
             let stacks = batch.column(stack_i).as_primitive::<UInt32Type>();
             let values = batch.column(value_i).as_primitive::<Int64Type>();
@@ -1080,7 +1081,8 @@ impl QueryEngine {
         }
         columns.sort_unstable();
         let columns = &columns;
-        let window = &[filter.start_nanos..filter.end_nanos];
+        let window = filter.start_nanos..filter.end_nanos;
+        let window = std::slice::from_ref(&window);
         // Per block: (series index, timestamp, span, trace) and its sum. Rows come in the
         // block's sort order (series, then time), so equal keys are mostly adjacent: they are
         // summed as they come, without hashing; repeats that are not adjacent stay separate

@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 
 use parquet::arrow::ArrowWriter;
 
-use crate::block::{Row, RowBatchBuilder, samples_schema, writer_properties};
+use crate::Result;
+use crate::block::{Row, RowBatchBuilder, samples_file_writer};
 use crate::meta::{PROFILE_TOTALS, SeriesMeta};
-use crate::{Error, Result};
 
 const MINUTE: i64 = 60 * 1_000_000_000;
 
@@ -127,15 +127,7 @@ impl RollupWriter {
         row_group_rows: usize,
         batch_rows: usize,
     ) -> Result<Self> {
-        let file = std::fs::File::create(&path).map_err(|source| Error::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
-        let writer = ArrowWriter::try_new(
-            file,
-            samples_schema(),
-            Some(writer_properties(row_group_rows)?),
-        )?;
+        let writer = samples_file_writer(&path, row_group_rows)?;
         Ok(Self {
             resolution,
             path,
