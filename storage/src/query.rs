@@ -1393,6 +1393,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one time range among the list the reader takes
     fn page_index_narrows_a_series_to_the_pages_of_its_times() {
         let meta = paged_metadata();
         let rows_of =
