@@ -24,6 +24,12 @@ pub struct QueryLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `symbols` or `parquet_metadata`.
+    pub cache: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabels {
     pub tenant: String,
 }
@@ -58,6 +64,9 @@ pub struct Metrics {
     pub storage_query_read_bytes: Gauge,
     /// Series row ranges queries read from rollups instead of samples since start-up.
     pub storage_query_rollup_reads: Gauge,
+    /// Lookups and misses of the query caches since start-up, by cache.
+    pub storage_cache_lookups: Family<CacheLabels, Gauge>,
+    pub storage_cache_misses: Family<CacheLabels, Gauge>,
     seen: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -104,6 +113,8 @@ impl Default for Metrics {
             storage_quarantined_blocks: Gauge::default(),
             storage_query_read_bytes: Gauge::default(),
             storage_query_rollup_reads: Gauge::default(),
+            storage_cache_lookups: Family::default(),
+            storage_cache_misses: Family::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
@@ -165,6 +176,16 @@ impl Default for Metrics {
             "storage_query_rollup_reads",
             "Series row ranges read from pre-aggregated rollups instead of samples since start-up",
             m.storage_query_rollup_reads.clone(),
+        );
+        r.register(
+            "storage_cache_lookups",
+            "Lookups of the query caches (symbols, parquet metadata) since start-up",
+            m.storage_cache_lookups.clone(),
+        );
+        r.register(
+            "storage_cache_misses",
+            "Misses of the query caches (symbols, parquet metadata) since start-up",
+            m.storage_cache_misses.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
         m

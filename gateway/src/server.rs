@@ -203,6 +203,30 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
     app.metrics
         .storage_query_rollup_reads
         .set(get(&counters.rollup_reads));
+    for (cache, lookups, misses) in [
+        (
+            "symbols",
+            &counters.symbols_lookups,
+            &counters.symbols_misses,
+        ),
+        (
+            "parquet_metadata",
+            &counters.parquet_lookups,
+            &counters.parquet_misses,
+        ),
+    ] {
+        let labels = crate::metrics::CacheLabels {
+            cache: cache.into(),
+        };
+        app.metrics
+            .storage_cache_lookups
+            .get_or_create(&labels)
+            .set(get(lookups));
+        app.metrics
+            .storage_cache_misses
+            .get_or_create(&labels)
+            .set(get(misses));
+    }
     if let Ok(tenants) = app.storage.metastore().tenants().await {
         for t in tenants {
             if let Ok(bytes) = app.storage.stored_bytes(&t).await {

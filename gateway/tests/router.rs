@@ -120,6 +120,29 @@ async fn ingest_then_query_per_tenant() {
         .unwrap();
     assert_eq!(fg.total, 0);
     assert_eq!(fg.names, ["total"]);
+
+    // The queries went through the symbol cache: its lookups and misses are on /metrics.
+    let (status, body) = send(
+        &router,
+        Request::get("/metrics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = String::from_utf8(body).unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}"))
+    };
+    let lookups = value("kiln_storage_cache_lookups{cache=\"symbols\"}");
+    let misses = value("kiln_storage_cache_misses{cache=\"symbols\"}");
+    assert!(
+        lookups >= 2.0 && misses >= 1.0 && misses <= lookups,
+        "{lookups} {misses}"
+    );
+    assert!(value("kiln_storage_cache_lookups{cache=\"parquet_metadata\"}") >= 1.0);
 }
 
 #[tokio::test]

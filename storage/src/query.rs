@@ -191,6 +191,12 @@ pub struct QueryCounters {
     pub bytes_read: AtomicU64,
     /// Series row ranges read from rollups rather than samples (ADR 0007).
     pub rollup_reads: AtomicU64,
+    /// Symbol table cache lookups and misses (hit rate = 1 − misses ÷ lookups).
+    pub symbols_lookups: AtomicU64,
+    pub symbols_misses: AtomicU64,
+    /// Parquet metadata cache lookups and misses.
+    pub parquet_lookups: AtomicU64,
+    pub parquet_misses: AtomicU64,
 }
 
 /// Reads blocks. Cheap to clone.
@@ -660,8 +666,10 @@ impl QueryEngine {
         let range = block.symbols.range();
         let (tenant, id) = (block.tenant.clone(), block.id.clone());
         let counters = Arc::clone(&self.counters);
+        counters.symbols_lookups.fetch_add(1, Ordering::Relaxed);
         self.symbols
             .try_get_with(block.key(), async move {
+                counters.symbols_misses.fetch_add(1, Ordering::Relaxed);
                 let data = store.get_range(&path, range).await?;
                 counters
                     .bytes_read
@@ -684,8 +692,13 @@ impl QueryEngine {
         source: Source,
     ) -> Result<ArrowReaderMetadata> {
         let mut reader = SectionReader::new(self, block, source);
+        self.counters
+            .parquet_lookups
+            .fetch_add(1, Ordering::Relaxed);
+        let counters = Arc::clone(&self.counters);
         self.parquet
             .try_get_with((block.key(), source), async move {
+                counters.parquet_misses.fetch_add(1, Ordering::Relaxed);
                 let options =
                     ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
                 Ok::<_, Error>(ArrowReaderMetadata::load_async(&mut reader, options).await?)
