@@ -237,6 +237,7 @@ async fn report(dir: &str) {
     let rows: u64 = blocks.iter().map(|b| b.rows).sum();
     let symbols: u64 = blocks.iter().map(|b| b.symbols.size).sum();
     let samples: u64 = blocks.iter().map(|b| b.samples.size).sum();
+    let rollups: u64 = blocks.iter().map(|b| b.rollup_bytes()).sum();
     let mut objects = s.store().list("segments").await.unwrap();
     objects.extend(s.store().list("blocks").await.unwrap());
     let at_rest: u64 = objects.iter().map(|o| o.size).sum();
@@ -248,14 +249,28 @@ async fn report(dir: &str) {
     levels.sort();
     println!(
         "at rest: {} blocks (by level {levels:?}), {} objects, {rows} rows, {at_rest} bytes = {:.2} B/row \
-         (samples {:.2}, symbols {:.2}, footers and metadata {:.2})",
+         (samples {:.2}, symbols {:.2}, rollups {:.2}, footers and metadata {:.2})",
         blocks.len(),
         objects.len(),
         at_rest as f64 / rows as f64,
         samples as f64 / rows as f64,
         symbols as f64 / rows as f64,
-        (at_rest - samples - symbols) as f64 / rows as f64,
+        rollups as f64 / rows as f64,
+        (at_rest - samples - symbols - rollups) as f64 / rows as f64,
     );
+    let mut by_resolution: std::collections::BTreeMap<i64, (u64, usize)> = Default::default();
+    for r in blocks.iter().flat_map(|b| &b.rollups) {
+        let e = by_resolution.entry(r.resolution_nanos).or_default();
+        e.0 += r.section.size;
+        e.1 += 1;
+    }
+    for (resolution, (bytes, n)) in by_resolution {
+        println!(
+            "rollup {} s: {n} blocks, {:.3} B/row",
+            resolution / 1_000_000_000,
+            bytes as f64 / rows as f64
+        );
+    }
     let end = blocks.iter().map(|b| b.max_time_nanos).max().unwrap_or(T0) + 1;
     let hour = 3600 * 1_000_000_000;
     let one = r#"{service_name="service-03"}"#;
