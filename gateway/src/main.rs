@@ -4,6 +4,12 @@ use clap::Parser;
 use kiln_gateway::cli::{Cli, Command, ServeArgs};
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc instead of glibc's allocator: the ingest path allocates and frees many small
+/// objects per request, and glibc's malloc (consolidating and searching its free lists) took
+/// about a fifth of the server's CPU (docs/performance.md).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
