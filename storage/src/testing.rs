@@ -230,3 +230,19 @@ pub async fn shared_storage(
     .expect("a PostgreSQL metastore");
     Storage::with_parts(config, store, Arc::new(metastore)).expect("a storage")
 }
+
+/// The system clock in Unix milliseconds, as compaction and the sweeper take it.
+pub fn now_ms() -> u64 {
+    crate::query::now_ms()
+}
+
+/// Sample rows of every block `tenant` has, as the metastore lists them.
+pub async fn tenant_rows(s: &Storage, tenant: &str) -> u64 {
+    s.metastore()
+        .query_blocks(crate::metastore::BlockQuery::all(tenant))
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.rows)
+        .sum()
+}

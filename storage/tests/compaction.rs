@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kiln_storage::meta::{PARTITION_NANOS, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::Aggregation;
-use kiln_storage::testing::{config, config_with_clock, faulty_storage, filter, frames, profile};
+use kiln_storage::testing::{
+    config, config_with_clock, faulty_storage, filter, frames, now_ms, profile, tenant_rows,
+};
 use kiln_storage::{ErrorKind, Storage};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
@@ -115,7 +117,7 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
     );
     let segments_before = objects(&s).await;
 
-    let done = s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    let done = s.compactor().compact_all(now_ms()).await.unwrap();
     assert!(done > 0);
     let after = blocks("a").await;
     assert!(
@@ -189,18 +191,11 @@ async fn top_level_blocks_merge_with_each_other() {
     let shards = c.writer.shards as usize;
     let s = Storage::open(c).await.unwrap();
     ingest(&s, 40).await;
-    let rows_before: u64 = s
-        .metastore()
-        .query_blocks(BlockQuery::all("a"))
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.rows)
-        .sum();
+    let rows_before = tenant_rows(&s, "a").await;
     let before_a = stacks(&s, "a", "{}").await;
     let before_b = stacks(&s, "b", "{}").await;
     let series_a = series(&s, "a").await;
-    s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    s.compactor().compact_all(now_ms()).await.unwrap();
     let after = s
         .metastore()
         .query_blocks(BlockQuery::all("a"))
@@ -215,10 +210,11 @@ async fn top_level_blocks_merge_with_each_other() {
     assert!(!top.is_empty());
     assert!(top.len() <= shards, "top-level blocks: {}", top.len());
     assert!(after.len() <= 4 * shards, "blocks: {}", after.len());
-    let rows = |bs: &[std::sync::Arc<kiln_storage::meta::BlockMeta>]| -> u64 {
-        bs.iter().map(|b| b.rows).sum()
-    };
-    assert_eq!(rows(&after), rows_before, "every row kept once");
+    assert_eq!(
+        tenant_rows(&s, "a").await,
+        rows_before,
+        "every row kept once"
+    );
     assert!(
         top.iter()
             .any(|b| b.compacted_from.len() >= 2 && b.rows > 0),
@@ -235,13 +231,6 @@ async fn top_level_blocks_merge_with_each_other() {
             .any(|f| f.starts_with("parse")),
         "tenant wall"
     );
-}
-
-fn kiln_storage_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -413,7 +402,7 @@ async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
     let dir = tempfile::tempdir().unwrap();
     let s = Storage::open(config(dir.path())).await.unwrap();
     ingest(&s, 6).await;
-    s.compactor().compact_all(kiln_storage_now()).await.unwrap();
+    s.compactor().compact_all(now_ms()).await.unwrap();
     ingest(&s, 2).await;
     let want_a = stacks(&s, "a", "{}").await;
     let want_b = stacks(&s, "b", "{}").await;
@@ -423,7 +412,7 @@ async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
         .put_durable(&orphan, bytes::Bytes::from_static(b"half written"))
         .await
         .unwrap();
-    assert_eq!(s.sweep_orphans(kiln_storage_now()).await.unwrap(), 1);
+    assert_eq!(s.sweep_orphans(now_ms()).await.unwrap(), 1);
     assert!(
         s.store()
             .list("segments")

@@ -8,7 +8,7 @@ use kiln_otel::model::Labels;
 use kiln_storage::meta::PROFILE_TOTALS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, SampleFilter};
-use kiln_storage::testing::{config, filter, frames, profile_with_labels};
+use kiln_storage::testing::{config, filter, frames, now_ms, profile_with_labels};
 use kiln_storage::{Storage, StorageConfig};
 
 const SEC: i64 = 1_000_000_000;
@@ -28,13 +28,6 @@ const STACKS: [&str; 6] = [
 ];
 
 type Stacks = BTreeMap<Vec<String>, i64>;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn pod_profile(service: &str, pod: usize, step: i64) -> kiln_otel::model::NormalizedProfile {
     let pod_name = format!("{service}-{pod}");

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use kiln_storage::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::testing::{
-    config, filter, frames, postgres_database, profile, s3_location, shared_storage,
+    config, filter, frames, now_ms, postgres_database, profile, s3_location, shared_storage,
+    tenant_rows,
 };
 use kiln_storage::{Storage, StorageConfig};
 
@@ -14,13 +15,6 @@ const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITIO
 const SEC: i64 = 1_000_000_000;
 
 type Stacks = BTreeMap<Vec<String>, i64>;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 async fn stacks(s: &Storage, tenant: &str) -> Stacks {
     s.query()
@@ -158,14 +152,7 @@ async fn two_compactors_at_once_never_compact_the_same_blocks() {
     );
     let front = shared_storage(role(d1.path(), false), &pg, &s3).await;
     ingest(&front, 48).await;
-    let rows_before: u64 = front
-        .metastore()
-        .query_blocks(BlockQuery::all("a"))
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.rows)
-        .sum();
+    let rows_before = tenant_rows(&front, "a").await;
     let c1 = shared_storage(role(d2.path(), true), &pg, &s3).await;
     let c2 = shared_storage(role(d3.path(), true), &pg, &s3).await;
     let (j1, j2) = tokio::join!(
