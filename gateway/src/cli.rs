@@ -194,6 +194,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
     pub symbols_cache_bytes: u64,
 
+    /// Memory for cached partial results (the stack totals of blocks a query's range covers
+    /// whole), in bytes; 0 keeps none.
+    #[arg(long, env = "KILN_RESULTS_CACHE_BYTES", default_value_t = 64 << 20)]
+    pub results_cache_bytes: u64,
+
     /// Compact blocks in the background (levels merged by count and age).
     #[arg(long, env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub compaction: bool,
@@ -316,6 +321,7 @@ impl ServeArgs {
         c.writer.flush_interval = Duration::from_millis(self.flush_interval_ms);
         c.writer.flush_bytes = self.flush_bytes;
         c.symbols_cache_bytes = self.symbols_cache_bytes;
+        c.results_cache_bytes = self.results_cache_bytes;
         c.compaction.enabled = self.compaction && self.roles().is_ok_and(|r| r.compact);
         if let Ok(levels) = self.compaction_levels() {
             c.compaction.levels = levels;

@@ -126,17 +126,17 @@ pub async fn querier_handler(
     body: Body,
 ) -> Response {
     let querier = Querier::new(app.clone());
-    let mut warnings = Vec::new();
+    let mut report = None;
     let (name, result) = match app.authenticate(&headers, Scope::Read) {
         Err(e) => ("auth", Err(e)),
         Ok(tenant) => {
-            let (result, w) = kiln_storage::query::with_warnings(async {
+            let (result, r) = kiln_storage::query::with_options(query_options(&headers), async {
                 let _slot = app.tenants.query_slot(&tenant).await?;
                 let call = prepare(&app, &headers, body, tenant.clone()).await?;
                 Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
             })
             .await;
-            warnings = w;
+            report = Some(r);
             let (name, result) = match result {
                 Ok((name, r)) => (name, r),
                 Err(e) => ("prepare", Err(e)),
@@ -152,14 +152,47 @@ pub async fn querier_handler(
         Ok((codec, body)) => connect_ok(codec, body),
         Err(e) => connect_error(&e),
     };
-    // Partial answers say so (blocks quarantined while answering), in a header any client sees.
-    if !warnings.is_empty()
-        && let Ok(v) = header::HeaderValue::from_str(&warnings.join("; "))
-    {
-        resp.headers_mut().insert(WARNING_HEADER, v);
+    if let Some(report) = report {
+        app.metrics.query_read(name, &report.stats);
+        report_headers(resp.headers_mut(), &report);
     }
     resp
 }
+
+/// A query's options from its request headers: `Cache-Control: no-store` (or `no-cache`)
+/// answers without the partial-result cache, as HTTP caches and Cortex's query frontend do.
+pub fn query_options(headers: &HeaderMap) -> kiln_storage::query::QueryOptions {
+    let no_cache = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|d| {
+            matches!(
+                d.trim().to_ascii_lowercase().as_str(),
+                "no-store" | "no-cache"
+            )
+        });
+    kiln_storage::query::QueryOptions {
+        results_cache: !no_cache,
+    }
+}
+
+/// Puts a query's report in response headers any client sees: its warnings (partial answers
+/// say so: blocks quarantined while answering) and what it read.
+pub fn report_headers(headers: &mut HeaderMap, report: &kiln_storage::query::QueryReport) {
+    if !report.warnings.is_empty()
+        && let Ok(v) = header::HeaderValue::from_str(&report.warnings.join("; "))
+    {
+        headers.insert(WARNING_HEADER, v);
+    }
+    if let Ok(v) = header::HeaderValue::from_str(&report.stats.to_string()) {
+        headers.insert(STATS_HEADER, v);
+    }
+}
+
+/// Response header carrying what a query read ([`kiln_storage::query::QueryStats`]).
+pub const STATS_HEADER: &str = "kiln-query-stats";
 
 /// Response header carrying a query's warnings.
 pub const WARNING_HEADER: &str = "kiln-warning";

@@ -32,21 +32,39 @@ impl Grpc {
     }
 }
 
+/// A query's report in response metadata, as the Connect front end puts it in headers.
+fn report_metadata<T>(resp: &mut Response<T>, report: &kiln_storage::query::QueryReport) {
+    use tonic::metadata::MetadataValue;
+    if !report.warnings.is_empty()
+        && let Ok(v) = MetadataValue::try_from(report.warnings.join("; "))
+    {
+        resp.metadata_mut()
+            .insert(crate::connect::WARNING_HEADER, v);
+    }
+    if let Ok(v) = MetadataValue::try_from(report.stats.to_string()) {
+        resp.metadata_mut().insert(crate::connect::STATS_HEADER, v);
+    }
+}
+
 macro_rules! grpc_unary {
     ($self:ident, $req:ident, $method:ident, $name:literal) => {{
         let tenant = $self.tenant(&$req, Scope::Read)?;
-        let result = async {
+        let options = crate::connect::query_options(&$req.metadata().clone().into_headers());
+        let (result, report) = kiln_storage::query::with_options(options, async {
             let _slot = $self.app.tenants.query_slot(&tenant).await?;
             Querier::new($self.app.clone())
                 .$method(&tenant, $req.into_inner())
                 .await
-        }
+        })
         .await;
         if let Err(e) = &result {
             $self.app.metrics.refused(&tenant, e.reason());
         }
         $self.app.metrics.query($name, result.is_ok());
-        Ok(Response::new(result?))
+        $self.app.metrics.query_read($name, &report.stats);
+        let mut resp = Response::new(result?);
+        report_metadata(&mut resp, &report);
+        Ok(resp)
     }};
 }
 

@@ -8,6 +8,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
@@ -21,6 +22,11 @@ pub struct IngestLabels {
 pub struct QueryLabels {
     pub method: &'static str,
     pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +57,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     pub ingest_requests: Family<IngestLabels, Counter>,
     pub query_requests: Family<QueryLabels, Counter>,
+    /// Bytes each query read from the object store, by method (1 KiB to 256 MiB buckets).
+    pub query_read_bytes: Family<MethodLabels, Histogram>,
     pub auth_refusals: Family<ReasonLabels, Counter>,
     pub tenant_received_bytes: Family<TenantLabels, Counter>,
     pub tenant_decompressed_bytes: Family<TenantLabels, Counter>,
@@ -103,6 +111,9 @@ impl Default for Metrics {
             registry: Mutex::new(Registry::default()),
             ingest_requests: Family::default(),
             query_requests: Family::default(),
+            query_read_bytes: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1024.0, 4.0, 10))
+            }),
             auth_refusals: Family::default(),
             tenant_received_bytes: Family::default(),
             tenant_decompressed_bytes: Family::default(),
@@ -126,6 +137,11 @@ impl Default for Metrics {
             "query_requests",
             "Query requests by method and outcome",
             m.query_requests.clone(),
+        );
+        r.register(
+            "query_read_bytes",
+            "Bytes each query read from the object store, by method",
+            m.query_read_bytes.clone(),
         );
         r.register(
             "auth_refusals",
@@ -179,12 +195,12 @@ impl Default for Metrics {
         );
         r.register(
             "storage_cache_lookups",
-            "Lookups of the query caches (symbols, parquet metadata) since start-up",
+            "Lookups of the query caches (symbols, parquet metadata, partial results) since start-up",
             m.storage_cache_lookups.clone(),
         );
         r.register(
             "storage_cache_misses",
-            "Misses of the query caches (symbols, parquet metadata) since start-up",
+            "Misses of the query caches (symbols, parquet metadata, partial results) since start-up",
             m.storage_cache_misses.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
@@ -220,6 +236,13 @@ impl Metrics {
         self.query_requests
             .get_or_create(&QueryLabels { method, outcome })
             .inc();
+    }
+
+    /// Records what a query read (its [`kiln_storage::query::QueryStats`]).
+    pub fn query_read(&self, method: &'static str, stats: &kiln_storage::query::QueryStats) {
+        self.query_read_bytes
+            .get_or_create(&MethodLabels { method })
+            .observe(stats.bytes_read as f64);
     }
 
     pub fn auth_refused(&self, reason: &'static str) {

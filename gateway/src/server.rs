@@ -214,6 +214,11 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
             &counters.parquet_lookups,
             &counters.parquet_misses,
         ),
+        (
+            "partial_results",
+            &counters.results_lookups,
+            &counters.results_misses,
+        ),
     ] {
         let labels = crate::metrics::CacheLabels {
             cache: cache.into(),

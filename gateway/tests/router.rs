@@ -111,6 +111,52 @@ async fn ingest_then_query_per_tenant() {
         .unwrap();
     assert_eq!(fg.total, 40_000_000);
 
+    // What each query read is in a header: the blocks, rows and bytes from the store.
+    let stats = |resp: &axum::http::Response<Body>| -> std::collections::HashMap<String, u64> {
+        resp.headers()["kiln-query-stats"]
+            .to_str()
+            .unwrap()
+            .split(' ')
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_owned(), v.parse().unwrap())
+            })
+            .collect()
+    };
+    let resp = router
+        .clone()
+        .oneshot(flamegraph_request("team-a", false))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let a = stats(&resp);
+    // The third query of the same range: its block came from the partial-result cache.
+    assert!(a["blocks"] >= 1, "{a:?}");
+    assert_eq!(
+        (a["blocks_cached"], a["rows_read"]),
+        (a["blocks"], 0),
+        "{a:?}"
+    );
+    // `Cache-Control: no-store` reads the rows again.
+    let mut req = flamegraph_request("team-a", false);
+    req.headers_mut()
+        .insert("cache-control", "no-store".parse().unwrap());
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let fresh = stats(&resp);
+    assert_eq!(fresh["blocks_cached"], 0, "{fresh:?}");
+    assert!(fresh["rows_read"] >= 2, "{fresh:?}");
+    let resp = router
+        .clone()
+        .oneshot(flamegraph_request("team-b", false))
+        .await
+        .unwrap();
+    let b = stats(&resp);
+    assert_eq!(
+        (b["blocks"], b["bytes_read"], b["rows_read"]),
+        (0, 0, 0),
+        "{b:?}"
+    );
+
     // Another tenant sees nothing.
     let (status, body) = send(&router, flamegraph_request("team-b", false)).await;
     assert_eq!(status, StatusCode::OK);
@@ -143,6 +189,18 @@ async fn ingest_then_query_per_tenant() {
         "{lookups} {misses}"
     );
     assert!(value("kiln_storage_cache_lookups{cache=\"parquet_metadata\"}") >= 1.0);
+    // Partial results: the queries' ranges cover the block whole (it is not compacted, but
+    // whole), so the later ones were answered from the cache.
+    let results = value("kiln_storage_cache_lookups{cache=\"partial_results\"}");
+    assert!(
+        results >= 2.0 && value("kiln_storage_cache_misses{cache=\"partial_results\"}") < results
+    );
+    // Bytes read per query, by method.
+    assert!(
+        value("kiln_query_read_bytes_count{method=\"SelectMergeStacktraces\"}") >= 5.0,
+        "{metrics}"
+    );
+    assert!(value("kiln_query_read_bytes_sum{method=\"SelectMergeStacktraces\"}") > 0.0);
 }
 
 #[tokio::test]

@@ -161,25 +161,98 @@ pub struct StackValue {
     pub value: i64,
 }
 
-tokio::task_local! {
-    /// Warnings of the query running in this task (see [`with_warnings`]).
-    static WARNINGS: std::cell::RefCell<Vec<String>>;
+/// What one query did: the figures that make pruning and caching visible (returned by
+/// [`with_report`], and summed into the engine-wide [`QueryCounters`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct QueryStats {
+    /// Blocks the query read (from the store or the caches).
+    pub blocks: u64,
+    /// Blocks answered from the partial-result cache, without reading their rows.
+    pub blocks_cached: u64,
+    /// Bytes read from the object store: Parquet pages and footers, symbols.
+    pub bytes_read: u64,
+    /// Rows decoded from samples and rollups.
+    pub rows_read: u64,
+    /// Series row ranges read from rollups rather than samples (ADR 0007).
+    pub rollup_ranges: u64,
 }
 
-/// Runs a query, collecting the warnings it raised (a block quarantined and left out of the
-/// answer, say), so the caller can hand them to the client.
-pub async fn with_warnings<F: std::future::Future>(f: F) -> (F::Output, Vec<String>) {
-    WARNINGS
-        .scope(std::cell::RefCell::new(Vec::new()), async move {
+impl std::fmt::Display for QueryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "blocks={} blocks_cached={} bytes_read={} rows_read={} rollup_ranges={}",
+            self.blocks, self.blocks_cached, self.bytes_read, self.rows_read, self.rollup_ranges
+        )
+    }
+}
+
+/// What a query reported besides its answer.
+#[derive(Debug, Default, Clone)]
+pub struct QueryReport {
+    /// Partial answers say so: a block quarantined and left out of the answer, say.
+    pub warnings: Vec<String>,
+    pub stats: QueryStats,
+}
+
+/// How a query may be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryOptions {
+    /// Whether blocks the range covers whole may be answered from the partial-result cache
+    /// (and their results kept there). A client sending `Cache-Control: no-store` turns it off.
+    pub results_cache: bool,
+}
+
+impl Default for QueryOptions {
+    fn default() -> Self {
+        Self {
+            results_cache: true,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The options and report of the query running in this task (see [`with_report`]).
+    static REPORT: std::cell::RefCell<(QueryOptions, QueryReport)>;
+}
+
+/// Runs a query, collecting its warnings and [`QueryStats`] so the caller can hand them to the
+/// client. Reads outside such a scope (the compactor's) are counted only engine-wide.
+pub async fn with_report<F: std::future::Future>(f: F) -> (F::Output, QueryReport) {
+    with_options(QueryOptions::default(), f).await
+}
+
+/// [`with_report`] with `options`.
+pub async fn with_options<F: std::future::Future>(
+    options: QueryOptions,
+    f: F,
+) -> (F::Output, QueryReport) {
+    let context = (options, QueryReport::default());
+    REPORT
+        .scope(std::cell::RefCell::new(context), async move {
             let out = f.await;
-            let warnings = WARNINGS.with(|w| std::mem::take(&mut *w.borrow_mut()));
-            (out, warnings)
+            let report = REPORT.with(|r| std::mem::take(&mut r.borrow_mut().1));
+            (out, report)
         })
         .await
 }
 
+fn options() -> QueryOptions {
+    REPORT.try_with(|r| r.borrow().0).unwrap_or_default()
+}
+
 fn warn(message: String) {
-    let _ = WARNINGS.try_with(|w| w.borrow_mut().push(message));
+    let _ = REPORT.try_with(|r| r.borrow_mut().1.warnings.push(message));
+}
+
+fn count(f: impl FnOnce(&mut QueryStats)) {
+    let _ = REPORT.try_with(|r| f(&mut r.borrow_mut().1.stats));
+}
+
+/// Counts bytes read from the store, for the engine and for the query running in this task.
+fn read_bytes(counters: &QueryCounters, n: u64) {
+    counters.bytes_read.fetch_add(n, Ordering::Relaxed);
+    count(|s| s.bytes_read += n);
 }
 
 /// Counters of the read path.
@@ -197,7 +270,14 @@ pub struct QueryCounters {
     /// Parquet metadata cache lookups and misses.
     pub parquet_lookups: AtomicU64,
     pub parquet_misses: AtomicU64,
+    /// Partial-result cache lookups and misses (a block's stack totals for a set of series).
+    pub results_lookups: AtomicU64,
+    pub results_misses: AtomicU64,
 }
+
+/// Key of a block's cached partial result: the block and the selected series (indices into its
+/// series list). Blocks never change, so an entry stays true until it is evicted.
+type ResultKey = (EntryKey, Arc<[u32]>);
 
 /// Reads blocks. Cheap to clone.
 #[derive(Clone)]
@@ -207,6 +287,9 @@ pub struct QueryEngine {
     symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
     /// Parquet metadata by entry and section ([`Source`]).
     parquet: moka::future::Cache<(EntryKey, Source), ArrowReaderMetadata>,
+    /// Stack totals of whole series of a block (every sample of them), for queries whose range
+    /// covers them: the inner blocks of a long range are summed once, not per query.
+    results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
     counters: Arc<QueryCounters>,
 }
 
@@ -257,9 +340,7 @@ impl AsyncFileReader for SectionReader {
                 .get_range(&self.path, r)
                 .await
                 .map_err(external)?;
-            self.counters
-                .bytes_read
-                .fetch_add(b.len() as u64, Ordering::Relaxed);
+            read_bytes(&self.counters, b.len() as u64);
             Ok(b)
         }
         .boxed()
@@ -284,9 +365,7 @@ impl AsyncFileReader for SectionReader {
                     })
                 })?;
             let n: usize = out.iter().map(Bytes::len).sum();
-            self.counters
-                .bytes_read
-                .fetch_add(n as u64, Ordering::Relaxed);
+            read_bytes(&self.counters, n as u64);
             Ok(out)
         }
         .boxed()
@@ -461,9 +540,14 @@ fn coalesce(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
 }
 
 impl QueryEngine {
-    /// A query engine over `store`, with caches of about `cache_bytes` for symbols and Parquet
-    /// metadata.
-    pub fn new(store: ObjectStorage, metastore: Arc<dyn Metastore>, cache_bytes: u64) -> Self {
+    /// A query engine over `store`, with caches of about `cache_bytes` for symbols (and a quarter
+    /// of it for Parquet metadata) and `results_bytes` for partial results (0: none kept).
+    pub fn new(
+        store: ObjectStorage,
+        metastore: Arc<dyn Metastore>,
+        cache_bytes: u64,
+        results_bytes: u64,
+    ) -> Self {
         let symbols = moka::future::Cache::builder()
             .weigher(|_: &EntryKey, t: &Arc<SymbolTable>| {
                 u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
@@ -476,11 +560,19 @@ impl QueryEngine {
             })
             .max_capacity(cache_bytes / 4)
             .build();
+        let results = moka::future::Cache::builder()
+            .weigher(|k: &ResultKey, v: &Arc<[StackValue]>| {
+                let bytes = std::mem::size_of_val(&**v) + 4 * k.1.len() + 128;
+                u32::try_from(bytes).unwrap_or(u32::MAX)
+            })
+            .max_capacity(results_bytes)
+            .build();
         Self {
             store,
             metastore,
             symbols,
             parquet,
+            results,
             counters: Arc::new(QueryCounters::default()),
         }
     }
@@ -647,9 +739,7 @@ impl QueryEngine {
             .store
             .get_range(&block.path(), block.symbols.range())
             .await?;
-        self.counters
-            .bytes_read
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        read_bytes(&self.counters, data.len() as u64);
         SymbolTable::decode(&data)
             .map(Arc::new)
             .map_err(|reason| Error::Corrupt {
@@ -671,9 +761,7 @@ impl QueryEngine {
             .try_get_with(block.key(), async move {
                 counters.symbols_misses.fetch_add(1, Ordering::Relaxed);
                 let data = store.get_range(&path, range).await?;
-                counters
-                    .bytes_read
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                read_bytes(&counters, data.len() as u64);
                 SymbolTable::decode(&data)
                     .map(Arc::new)
                     .map_err(|reason| Error::Corrupt {
@@ -734,9 +822,9 @@ impl QueryEngine {
             return Ok(());
         }
         if source != Source::Samples {
-            self.counters
-                .rollup_reads
-                .fetch_add(ranges.len() as u64, Ordering::Relaxed);
+            let n = ranges.len() as u64;
+            self.counters.rollup_reads.fetch_add(n, Ordering::Relaxed);
+            count(|s| s.rollup_ranges += n);
         }
         let metadata = self.parquet_metadata(block, source).await?;
         let ranges = coalesce(
@@ -763,6 +851,7 @@ impl QueryEngine {
         .with_batch_size(BATCH_ROWS)
         .build()?;
         while let Some(batch) = stream.try_next().await? {
+            count(|s| s.rows_read += batch.num_rows() as u64);
             f(&batch)?;
         }
         Ok(())
@@ -816,6 +905,8 @@ impl QueryEngine {
             .await?;
         self.symbols.invalidate(&block.key()).await;
         let key = block.key();
+        // Partial results of the block name it by key; it is out of the index now, so they are
+        // never looked up again and age out.
         self.parquet
             .invalidate(&(key.clone(), Source::Samples))
             .await;
@@ -851,10 +942,11 @@ impl QueryEngine {
         let columns = &columns;
         let mut scans = futures::stream::iter(blocks)
             .map(|(block, series)| async move {
+                count(|s| s.blocks += 1);
                 let result = async {
                     let symbols = self.symbols(&block).await?;
                     let values = self
-                        .block_stacks(&block, &series, filter, columns, with_labels)
+                        .cached_block_stacks(&block, series, filter, columns, with_labels)
                         .await?;
                     Ok::<_, Error>((symbols, values))
                 }
@@ -871,6 +963,53 @@ impl QueryEngine {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::block_stacks`], from the partial-result cache when the query takes every sample
+    /// of the selected series (its range covers them, no span, trace or label split).
+    async fn cached_block_stacks(
+        &self,
+        block: &BlockMeta,
+        series: Vec<u32>,
+        filter: &SampleFilter,
+        columns: &[usize],
+        with_labels: bool,
+    ) -> Result<Arc<[StackValue]>> {
+        let whole = !with_labels
+            && filter.span_ids.is_empty()
+            && filter.trace_ids.is_empty()
+            && self.results.policy().max_capacity() != Some(0)
+            && options().results_cache
+            && series.iter().all(|&i| {
+                let s = &block.series[i as usize];
+                filter.start_nanos <= s.min_time_nanos && s.max_time_nanos < filter.end_nanos
+            });
+        if !whole {
+            return Ok(self
+                .block_stacks(block, &series, filter, columns, with_labels)
+                .await?
+                .into());
+        }
+        self.counters
+            .results_lookups
+            .fetch_add(1, Ordering::Relaxed);
+        let computed = std::sync::atomic::AtomicBool::new(false);
+        let key: ResultKey = (block.key(), series.into());
+        let values = self
+            .results
+            .try_get_with_by_ref(&key, async {
+                computed.store(true, Ordering::Relaxed);
+                self.counters.results_misses.fetch_add(1, Ordering::Relaxed);
+                self.block_stacks(block, &key.1, filter, columns, with_labels)
+                    .await
+                    .map(Arc::from)
+            })
+            .await
+            .map_err(unshare)?;
+        if !computed.load(Ordering::Relaxed) {
+            count(|s| s.blocks_cached += 1);
+        }
+        Ok(values)
     }
 
     async fn block_stacks(
@@ -1104,6 +1243,7 @@ impl QueryEngine {
         let per_block: Vec<Option<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> =
             futures::stream::iter(blocks)
                 .map(|(block, series)| async move {
+                    count(|s| s.blocks += 1);
                     let mut cells: Vec<(Cell, i64)> = Vec::new();
                     let pos = |c: usize| columns.iter().position(|&x| x == c);
                     // Profile totals answer exactly when no span or trace is asked about.

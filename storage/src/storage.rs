@@ -33,6 +33,9 @@ pub struct StorageConfig {
     pub writer: WriterConfig,
     /// Memory for cached symbol tables (and a quarter of it for Parquet metadata).
     pub symbols_cache_bytes: u64,
+    /// Memory for cached partial results: the stack totals of blocks a query's range covers
+    /// whole (0: none kept).
+    pub results_cache_bytes: u64,
     pub compaction: CompactionConfig,
     /// How long an object that lost its last metastore entry stays readable before deletion
     /// (queries that looked it up just before still finish).
@@ -52,6 +55,7 @@ impl StorageConfig {
             metastore: None,
             writer: WriterConfig::default(),
             symbols_cache_bytes: 256 << 20,
+            results_cache_bytes: 64 << 20,
             compaction: CompactionConfig::default(),
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
@@ -156,6 +160,7 @@ impl Storage {
             store.clone(),
             Arc::clone(&metastore),
             config.symbols_cache_bytes,
+            config.results_cache_bytes,
         );
         let compactor = Arc::new(Compactor::new(
             config.compaction.clone(),

@@ -8,7 +8,7 @@ use kiln_otel::model::Labels;
 use kiln_storage::meta::PROFILE_TOTALS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, SampleFilter};
-use kiln_storage::testing::{config, filter, frames, now_ms, profile_with_labels};
+use kiln_storage::testing::{config, filter, frames, now_ms, profile_with_labels, tenant_rows};
 use kiln_storage::{Storage, StorageConfig};
 
 const SEC: i64 = 1_000_000_000;
@@ -200,4 +200,114 @@ async fn a_span_filter_reads_the_samples() {
         s.query().counters().rollup_reads.load(Ordering::Relaxed),
         before
     );
+}
+
+/// Per-query stats make pruning and caching visible: a short range reads fewer bytes than a long
+/// one, and blocks a range covers whole are summed once, then answered from the partial-result
+/// cache with the same tree and no rows read. Tenant b never gets a's cached results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_stats_show_pruning_and_the_partial_result_cache() {
+    use kiln_storage::query::{QueryStats, with_report};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    ingest(&s).await;
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    s.close().await;
+    drop(s);
+
+    let all = (T0 - 24 * HOUR, T0 + 24 * HOUR);
+    let short = (T0 + HOUR + 7 * MIN, T0 + HOUR + 9 * MIN);
+    let flame = |s: &Storage, tenant: &'static str, selector: &'static str, w: (i64, i64)| {
+        let q = s.query().clone();
+        async move {
+            let (tree, report) =
+                with_report(q.merge_tree(&window_filter(tenant, selector, w))).await;
+            assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+            (tree.unwrap().stacks(), report.stats)
+        }
+    };
+
+    // Pruning, on fresh caches: a two-minute range reads a few pages of the samples, the whole
+    // range reads rollups; both far fewer rows than tenant a holds, and less than its objects.
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    let rows = tenant_rows(&s, "a").await;
+    let blocks = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    let object_bytes: u64 = blocks.iter().map(|b| b.object_size).sum();
+    let (short_tree, short_stats) = flame(&s, "a", "{}", short).await;
+    assert!(!short_tree.is_empty());
+    assert!(
+        short_stats.rows_read > 0 && short_stats.rows_read * 4 < rows,
+        "{short_stats:?} of {rows} rows"
+    );
+    assert!(short_stats.bytes_read > 0 && short_stats.bytes_read < object_bytes);
+    assert_eq!(
+        short_stats.rollup_ranges, 0,
+        "a range within one bucket reads samples"
+    );
+    s.close().await;
+    drop(s);
+    let s = Storage::open(rollup_config(dir.path())).await.unwrap();
+    let (all_tree, cold) = flame(&s, "a", "{}", all).await;
+    assert_eq!(cold.blocks, blocks.len() as u64);
+    assert_eq!(cold.blocks_cached, 0);
+    assert!(cold.rollup_ranges > 0 && cold.rows_read > 0 && cold.rows_read * 4 < rows);
+    assert!(
+        cold.bytes_read > 0 && cold.bytes_read < object_bytes,
+        "{cold:?}"
+    );
+
+    // Again: every block is covered whole, so every one comes from the cache.
+    let (again, warm) = flame(&s, "a", "{}", all).await;
+    assert_eq!(again, all_tree);
+    assert_eq!(
+        warm,
+        QueryStats {
+            blocks: cold.blocks,
+            blocks_cached: cold.blocks,
+            ..QueryStats::default()
+        }
+    );
+    let c = s.query().counters();
+    assert_eq!(
+        c.results_lookups.load(Ordering::Relaxed),
+        2 * cold.blocks,
+        "one lookup per block and query"
+    );
+    assert_eq!(c.results_misses.load(Ordering::Relaxed), cold.blocks);
+
+    // Another selection of the same blocks is its own entry, and equals what the samples say.
+    let (pod, pod_stats) = flame(&s, "a", r#"{pod="api-1"}"#, all).await;
+    assert_eq!(pod_stats.blocks_cached, 0);
+    assert!(!pod.is_empty() && pod != all_tree);
+
+    // Tenant wall: b's query over the same range reads b's blocks only, none of a's results.
+    let (b_api, b_stats) = flame(&s, "b", r#"{service_name="api"}"#, all).await;
+    assert!(b_api.is_empty());
+    assert_eq!(b_stats.blocks_cached, 0);
+    let (b_all, _) = flame(&s, "b", "{}", all).await;
+    let (b_again, b_warm) = flame(&s, "b", "{}", all).await;
+    assert_eq!(b_all, b_again);
+    assert!(b_warm.blocks_cached > 0);
+    assert_ne!(b_all, all_tree);
+
+    // A range that cuts a block is computed each time, not cached.
+    let (_, cut) = flame(&s, "a", "{}", short).await;
+    assert_eq!(cut.blocks_cached, 0);
+    assert!(cut.rows_read > 0);
+    s.close().await;
+    drop(s);
+
+    // With the cache off, nothing is kept.
+    let mut c = rollup_config(dir.path());
+    c.results_cache_bytes = 0;
+    let s = Storage::open(c).await.unwrap();
+    let _ = flame(&s, "a", "{}", all).await;
+    let (off, off_stats) = flame(&s, "a", "{}", all).await;
+    assert_eq!(off, all_tree);
+    assert_eq!(off_stats.blocks_cached, 0);
+    assert!(off_stats.rows_read > 0);
 }

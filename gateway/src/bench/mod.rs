@@ -11,6 +11,7 @@
 
 pub mod workload;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -120,6 +121,15 @@ fn timing(mut ms: Vec<f64>) -> Timing {
     }
 }
 
+/// Bytes a query read from the object store (its `kiln-query-stats`): on its first run (cold
+/// caches), the median of later runs without the partial-result cache, and with it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QueryRead {
+    pub cold: u64,
+    pub warm: u64,
+    pub cached: u64,
+}
+
 /// What `kiln bench` measured of Kiln.
 #[derive(Debug, Clone, Serialize)]
 pub struct KilnResults {
@@ -144,6 +154,10 @@ pub struct KilnResults {
     pub flame_30d: Timing,
     pub series_12h: Timing,
     pub label_values: Timing,
+    /// The same queries answered with the partial-result cache, by query.
+    pub cached: BTreeMap<String, Timing>,
+    /// Bytes each query read from the object store, by query.
+    pub reads: BTreeMap<String, QueryRead>,
     /// Flame graph totals (1 h, 12 h, 1 h unaligned) and what the workload sent for the same
     /// windows.
     pub totals: [(i64, i64); 3],
@@ -459,23 +473,33 @@ async fn bench_kiln(
     let compaction_seconds = started.elapsed().as_secs_f64();
     let bytes_at_rest = dir_bytes(&server.data.join("objects"));
 
-    let call = |path: &'static str, body: Vec<u8>| {
+    // Returns the answer and the bytes the server read for it (its `kiln-query-stats`).
+    let call = |path: &'static str, body: Vec<u8>, cache: bool| {
         let (http, url) = (http.clone(), format!("{}{path}", server.url));
         async move {
-            let resp = http
-                .post(url)
-                .header("content-type", "application/proto")
-                .body(body)
-                .send()
-                .await?;
+            let mut req = http.post(url).header("content-type", "application/proto");
+            if !cache {
+                req = req.header("cache-control", "no-store");
+            }
+            let resp = req.body(body).send().await?;
             let status = resp.status();
+            let read = resp
+                .headers()
+                .get("kiln-query-stats")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| {
+                    v.split(' ')
+                        .find_map(|kv| kv.strip_prefix("bytes_read="))
+                        .and_then(|n| n.parse::<u64>().ok())
+                })
+                .unwrap_or(0);
             let body = resp.bytes().await?;
             ensure!(
                 status.is_success(),
                 "{path}: {status}: {}",
                 String::from_utf8_lossy(&body)
             );
-            Ok::<_, anyhow::Error>(body)
+            Ok::<_, anyhow::Error>((body, read))
         }
     };
     let ms = |ns: i64| ns / 1_000_000;
@@ -541,24 +565,48 @@ async fn bench_kiln(
             .encode_to_vec(),
         ),
     ];
-    let bar = progress((queries.len() * args.runs) as u64, "queries");
+    // Each query `runs` times without the partial-result cache (the engine against the peers,
+    // which keep no results either; the first run is cold), then `runs` times with it (a
+    // dashboard refreshing the same range).
+    let bar = progress((2 * queries.len() * args.runs) as u64, "queries");
     let mut timings = Vec::new();
+    let mut cached = Vec::new();
+    let mut reads = BTreeMap::new();
     let mut totals = [(0i64, 0i64); 3];
-    for (i, (_, path, body)) in queries.iter().enumerate() {
-        let mut runs = Vec::with_capacity(args.runs);
-        for _ in 0..args.runs {
-            let t = Instant::now();
-            let answer = call(path, body.clone()).await?;
-            runs.push(t.elapsed().as_secs_f64() * 1000.0);
-            if i < 3 {
-                let fg = q::SelectMergeStacktracesResponse::decode(answer)?
-                    .flamegraph
-                    .unwrap_or_default();
-                totals[i] = (fg.total, sent_totals[i]);
+    for (i, (name, path, body)) in queries.iter().enumerate() {
+        let mut read = QueryRead::default();
+        for cache in [false, true] {
+            let mut runs = Vec::with_capacity(args.runs);
+            let mut bytes = Vec::with_capacity(args.runs);
+            for _ in 0..args.runs {
+                let t = Instant::now();
+                let (answer, n) = call(path, body.clone(), cache).await?;
+                runs.push(t.elapsed().as_secs_f64() * 1000.0);
+                bytes.push(n);
+                if i < 3 {
+                    let fg = q::SelectMergeStacktracesResponse::decode(answer)?
+                        .flamegraph
+                        .unwrap_or_default();
+                    ensure!(
+                        totals[i].0 == 0 || totals[i].0 == fg.total,
+                        "{name}: the total changed between runs"
+                    );
+                    totals[i] = (fg.total, sent_totals[i]);
+                }
+                bar.inc(1);
             }
-            bar.inc(1);
+            if cache {
+                cached.push(timing(runs));
+                bytes.sort_unstable();
+                read.cached = bytes[bytes.len() / 2];
+            } else {
+                timings.push(timing(runs));
+                read.cold = bytes[0];
+                bytes.sort_unstable();
+                read.warm = bytes[bytes.len() / 2];
+            }
         }
-        timings.push(timing(runs));
+        reads.insert((*name).to_owned(), read);
     }
     bar.finish_and_clear();
     for (name, (got, sent)) in ["1 h", "12 h", "1 h unaligned"].iter().zip(totals) {
@@ -595,6 +643,12 @@ async fn bench_kiln(
         flame_30d: timings[3],
         series_12h: timings[4],
         label_values: timings[5],
+        cached: queries
+            .iter()
+            .zip(cached)
+            .map(|((name, _, _), t)| ((*name).to_owned(), t))
+            .collect(),
+        reads,
         totals,
     })
 }
@@ -652,6 +706,14 @@ fn run_peers(args: &BenchArgs, dir: &Path, shape: &Shape) -> anyhow::Result<serd
         out.status
     );
     serde_json::from_slice(&out.stdout).context("bench/peers.py printed no JSON")
+}
+
+fn fmt_bytes(n: u64) -> String {
+    match n {
+        0..1_000 => format!("{n} B"),
+        1_000..1_000_000 => format!("{:.1} kB", n as f64 / 1e3),
+        _ => format!("{:.1} MB", n as f64 / 1e6),
+    }
 }
 
 fn fmt_ms(t: Timing) -> String {
@@ -712,6 +774,19 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
     );
     println!("| ack latency p50 / p99 | {} | — | — | |", fmt_ms(k.ack));
     println!("| server peak RSS | {:.0} MiB | — | — | |", k.peak_rss_mib);
+    println!(
+        "\n| query | read from the store: first run / later runs | with the partial-result cache (p50 / p99) | read |"
+    );
+    println!("|---|---|---|---|");
+    for (name, read) in &k.reads {
+        println!(
+            "| {name} | {} / {} | {} | {} |",
+            fmt_bytes(read.cold),
+            fmt_bytes(read.warm),
+            k.cached.get(name).map_or("—".to_owned(), |t| fmt_ms(*t)),
+            fmt_bytes(read.cached),
+        );
+    }
     println!(
         "\n{} profiles, {} sample rows, {:.1} MB of pprof in {:.1} s ({:.1} s of server CPU); \
          compaction caught up {:.1} s later: {} blocks, {} bytes at rest. Flame graphs with \
