@@ -94,6 +94,10 @@ impl Kiln {
             "--flush-interval-ms".into(),
             "50".into(),
         ];
+        // Kiln's own profiles would land beside each test's data; a test that wants them says so.
+        if !flags.iter().any(|f| f.starts_with("--self-profile")) {
+            args.push("--self-profile=false".into());
+        }
         args.extend(flags.iter().map(|s| s.to_string()));
         let mut k = Self {
             child: None,

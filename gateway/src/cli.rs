@@ -237,6 +237,19 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
     pub retention_interval_secs: u64,
 
+    /// Kiln samples its own CPU and writes it, every `--self-profile-interval-secs`, as
+    /// `service_name="kiln"` into `--self-profile-tenant` (`false` turns it off).
+    #[arg(long, env = "KILN_SELF_PROFILE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub self_profile: bool,
+
+    /// The tenant Kiln's own profiles go to (by default the one `--auth none` serves).
+    #[arg(long, env = "KILN_SELF_PROFILE_TENANT", default_value = crate::tenant::ANONYMOUS)]
+    pub self_profile_tenant: String,
+
+    /// Seconds of samples in each of Kiln's own profiles.
+    #[arg(long, env = "KILN_SELF_PROFILE_INTERVAL_SECS", default_value_t = 10)]
+    pub self_profile_interval_secs: u64,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "KILN_LOG", default_value = "info")]
     pub log: String,
@@ -457,6 +470,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         app.storage.spawn_upkeep(
             Duration::from_millis(args.upkeep_interval_ms.max(10)),
             Duration::from_secs(args.orphan_sweep_interval_secs.max(1)),
+        );
+    }
+    // Profiles are written through this process's own writer, which runs with the ingest role.
+    if args.self_profile && app.roles.ingest {
+        crate::self_profile::spawn(
+            Arc::clone(&app),
+            crate::self_profile::SelfProfile {
+                tenant: args.self_profile_tenant.clone(),
+                interval: Duration::from_secs(args.self_profile_interval_secs.max(1)),
+                labels: vec![("instance".into(), args.listen.to_string())],
+            },
         );
     }
     crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;

@@ -24,6 +24,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod otlp;
 pub mod querier;
+pub mod self_profile;
 pub mod server;
 pub mod tenant;
 pub mod tenants;

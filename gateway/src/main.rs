@@ -30,8 +30,14 @@ async fn main() -> anyhow::Result<()> {
         }
         None => ServeArgs::default(),
     };
+    // The self-profiler logs each start and stop at info; a filter that names `pprof` decides.
+    let filter = if args.log.contains("pprof") {
+        args.log.clone()
+    } else {
+        format!("{},pprof=warn", args.log)
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&args.log).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     kiln_gateway::cli::serve(args).await

@@ -13,4 +13,5 @@ mod limits;
 mod otlp;
 mod restart;
 mod scale_out;
+mod self_profile;
 mod spans;

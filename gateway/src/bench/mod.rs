@@ -291,6 +291,8 @@ impl Server {
                 // The bench measures the engine, not the tenant's rate limit.
                 "--ingest-rate-bytes",
                 "0",
+                // Its own profiles would add rows to the tenant the bench counts.
+                "--self-profile=false",
                 "--log",
                 "warn",
             ])
