@@ -112,16 +112,12 @@ async fn ingest_then_query_per_tenant() {
     assert_eq!(fg.total, 40_000_000);
 
     // What each query read is in a header: the blocks, rows and bytes from the store.
-    let stats = |resp: &axum::http::Response<Body>| -> std::collections::HashMap<String, u64> {
+    let stats = |resp: &axum::http::Response<Body>| -> kiln_storage::query::QueryStats {
         resp.headers()["kiln-query-stats"]
             .to_str()
             .unwrap()
-            .split(' ')
-            .map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap();
-                (k.to_owned(), v.parse().unwrap())
-            })
-            .collect()
+            .parse()
+            .unwrap()
     };
     let resp = router
         .clone()
@@ -131,31 +127,23 @@ async fn ingest_then_query_per_tenant() {
     assert_eq!(resp.status(), StatusCode::OK);
     let a = stats(&resp);
     // The third query of the same range: its block came from the partial-result cache.
-    assert!(a["blocks"] >= 1, "{a:?}");
-    assert_eq!(
-        (a["blocks_cached"], a["rows_read"]),
-        (a["blocks"], 0),
-        "{a:?}"
-    );
+    assert!(a.blocks >= 1, "{a:?}");
+    assert_eq!((a.blocks_cached, a.rows_read), (a.blocks, 0), "{a:?}");
     // `Cache-Control: no-store` reads the rows again.
     let mut req = flamegraph_request("team-a", false);
     req.headers_mut()
         .insert("cache-control", "no-store".parse().unwrap());
     let resp = router.clone().oneshot(req).await.unwrap();
     let fresh = stats(&resp);
-    assert_eq!(fresh["blocks_cached"], 0, "{fresh:?}");
-    assert!(fresh["rows_read"] >= 2, "{fresh:?}");
+    assert_eq!(fresh.blocks_cached, 0, "{fresh:?}");
+    assert!(fresh.rows_read >= 2, "{fresh:?}");
     let resp = router
         .clone()
         .oneshot(flamegraph_request("team-b", false))
         .await
         .unwrap();
     let b = stats(&resp);
-    assert_eq!(
-        (b["blocks"], b["bytes_read"], b["rows_read"]),
-        (0, 0, 0),
-        "{b:?}"
-    );
+    assert_eq!((b.blocks, b.bytes_read, b.rows_read), (0, 0, 0), "{b:?}");
 
     // Another tenant sees nothing.
     let (status, body) = send(&router, flamegraph_request("team-b", false)).await;

@@ -187,6 +187,33 @@ impl std::fmt::Display for QueryStats {
     }
 }
 
+impl std::str::FromStr for QueryStats {
+    type Err = String;
+
+    /// Reads what [`Display`](std::fmt::Display) writes (the `kiln-query-stats` header); names
+    /// it does not know are skipped, so a newer server's header still reads.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut out = Self::default();
+        for pair in s.split_whitespace() {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not name=value"))?;
+            let value: u64 = value
+                .parse()
+                .map_err(|e| format!("{name}: {value:?}: {e}"))?;
+            match name {
+                "blocks" => out.blocks = value,
+                "blocks_cached" => out.blocks_cached = value,
+                "bytes_read" => out.bytes_read = value,
+                "rows_read" => out.rows_read = value,
+                "rollup_ranges" => out.rollup_ranges = value,
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// What a query reported besides its answer.
 #[derive(Debug, Default, Clone)]
 pub struct QueryReport {
@@ -1502,6 +1529,27 @@ fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[Stack
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_stats_read_back_what_they_write() {
+        let stats = QueryStats {
+            blocks: 3,
+            blocks_cached: 2,
+            bytes_read: 48_211,
+            rows_read: 9_000,
+            rollup_ranges: 16,
+        };
+        assert_eq!(stats.to_string().parse::<QueryStats>(), Ok(stats));
+        assert_eq!(
+            "blocks=1 newer_field=7".parse::<QueryStats>(),
+            Ok(QueryStats {
+                blocks: 1,
+                ..QueryStats::default()
+            })
+        );
+        assert!("blocks".parse::<QueryStats>().is_err());
+        assert!("blocks=x".parse::<QueryStats>().is_err());
+    }
 
     #[test]
     fn coalesce_merges_touching_ranges() {

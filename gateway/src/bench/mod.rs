@@ -487,14 +487,10 @@ async fn bench_kiln(
             let status = resp.status();
             let read = resp
                 .headers()
-                .get("kiln-query-stats")
+                .get(crate::connect::STATS_HEADER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| {
-                    v.split(' ')
-                        .find_map(|kv| kv.strip_prefix("bytes_read="))
-                        .and_then(|n| n.parse::<u64>().ok())
-                })
-                .unwrap_or(0);
+                .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
+                .map_or(0, |s| s.bytes_read);
             let body = resp.bytes().await?;
             ensure!(
                 status.is_success(),
