@@ -21,6 +21,9 @@ pub enum ErrorKind {
 pub enum Error {
     #[error("invalid query: {0}")]
     InvalidQuery(String),
+    /// A write the engine refuses as a whole (nothing of it is stored).
+    #[error("{0}")]
+    InvalidWrite(String),
     #[error("object store error at {path}: {source}")]
     ObjectStore {
         path: String,
@@ -77,7 +80,7 @@ impl Error {
     /// The kind of failure.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidQuery(_) => ErrorKind::InvalidInput,
+            Self::InvalidQuery(_) | Self::InvalidWrite(_) => ErrorKind::InvalidInput,
             Self::ObjectStore { source, .. } => match source {
                 object_store::Error::NotFound { .. } => ErrorKind::Internal,
                 _ => ErrorKind::Unavailable,

@@ -20,6 +20,32 @@ use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
 use crate::{Error, ErrorKind, Result};
 
+/// The earliest time a profile or sample may carry: 2000-01-01T00:00:00Z.
+pub const MIN_TIME_NANOS: i64 = 946_684_800_000_000_000;
+/// How far past now a profile or sample may reach (agents' clocks run ahead of Kiln's).
+pub const MAX_FUTURE_NANOS: i64 = 24 * 3600 * 1_000_000_000;
+
+/// Refuses a write whose profile or sample times fall outside
+/// `[MIN_TIME_NANOS, now + MAX_FUTURE_NANOS]`: such data could be stored but never queried (a
+/// query's range is milliseconds up to about now), so it must not be acknowledged.
+pub fn check_times(profiles: &[NormalizedProfile], now_nanos: i64) -> Result<()> {
+    let max = now_nanos.saturating_add(MAX_FUTURE_NANOS);
+    let bad = |t: i64| !(MIN_TIME_NANOS..=max).contains(&t);
+    for s in profiles.iter().flat_map(|p| &p.series) {
+        let sample = s
+            .samples
+            .iter()
+            .map(|x| x.timestamp_nanos)
+            .find(|&t| t != 0 && bad(t));
+        if let Some(t) = sample.or(bad(s.time_nanos).then_some(s.time_nanos)) {
+            return Err(Error::InvalidWrite(format!(
+                "time {t} ns is outside the range Kiln accepts (2000-01-01 to a day from now)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Writer settings.
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
@@ -109,6 +135,7 @@ impl Writer {
     /// Writes profiles of one request and waits until all are durable. They land in the same
     /// block, so they are stored all together or not at all.
     pub async fn write(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
+        check_times(&profiles, crate::query::now_ms() as i64 * 1_000_000)?;
         let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
             return Ok(());
         };

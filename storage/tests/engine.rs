@@ -300,3 +300,62 @@ async fn per_sample_labels_reach_pprof_output() {
         30_000_000
     );
 }
+
+/// A write with a time no query can reach (before 2000, past a day from now, or a sample's own
+/// time out of range) is refused as invalid, and nothing of it is stored; good writes around it are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_outside_the_accepted_range_are_refused_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    s.write("acme", profile("api.cpu", "main;ok 1", T0, 0))
+        .await
+        .unwrap();
+    let week = 7 * 24 * 3600 * 1_000_000_000;
+    let now = kiln_storage::testing::now_ms() as i64 * 1_000_000;
+    let mut late_sample = profile("api.cpu", "main;late 1", T0, 0);
+    late_sample.series[0].samples[0].timestamp_nanos = now + week;
+    for (what, p) in [
+        ("i64::MAX", profile("api.cpu", "main;max 1", i64::MAX, 0)),
+        (
+            "1970",
+            profile("api.cpu", "main;old 1", 86_400_000_000_000, 0),
+        ),
+        (
+            "a week ahead",
+            profile("api.cpu", "main;ahead 1", now + week, 0),
+        ),
+        ("a sample a week ahead", late_sample),
+    ] {
+        let e = s.write("acme", p).await.expect_err(what);
+        assert!(e.is_invalid_input(), "{what}: {e}");
+        assert!(e.to_string().contains("outside the range"), "{what}: {e}");
+    }
+    // Within a day ahead is accepted (agents' clocks run ahead).
+    s.write(
+        "acme",
+        profile("api.cpu", "main;soon 1", now + 3_600_000_000_000, 0),
+    )
+    .await
+    .unwrap();
+    let all = SampleFilter {
+        start_nanos: 0,
+        end_nanos: now + 2 * week,
+        ..filter("acme", "{}")
+    };
+    let got = stacks(&s, &all).await;
+    assert_eq!(
+        got.keys().map(|k| k.join(";")).collect::<Vec<_>>(),
+        ["main;ok", "main;soon"]
+    );
+    assert!(
+        stacks(
+            &s,
+            &SampleFilter {
+                tenant: "other".into(),
+                ..all
+            }
+        )
+        .await
+        .is_empty()
+    );
+}

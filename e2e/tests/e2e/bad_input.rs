@@ -184,6 +184,37 @@ fn bad_input_is_refused_clearly_and_nothing_is_lost() -> Result<()> {
             400,
             "is not a time",
         ),
+        (
+            "time past what a query can reach",
+            "name=app.cpu&from=9223372036854775807".into(),
+            b"a;b 1".to_vec(),
+            vec![],
+            400,
+            "outside the range Kiln accepts",
+        ),
+        (
+            "time before 2000",
+            "name=app.cpu&from=86400".into(),
+            b"a;b 1".to_vec(),
+            vec![],
+            400,
+            "outside the range Kiln accepts",
+        ),
+        (
+            "time a week from now",
+            format!(
+                "name=app.cpu&from={}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs()
+                    + 7 * 24 * 3600
+            ),
+            b"a;b 1".to_vec(),
+            vec![],
+            400,
+            "outside the range Kiln accepts",
+        ),
     ];
     for (what, query, body, headers, want, needle) in cases {
         let (status, text) = kiln.ingest(tenant, &query, body, &headers)?;
