@@ -24,6 +24,16 @@ async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
     Ok(app.metrics.usage(tenant, stored))
 }
 
+/// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
+/// the background (`cli`), so a `/metrics` scrape costs the same whatever the tenant count.
+pub async fn refresh_stored_bytes(app: &AppRef) -> Result<(), ApiError> {
+    for t in app.storage.metastore().tenants().await? {
+        let bytes = app.storage.stored_bytes(&t).await?;
+        app.metrics.set_stored_bytes(&t, bytes);
+    }
+    Ok(())
+}
+
 async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {
     let mut all: BTreeSet<String> = app
         .storage

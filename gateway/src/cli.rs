@@ -394,7 +394,11 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     Ok(Arc::new(app))
 }
 
-/// Background upkeep: reload keys and tenant limits on change or SIGHUP, run retention.
+/// How often the `kiln_tenant_stored_bytes` gauges are refreshed from the metastore.
+const STORED_BYTES_REFRESH: Duration = Duration::from_secs(30);
+
+/// Background upkeep: reload keys and tenant limits on change or SIGHUP, refresh stored bytes,
+/// run retention.
 fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
     let reload = {
         let app = Arc::clone(&app);
@@ -439,6 +443,16 @@ fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
         };
         while hup.recv().await.is_some() {
             reload("SIGHUP", true);
+        }
+    });
+    let metered = Arc::clone(&app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
+        loop {
+            tick.tick().await;
+            if let Err(e) = crate::admin::refresh_stored_bytes(&metered).await {
+                warn!(error = %e.message, "stored bytes not refreshed; retrying at the next interval");
+            }
         }
     });
     if !app.roles.compact {

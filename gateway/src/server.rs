@@ -232,13 +232,8 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
             .get_or_create(&labels)
             .set(get(misses));
     }
-    if let Ok(tenants) = app.storage.metastore().tenants().await {
-        for t in tenants {
-            if let Ok(bytes) = app.storage.stored_bytes(&t).await {
-                app.metrics.set_stored_bytes(&t, bytes);
-            }
-        }
-    }
+    // Stored bytes per tenant come from the background refresh
+    // (`admin::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
     (
         [(
             header::CONTENT_TYPE,

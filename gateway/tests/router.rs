@@ -598,3 +598,45 @@ async fn a_full_metastore_disk_is_answered_503_and_ingest_recovers() {
         "only the acknowledged write is stored"
     );
 }
+
+/// A `/metrics` scrape reads gauges only: stored bytes per tenant appear once the background
+/// refresh has run, not because a scrape scanned the metastore.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_does_not_scan_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StorageConfig::new(dir.path());
+    config.writer.flush_interval = std::time::Duration::from_millis(10);
+    let app = Arc::new(App::new(
+        Storage::open(config).await.unwrap(),
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    ));
+    let router = router(Arc::clone(&app));
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::from("main;pay 3\n"))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let scrape = || async {
+        let (status, body) = send(
+            &router,
+            Request::get("/metrics").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        String::from_utf8(body).unwrap()
+    };
+    let stored = |m: &str, tenant: &str| -> Option<f64> {
+        m.lines().find_map(|l| {
+            l.strip_prefix(&format!("kiln_tenant_stored_bytes{{tenant=\"{tenant}\"}}"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+    };
+    assert_eq!(stored(&scrape().await, "team-a"), None);
+    kiln_gateway::admin::refresh_stored_bytes(&app)
+        .await
+        .unwrap();
+    let m = scrape().await;
+    assert!(stored(&m, "team-a").is_some_and(|b| b > 0.0), "{m}");
+    assert_eq!(stored(&m, "team-b"), None, "no data, no gauge");
+}
