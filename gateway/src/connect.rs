@@ -243,8 +243,8 @@ async fn dispatch(
 pub async fn push_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
         let tenant = app.authenticate(&headers, Scope::Write)?;
-        app.tenants
-            .check_ingest(&tenant)
+        let body = crate::ingest::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
+            .await
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         let call = prepare(&app, &headers, body, tenant.clone())
             .await

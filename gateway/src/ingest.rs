@@ -36,6 +36,34 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Longest time a refused request's body is read and thrown away.
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The tenant's ingest rate admits another request; when it does not, the body is read and
+/// thrown away (up to `limit` bytes, for at most [`DRAIN_TIMEOUT`]) before the 429 is answered.
+/// Closing a connection with unread request bytes resets it, so an HTTP/1.1 client that writes
+/// its whole body before reading (most do) would see a reset instead of the 429 and its
+/// `Retry-After`, and never learn to back off.
+pub async fn admit(app: &AppRef, tenant: &str, body: Body, limit: usize) -> Result<Body, ApiError> {
+    match app.tenants.check_ingest(tenant) {
+        Ok(()) => Ok(body),
+        Err(e) => {
+            let mut frames = body.into_data_stream();
+            let mut read = 0usize;
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+                while let Some(Ok(chunk)) = futures::StreamExt::next(&mut frames).await {
+                    read += chunk.len();
+                    if read > limit {
+                        break;
+                    }
+                }
+            })
+            .await;
+            Err(e)
+        }
+    }
+}
+
 /// Undoes `Content-Encoding: gzip` (bounded), if the request says so.
 pub fn decode_content_encoding(
     headers: &HeaderMap,
@@ -163,9 +191,9 @@ async fn ingest(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), ApiError> {
-    app.tenants.check_ingest(tenant)?;
-    let content_type = check_ingest_content_type(headers)?;
     let limits = app.limits(tenant);
+    let body = admit(app, tenant, body, limits.max_body_bytes).await?;
+    let content_type = check_ingest_content_type(headers)?;
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
     let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;

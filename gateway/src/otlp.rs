@@ -95,8 +95,8 @@ async fn http_export(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    app.tenants.check_ingest(tenant)?;
     let limits = app.limits(tenant);
+    let body = crate::ingest::admit(app, tenant, body, limits.max_body_bytes).await?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -245,3 +245,67 @@ fn pprof_with_samples(n: u64) -> Vec<u8> {
         ..Default::default()
     })
 }
+
+/// A tenant over its rate that sends a large body receives its 429 and `Retry-After`, not a
+/// connection reset: this client writes the whole 8 MiB body before it reads, as ordinary HTTP
+/// clients do.
+#[test]
+fn an_over_rate_tenant_sending_a_large_body_reads_its_429() -> Result<()> {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir()?;
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        "[tenants.big]\ningest_rate_bytes = 100\ningest_burst_bytes = 1000\n",
+    )?;
+    let kiln = Kiln::start(&[
+        "--tenants",
+        &tenants.display().to_string(),
+        "--max-body-bytes",
+        "16777216",
+    ])?;
+    // One request larger than the burst passes and empties the bucket for a minute.
+    let (s, b) = kiln.ingest(
+        "big",
+        "name=big.cpu&from=1700000000",
+        "main;fill 1\n".repeat(500).into_bytes(),
+        &[],
+    )?;
+    ensure!(s == 200, "{s} {b}");
+    let body = "main;flood 1\n".repeat(8 << 20 >> 4);
+    for round in 0..3 {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", kiln.port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(
+            conn,
+            "POST /ingest?name=big.cpu&from=1700000000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+             X-Scope-OrgID: big\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )?;
+        conn.write_all(body.as_bytes())
+            .map_err(|e| anyhow::anyhow!("round {round}: writing the body: {e}"))?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                Err(e) => anyhow::bail!("round {round}: reading the answer: {e}"),
+            }
+        }
+        let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        ensure!(head.starts_with("http/1.1 429"), "round {round}: {head}");
+        ensure!(head.contains("retry-after:"), "round {round}: {head}");
+    }
+    // Nothing of the refused bodies was stored; the tenant that stayed within bounds is whole.
+    let fg = kiln.flamegraph("big", CPU, "{}")?;
+    ensure!(!fg.names.iter().any(|n| n == "flood"), "{:?}", fg.names);
+    ensure!(fg.names.iter().any(|n| n == "fill"));
+    kiln.assert_tenant_empty("other")?;
+    Ok(())
+}
