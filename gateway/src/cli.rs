@@ -250,6 +250,23 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_SELF_PROFILE_INTERVAL_SECS", default_value_t = 10)]
     pub self_profile_interval_secs: u64,
 
+    /// Seconds a client has to send a request's headers (HTTP/1.1); a kept-alive connection
+    /// with no next request is closed after as long.
+    #[arg(long, env = "KILN_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+
+    /// Longest pause, in seconds, while a request body arrives; then 408.
+    #[arg(long, env = "KILN_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub body_read_timeout_secs: u64,
+
+    /// Seconds after which a connection that moves no byte either way is closed.
+    #[arg(long, env = "KILN_IDLE_TIMEOUT_SECS", default_value_t = 90)]
+    pub idle_timeout_secs: u64,
+
+    /// Connections open at once; further ones are closed as soon as they are accepted.
+    #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "KILN_LOG", default_value = "info")]
     pub log: String,
@@ -497,7 +514,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
         );
     }
-    crate::server::serve(app, listener, crate::server::shutdown_signal()).await?;
+    let limits = crate::server::ConnectionLimits {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout_secs.max(1)),
+        max_connections: args.max_connections.max(1),
+    };
+    crate::server::serve(app, listener, limits, crate::server::shutdown_signal()).await?;
     Ok(())
 }
 

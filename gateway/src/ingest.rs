@@ -25,11 +25,21 @@ const LABEL_SPY: &str = "pyroscope_spy";
 /// Reads a request body, refusing more than `limit` bytes with 413.
 pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .and_then(|s| s.downcast_ref::<http_body_util::LengthLimitError>())
-            .is_some();
+        // The cause sits some layers down (axum's error, the length limit's, the timeout's).
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+        let (mut too_large, mut timed_out) = (false, false);
+        while let Some(c) = cause {
+            too_large |= c.is::<http_body_util::LengthLimitError>();
+            timed_out |= c.is::<tower_http::timeout::TimeoutError>();
+            cause = c.source();
+        }
         if too_large {
             ApiError::too_large(format!("request body exceeds the limit of {limit} bytes"))
+        } else if timed_out {
+            ApiError::new(
+                crate::error::ErrorKind::Timeout,
+                "the request body stopped arriving (nothing for the body read timeout)",
+            )
         } else {
             ApiError::invalid(format!("cannot read the request body: {e}"))
         }

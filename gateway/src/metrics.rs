@@ -60,6 +60,8 @@ pub struct Metrics {
     /// Bytes each query read from the object store, by method (1 KiB to 256 MiB buckets).
     pub query_read_bytes: Family<MethodLabels, Histogram>,
     pub auth_refusals: Family<ReasonLabels, Counter>,
+    /// Connections closed on accept because `--max-connections` were open.
+    pub connections_refused: Counter,
     pub tenant_received_bytes: Family<TenantLabels, Counter>,
     pub tenant_decompressed_bytes: Family<TenantLabels, Counter>,
     pub tenant_profiles: Family<TenantLabels, Counter>,
@@ -91,7 +93,7 @@ pub struct Usage {
 }
 
 /// Every refusal reason `ApiError::reason` gives.
-pub const REASONS: [&str; 10] = [
+pub const REASONS: [&str; 11] = [
     "invalid",
     "unauthenticated",
     "forbidden",
@@ -99,6 +101,7 @@ pub const REASONS: [&str; 10] = [
     "too_large",
     "unsupported_media_type",
     "rate_limited",
+    "timeout",
     "unimplemented",
     "unavailable",
     "internal",
@@ -115,6 +118,7 @@ impl Default for Metrics {
                 Histogram::new(exponential_buckets(1024.0, 4.0, 10))
             }),
             auth_refusals: Family::default(),
+            connections_refused: Counter::default(),
             tenant_received_bytes: Family::default(),
             tenant_decompressed_bytes: Family::default(),
             tenant_profiles: Family::default(),
@@ -142,6 +146,11 @@ impl Default for Metrics {
             "query_read_bytes",
             "Bytes each query read from the object store, by method",
             m.query_read_bytes.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed on accept because --max-connections were open",
+            m.connections_refused.clone(),
         );
         r.register(
             "auth_refusals",
@@ -249,6 +258,10 @@ impl Metrics {
         self.auth_refusals
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     pub fn refused(&self, tenant: &str, reason: &'static str) {

@@ -309,3 +309,117 @@ fn an_over_rate_tenant_sending_a_large_body_reads_its_429() -> Result<()> {
     kiln.assert_tenant_empty("other")?;
     Ok(())
 }
+
+/// Reads from a raw connection until it closes or `within` passes; true when it closed.
+fn closes_within(mut conn: &std::net::TcpStream, within: Duration) -> bool {
+    use std::io::Read;
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// Slow clients (headers or body dribbling in, or nothing at all) are closed by the timeouts,
+/// at most `--max-connections` are open at once, and the server keeps serving everyone else.
+#[test]
+fn slow_clients_time_out_and_connections_are_capped() -> Result<()> {
+    use std::io::{Read, Write};
+    let kiln = Kiln::start(&[
+        "--header-read-timeout-secs",
+        "2",
+        "--body-read-timeout-secs",
+        "2",
+        "--idle-timeout-secs",
+        "3",
+        "--max-connections",
+        "40",
+    ])?;
+    let addr = ("127.0.0.1", kiln.port);
+    let fresh = || {
+        reqwest::blocking::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+    };
+    // 30 clients send half a request's headers and stall; one stalls in its body.
+    let slow: Vec<std::net::TcpStream> = (0..30)
+        .map(|_| -> Result<_> {
+            let mut c = std::net::TcpStream::connect(addr)?;
+            c.write_all(b"POST /ingest?name=slow.cpu HTTP/1.1\r\nHost: 127.0.0.1\r\n")?;
+            Ok(c)
+        })
+        .collect::<Result<_>>()?;
+    let mut body_stall = std::net::TcpStream::connect(addr)?;
+    body_stall.write_all(
+        b"POST /ingest?name=slow.cpu HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Scope-OrgID: a\r\n\
+          Content-Length: 1000\r\n\r\nmain;slow",
+    )?;
+    // Below the cap, everyone else is served meanwhile.
+    let r = fresh()?
+        .post(kiln.url("/ingest?name=ok.cpu&from=1700000000"))
+        .header("X-Scope-OrgID", "a")
+        .body("main;ok 1\n")
+        .send()?;
+    ensure!(r.status().as_u16() == 200, "{}", r.status());
+    // Over the cap (30 + 1 open, 40 allowed): the extra connections are closed at once.
+    let extra: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| std::net::TcpStream::connect(addr).map_err(anyhow::Error::from))
+        .collect::<Result<_>>()?;
+    let refused = extra
+        .iter()
+        .filter(|c| closes_within(c, Duration::from_millis(300)))
+        .count();
+    ensure!(
+        refused >= 10,
+        "{refused} of 20 connections over the cap were closed"
+    );
+    drop(extra);
+    // The stalled body is answered 408; the stalled headers are closed.
+    body_stall.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut answer = vec![0u8; 512];
+    let n = body_stall.read(&mut answer)?;
+    let answer = String::from_utf8_lossy(&answer[..n]).to_string();
+    ensure!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let closed = slow
+        .iter()
+        .filter(|c| closes_within(c, Duration::from_secs(5)))
+        .count();
+    ensure!(closed == 30, "{closed} of 30 slow clients were closed");
+    // A kept-alive connection nobody uses is closed too.
+    let mut idle = std::net::TcpStream::connect(addr)?;
+    idle.write_all(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
+    ensure!(
+        closes_within(&mut idle, Duration::from_secs(6)),
+        "the idle connection stayed open"
+    );
+    // The server serves on, counted the refusals, and kept the tenants apart.
+    let metrics = fresh()?.get(kiln.url("/metrics")).send()?.text()?;
+    ensure!(
+        metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("kiln_connections_refused_total "))
+            .any(|v| v.trim().parse::<f64>().is_ok_and(|v| v >= 10.0)),
+        "{metrics}"
+    );
+    ensure!(kiln.flamegraph("a", CPU, r#"{service_name="ok"}"#)?.total > 0);
+    ensure!(
+        !kiln
+            .flamegraph("a", CPU, "{}")?
+            .names
+            .iter()
+            .any(|n| n == "slow")
+    );
+    kiln.assert_tenant_empty("b")?;
+    Ok(())
+}
