@@ -400,7 +400,7 @@ fn slow_clients_time_out_and_connections_are_capped() -> Result<()> {
     let mut idle = std::net::TcpStream::connect(addr)?;
     idle.write_all(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
     ensure!(
-        closes_within(&mut idle, Duration::from_secs(6)),
+        closes_within(&idle, Duration::from_secs(6)),
         "the idle connection stayed open"
     );
     // The server serves on, counted the refusals, and kept the tenants apart.
