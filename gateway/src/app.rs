@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use kiln_storage::Storage;
 
 use crate::auth::{Authenticator, Scope};
+use crate::budget::DecodeBudget;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::tenants::{TenantLimits, Tenants};
@@ -21,6 +22,8 @@ pub struct App {
     pub grpc_max_message_bytes: usize,
     /// What this process does: its APIs and background work.
     pub roles: Roles,
+    /// Decoded bytes ingest requests may hold at once.
+    pub decode_budget: DecodeBudget,
 }
 
 /// The roles of a `kiln` process (`--roles`). Any number of processes of each role can share
@@ -100,6 +103,7 @@ impl App {
             metrics: Metrics::default(),
             grpc_max_message_bytes: 64 << 20,
             roles: Roles::ALL,
+            decode_budget: DecodeBudget::new(256 << 20),
         }
     }
 

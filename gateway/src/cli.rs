@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::app::{App, Roles};
 use crate::auth::{AuthMode, Authenticator, KeyStore, Scope, parse_duration_secs};
+use crate::budget::DecodeBudget;
 use crate::tenants::Tenants;
 
 /// Kiln: a multi-tenant continuous-profiling backend.
@@ -189,6 +190,12 @@ pub struct ServeArgs {
     /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
     #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
     pub ingest_rate_bytes: Option<u64>,
+
+    /// Decoded bytes all ingest requests may hold at once (inflated and decoded profiles until
+    /// they are stored); a request that finds it spent waits 2 s, then is answered 503 with
+    /// `Retry-After`. 0 = unbounded.
+    #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
+    pub max_inflight_decode_bytes: usize,
 
     /// Memory for cached symbol tables, in bytes.
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
@@ -408,6 +415,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     let storage = Storage::open(args.storage_config()).await?;
     let mut app = App::new(storage, auth, tenants);
     app.roles = args.roles()?;
+    app.decode_budget = DecodeBudget::new(args.max_inflight_decode_bytes);
     Ok(Arc::new(app))
 }
 

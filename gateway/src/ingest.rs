@@ -15,6 +15,7 @@ use kiln_proto::push::v1::PushRequest;
 
 use crate::app::AppRef;
 use crate::auth::Scope;
+use crate::budget;
 use crate::error::ApiError;
 use crate::tenants::TenantLimits;
 use crate::time::{now_nanos, parse_time};
@@ -206,6 +207,11 @@ async fn ingest(
     let content_type = check_ingest_content_type(headers)?;
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
+    // Held until what the profile became is stored.
+    let _share = app
+        .decode_budget
+        .take(budget::decoded_size(&body, limits.max_decompressed_bytes))
+        .await?;
     let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
     if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
@@ -275,7 +281,7 @@ async fn ingest(
             apply_app_labels(&mut meta, &name);
             let meta = meta.clone();
             blocking(move || {
-                let (p, size) = pprof::decode_sized(&body, max_decompressed)?;
+                let (p, size) = pprof::decode_sized(body, max_decompressed)?;
                 Ok((
                     normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
@@ -291,7 +297,7 @@ async fn ingest(
                 meta.display_names = parse_sample_type_config(&config)?;
             }
             blocking(move || {
-                let (p, size) = pprof::decode_sized(&profile, max_decompressed)?;
+                let (p, size) = pprof::decode_sized(profile, max_decompressed)?;
                 Ok((
                     normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
@@ -403,6 +409,13 @@ pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), Ap
     let limits: TenantLimits = app.limits(tenant);
     let normalize_limits = limits.normalize();
     let now = now_nanos();
+    let decoded: usize = req
+        .series
+        .iter()
+        .flat_map(|s| &s.samples)
+        .map(|s| budget::decoded_size(&s.raw_profile, limits.max_decompressed_bytes))
+        .sum();
+    let _share = app.decode_budget.take(decoded).await?;
     let profiles = blocking(move || {
         let mut total = 0usize;
         let mut out = Vec::new();
@@ -424,7 +437,7 @@ pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), Ap
             };
             for (j, sample) in series.samples.into_iter().enumerate() {
                 let (profile, size) =
-                    pprof::decode_sized(&sample.raw_profile, limits.max_decompressed_bytes)
+                    pprof::decode_sized(sample.raw_profile.clone(), limits.max_decompressed_bytes)
                         .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
                 total += size;
                 if total > limits.max_decompressed_bytes {

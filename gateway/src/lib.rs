@@ -16,6 +16,7 @@ pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod bench;
+pub mod budget;
 pub mod cli;
 pub mod connect;
 pub mod error;

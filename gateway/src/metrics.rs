@@ -77,6 +77,12 @@ pub struct Metrics {
     /// Lookups and misses of the query caches since start-up, by cache.
     pub storage_cache_lookups: Family<CacheLabels, Gauge>,
     pub storage_cache_misses: Family<CacheLabels, Gauge>,
+    /// Bytes the allocator has handed out and not had back (jemalloc's `stats.allocated`).
+    pub memory_allocated: Gauge,
+    /// Bytes of physical memory the allocator holds (jemalloc's `stats.resident`).
+    pub memory_resident: Gauge,
+    /// Bytes of the in-flight decode budget held by requests now.
+    pub ingest_decode_budget_used: Gauge,
     seen: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -130,6 +136,9 @@ impl Default for Metrics {
             storage_query_rollup_reads: Gauge::default(),
             storage_cache_lookups: Family::default(),
             storage_cache_misses: Family::default(),
+            memory_allocated: Gauge::default(),
+            memory_resident: Gauge::default(),
+            ingest_decode_budget_used: Gauge::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
@@ -211,6 +220,21 @@ impl Default for Metrics {
             "storage_cache_misses",
             "Misses of the query caches (symbols, parquet metadata, partial results) since start-up",
             m.storage_cache_misses.clone(),
+        );
+        r.register(
+            "memory_allocated_bytes",
+            "Bytes allocated and not freed (jemalloc stats.allocated)",
+            m.memory_allocated.clone(),
+        );
+        r.register(
+            "memory_resident_bytes",
+            "Bytes of physical memory the allocator holds (jemalloc stats.resident)",
+            m.memory_resident.clone(),
+        );
+        r.register(
+            "ingest_decode_budget_used_bytes",
+            "Bytes of the in-flight decode budget (--max-inflight-decode-bytes) held now",
+            m.ingest_decode_budget_used.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
         m

@@ -118,6 +118,13 @@ async fn http_export(
     };
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
+    let _share = app
+        .decode_budget
+        .take(crate::budget::decoded_size(
+            &body,
+            limits.max_decompressed_bytes,
+        ))
+        .await?;
     let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
     if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
@@ -232,6 +239,7 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                         ),
                     ));
                 }
+                let _share = app.decode_budget.take(body.len()).await?;
                 let req = decode_request(&body)?;
                 export(&app, &tenant, req, body.len()).await
             }

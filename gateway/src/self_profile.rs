@@ -132,7 +132,7 @@ async fn write(
         display_names: HashMap::new(),
     };
     let limits = app.limits(&config.tenant).normalize();
-    let normalized = normalize::normalize_pprof(profile, &meta, &limits)?;
+    let normalized = normalize::normalize_pprof(&profile.into(), &meta, &limits)?;
     let size = prost::Message::encoded_len(profile);
     crate::ingest::store(app, &config.tenant, vec![normalized], size).await
 }
@@ -427,7 +427,7 @@ mod tests {
             duration_nanos: 0,
             display_names: HashMap::new(),
         };
-        let n = normalize::normalize_pprof(&profile, &meta, &Default::default()).unwrap();
+        let n = normalize::normalize_pprof(&(&profile).into(), &meta, &Default::default()).unwrap();
         assert_eq!(n.series.len(), 1);
         assert_eq!(
             n.series[0].profile_type.id(),

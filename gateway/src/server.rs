@@ -236,6 +236,18 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
             .get_or_create(&labels)
             .set(get(misses));
     }
+    if tikv_jemalloc_ctl::epoch::advance().is_ok() {
+        let read = |r: tikv_jemalloc_ctl::Result<usize>| r.map_or(0, |b| b as i64);
+        app.metrics
+            .memory_allocated
+            .set(read(tikv_jemalloc_ctl::stats::allocated::read()));
+        app.metrics
+            .memory_resident
+            .set(read(tikv_jemalloc_ctl::stats::resident::read()));
+    }
+    app.metrics
+        .ingest_decode_budget_used
+        .set(app.decode_budget.in_use() as i64);
     // Stored bytes per tenant come from the background refresh
     // (`admin::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
     (

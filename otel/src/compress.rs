@@ -16,7 +16,14 @@ pub fn is_gzip(data: &[u8]) -> bool {
 /// output passes `limit` bytes. Memory stays bounded by `limit` whatever the input claims.
 pub fn gunzip_limited(data: &[u8], limit: usize) -> Result<Vec<u8>> {
     let decoder = flate2::read::MultiGzDecoder::new(data);
-    let mut out = Vec::with_capacity(data.len().saturating_mul(4).min(limit).min(1 << 20));
+    // The trailer's ISIZE (the last member's size mod 4 GiB) sizes the output, so it is not
+    // grown by doubling (each step a copy, and the freed halves resident until the allocator
+    // purges them); it is only a hint, as a sender can write anything there.
+    let hint = match data.len() {
+        n if n >= 18 => u32::from_le_bytes(data[n - 4..].try_into().expect("four bytes")) as usize,
+        _ => 0,
+    };
+    let mut out = Vec::with_capacity(hint.max(data.len()).min(limit.saturating_add(1)));
     let read = decoder
         .take(limit as u64 + 1)
         .read_to_end(&mut out)

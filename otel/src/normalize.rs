@@ -16,7 +16,7 @@ use std::collections::HashMap;
 /// on the ingest path.
 type FastMap<K, V> = hashbrown::HashMap<K, V>;
 
-use kiln_proto::google::v1 as pprof;
+use crate::pprof;
 
 use crate::labels::{LabelLimits, validate_series_labels};
 use crate::model::{
@@ -258,9 +258,16 @@ pub fn normalize_pprof(
                 sample.value.len()
             )));
         }
-        let mut stack = Vec::with_capacity(sample.location_id.len());
-        for id in &sample.location_id {
-            let Some(&loc) = location_index.get(id) else {
+        // Truncated first (the leaf side goes; ids are leaf first), so a sample costs what it
+        // stores, not what it was sent with.
+        let depth = sample.location_count();
+        let keep = match limits.max_stack_depth {
+            0 => depth,
+            max => depth.min(max),
+        };
+        let mut stack = Vec::with_capacity(keep);
+        for id in sample.location_ids().skip(depth - keep) {
+            let Some(&loc) = location_index.get(&id) else {
                 return Err(Error::Invalid(format!(
                     "sample {i} refers to location id {id}, which the profile does not define"
                 )));
@@ -294,9 +301,6 @@ pub fn normalize_pprof(
         }
         if sample.value.iter().any(|v| *v < 0) || sample.value.iter().all(|v| *v == 0) {
             continue;
-        }
-        if limits.max_stack_depth > 0 && stack.len() > limits.max_stack_depth {
-            stack.drain(..stack.len() - limits.max_stack_depth);
         }
         labels.sort();
         labels.dedup_by(|a, b| a.0 == b.0);

@@ -1,28 +1,227 @@
 //! pprof decoding: bounded decompression, then protobuf.
+//!
+//! Ingest decodes into [`Profile`], the generated [`pb::Profile`] with one difference: a sample's
+//! location ids stay the packed varints they arrived as (one to three bytes each) instead of
+//! becoming a `Vec<u64>` (eight bytes each), and normalization reads them in place. A profile of
+//! 16,000 samples with 2,000-deep stacks, 62 MB on the wire, decoded to 256 MB of location ids
+//! alone before; now its samples take about what they took on the wire.
 
-use kiln_proto::google::v1::Profile;
+use kiln_proto::google::v1 as pb;
 use prost::Message;
+use prost::bytes::{Buf, BufMut, Bytes};
+use prost::encoding::{DecodeContext, WireType};
 
 use crate::compress::maybe_gunzip;
 use crate::{Error, Result};
 
-/// Decodes a pprof profile, gzip-compressed or plain, refusing to inflate past `max_bytes`.
-pub fn decode(data: &[u8], max_bytes: usize) -> Result<Profile> {
-    decode_sized(data, max_bytes).map(|(p, _)| p)
+/// A pprof profile as ingest reads it (field for field [`pb::Profile`], samples kept packed).
+#[derive(Clone, PartialEq, Message)]
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<pb::ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<pb::Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<pb::Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<pb::Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "7")]
+    pub drop_frames: i64,
+    #[prost(int64, tag = "8")]
+    pub keep_frames: i64,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<pb::ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
 }
 
-/// Like [`decode`], also returning the decompressed size.
-pub fn decode_sized(data: &[u8], max_bytes: usize) -> Result<(Profile, usize)> {
+impl From<&pb::Profile> for Profile {
+    /// The same profile, through its encoding (for tests and profiles built in process).
+    fn from(p: &pb::Profile) -> Self {
+        Self::decode(&*p.encode_to_vec()).expect("an encoded profile decodes")
+    }
+}
+
+/// A pprof sample whose location ids stay packed varints, leaf first.
+#[derive(Clone, PartialEq, Default, Debug)]
+pub struct Sample {
+    /// The location ids as packed varints (checked when decoded): the first packed run, a slice
+    /// of the decoded buffer when that is a [`Bytes`] (no copy), ...
+    shared_ids: Bytes,
+    /// ... then any further runs and unpacked ids, copied.
+    owned_ids: Vec<u8>,
+    /// How many ids the two hold.
+    ids: usize,
+    pub value: Vec<i64>,
+    pub label: Vec<pb::Label>,
+}
+
+impl Sample {
+    /// A sample of these location ids (leaf first), values and labels.
+    pub fn new(location_id: &[u64], value: Vec<i64>, label: Vec<pb::Label>) -> Self {
+        let mut owned_ids = Vec::new();
+        for &id in location_id {
+            prost::encoding::encode_varint(id, &mut owned_ids);
+        }
+        Self {
+            shared_ids: Bytes::new(),
+            owned_ids,
+            ids: location_id.len(),
+            value,
+            label,
+        }
+    }
+
+    /// The number of location ids.
+    pub fn location_count(&self) -> usize {
+        self.ids
+    }
+
+    /// The location ids, leaf first.
+    pub fn location_ids(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        LocationIds {
+            shared: &self.shared_ids,
+            owned: &self.owned_ids,
+            left: self.ids,
+        }
+    }
+
+    fn packed_len(&self) -> usize {
+        self.shared_ids.len() + self.owned_ids.len()
+    }
+}
+
+struct LocationIds<'a> {
+    shared: &'a [u8],
+    owned: &'a [u8],
+    left: usize,
+}
+
+impl Iterator for LocationIds<'_> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // Checked when the sample was decoded: every varint is whole.
+        if self.shared.is_empty() {
+            prost::encoding::decode_varint(&mut self.owned).ok()
+        } else {
+            prost::encoding::decode_varint(&mut self.shared).ok()
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for LocationIds<'_> {}
+
+impl Message for Sample {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if self.packed_len() > 0 {
+            prost::encoding::encode_key(1, WireType::LengthDelimited, buf);
+            prost::encoding::encode_varint(self.packed_len() as u64, buf);
+            buf.put_slice(&self.shared_ids);
+            buf.put_slice(&self.owned_ids);
+        }
+        prost::encoding::int64::encode_packed(2, &self.value, buf);
+        prost::encoding::message::encode_repeated(3, &self.label, buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> std::result::Result<(), prost::DecodeError> {
+        match tag {
+            1 if wire_type == WireType::LengthDelimited => {
+                // A packed run (the usual form): kept as it is, once its varints are checked.
+                let mut run = Bytes::new();
+                prost::encoding::bytes::merge(wire_type, &mut run, buf, ctx)?;
+                let mut check = &run[..];
+                while !check.is_empty() {
+                    prost::encoding::decode_varint(&mut check)?;
+                    self.ids += 1;
+                }
+                if self.packed_len() == 0 {
+                    self.shared_ids = run;
+                } else {
+                    self.owned_ids.extend_from_slice(&run);
+                }
+                Ok(())
+            }
+            1 => {
+                let mut id = 0;
+                prost::encoding::uint64::merge(wire_type, &mut id, buf, ctx)?;
+                prost::encoding::encode_varint(id, &mut self.owned_ids);
+                self.ids += 1;
+                Ok(())
+            }
+            2 => prost::encoding::int64::merge_repeated(wire_type, &mut self.value, buf, ctx),
+            3 => prost::encoding::message::merge_repeated(wire_type, &mut self.label, buf, ctx),
+            _ => prost::encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let ids = match self.packed_len() {
+            0 => 0,
+            len => {
+                prost::encoding::key_len(1) + prost::encoding::encoded_len_varint(len as u64) + len
+            }
+        };
+        ids + prost::encoding::int64::encoded_len_packed(2, &self.value)
+            + prost::encoding::message::encoded_len_repeated(3, &self.label)
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// Decodes a pprof profile, gzip-compressed or plain, refusing to inflate past `max_bytes`.
+pub fn decode(data: &[u8], max_bytes: usize) -> Result<Profile> {
+    decode_sized(Bytes::copy_from_slice(data), max_bytes).map(|(p, _)| p)
+}
+
+/// Like [`decode`], also returning the decompressed size. The samples' location ids are slices
+/// of the (decompressed) buffer, which lives as long as the profile does.
+pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     if data.is_empty() {
         return Err(Error::Invalid("the profile is empty".into()));
     }
-    let raw = maybe_gunzip(data, max_bytes)?;
-    let profile = Profile::decode(&*raw).map_err(|e| Error::Protobuf(e.to_string()))?;
-    Ok((profile, raw.len()))
+    let raw = match maybe_gunzip(&data, max_bytes)? {
+        std::borrow::Cow::Borrowed(_) => data,
+        std::borrow::Cow::Owned(inflated) => {
+            drop(data);
+            Bytes::from(inflated)
+        }
+    };
+    let size = raw.len();
+    let profile = Profile::decode(raw).map_err(|e| Error::Protobuf(e.to_string()))?;
+    Ok((profile, size))
 }
 
 /// Encodes a profile as plain protobuf.
-pub fn encode(profile: &Profile) -> Vec<u8> {
+pub fn encode(profile: &pb::Profile) -> Vec<u8> {
     profile.encode_to_vec()
 }
 
@@ -58,9 +257,8 @@ pub fn root_first_stacks(p: &Profile) -> Vec<Vec<String>> {
         .iter()
         .map(|s| {
             let mut frames: Vec<String> = s
-                .location_id
-                .iter()
-                .flat_map(|id| locations.get(id).cloned().unwrap_or_default())
+                .location_ids()
+                .flat_map(|id| locations.get(&id).cloned().unwrap_or_default())
                 .filter(|n| !n.is_empty())
                 .map(str::to_owned)
                 .collect();
@@ -98,12 +296,11 @@ pub fn stack_pools(dir: &std::path::Path, min_stacks: usize) -> Vec<Vec<Vec<Stri
 mod tests {
     use std::io::Write;
 
-    use kiln_proto::google::v1 as pb;
     use proptest::prelude::*;
 
     use super::*;
 
-    fn arb_profile() -> impl Strategy<Value = Profile> {
+    fn arb_profile() -> impl Strategy<Value = pb::Profile> {
         (
             prop::collection::vec("[a-z]{0,8}", 1..10),
             prop::collection::vec(
@@ -117,7 +314,7 @@ mod tests {
         )
             .prop_map(|(mut strings, samples, time)| {
                 strings.insert(0, String::new());
-                Profile {
+                pb::Profile {
                     string_table: strings,
                     sample: samples
                         .into_iter()
@@ -143,9 +340,13 @@ mod tests {
                 enc.write_all(&bytes).unwrap();
                 bytes = enc.finish().unwrap();
             }
-            let (decoded, size) = decode_sized(&bytes, 1 << 20).unwrap();
+            let (decoded, size) = decode_sized(bytes.into(), 1 << 20).unwrap();
             prop_assert_eq!(size, encode(&p).len());
-            prop_assert_eq!(decoded, p);
+            prop_assert_eq!(decoded.encode_to_vec(), encode(&p));
+            for (s, want) in decoded.sample.iter().zip(&p.sample) {
+                prop_assert_eq!(s.location_ids().collect::<Vec<_>>(), want.location_id.clone());
+                prop_assert_eq!(s.location_count(), want.location_id.len());
+            }
         }
 
         /// Any prefix of a profile either decodes or fails with an error; it never panics.
@@ -160,15 +361,41 @@ mod tests {
     #[test]
     fn empty_and_truncated_are_errors() {
         assert!(matches!(decode(b"", 1024), Err(Error::Invalid(_))));
-        let mut p = Profile {
+        let mut p = pb::Profile {
             string_table: vec!["".into(), "cpu".into(), "nanoseconds".into()],
             ..Default::default()
         };
         p.sample_type
             .push(kiln_proto::google::v1::ValueType { r#type: 1, unit: 2 });
         let bytes = encode(&p);
-        assert_eq!(decode(&bytes, 1024).unwrap(), p);
+        assert_eq!(decode(&bytes, 1024).unwrap(), Profile::from(&p));
         let err = decode(&bytes[..bytes.len() - 3], 1024).unwrap_err();
         assert!(matches!(err, Error::Protobuf(_)), "{err}");
+    }
+
+    /// Location ids sent unpacked (one varint field each, as proto2 writers do) read the same as
+    /// packed ones; a packed run that ends inside a varint is an error.
+    #[test]
+    fn unpacked_and_malformed_location_ids() {
+        let mut sample = Vec::new();
+        for id in [3u64, 300, 1 << 40] {
+            prost::encoding::encode_key(1, WireType::Varint, &mut sample);
+            prost::encoding::encode_varint(id, &mut sample);
+        }
+        let mut profile = Vec::new();
+        prost::encoding::encode_key(2, WireType::LengthDelimited, &mut profile);
+        prost::encoding::encode_varint(sample.len() as u64, &mut profile);
+        profile.extend_from_slice(&sample);
+        let p = Profile::decode(&*profile).unwrap();
+        assert_eq!(
+            p.sample[0].location_ids().collect::<Vec<_>>(),
+            [3, 300, 1 << 40]
+        );
+
+        // Field 1, packed, two bytes long, holding one whole varint and half of another.
+        let bad = [0x0a, 0x02, 0x05, 0x80];
+        let mut profile = vec![0x12, bad.len() as u8];
+        profile.extend_from_slice(&bad);
+        assert!(Profile::decode(&*profile).is_err());
     }
 }

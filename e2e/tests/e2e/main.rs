@@ -10,6 +10,7 @@ mod crash;
 mod grafana;
 mod grpc;
 mod limits;
+mod memory;
 mod otlp;
 mod restart;
 mod scale_out;

@@ -5,6 +5,15 @@ use proptest::prelude::*;
 
 use super::*;
 
+/// [`super::normalize_pprof`] of a profile built with the generated types.
+fn normalize_pprof(
+    p: &pprof::Profile,
+    meta: &IngestMeta,
+    limits: &NormalizeLimits,
+) -> Result<NormalizedProfile> {
+    super::normalize_pprof(&p.into(), meta, limits)
+}
+
 /// Builds pprof profiles for tests: functions become one location each.
 struct Builder {
     p: pprof::Profile,
