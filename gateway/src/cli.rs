@@ -274,6 +274,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
+    /// A second address serving only `/metrics` and `/ready`, without credentials, for a
+    /// network only operators reach. With `--auth jwt`, `/metrics` on `--listen` needs an admin
+    /// token of `--admin-tenant`, as its label values name every tenant.
+    #[arg(long, env = "KILN_ADMIN_LISTEN")]
+    pub admin_listen: Option<std::net::SocketAddr>,
+
     /// Log filter (tracing `EnvFilter` syntax).
     #[arg(long, env = "KILN_LOG", default_value = "info")]
     pub log: String,
@@ -501,6 +507,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     info!(roles = %app.roles, "kiln starting");
+    if let Some(addr) = args.admin_listen {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--admin-listen): {e}"))?;
+        info!(%addr, "admin listener (/metrics, /ready) is listening");
+        let router = crate::server::admin_router(Arc::clone(&app));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, router).await {
+                tracing::error!(error = %e, "the admin listener stopped");
+            }
+        });
+    }
     spawn_upkeep(
         Arc::clone(&app),
         Duration::from_secs(args.retention_interval_secs.max(1)),

@@ -66,7 +66,7 @@ pub fn router(app: AppRef) -> Router {
             get(crate::admin::quarantine_of),
         )
         .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(guarded_metrics))
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone())
@@ -191,6 +191,28 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
 
 async fn ready() -> impl IntoResponse {
     (StatusCode::OK, "ready\n")
+}
+
+/// The admin listener (`--admin-listen`): `/metrics` and `/ready` without credentials, for a
+/// network only operators and their Prometheus reach.
+pub fn admin_router(app: AppRef) -> Router {
+    Router::new()
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(app)
+}
+
+/// `/metrics` on the API port. Its label values name every tenant, so with `--auth jwt` it needs
+/// an admin token of the operator tenant (`--admin-tenant`); Prometheus scrapes it with that
+/// token, or scrapes the admin listener instead. The other modes serve it as they serve all else
+/// (loopback, or behind the proxy that authenticates).
+async fn guarded_metrics(State(app): State<AppRef>, headers: axum::http::HeaderMap) -> Response {
+    if app.auth.mode == crate::auth::AuthMode::Jwt
+        && let Err(e) = app.auth.authorize_admin(&headers, None)
+    {
+        return e.into_response();
+    }
+    metrics(State(app)).await.into_response()
 }
 
 async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {

@@ -891,3 +891,71 @@ fn admin_api_meters_usage_and_erases_tenants() -> Result<()> {
     ensure!(get(&kiln, &admin, "/api/v1/tenants/metered-a/usage")?["stored_bytes"] == 0);
     Ok(())
 }
+
+/// `/metrics` names every tenant in its label values: with `--auth jwt` the API port serves it
+/// only to an admin token of the operator tenant; `--admin-listen` serves it without credentials
+/// on an address of the operator's choosing.
+#[test]
+fn metrics_need_the_operator_admin_token_in_jwt_mode() -> Result<()> {
+    let keys = make_keys()?;
+    let dir = keys.server().display().to_string();
+    let admin_port = kiln_e2e::free_port().to_string();
+    let admin_addr = format!("127.0.0.1:{admin_port}");
+    let mut kiln = Kiln::start_with(&[
+        "--auth",
+        "jwt",
+        "--jwt-keys",
+        &dir,
+        "--jwt-issuer",
+        ISS,
+        "--jwt-audience",
+        AUD,
+        "--admin-tenant",
+        "ops",
+        "--admin-listen",
+        &admin_addr,
+    ])?;
+    let secret = std::fs::read(keys.private("hs1.secret"))?;
+    let writer = hs256(&secret, "hs1", claims("metrics-a", &["read", "write"]));
+    kiln.set_auth(bearer(&writer));
+    let (s, b) = kiln.ingest("metrics-a", "name=m.cpu", b"main;work 5\n".to_vec(), &[])?;
+    ensure!(s == 200, "{s} {b}");
+
+    // A client of its own: `set_auth` gave the harness's client the writer's token.
+    let http = reqwest::blocking::Client::new();
+    let scrape = |url: String, token: Option<&str>| -> Result<(u16, String)> {
+        let mut req = http.get(url);
+        if let Some(t) = token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let r = req.send()?;
+        Ok((r.status().as_u16(), r.text()?))
+    };
+    let on_api = kiln.url("/metrics");
+    let (s, b) = scrape(on_api.clone(), None)?;
+    ensure!(s == 401 && !b.contains("kiln_"), "{s} {b}");
+    // A tenant's own tokens, even its admin token, do not show other tenants' ids.
+    let tenant_admin = hs256(&secret, "hs1", claims("metrics-a", &["admin"]));
+    for token in [&writer, &tenant_admin] {
+        let (s, b) = scrape(on_api.clone(), Some(token))?;
+        ensure!(s == 403 && !b.contains("kiln_"), "{s} {b}");
+    }
+    let operator = hs256(&secret, "hs1", claims("ops", &["admin"]));
+    let (s, b) = scrape(on_api, Some(&operator))?;
+    ensure!(
+        s == 200 && b.contains("tenant=\"metrics-a\""),
+        "{s} {}",
+        &b[..b.len().min(300)]
+    );
+    // The admin listener: metrics and readiness, no credentials, and nothing else.
+    let (s, b) = scrape(format!("http://{admin_addr}/metrics"), None)?;
+    ensure!(s == 200 && b.contains("tenant=\"metrics-a\""), "{s}");
+    let (s, _) = scrape(format!("http://{admin_addr}/ready"), None)?;
+    ensure!(s == 200);
+    let r = http
+        .post(format!("http://{admin_addr}/ingest?name=x"))
+        .body("main 1\n")
+        .send()?;
+    ensure!(r.status() == 404, "{}", r.status());
+    Ok(())
+}
