@@ -31,6 +31,7 @@ pub async fn refresh_stored_bytes(app: &AppRef) -> Result<(), ApiError> {
         let bytes = app.storage.stored_bytes(&t).await?;
         app.metrics.set_stored_bytes(&t, bytes);
     }
+    app.storage.refresh_block_gauges().await?;
     Ok(())
 }
 

@@ -96,11 +96,13 @@ impl std::fmt::Display for Roles {
 impl App {
     /// An app with built-in tenant limits.
     pub fn new(storage: Storage, auth: Authenticator, tenants: Tenants) -> Self {
+        let metrics = Metrics::default();
+        metrics.register_storage(storage.metrics());
         Self {
             storage,
             tenants,
             auth,
-            metrics: Metrics::default(),
+            metrics,
             grpc_max_message_bytes: 64 << 20,
             roles: Roles::ALL,
             decode_budget: DecodeBudget::new(256 << 20),
@@ -117,6 +119,10 @@ impl App {
         self.auth
             .authenticate(headers, scope)
             .map(|p| p.tenant)
+            .inspect(|tenant| {
+                // The request's span (`telemetry::track`) carries its tenant from here on.
+                tracing::Span::current().record("tenant", tenant.as_str());
+            })
             .inspect_err(|e| self.metrics.auth_refused(e.reason()))
     }
 }

@@ -147,7 +147,6 @@ pub async fn querier_handler(
             (name, result)
         }
     };
-    app.metrics.query(name, result.is_ok());
     let mut resp = match result {
         Ok((codec, body)) => connect_ok(codec, body),
         Err(e) => connect_error(&e),
@@ -263,7 +262,6 @@ pub async fn push_handler(State(app): State<AppRef>, headers: HeaderMap, body: B
         ))
     }
     .await;
-    app.metrics.ingest("push", result.is_ok());
     match result {
         Ok((codec, body)) => connect_ok(codec, body),
         Err(e) => connect_error(&e),

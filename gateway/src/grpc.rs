@@ -60,7 +60,6 @@ macro_rules! grpc_unary {
         if let Err(e) = &result {
             $self.app.metrics.refused(&tenant, e.reason());
         }
-        $self.app.metrics.query($name, result.is_ok());
         $self.app.metrics.query_read($name, &report.stats);
         let mut resp = Response::new(result?);
         report_metadata(&mut resp, &report);
@@ -152,7 +151,6 @@ impl PusherService for Grpc {
         if let Err(e) = &result {
             self.app.metrics.refused(&tenant, e.reason());
         }
-        self.app.metrics.ingest("push-grpc", result.is_ok());
         result?;
         Ok(Response::new(PushResponse {}))
     }

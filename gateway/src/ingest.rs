@@ -191,7 +191,6 @@ pub async fn ingest_handler(
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
         Err(e) => Err(e),
     };
-    app.metrics.ingest("ingest", result.is_ok());
     result.map(|()| StatusCode::OK)
 }
 

@@ -27,6 +27,7 @@ pub mod otlp;
 pub mod querier;
 pub mod self_profile;
 pub mod server;
+pub mod telemetry;
 pub mod tenant;
 pub mod tenants;
 pub mod time;

@@ -12,16 +12,19 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+/// An API method and its transport (`telemetry::api_method`, `telemetry::transport`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct IngestLabels {
-    pub protocol: &'static str,
-    pub outcome: &'static str,
+pub struct ApiLabels {
+    pub method: &'static str,
+    pub transport: &'static str,
 }
 
+/// [`ApiLabels`] and the answer's status class (`2xx` … `5xx`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueryLabels {
+pub struct ApiRequestLabels {
     pub method: &'static str,
-    pub outcome: &'static str,
+    pub transport: &'static str,
+    pub status: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,8 +58,12 @@ pub struct ReasonLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
-    pub ingest_requests: Family<IngestLabels, Counter>,
-    pub query_requests: Family<QueryLabels, Counter>,
+    /// Requests by API method, transport and status class (the telemetry layer).
+    pub api_requests: Family<ApiRequestLabels, Counter>,
+    /// Time from a request's arrival to its answer's headers, by API method and transport.
+    pub api_duration: Family<ApiLabels, Histogram>,
+    /// Requests being served now.
+    pub api_in_flight: Family<ApiLabels, Gauge>,
     /// Bytes each query read from the object store, by method (1 KiB to 256 MiB buckets).
     pub query_read_bytes: Family<MethodLabels, Histogram>,
     pub auth_refusals: Family<ReasonLabels, Counter>,
@@ -118,8 +125,12 @@ impl Default for Metrics {
         let mut r = Registry::with_prefix("kiln");
         let m = Self {
             registry: Mutex::new(Registry::default()),
-            ingest_requests: Family::default(),
-            query_requests: Family::default(),
+            api_requests: Family::default(),
+            // 1 ms to about 65 s.
+            api_duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 17))
+            }),
+            api_in_flight: Family::default(),
             query_read_bytes: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(1024.0, 4.0, 10))
             }),
@@ -142,14 +153,19 @@ impl Default for Metrics {
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
-            "ingest_requests",
-            "Ingest requests by protocol and outcome",
-            m.ingest_requests.clone(),
+            "api_requests",
+            "Requests by API method, transport and status class",
+            m.api_requests.clone(),
         );
         r.register(
-            "query_requests",
-            "Query requests by method and outcome",
-            m.query_requests.clone(),
+            "api_request_duration_seconds",
+            "Time from a request's arrival to its answer, by API method and transport",
+            m.api_duration.clone(),
+        );
+        r.register(
+            "api_requests_in_flight",
+            "Requests being served now, by API method and transport",
+            m.api_in_flight.clone(),
         );
         r.register(
             "query_read_bytes",
@@ -257,18 +273,9 @@ impl Metrics {
         out
     }
 
-    pub fn ingest(&self, protocol: &'static str, ok: bool) {
-        let outcome = if ok { "ok" } else { "error" };
-        self.ingest_requests
-            .get_or_create(&IngestLabels { protocol, outcome })
-            .inc();
-    }
-
-    pub fn query(&self, method: &'static str, ok: bool) {
-        let outcome = if ok { "ok" } else { "error" };
-        self.query_requests
-            .get_or_create(&QueryLabels { method, outcome })
-            .inc();
+    /// Registers the storage engine's metrics beside these.
+    pub fn register_storage(&self, storage: &kiln_storage::metrics::StorageMetrics) {
+        storage.register(&mut self.registry.lock().expect("metrics lock"));
     }
 
     /// Records what a query read (its [`kiln_storage::query::QueryStats`]).

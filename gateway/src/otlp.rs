@@ -82,7 +82,6 @@ pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: B
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
         Err(e) => Err(e),
     };
-    app.metrics.ingest("otlp-http", result.is_ok());
     match result {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
@@ -247,7 +246,6 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
             if let Err(e) = &result {
                 app.metrics.refused(&tenant, e.reason());
             }
-            app.metrics.ingest("otlp-grpc", result.is_ok());
             Ok(tonic::Response::new(result?))
         })
     }

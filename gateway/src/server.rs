@@ -70,11 +70,16 @@ pub fn router(app: AppRef) -> Router {
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone())
-        .layer(middleware::from_fn_with_state((grpc, app), steer_grpc))
+        .layer(middleware::from_fn_with_state(
+            (grpc, app.clone()),
+            steer_grpc,
+        ))
         // A bug must cost one request a 500, never the connection or the process.
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
         ))
+        // Outermost: every request is counted and timed, a panic's 500 too.
+        .layer(middleware::from_fn_with_state(app, crate::telemetry::track))
 }
 
 /// An API of a role this process does not run (`--roles`): 404, naming the roles it runs, so a

@@ -41,6 +41,7 @@ use crate::meta::{
     BLOCK_FORMAT_VERSION, BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer,
 };
 use crate::metastore::{Job, Metastore, QueuedBlock};
+use crate::metrics::CompactionLabels;
 use crate::query::{QueryEngine, now_ms};
 use crate::rollup::{FinishedRollup, RollupWriter};
 use crate::store::ObjectStorage;
@@ -622,6 +623,10 @@ impl Compactor {
             return Ok(0);
         }
         let queued = self.metastore.queued_blocks().await?;
+        self.store
+            .metrics()
+            .compaction_queued_blocks
+            .set(queued.len() as i64);
         let jobs = plan_jobs(&self.config, queued, now_ms);
         if jobs.is_empty() {
             return Ok(0);
@@ -669,6 +674,16 @@ impl Compactor {
     /// the job given up (its other sources go back to the queue).
     pub async fn run(&self, job: &Job) -> Result<bool> {
         let started = std::time::Instant::now();
+        let metrics = self.store.metrics();
+        let outcome = |outcome: &'static str| {
+            metrics
+                .compaction_jobs
+                .get_or_create(&CompactionLabels {
+                    level: job.level,
+                    outcome,
+                })
+                .inc();
+        };
         match self.merge(job).await {
             Ok(outputs) => {
                 let rows: u64 = outputs.iter().map(|(_, m)| m.rows).sum();
@@ -686,6 +701,15 @@ impl Compactor {
                     .await
                 {
                     Ok(()) => {
+                        outcome("ok");
+                        metrics
+                            .compaction_duration
+                            .observe(started.elapsed().as_secs_f64());
+                        metrics
+                            .compaction_input_bytes
+                            .inc_by(job.sources.iter().map(|b| b.bytes).sum());
+                        metrics.compaction_output_bytes.inc_by(bytes);
+                        metrics.compaction_output_rows.inc_by(rows);
                         tracing::debug!(tenant = %job.tenant, job = job.id, level = job.level,
                             sources = job.sources.len(), outputs = outputs.len(), rows, bytes,
                             elapsed_ms = started.elapsed().as_millis() as u64, "compaction job done");
@@ -697,8 +721,14 @@ impl Compactor {
                             let _ = self.store.delete(&m.path()).await;
                         }
                         match e {
-                            Error::LeaseLost { .. } => Ok(false),
-                            e => Err(e),
+                            Error::LeaseLost { .. } => {
+                                outcome("lost");
+                                Ok(false)
+                            }
+                            e => {
+                                outcome("error");
+                                Err(e)
+                            }
                         }
                     }
                 }
@@ -706,6 +736,7 @@ impl Compactor {
             Err((Some(bad), e)) if crate::query::is_corruption(&e) => {
                 tracing::error!(tenant = %bad.tenant, block = %bad.id, error = %e,
                     "compaction source quarantined: it cannot be read");
+                outcome("quarantined");
                 self.query
                     .counters()
                     .quarantined
@@ -719,6 +750,7 @@ impl Compactor {
             Err((_, e)) => {
                 tracing::warn!(tenant = %job.tenant, job = job.id, error = %e,
                     "compaction job failed; it is retried when its lease expires");
+                outcome("error");
                 Err(e)
             }
         }

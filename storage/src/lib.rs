@@ -19,6 +19,7 @@ pub mod compaction;
 pub mod error;
 pub mod meta;
 pub mod metastore;
+pub mod metrics;
 pub mod query;
 pub mod rollup;
 pub mod selector;

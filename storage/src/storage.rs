@@ -155,6 +155,7 @@ impl Storage {
         metastore: Arc<dyn Metastore>,
     ) -> Result<Self> {
         config.validate()?;
+        let store = store.instrumented(Arc::default());
         let writer = Writer::start(&config.writer, store.clone(), Arc::clone(&metastore));
         let query = QueryEngine::new(
             store.clone(),
@@ -178,6 +179,11 @@ impl Storage {
             compactor,
             config: Arc::new(config),
         })
+    }
+
+    /// The engine's metrics, to register in the process's registry.
+    pub fn metrics(&self) -> &Arc<crate::metrics::StorageMetrics> {
+        self.store.metrics()
     }
 
     /// Writes a profile for `tenant`; returns once it is durable and queryable.
@@ -342,6 +348,31 @@ impl Storage {
             .iter()
             .map(|p| p.bytes)
             .sum())
+    }
+
+    /// Sets the `storage_blocks{level}` gauges from the metastore (every tenant's blocks; the
+    /// process calls this in the background, never on a scrape).
+    pub async fn refresh_block_gauges(&self) -> Result<()> {
+        let mut per_level = std::collections::BTreeMap::<u32, i64>::new();
+        for level in 0..=crate::meta::TOP_LEVEL {
+            per_level.insert(level, 0);
+        }
+        for tenant in self.metastore.tenants().await? {
+            for b in self
+                .metastore
+                .query_blocks(BlockQuery::all(&tenant))
+                .await?
+            {
+                *per_level.entry(b.level).or_default() += 1;
+            }
+        }
+        for (level, n) in per_level {
+            self.metrics()
+                .blocks
+                .get_or_create(&crate::metrics::LevelLabels { level })
+                .set(n);
+        }
+        Ok(())
     }
 
     /// Hashes of every series `tenant` has (profile type and labels), for series limits.

@@ -3,6 +3,7 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod faulty;
 
+use crate::metrics::{InstrumentedStore, StorageMetrics};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -35,6 +36,8 @@ pub struct ObjectStorage {
     store: Arc<dyn ObjectStore>,
     /// The local file system store and its root, for fsync.
     local: Option<(Arc<LocalFileSystem>, PathBuf)>,
+    /// The storage engine's metrics, reached by every part that shares this store.
+    metrics: Arc<StorageMetrics>,
 }
 
 impl ObjectStorage {
@@ -57,6 +60,7 @@ impl ObjectStorage {
         Ok(Self {
             store: store.clone(),
             local: Some((store, root)),
+            metrics: Arc::default(),
         })
     }
 
@@ -154,7 +158,27 @@ impl ObjectStorage {
 
     /// Any other store (S3, GCS, Azure, in-memory); puts are durable when the store says so.
     pub fn remote(store: Arc<dyn ObjectStore>) -> Self {
-        Self { store, local: None }
+        Self {
+            store,
+            local: None,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// The same storage with its operations counted, sized and timed in `metrics`, which the
+    /// writer, compactor and query engine sharing it report to as well.
+    pub fn instrumented(mut self, metrics: Arc<StorageMetrics>) -> Self {
+        self.store = Arc::new(InstrumentedStore::new(
+            Arc::clone(&self.store),
+            Arc::clone(&metrics),
+        ));
+        self.metrics = metrics;
+        self
+    }
+
+    /// The storage engine's metrics.
+    pub fn metrics(&self) -> &Arc<StorageMetrics> {
+        &self.metrics
     }
 
     /// The same storage doing its I/O through `store` (a wrapper of this one's, such as a

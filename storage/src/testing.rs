@@ -246,3 +246,181 @@ pub async fn tenant_rows(s: &Storage, tenant: &str) -> u64 {
         .map(|b| b.rows)
         .sum()
 }
+
+/// A metastore that counts the calls made to the one it wraps: tests assert what a path does
+/// not do (a `/metrics` scrape reads nothing of it).
+#[derive(Debug)]
+pub struct CountingMetastore {
+    inner: Arc<dyn crate::metastore::Metastore>,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl CountingMetastore {
+    pub fn new(inner: Arc<dyn crate::metastore::Metastore>) -> Self {
+        Self {
+            inner,
+            calls: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn count(&self) -> &dyn crate::metastore::Metastore {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.as_ref()
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::metastore::Metastore for CountingMetastore {
+    async fn add_blocks(&self, blocks: Vec<crate::meta::BlockMeta>) -> crate::Result<()> {
+        self.count().add_blocks(blocks).await
+    }
+    async fn query_blocks(
+        &self,
+        query: crate::metastore::BlockQuery<'_>,
+    ) -> crate::Result<Vec<Arc<crate::meta::BlockMeta>>> {
+        self.count().query_blocks(query).await
+    }
+    async fn get_blocks(
+        &self,
+        tenant: &str,
+        ids: &[String],
+    ) -> crate::Result<Vec<Arc<crate::meta::BlockMeta>>> {
+        self.count().get_blocks(tenant, ids).await
+    }
+    async fn tenants(&self) -> crate::Result<Vec<String>> {
+        self.count().tenants().await
+    }
+    async fn partitions(
+        &self,
+        tenant: &str,
+    ) -> crate::Result<Vec<crate::metastore::PartitionStats>> {
+        self.count().partitions(tenant).await
+    }
+    async fn queued_blocks(&self) -> crate::Result<Vec<crate::metastore::QueuedBlock>> {
+        self.count().queued_blocks().await
+    }
+    async fn add_jobs(&self, jobs: Vec<crate::metastore::Job>) -> crate::Result<usize> {
+        self.count().add_jobs(jobs).await
+    }
+    async fn lease_job(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> crate::Result<Option<crate::metastore::Job>> {
+        self.count().lease_job(owner, now_ms, lease_ms).await
+    }
+    async fn complete_job(
+        &self,
+        job: &crate::metastore::Job,
+        owner: &str,
+        outputs: Vec<crate::meta::BlockMeta>,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> crate::Result<()> {
+        self.count()
+            .complete_job(job, owner, outputs, now_ms, delete_after_ms)
+            .await
+    }
+    async fn cancel_job(&self, job: &crate::metastore::Job) -> crate::Result<()> {
+        self.count().cancel_job(job).await
+    }
+    async fn jobs(&self) -> crate::Result<Vec<crate::metastore::Job>> {
+        self.count().jobs().await
+    }
+    async fn drop_partitions(
+        &self,
+        tenant: &str,
+        before_partition: i64,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> crate::Result<crate::metastore::Removed> {
+        self.count()
+            .drop_partitions(tenant, before_partition, now_ms, delete_after_ms)
+            .await
+    }
+    async fn delete_tenant(
+        &self,
+        tenant: &str,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> crate::Result<crate::metastore::Removed> {
+        self.count()
+            .delete_tenant(tenant, now_ms, delete_after_ms)
+            .await
+    }
+    async fn due_tombstones(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> crate::Result<Vec<crate::metastore::Tombstone>> {
+        self.count().due_tombstones(now_ms, limit).await
+    }
+    async fn forget_tombstones(&self, ids: &[String]) -> crate::Result<()> {
+        self.count().forget_tombstones(ids).await
+    }
+    async fn known_objects(&self) -> crate::Result<std::collections::HashSet<String>> {
+        self.count().known_objects().await
+    }
+    async fn quarantine(
+        &self,
+        tenant: &str,
+        id: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> crate::Result<bool> {
+        self.count().quarantine(tenant, id, reason, now_ms).await
+    }
+    async fn quarantined(
+        &self,
+        tenant: Option<&str>,
+    ) -> crate::Result<Vec<crate::metastore::Quarantined>> {
+        self.count().quarantined(tenant).await
+    }
+    async fn shrink(&self) -> crate::Result<()> {
+        self.count().shrink().await
+    }
+}
+
+/// The metastore entry of a block that exists only there (no object): the `n`th of `tenant`,
+/// one series of service `api`, at `time_nanos`. For tests of what reads the index.
+pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::BlockMeta {
+    use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta};
+    let ms = u64::try_from(time_nanos / 1_000_000).unwrap_or(0);
+    BlockMeta {
+        format_version: BLOCK_FORMAT_VERSION,
+        id: ulid::Ulid::from_parts(ms, u128::from(n)).to_string(),
+        tenant: tenant.into(),
+        shard: 0,
+        level: 0,
+        min_time_nanos: time_nanos,
+        max_time_nanos: time_nanos,
+        object_size: 1000,
+        samples: Section {
+            offset: 0,
+            size: 500,
+        },
+        symbols: Section {
+            offset: 500,
+            size: 500,
+        },
+        series: vec![SeriesMeta {
+            labels: vec![("service_name".into(), "api".into())],
+            profile_type: CPU.into(),
+            min_time_nanos: time_nanos,
+            max_time_nanos: time_nanos,
+            first_row: 0,
+            rows: 1,
+        }],
+        rows: 1,
+        profiles: 1,
+        stack_nodes: 1,
+        compacted_from: vec![],
+        rollups: vec![],
+    }
+}

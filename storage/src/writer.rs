@@ -17,6 +17,7 @@ use tracing::{debug, error};
 use crate::block::{DatasetBuilder, assemble_object};
 use crate::meta::{Clock, object_path};
 use crate::metastore::Metastore;
+use crate::metrics::OutcomeLabels;
 use crate::store::ObjectStorage;
 use crate::{Error, ErrorKind, Result};
 
@@ -311,6 +312,27 @@ async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pe
     let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
         pending.into_values().map(|p| (p.builder, p.acks)).unzip();
     let result = flush_segment(shard, ctx, builders).await;
+    let metrics = ctx.store.metrics();
+    match &result {
+        Ok(Some((_, _, rows, bytes))) => {
+            metrics
+                .flush_duration
+                .observe(started.elapsed().as_secs_f64());
+            metrics.flush_bytes.observe(*bytes as f64);
+            metrics.flush_rows.inc_by(*rows);
+            metrics
+                .flushes
+                .get_or_create(&OutcomeLabels { outcome: "ok" })
+                .inc();
+        }
+        Ok(None) => {}
+        Err(_) => {
+            metrics
+                .flushes
+                .get_or_create(&OutcomeLabels { outcome: "error" })
+                .inc();
+        }
+    }
     match &result {
         Ok(Some((id, tenants, rows, bytes))) => debug!(
             shard, segment = %id, tenants, rows, bytes,

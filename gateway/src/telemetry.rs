@@ -1,0 +1,216 @@
+//! Request telemetry as a layer: every request through the API port is counted, timed and
+//! classified here (API method, transport, status class), so no handler can forget it and no
+//! label can grow without bound. Names are in `docs/instrumentation.md`.
+
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+use crate::app::AppRef;
+use crate::metrics::{ApiLabels, ApiRequestLabels};
+
+/// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
+pub const QUERIER_METHODS: [&str; 9] = [
+    "ProfileTypes",
+    "LabelNames",
+    "LabelValues",
+    "Series",
+    "SelectMergeStacktraces",
+    "SelectMergeSpanProfile",
+    "SelectMergeProfile",
+    "SelectSeries",
+    "GetProfileStats",
+];
+
+/// Every API method name the layer gives (the `method` label's values).
+pub fn api_methods() -> Vec<String> {
+    let mut all: Vec<String> = [
+        "ingest",
+        PUSH,
+        OTLP_EXPORT,
+        "admin.tenants",
+        "admin.tenant",
+        "admin.tenant.usage",
+        "admin.tenant.blocks",
+        "admin.tenant.quarantine",
+        "admin.quarantine",
+        "metrics",
+        "ready",
+        "other",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    all.extend(
+        QUERIER_METHODS
+            .iter()
+            .map(|m| format!("querier.v1.QuerierService/{m}")),
+    );
+    all.push("querier.v1.QuerierService/unknown".into());
+    all
+}
+
+const PUSH: &str = "push.v1.PusherService/Push";
+const OTLP_EXPORT: &str =
+    "opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// The API method a request calls: a bounded name, from the path alone.
+pub fn api_method(method: &Method, path: &str) -> &'static str {
+    if let Some(m) = path.strip_prefix("/querier.v1.QuerierService/") {
+        return QUERIER_METHODS
+            .iter()
+            .find(|known| **known == m)
+            .map(|known| querier_name(known))
+            .unwrap_or("querier.v1.QuerierService/unknown");
+    }
+    match path {
+        "/ingest" | "/pyroscope/ingest" => return "ingest",
+        "/push.v1.PusherService/Push" => return PUSH,
+        "/v1development/profiles"
+        | "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export" => {
+            return OTLP_EXPORT;
+        }
+        "/metrics" => return "metrics",
+        "/ready" => return "ready",
+        "/api/v1/tenants" => return "admin.tenants",
+        "/api/v1/quarantine" => return "admin.quarantine",
+        _ => {}
+    }
+    if let Some(rest) = path.strip_prefix("/api/v1/tenants/") {
+        let mut parts = rest.splitn(2, '/');
+        let _id = parts.next();
+        return match (parts.next(), method) {
+            (None, _) => "admin.tenant",
+            (Some("usage"), _) => "admin.tenant.usage",
+            (Some("blocks"), _) => "admin.tenant.blocks",
+            (Some("quarantine"), _) => "admin.tenant.quarantine",
+            _ => "other",
+        };
+    }
+    "other"
+}
+
+fn querier_name(method: &str) -> &'static str {
+    match method {
+        "ProfileTypes" => "querier.v1.QuerierService/ProfileTypes",
+        "LabelNames" => "querier.v1.QuerierService/LabelNames",
+        "LabelValues" => "querier.v1.QuerierService/LabelValues",
+        "Series" => "querier.v1.QuerierService/Series",
+        "SelectMergeStacktraces" => "querier.v1.QuerierService/SelectMergeStacktraces",
+        "SelectMergeSpanProfile" => "querier.v1.QuerierService/SelectMergeSpanProfile",
+        "SelectMergeProfile" => "querier.v1.QuerierService/SelectMergeProfile",
+        "SelectSeries" => "querier.v1.QuerierService/SelectSeries",
+        "GetProfileStats" => "querier.v1.QuerierService/GetProfileStats",
+        _ => "querier.v1.QuerierService/unknown",
+    }
+}
+
+/// `grpc`, `connect` (Connect's protobuf or JSON over HTTP) or `http`.
+pub fn transport(path: &str, headers: &HeaderMap) -> &'static str {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.starts_with("application/grpc") {
+        "grpc"
+    } else if path.starts_with("/querier.v1.") || path.starts_with("/push.v1.") {
+        "connect"
+    } else {
+        "http"
+    }
+}
+
+/// `2xx`, `3xx`, `4xx` or `5xx`; a gRPC answer by its `grpc-status` (errors come trailers-only,
+/// in the headers; a status in trailers is a success), mapped as the HTTP status would be.
+fn status_class(resp: &Response) -> &'static str {
+    if let Some(code) = resp
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        return match code {
+            0 => "2xx",
+            // Cancelled, invalid argument, not found, already exists, permission denied,
+            // resource exhausted, failed precondition, aborted, out of range, unauthenticated.
+            1 | 3 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 16 => "4xx",
+            _ => "5xx",
+        };
+    }
+    match resp.status().as_u16() {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// The layer: counts, times and traces each request.
+pub async fn track(State(app): State<AppRef>, req: Request, next: Next) -> Response {
+    let method = api_method(req.method(), req.uri().path());
+    let transport = transport(req.uri().path(), req.headers());
+    let labels = ApiLabels { method, transport };
+    let in_flight = app.metrics.api_in_flight.get_or_create(&labels).clone();
+    in_flight.inc();
+    let started = Instant::now();
+    let span = tracing::info_span!(
+        "request",
+        otel.name = method,
+        method,
+        transport,
+        tenant = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let resp = next.run(req).instrument(span.clone()).await;
+    in_flight.dec();
+    let status = status_class(&resp);
+    span.record("status", status);
+    app.metrics
+        .api_requests
+        .get_or_create(&ApiRequestLabels {
+            method,
+            transport,
+            status,
+        })
+        .inc();
+    app.metrics
+        .api_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_are_bounded_names() {
+        let get = Method::GET;
+        assert_eq!(api_method(&Method::POST, "/ingest"), "ingest");
+        assert_eq!(
+            api_method(&Method::POST, "/querier.v1.QuerierService/SelectSeries"),
+            "querier.v1.QuerierService/SelectSeries"
+        );
+        assert_eq!(
+            api_method(&Method::POST, "/querier.v1.QuerierService/Whatever123"),
+            "querier.v1.QuerierService/unknown"
+        );
+        assert_eq!(
+            api_method(&get, "/api/v1/tenants/acme/usage"),
+            "admin.tenant.usage"
+        );
+        assert_eq!(api_method(&get, "/api/v1/tenants/acme"), "admin.tenant");
+        assert_eq!(api_method(&get, "/random/path/12345"), "other");
+        for path in ["/ingest", "/metrics", "/x", "/api/v1/tenants/a/b/c"] {
+            assert!(api_methods().contains(&api_method(&get, path).to_owned()));
+        }
+        for m in QUERIER_METHODS {
+            assert_eq!(querier_name(m), format!("querier.v1.QuerierService/{m}"));
+        }
+    }
+}
