@@ -24,6 +24,7 @@ eval "$services"
 trap 'bash "$root/scripts/test-services.sh" stop' EXIT
 
 cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "test.sh: cargo-nextest not found; installing it"
