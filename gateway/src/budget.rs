@@ -80,12 +80,10 @@ impl DecodeBudget {
 /// trailer gives its inflated size (the last member's, modulo 4 GiB; a hint a sender could
 /// falsify, so it is taken as at least the body and at most `limit`, which inflation enforces).
 pub fn decoded_size(body: &[u8], limit: usize) -> usize {
-    if kiln_otel::compress::is_gzip(body) && body.len() >= 18 {
-        let n = body.len();
-        let isize = u32::from_le_bytes(body[n - 4..].try_into().expect("four bytes")) as usize;
-        isize.max(n).min(limit.max(n))
-    } else {
-        body.len()
+    let n = body.len();
+    match kiln_otel::compress::gzip_size_hint(body) {
+        Some(stated) => stated.max(n).min(limit.max(n)),
+        None => n,
     }
 }
 

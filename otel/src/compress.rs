@@ -12,6 +12,14 @@ pub fn is_gzip(data: &[u8]) -> bool {
     data.len() >= 2 && data[..2] == GZIP_MAGIC
 }
 
+/// The inflated size a gzip stream's trailer states (ISIZE: the last member's size modulo
+/// 4 GiB); a hint only, as a sender can write anything there. `None` when `data` is not gzip.
+pub fn gzip_size_hint(data: &[u8]) -> Option<usize> {
+    let n = data.len();
+    (is_gzip(data) && n >= 18)
+        .then(|| u32::from_le_bytes(data[n - 4..].try_into().expect("four bytes")) as usize)
+}
+
 /// Inflates a gzip stream (several members allowed), failing with [`Error::TooLarge`] as soon as the
 /// output passes `limit` bytes. Memory stays bounded by `limit` whatever the input claims.
 pub fn gunzip_limited(data: &[u8], limit: usize) -> Result<Vec<u8>> {
@@ -19,10 +27,7 @@ pub fn gunzip_limited(data: &[u8], limit: usize) -> Result<Vec<u8>> {
     // The trailer's ISIZE (the last member's size mod 4 GiB) sizes the output, so it is not
     // grown by doubling (each step a copy, and the freed halves resident until the allocator
     // purges them); it is only a hint, as a sender can write anything there.
-    let hint = match data.len() {
-        n if n >= 18 => u32::from_le_bytes(data[n - 4..].try_into().expect("four bytes")) as usize,
-        _ => 0,
-    };
+    let hint = gzip_size_hint(data).unwrap_or(0);
     let mut out = Vec::with_capacity(hint.max(data.len()).min(limit.saturating_add(1)));
     let read = decoder
         .take(limit as u64 + 1)
