@@ -1,19 +1,17 @@
-//! The `kiln` command line: `kiln serve` (the default), `kiln token` and `kiln metastore`.
+//! The `kiln` command line: `kiln serve` (the default; its flags in blocks by concern, run by
+//! [`crate::lifecycle`]), `kiln token`, `kiln metastore` and `kiln bench`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use kiln_storage::StorageConfig;
 use kiln_storage::compaction::LevelPolicy;
-use kiln_storage::{Storage, StorageConfig};
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::app::{App, Roles};
+use crate::app::Roles;
 use crate::auth::{AuthMode, Authenticator, KeyStore, Scope, parse_duration_secs};
-use crate::budget::DecodeBudget;
-use crate::tenants::Tenants;
 
 /// Kiln: a multi-tenant continuous-profiling backend.
 #[derive(Debug, Parser)]
@@ -93,22 +91,105 @@ pub struct TokenCreate {
     pub audience: Option<String>,
 }
 
-/// `kiln serve` flags. Every flag also reads a `KILN_…` environment variable.
+/// `kiln serve` flags, in blocks by concern. Every flag also reads a `KILN_…` environment
+/// variable; `docs/configuration.md` lists them all (a test checks it).
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on, HTTP/1.1 and h2c (gRPC) on one port.
-    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:4040")]
-    pub listen: SocketAddr,
-
-    /// Directory for the local object store and the embedded metastore (when they are not
-    /// elsewhere) and for compaction's scratch files.
-    #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
-    pub data_dir: PathBuf,
-
     /// What this process does: `ingest`, `query`, `compact`, comma-separated (default all).
     /// Processes of any roles can share one `--metastore` (PostgreSQL) and `--object-store`.
     #[arg(long, env = "KILN_ROLES", default_value = "ingest,query,compact")]
     pub roles: String,
+
+    #[command(flatten)]
+    pub network: NetworkArgs,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    pub storage: StorageArgs,
+
+    #[command(flatten)]
+    pub compaction: CompactionArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// `kiln serve` flags: where Kiln listens and how long it waits for clients.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Network")]
+pub struct NetworkArgs {
+    /// Address to listen on, HTTP/1.1 and h2c (gRPC) on one port.
+    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:4040")]
+    pub listen: SocketAddr,
+
+    /// A second address serving only `/metrics` and `/ready`, without credentials, for a
+    /// network only operators reach. With `--auth jwt`, `/metrics` on `--listen` needs an admin
+    /// token of `--admin-tenant`, as its label values name every tenant.
+    #[arg(long, env = "KILN_ADMIN_LISTEN")]
+    pub admin_listen: Option<std::net::SocketAddr>,
+
+    /// Seconds a client has to send a request's headers (HTTP/1.1); a kept-alive connection
+    /// with no next request is closed after as long.
+    #[arg(long, env = "KILN_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+
+    /// Longest pause, in seconds, while a request body arrives; then 408.
+    #[arg(long, env = "KILN_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub body_read_timeout_secs: u64,
+
+    /// Seconds after which a connection that moves no byte either way is closed.
+    #[arg(long, env = "KILN_IDLE_TIMEOUT_SECS", default_value_t = 90)]
+    pub idle_timeout_secs: u64,
+
+    /// Connections open at once; further ones are closed as soon as they are accepted.
+    #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+}
+
+/// `kiln serve` flags: who may call Kiln, and as which tenant.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Authentication")]
+pub struct AuthArgs {
+    /// Authentication: `none` (one tenant, `anonymous`; loopback only), `jwt` (Bearer or Basic
+    /// tokens, keys from --jwt-keys), or `trusted-header` (`X-Scope-OrgID` from a proxy).
+    #[arg(long = "auth", env = "KILN_AUTH", value_enum, default_value = "none")]
+    pub mode: AuthMode,
+
+    /// Allow `--auth none` on a non-loopback address (anyone who can connect is `anonymous`).
+    #[arg(long, env = "KILN_INSECURE_ALLOW_ANONYMOUS")]
+    pub insecure_allow_anonymous: bool,
+
+    /// JWT verification keys: a key file, a directory of key files, or a JWKS file. Reloaded on
+    /// change and on SIGHUP.
+    #[arg(long, env = "KILN_JWT_KEYS")]
+    pub jwt_keys: Option<PathBuf>,
+
+    /// Required `iss` claim, when set.
+    #[arg(long, env = "KILN_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim, when set.
+    #[arg(long, env = "KILN_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// The operator tenant: its admin tokens administer every tenant (others only their own).
+    #[arg(long, env = "KILN_ADMIN_TENANT")]
+    pub admin_tenant: Option<String>,
+}
+
+/// `kiln serve` flags: where data lives and how writes reach it.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Storage")]
+pub struct StorageArgs {
+    /// Directory for the local object store and the embedded metastore (when they are not
+    /// elsewhere) and for compaction's scratch files.
+    #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
 
     /// The metastore: `postgres://user:password@host:port/database` (shared by several
     /// processes; the schema is migrated at start-up), or a path for the embedded one.
@@ -132,36 +213,6 @@ pub struct ServeArgs {
     )]
     pub object_store_retry_timeout_secs: u64,
 
-    /// Authentication: `none` (one tenant, `anonymous`; loopback only), `jwt` (Bearer or Basic
-    /// tokens, keys from --jwt-keys), or `trusted-header` (`X-Scope-OrgID` from a proxy).
-    #[arg(long, env = "KILN_AUTH", value_enum, default_value = "none")]
-    pub auth: AuthMode,
-
-    /// Allow `--auth none` on a non-loopback address (anyone who can connect is `anonymous`).
-    #[arg(long, env = "KILN_INSECURE_ALLOW_ANONYMOUS")]
-    pub insecure_allow_anonymous: bool,
-
-    /// JWT verification keys: a key file, a directory of key files, or a JWKS file. Reloaded on
-    /// change and on SIGHUP.
-    #[arg(long, env = "KILN_JWT_KEYS")]
-    pub jwt_keys: Option<PathBuf>,
-
-    /// Required `iss` claim, when set.
-    #[arg(long, env = "KILN_JWT_ISSUER")]
-    pub jwt_issuer: Option<String>,
-
-    /// Required `aud` claim, when set.
-    #[arg(long, env = "KILN_JWT_AUDIENCE")]
-    pub jwt_audience: Option<String>,
-
-    /// The operator tenant: its admin tokens administer every tenant (others only their own).
-    #[arg(long, env = "KILN_ADMIN_TENANT")]
-    pub admin_tenant: Option<String>,
-
-    /// Per-tenant limits (TOML: [defaults] and [tenants.<id>]). Reloaded on change and on SIGHUP.
-    #[arg(long, env = "KILN_TENANTS")]
-    pub tenants: Option<PathBuf>,
-
     /// Number of write shards.
     #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
     pub shards: u32,
@@ -175,28 +226,6 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_FLUSH_BYTES", default_value_t = 32 << 20)]
     pub flush_bytes: usize,
 
-    /// Default largest request body, as sent (413 above it); overrides the tenant file's [defaults].
-    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
-    pub max_body_bytes: Option<usize>,
-
-    /// Default largest profile once decompressed (413 above it); overrides [defaults].
-    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
-    pub max_decompressed_bytes: Option<usize>,
-
-    /// Default stack depth: deeper stacks are truncated, keeping the root side; overrides [defaults].
-    #[arg(long, env = "KILN_MAX_STACK_DEPTH")]
-    pub max_stack_depth: Option<usize>,
-
-    /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
-    #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
-    pub ingest_rate_bytes: Option<u64>,
-
-    /// Decoded bytes all ingest requests may hold at once (inflated and decoded profiles until
-    /// they are stored); a request that finds it spent waits 2 s, then is answered 503 with
-    /// `Retry-After`. 0 = unbounded.
-    #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
-    pub max_inflight_decode_bytes: usize,
-
     /// Memory for cached symbol tables, in bytes.
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
     pub symbols_cache_bytes: u64,
@@ -205,10 +234,16 @@ pub struct ServeArgs {
     /// whole), in bytes; 0 keeps none.
     #[arg(long, env = "KILN_RESULTS_CACHE_BYTES", default_value_t = 64 << 20)]
     pub results_cache_bytes: u64,
+}
 
+/// `kiln serve` flags: background upkeep of the stored blocks.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Compaction and retention")]
+pub struct CompactionArgs {
     /// Compact blocks in the background (levels merged by count and age).
-    #[arg(long, env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub compaction: bool,
+    #[arg(
+        long = "compaction", env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
 
     /// When each level is merged into the next, as `blocks:age` per level from L0: merge as soon
     /// as `blocks` wait, or what waits once the oldest is `age` old (`s`, `m`, `h`, `d`).
@@ -243,6 +278,46 @@ pub struct ServeArgs {
     /// How often retention runs, in seconds.
     #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
     pub retention_interval_secs: u64,
+}
+
+/// `kiln serve` flags: defaults of the per-tenant limits, and process-wide bounds.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Per-tenant limits (TOML: [defaults] and [tenants.<id>]). Reloaded on change and on SIGHUP.
+    #[arg(long, env = "KILN_TENANTS")]
+    pub tenants: Option<PathBuf>,
+
+    /// Default largest request body, as sent (413 above it); overrides the tenant file's [defaults].
+    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+
+    /// Default largest profile once decompressed (413 above it); overrides [defaults].
+    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    pub max_decompressed_bytes: Option<usize>,
+
+    /// Default stack depth: deeper stacks are truncated, keeping the root side; overrides [defaults].
+    #[arg(long, env = "KILN_MAX_STACK_DEPTH")]
+    pub max_stack_depth: Option<usize>,
+
+    /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
+    #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
+    pub ingest_rate_bytes: Option<u64>,
+
+    /// Decoded bytes all ingest requests may hold at once (inflated and decoded profiles until
+    /// they are stored); a request that finds it spent waits 2 s, then is answered 503 with
+    /// `Retry-After`. 0 = unbounded.
+    #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
+    pub max_inflight_decode_bytes: usize,
+}
+
+/// `kiln serve` flags: how Kiln observes itself: logs, traces, its own profiles.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryArgs {
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "KILN_LOG", default_value = "info")]
+    pub log: String,
 
     /// Kiln samples its own CPU and writes it, every `--self-profile-interval-secs`, as
     /// `service_name="kiln"` into `--self-profile-tenant` (`false` turns it off).
@@ -257,32 +332,15 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_SELF_PROFILE_INTERVAL_SECS", default_value_t = 10)]
     pub self_profile_interval_secs: u64,
 
-    /// Seconds a client has to send a request's headers (HTTP/1.1); a kept-alive connection
-    /// with no next request is closed after as long.
-    #[arg(long, env = "KILN_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
-    pub header_read_timeout_secs: u64,
+    /// Kiln's own profiles also sample its heap (jemalloc's profiler: in-use bytes and objects
+    /// of live allocations, one in every 512 KiB allocated on average).
+    #[arg(long, env = "KILN_SELF_PROFILE_HEAP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub self_profile_heap: bool,
 
-    /// Longest pause, in seconds, while a request body arrives; then 408.
-    #[arg(long, env = "KILN_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
-    pub body_read_timeout_secs: u64,
-
-    /// Seconds after which a connection that moves no byte either way is closed.
-    #[arg(long, env = "KILN_IDLE_TIMEOUT_SECS", default_value_t = 90)]
-    pub idle_timeout_secs: u64,
-
-    /// Connections open at once; further ones are closed as soon as they are accepted.
-    #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
-    pub max_connections: usize,
-
-    /// A second address serving only `/metrics` and `/ready`, without credentials, for a
-    /// network only operators reach. With `--auth jwt`, `/metrics` on `--listen` needs an admin
-    /// token of `--admin-tenant`, as its label values name every tenant.
-    #[arg(long, env = "KILN_ADMIN_LISTEN")]
-    pub admin_listen: Option<std::net::SocketAddr>,
-
-    /// Log filter (tracing `EnvFilter` syntax).
-    #[arg(long, env = "KILN_LOG", default_value = "info")]
-    pub log: String,
+    /// Export Kiln's own tracing spans (requests, flushes, compactions, queries) over OTLP/gRPC
+    /// to this collector, e.g. `http://127.0.0.1:4317`, as `service.name=kiln`.
+    #[arg(long, env = "KILN_OTLP_TRACES_ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 impl Default for ServeArgs {
@@ -299,32 +357,12 @@ impl Default for ServeArgs {
 impl ServeArgs {
     /// Checks values clap cannot.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.compaction_levels()?;
         self.roles()?;
+        self.compaction.levels()?;
         self.storage_config().validate()?;
-        anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
-        anyhow::ensure!(
-            self.flush_interval_ms > 0,
-            "--flush-interval-ms must be positive"
-        );
-        if self.auth == AuthMode::None
-            && !self.listen.ip().is_loopback()
-            && !self.insecure_allow_anonymous
-        {
-            anyhow::bail!(
-                "--auth none on {}: anyone who can reach it would read and write as `anonymous`; \
-                 listen on a loopback address, use --auth jwt or trusted-header, or pass \
-                 --insecure-allow-anonymous",
-                self.listen
-            );
-        }
-        if self.auth == AuthMode::Jwt {
-            anyhow::ensure!(
-                self.jwt_keys.is_some(),
-                "--auth jwt needs --jwt-keys (a key file, a directory or a JWKS file)"
-            );
-        }
-        Ok(())
+        self.storage.validate()?;
+        self.auth.validate(self.network.listen)?;
+        self.telemetry.validate()
     }
 
     /// The roles of `--roles`.
@@ -332,8 +370,44 @@ impl ServeArgs {
         Roles::parse(&self.roles).map_err(|e| anyhow::anyhow!("--roles: {e}"))
     }
 
+    /// Storage settings from these flags.
+    pub fn storage_config(&self) -> StorageConfig {
+        let s = &self.storage;
+        let mut c = StorageConfig::new(&s.data_dir);
+        c.metastore = s.metastore.clone();
+        c.object_store = s.object_store.clone();
+        c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
+        c.writer.shards = s.shards;
+        c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
+        c.writer.flush_bytes = s.flush_bytes;
+        c.symbols_cache_bytes = s.symbols_cache_bytes;
+        c.results_cache_bytes = s.results_cache_bytes;
+        let compaction = &self.compaction;
+        c.compaction.enabled = compaction.enabled && self.roles().is_ok_and(|r| r.compact);
+        if let Ok(levels) = compaction.levels() {
+            c.compaction.levels = levels;
+        }
+        c.compaction.top.target_bytes = compaction.compaction_target_mib.saturating_mul(1 << 20);
+        c.delete_delay = Duration::from_secs(compaction.delete_delay_secs);
+        c.orphan_grace = Duration::from_secs(compaction.orphan_grace_secs);
+        c
+    }
+}
+
+impl StorageArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
+        anyhow::ensure!(
+            self.flush_interval_ms > 0,
+            "--flush-interval-ms must be positive"
+        );
+        Ok(())
+    }
+}
+
+impl CompactionArgs {
     /// The compaction policies of `--compaction-levels`.
-    pub fn compaction_levels(&self) -> anyhow::Result<Vec<LevelPolicy>> {
+    pub fn levels(&self) -> anyhow::Result<Vec<LevelPolicy>> {
         self.compaction_levels
             .split(',')
             .map(|level| {
@@ -353,30 +427,56 @@ impl ServeArgs {
             })
             .collect()
     }
+}
 
-    /// Storage settings from these flags.
-    pub fn storage_config(&self) -> StorageConfig {
-        let mut c = StorageConfig::new(&self.data_dir);
-        c.metastore = self.metastore.clone();
-        c.object_store = self.object_store.clone();
-        c.object_store_retry_timeout = Duration::from_secs(self.object_store_retry_timeout_secs);
-        c.writer.shards = self.shards;
-        c.writer.flush_interval = Duration::from_millis(self.flush_interval_ms);
-        c.writer.flush_bytes = self.flush_bytes;
-        c.symbols_cache_bytes = self.symbols_cache_bytes;
-        c.results_cache_bytes = self.results_cache_bytes;
-        c.compaction.enabled = self.compaction && self.roles().is_ok_and(|r| r.compact);
-        if let Ok(levels) = self.compaction_levels() {
-            c.compaction.levels = levels;
+impl AuthArgs {
+    fn validate(&self, listen: SocketAddr) -> anyhow::Result<()> {
+        if self.mode == AuthMode::None
+            && !listen.ip().is_loopback()
+            && !self.insecure_allow_anonymous
+        {
+            anyhow::bail!(
+                "--auth none on {listen}: anyone who can reach it would read and write as \
+                 `anonymous`; listen on a loopback address, use --auth jwt or trusted-header, or \
+                 pass --insecure-allow-anonymous"
+            );
         }
-        c.compaction.top.target_bytes = self.compaction_target_mib.saturating_mul(1 << 20);
-        c.delete_delay = Duration::from_secs(self.delete_delay_secs);
-        c.orphan_grace = Duration::from_secs(self.orphan_grace_secs);
-        c
+        if self.mode == AuthMode::Jwt {
+            anyhow::ensure!(
+                self.jwt_keys.is_some(),
+                "--auth jwt needs --jwt-keys (a key file, a directory or a JWKS file)"
+            );
+        }
+        Ok(())
     }
 
+    /// The authenticator these flags describe (JWT keys are read now).
+    pub fn authenticator(&self) -> anyhow::Result<Authenticator> {
+        Ok(match self.mode {
+            AuthMode::None => Authenticator::none(),
+            AuthMode::TrustedHeader => Authenticator::trusted_header(),
+            AuthMode::Jwt => {
+                let path = self
+                    .jwt_keys
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("--auth jwt needs --jwt-keys"))?;
+                let keys = KeyStore::open(path)?;
+                info!(keys = keys.keys().len(), path = %path.display(), "JWT keys loaded");
+                Authenticator {
+                    mode: AuthMode::Jwt,
+                    keys: Some(keys),
+                    issuer: self.jwt_issuer.clone(),
+                    audience: self.jwt_audience.clone(),
+                    admin_tenant: self.admin_tenant.clone(),
+                }
+            }
+        })
+    }
+}
+
+impl LimitArgs {
     /// Command-line limits, which override the tenant file's [defaults].
-    pub fn limit_overrides(&self) -> toml::Table {
+    pub fn overrides(&self) -> toml::Table {
         let mut t = toml::Table::new();
         let mut set = |k: &str, v: Option<u64>| {
             if let Some(v) = v {
@@ -392,162 +492,18 @@ impl ServeArgs {
         set("ingest_rate_bytes", self.ingest_rate_bytes);
         t
     }
-
-    fn authenticator(&self) -> anyhow::Result<Authenticator> {
-        Ok(match self.auth {
-            AuthMode::None => Authenticator::none(),
-            AuthMode::TrustedHeader => Authenticator::trusted_header(),
-            AuthMode::Jwt => {
-                let path = self.jwt_keys.as_ref().expect("validated");
-                let keys = KeyStore::open(path)?;
-                info!(keys = keys.keys().len(), path = %path.display(), "JWT keys loaded");
-                Authenticator {
-                    mode: AuthMode::Jwt,
-                    keys: Some(keys),
-                    issuer: self.jwt_issuer.clone(),
-                    audience: self.jwt_audience.clone(),
-                    admin_tenant: self.admin_tenant.clone(),
-                }
-            }
-        })
-    }
 }
 
-/// Opens storage and builds the shared app.
-pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
-    args.validate()?;
-    let auth = args.authenticator()?;
-    let tenants = Tenants::load(args.tenants.as_deref(), args.limit_overrides())?;
-    let storage = Storage::open(args.storage_config()).await?;
-    let mut app = App::new(storage, auth, tenants);
-    app.roles = args.roles()?;
-    app.decode_budget = DecodeBudget::new(args.max_inflight_decode_bytes);
-    Ok(Arc::new(app))
-}
-
-/// How often the `kiln_tenant_stored_bytes` gauges are refreshed from the metastore.
-const STORED_BYTES_REFRESH: Duration = Duration::from_secs(30);
-
-/// Background upkeep: reload keys and tenant limits on change or SIGHUP, refresh stored bytes,
-/// run retention.
-fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
-    let reload = {
-        let app = Arc::clone(&app);
-        move |why: &str, force: bool| {
-            if let Some(keys) = &app.auth.keys {
-                let result = if force {
-                    keys.reload().map(|_| true)
-                } else {
-                    keys.reload_if_changed()
-                };
-                match result {
-                    Ok(true) => info!(why, keys = keys.keys().len(), "JWT keys reloaded"),
-                    Ok(false) => {}
-                    Err(e) => warn!(error = %e, "JWT keys not reloaded; the old keys stay"),
-                }
-            }
-            let result = if force {
-                app.tenants.reload().map(|_| true)
-            } else {
-                app.tenants.reload_if_changed()
-            };
-            match result {
-                Ok(true) => info!(why, "tenant limits reloaded"),
-                Ok(false) => {}
-                Err(e) => warn!(error = %e, "tenant limits not reloaded; the old limits stay"),
-            }
+impl TelemetryArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if let Some(endpoint) = &self.otlp_traces_endpoint {
+            anyhow::ensure!(
+                endpoint.starts_with("http://") || endpoint.starts_with("https://"),
+                "--otlp-traces-endpoint {endpoint:?}: give a URL, e.g. http://127.0.0.1:4317"
+            );
         }
-    };
-    let poll = reload.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            poll("changed on disk", false);
-        }
-    });
-    #[cfg(unix)]
-    tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
-        while hup.recv().await.is_some() {
-            reload("SIGHUP", true);
-        }
-    });
-    let metered = Arc::clone(&app);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
-        loop {
-            tick.tick().await;
-            if let Err(e) = crate::admin::refresh_stored_bytes(&metered).await {
-                warn!(error = %e.message, "stored bytes not refreshed; retrying at the next interval");
-            }
-        }
-    });
-    if !app.roles.compact {
-        return;
+        Ok(())
     }
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(retention_every);
-        loop {
-            tick.tick().await;
-            if let Err(e) = crate::admin::apply_retention(&app).await {
-                warn!(error = %e.message, "retention failed; retrying at the next interval");
-            }
-        }
-    });
-}
-
-/// Runs `kiln serve` until SIGTERM.
-pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let app = build_app(&args).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    info!(roles = %app.roles, "kiln starting");
-    if let Some(addr) = args.admin_listen {
-        let admin = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--admin-listen): {e}"))?;
-        info!(%addr, "admin listener (/metrics, /ready) is listening");
-        let router = crate::server::admin_router(Arc::clone(&app));
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(admin, router).await {
-                tracing::error!(error = %e, "the admin listener stopped");
-            }
-        });
-    }
-    spawn_upkeep(
-        Arc::clone(&app),
-        Duration::from_secs(args.retention_interval_secs.max(1)),
-    );
-    if app.roles.compact {
-        app.storage.spawn_upkeep(
-            Duration::from_millis(args.upkeep_interval_ms.max(10)),
-            Duration::from_secs(args.orphan_sweep_interval_secs.max(1)),
-        );
-    }
-    // Profiles are written through this process's own writer, which runs with the ingest role.
-    if args.self_profile && app.roles.ingest {
-        crate::self_profile::spawn(
-            Arc::clone(&app),
-            crate::self_profile::SelfProfile {
-                tenant: args.self_profile_tenant.clone(),
-                interval: Duration::from_secs(args.self_profile_interval_secs.max(1)),
-                labels: vec![("instance".into(), args.listen.to_string())],
-            },
-        );
-    }
-    let limits = crate::server::ConnectionLimits {
-        header_read_timeout: Duration::from_secs(args.header_read_timeout_secs.max(1)),
-        body_read_timeout: Duration::from_secs(args.body_read_timeout_secs.max(1)),
-        idle_timeout: Duration::from_secs(args.idle_timeout_secs.max(1)),
-        max_connections: args.max_connections.max(1),
-    };
-    crate::server::serve(app, listener, limits, crate::server::shutdown_signal()).await?;
-    Ok(())
 }
 
 /// Runs `kiln metastore …`.
@@ -631,4 +587,69 @@ pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn every_serve_flag_is_documented_with_its_environment_variable() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+        )
+        .expect("docs/configuration.md");
+        let command = Wrapper::command();
+        let mut flags = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            flags += 1;
+            assert!(
+                doc.contains(&format!("| `--{long}")),
+                "--{long} is missing from docs/configuration.md"
+            );
+            let env = arg
+                .get_env()
+                .expect("every flag reads an environment variable");
+            assert!(
+                doc.contains(&format!("`{}`", env.to_string_lossy())),
+                "{env:?} (--{long}) is missing from docs/configuration.md"
+            );
+        }
+        assert!(flags > 40, "only {flags} flags found");
+    }
+
+    #[test]
+    fn flags_land_in_their_blocks() {
+        let args = Wrapper::parse_from([
+            "kiln",
+            "--auth",
+            "trusted-header",
+            "--compaction",
+            "false",
+            "--shards",
+            "3",
+            "--otlp-traces-endpoint",
+            "http://127.0.0.1:4317",
+        ])
+        .args;
+        assert_eq!(args.auth.mode, AuthMode::TrustedHeader);
+        assert!(!args.compaction.enabled);
+        assert_eq!(args.storage_config().writer.shards, 3);
+        assert!(!args.storage_config().compaction.enabled);
+        args.validate().expect("valid");
+        let bad = Wrapper::parse_from(["kiln", "--otlp-traces-endpoint", "127.0.0.1:4317"]).args;
+        assert!(bad.validate().is_err(), "an endpoint without a scheme");
+    }
 }

@@ -78,12 +78,14 @@ impl Codec {
 
 /// A Connect error response.
 pub fn connect_error(e: &ApiError) -> Response {
-    (
+    let mut resp = (
         e.kind.http_status(),
         [(header::CONTENT_TYPE, "application/json")],
         e.connect_body(),
     )
-        .into_response()
+        .into_response();
+    e.decorate(&mut resp);
+    resp
 }
 
 fn connect_ok(codec: Codec, body: Bytes) -> Response {

@@ -343,11 +343,12 @@ fn apply_app_labels(meta: &mut IngestMeta, name: &AppName) {
     meta.labels.set_default(LABEL_SERVICE_NAME, &name.app);
 }
 
-/// Runs CPU-heavy decoding off the async workers.
-async fn blocking<T: Send + 'static>(
+/// Runs CPU-heavy decoding off the async workers, in an `ingest.decode` span of the request.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
+    let span = tracing::info_span!("ingest.decode");
+    tokio::task::spawn_blocking(move || span.in_scope(f))
         .await
         .map_err(ApiError::internal)?
 }

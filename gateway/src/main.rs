@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use kiln_gateway::cli::{Cli, Command, ServeArgs};
+use kiln_gateway::traces;
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc instead of glibc's allocator: the ingest path allocates and frees many small
@@ -35,17 +36,17 @@ async fn main() -> anyhow::Result<()> {
         None => ServeArgs::default(),
     };
     // The self-profiler logs each start and stop at info; a filter that names `pprof` decides.
-    let filter = if args.log.contains("pprof") {
-        args.log.clone()
+    let telemetry = &args.telemetry;
+    let filter = if telemetry.log.contains("pprof") {
+        telemetry.log.clone()
     } else {
-        format!("{},pprof=warn", args.log)
+        format!("{},pprof=warn", telemetry.log)
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    let traces = traces::init(&filter, telemetry.otlp_traces_endpoint.as_deref())?;
     if let Err(e) = background_purge {
         tracing::warn!(error = %e, "jemalloc's background purge thread could not start");
     }
-    kiln_gateway::cli::serve(args).await
+    let served = kiln_gateway::lifecycle::serve(args).await;
+    traces.shutdown();
+    served
 }

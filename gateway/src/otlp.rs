@@ -56,9 +56,8 @@ pub async fn export(
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
     let limits = app.limits(tenant).normalize();
     let converted =
-        tokio::task::spawn_blocking(move || kiln_otel::otlp::convert(&req, now_nanos(), &limits))
-            .await
-            .map_err(ApiError::internal)??;
+        crate::ingest::blocking(move || Ok(kiln_otel::otlp::convert(&req, now_nanos(), &limits)?))
+            .await?;
     let rejected = converted.rejected;
     if converted.profile.series.is_empty() {
         // Nothing to store, but the decoding work still counts against the rate.

@@ -47,7 +47,7 @@ pub fn spawn(app: AppRef, config: SelfProfile) {
     tokio::spawn(async move {
         while let Some(profile) = rx.recv().await {
             if let Err(e) = write(&app, &config, &profile).await {
-                debug!(error = %e.message, tenant = %config.tenant, "self-profile not stored");
+                debug!(error = %e.log_text(), tenant = %config.tenant, "self-profile not stored");
             }
         }
     });

@@ -1,6 +1,7 @@
 //! Request telemetry as a layer: every request through the API port is counted, timed and
 //! classified here (API method, transport, status class), so no handler can forget it and no
-//! label can grow without bound. Names are in `docs/instrumentation.md`.
+//! label can grow without bound, and the failures of ours a response carries are logged, once,
+//! in the request's span. Names are in `docs/instrumentation.md`.
 
 use std::time::Instant;
 
@@ -11,6 +12,7 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use crate::app::AppRef;
+use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
 /// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
@@ -169,6 +171,15 @@ pub async fn track(State(app): State<AppRef>, req: Request, next: Next) -> Respo
     in_flight.dec();
     let status = status_class(&resp);
     span.record("status", status);
+    // Errors are logged here, once, in the request's span (with its tenant): not where they
+    // were made.
+    if let Some(failure) = ErrorDetail::of(&resp) {
+        let _in_request = span.enter();
+        match failure.kind {
+            ErrorKind::Internal => tracing::error!(error = %failure.detail, "request failed"),
+            _ => tracing::warn!(error = %failure.detail, "request failed"),
+        }
+    }
     app.metrics
         .api_requests
         .get_or_create(&ApiRequestLabels {

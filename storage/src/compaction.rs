@@ -672,6 +672,7 @@ impl Compactor {
 
     /// Runs one leased job. Returns whether it completed; a corrupt source is quarantined and
     /// the job given up (its other sources go back to the queue).
+    #[tracing::instrument(name = "compaction.job", skip_all, fields(job = job.id, tenant = %job.tenant, level = job.level, sources = job.sources.len()))]
     pub async fn run(&self, job: &Job) -> Result<bool> {
         let started = std::time::Instant::now();
         let metrics = self.store.metrics();

@@ -29,6 +29,7 @@ use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuil
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
+use tracing::Instrument;
 
 use crate::block::col;
 use crate::meta::{EntryKey, PROFILE_TOTALS};
@@ -954,7 +955,11 @@ impl QueryEngine {
         with_labels: bool,
         mut f: impl FnMut(&SymbolTable, &[StackValue]),
     ) -> Result<()> {
-        let blocks = self.candidate_blocks(filter).await?;
+        let blocks = self
+            .candidate_blocks(filter)
+            .instrument(tracing::info_span!("query.plan"))
+            .await?;
+        let scan = tracing::info_span!("query.scan", blocks = blocks.len());
         let mut columns = vec![col::TIMESTAMP, col::STACK_ID, col::VALUE];
         if !filter.span_ids.is_empty() {
             columns.push(col::SPAN_ID);
@@ -984,12 +989,16 @@ impl QueryEngine {
                 }
             })
             .buffer_unordered(SCAN_CONCURRENCY);
-        while let Some(scan) = scans.next().await {
-            if let Some((symbols, values)) = scan? {
-                f(&symbols, &values);
+        async {
+            while let Some(scan) = scans.next().await {
+                if let Some((symbols, values)) = scan? {
+                    f(&symbols, &values);
+                }
             }
+            Ok(())
         }
-        Ok(())
+        .instrument(scan)
+        .await
     }
 
     /// [`Self::block_stacks`], from the partial-result cache when the query takes every sample
@@ -1182,6 +1191,7 @@ impl QueryEngine {
     }
 
     /// The merged stack tree of the selected samples.
+    #[tracing::instrument(name = "query.merge_tree", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
     pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
         retrying(|| async {
             let mut tree = FlameTree::default();
@@ -1195,6 +1205,7 @@ impl QueryEngine {
     }
 
     /// The selected samples merged into one pprof profile.
+    #[tracing::instrument(name = "query.merge_pprof", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
     pub async fn merge_pprof(
         &self,
         filter: &SampleFilter,
@@ -1216,6 +1227,7 @@ impl QueryEngine {
     /// Time series of the selected samples: one series per distinct value set of `group_by`,
     /// points every `step_nanos`, aligned to `start`. An average divides a step's sum by the
     /// number of profiles in it: distinct (series, timestamp) pairs.
+    #[tracing::instrument(name = "query.select_series", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type, step_nanos))]
     pub async fn select_series(
         &self,
         filter: &SampleFilter,

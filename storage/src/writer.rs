@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, error};
+use tracing::{Instrument, debug, error};
 
 use crate::block::{DatasetBuilder, assemble_object};
 use crate::meta::{Clock, object_path};
@@ -135,6 +135,7 @@ impl Writer {
 
     /// Writes profiles of one request and waits until all are durable. They land in the same
     /// block, so they are stored all together or not at all.
+    #[tracing::instrument(name = "storage.write", skip_all, fields(tenant = %tenant, profiles = profiles.len()))]
     pub async fn write(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
         check_times(&profiles, crate::query::now_ms() as i64 * 1_000_000)?;
         let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
@@ -308,13 +309,29 @@ async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pe
     if pending.is_empty() {
         return;
     }
+    let span = tracing::info_span!(
+        "storage.flush",
+        shard,
+        tenants = pending.len(),
+        writes = tracing::field::Empty,
+        rows = tracing::field::Empty,
+        bytes = tracing::field::Empty,
+    );
+    flush_pending(shard, ctx, pending).instrument(span).await;
+}
+
+/// Writes one flush's pending datasets and answers the writes waiting for it.
+async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String, Pending>) {
+    let span = tracing::Span::current();
     let started = Instant::now();
     let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
         pending.into_values().map(|p| (p.builder, p.acks)).unzip();
+    span.record("writes", acks.iter().map(Vec::len).sum::<usize>());
     let result = flush_segment(shard, ctx, builders).await;
     let metrics = ctx.store.metrics();
     match &result {
         Ok(Some((_, _, rows, bytes))) => {
+            span.record("rows", rows).record("bytes", bytes);
             metrics
                 .flush_duration
                 .observe(started.elapsed().as_secs_f64());

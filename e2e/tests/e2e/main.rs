@@ -16,3 +16,4 @@ mod restart;
 mod scale_out;
 mod self_profile;
 mod spans;
+mod traces;
