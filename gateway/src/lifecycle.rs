@@ -135,6 +135,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             crate::self_profile::SelfProfile {
                 tenant: args.telemetry.self_profile_tenant.clone(),
                 interval: Duration::from_secs(args.telemetry.self_profile_interval_secs.max(1)),
+                heap: args.telemetry.self_profile_heap,
                 labels: vec![("instance".into(), args.network.listen.to_string())],
             },
         );

@@ -1,8 +1,10 @@
 //! Kiln profiles itself (`--self-profile`): the process's CPU is sampled (the `pprof` crate:
 //! `SIGPROF` at 100 Hz, stacks unwound from the binary's unwind tables, named from its symbol
-//! table), and every interval the samples become one pprof profile written through the same
-//! path as `/ingest` (normalization, the tenant's limits, a durable write) as
-//! `service_name="kiln"`, so Kiln's own flame graph sits beside the services it serves.
+//! table), and so is its heap (`--self-profile-heap`: jemalloc's own profiler, one allocation
+//! per 512 KiB on average, read with `jemalloc_pprof`). Every interval the samples become pprof
+//! profiles (CPU time; bytes in use) written through the same path as `/ingest`
+//! (normalization, the tenant's limits, a durable write) as `service_name="kiln"`, so Kiln's
+//! own flame graphs sit beside the services it serves. ADR 0008.
 
 use std::collections::HashMap;
 use std::time::{Duration, UNIX_EPOCH};
@@ -27,6 +29,8 @@ const BLOCKLIST: [&str; 4] = ["libc", "libgcc", "pthread", "vdso"];
 pub struct SelfProfile {
     pub tenant: String,
     pub interval: Duration,
+    /// Sample the heap too (jemalloc's profiler).
+    pub heap: bool,
     /// Labels besides `service_name` (`instance`: this process's listen address).
     pub labels: Vec<(String, String)>,
 }
@@ -35,18 +39,18 @@ pub struct SelfProfile {
 /// are written on the runtime and stop with it. Failing to start (another profiler in the
 /// process, a platform without `SIGPROF`, a binary without a symbol table) is logged, not fatal.
 pub fn spawn(app: AppRef, config: SelfProfile) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<pb::Profile>(2);
-    let interval = config.interval;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(pb::Profile, &'static str)>(4);
+    let (interval, heap) = (config.interval, config.heap);
     let sampler = std::thread::Builder::new()
         .name("kiln-self-profile".into())
-        .spawn(move || sample(interval, &tx));
+        .spawn(move || sample(interval, heap, &tx));
     if let Err(e) = sampler {
         warn!(error = %e, "self-profiling off: its thread did not start");
         return;
     }
     tokio::spawn(async move {
-        while let Some(profile) = rx.recv().await {
-            if let Err(e) = write(&app, &config, &profile).await {
+        while let Some((profile, name)) = rx.recv().await {
+            if let Err(e) = write(&app, &config, &profile, name).await {
                 debug!(error = %e.log_text(), tenant = %config.tenant, "self-profile not stored");
             }
         }
@@ -62,8 +66,19 @@ const SAMPLER_LIFETIME: Duration = Duration::from_secs(600);
 /// A sample's stack (return addresses, leaf first) and thread, as the sampler counts them.
 type StackKey = (Vec<usize>, u64);
 
-/// The sampling loop: a profile of every `interval`, sent to `tx` until its receiver is gone.
-fn sample(interval: Duration, tx: &tokio::sync::mpsc::Sender<pb::Profile>) {
+/// The `__name__` of Kiln's CPU profiles and of its heap profiles.
+const CPU_NAME: &str = "process_cpu";
+const HEAP_NAME: &str = "memory";
+
+/// The sampling loop: profiles of every `interval` (CPU, and the heap when `heap` is on), sent
+/// to `tx` until its receiver is gone.
+fn sample(
+    interval: Duration,
+    heap: bool,
+    tx: &tokio::sync::mpsc::Sender<(pb::Profile, &'static str)>,
+) {
+    // Off the runtime: the profiler's lock is taken blocking.
+    let heap = heap.then(Heap::start).flatten();
     let symbols = match Symbolizer::load() {
         Ok(s) => s,
         Err(e) => {
@@ -106,8 +121,18 @@ fn sample(interval: Duration, tx: &tokio::sync::mpsc::Sender<pb::Profile>) {
             });
             let profile = to_pprof(counts, &symbols, start, report.timing.frequency);
             before = now;
-            if !profile.sample.is_empty() && tx.blocking_send(profile).is_err() {
+            if !profile.sample.is_empty() && tx.blocking_send((profile, CPU_NAME)).is_err() {
                 return;
+            }
+            let Some(heap) = &heap else { continue };
+            match heap.profile(&symbols) {
+                Ok(profile) if profile.sample.is_empty() => {}
+                Ok(profile) => {
+                    if tx.blocking_send((profile, HEAP_NAME)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => warn!(error = %e, "heap self-profile failed"),
             }
         }
     }
@@ -117,10 +142,11 @@ async fn write(
     app: &AppRef,
     config: &SelfProfile,
     profile: &pb::Profile,
+    name: &str,
 ) -> Result<(), crate::error::ApiError> {
     let mut labels = Labels::from_pairs([
         (kiln_otel::model::LABEL_SERVICE_NAME, SERVICE_NAME),
-        ("__name__", "process_cpu"),
+        ("__name__", name),
     ]);
     for (k, v) in &config.labels {
         labels.set(k.clone(), v.clone());
@@ -192,6 +218,87 @@ fn to_pprof<'a>(
     }
 }
 
+/// jemalloc's heap profiler, active while Kiln runs with `--self-profile-heap`.
+struct Heap(std::sync::Arc<tokio::sync::Mutex<jemalloc_pprof::JemallocProfCtl>>);
+
+impl Heap {
+    /// Turns sampling on; `None` (and a warning) when this jemalloc was built without
+    /// profiling or configured without it (`JEMALLOC_SYS_WITH_MALLOC_CONF`, `.cargo/config.toml`).
+    fn start() -> Option<Self> {
+        let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() else {
+            warn!("heap self-profiling off: jemalloc was not started with prof:true");
+            return None;
+        };
+        if let Err(e) = ctl.blocking_lock().activate() {
+            warn!(error = %e, "heap self-profiling off: jemalloc's profiler did not start");
+            return None;
+        }
+        Some(Self(std::sync::Arc::clone(ctl)))
+    }
+
+    /// The live allocations now, as bytes in use by allocating stack (an estimate from the
+    /// sampled ones, as jemalloc scales them).
+    fn profile(&self, symbols: &Symbolizer) -> Result<pb::Profile, SelfProfileError> {
+        let dump = self
+            .0
+            .blocking_lock()
+            .dump_profile()
+            .map_err(|e| SelfProfileError::Heap(e.to_string()))?;
+        let mut b = Builder::default();
+        let mut ips = Vec::new();
+        for (stack, _) in &dump.stacks {
+            let bytes = stack.weight.round() as i64;
+            if bytes <= 0 {
+                continue;
+            }
+            // The parsed dump lists a stack root first; the profile wants the leaf first.
+            ips.clear();
+            ips.extend(stack.addrs.iter().rev().map(|&ip| ip.saturating_sub(1)));
+            let own = symbols.allocating_frames(&ips);
+            if own.is_empty() {
+                continue;
+            }
+            let location_id = own.iter().map(|&ip| b.location(symbols, ip)).collect();
+            b.samples.push(pb::Sample {
+                location_id,
+                value: vec![bytes],
+                ..Default::default()
+            });
+        }
+        let (space, bytes) = (b.string("space"), b.string("bytes"));
+        let (inuse, now) = (b.string("inuse_space"), std::time::SystemTime::now());
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        Ok(pb::Profile {
+            sample_type: vec![pb::ValueType {
+                r#type: inuse,
+                unit: bytes,
+            }],
+            sample: b.samples,
+            location: b.locations,
+            function: b.functions,
+            string_table: b.strings,
+            time_nanos: i64::try_from(since.as_nanos()).unwrap_or(0),
+            period_type: Some(pb::ValueType {
+                r#type: space,
+                unit: bytes,
+            }),
+            period: 1 << 19,
+            ..Default::default()
+        })
+    }
+}
+
+/// Why a self-profile could not be taken.
+#[derive(Debug, thiserror::Error)]
+enum SelfProfileError {
+    #[error("cannot read this executable's symbols: {0}")]
+    Symbols(String),
+    #[error("the executable has no symbol table (stripped?)")]
+    Stripped,
+    #[error("jemalloc's heap profile could not be read: {0}")]
+    Heap(String),
+}
+
 /// Never inlined, so its address finds where the executable was loaded.
 #[inline(never)]
 fn load_address_probe() -> usize {
@@ -210,11 +317,13 @@ struct Symbolizer {
 }
 
 impl Symbolizer {
-    fn load() -> Result<Self, String> {
+    fn load() -> Result<Self, SelfProfileError> {
         use object::{Object, ObjectSymbol, SymbolKind};
-        let file = std::fs::File::open("/proc/self/exe").map_err(|e| e.to_string())?;
+        let file = std::fs::File::open("/proc/self/exe")
+            .map_err(|e| SelfProfileError::Symbols(e.to_string()))?;
         let cache = object::ReadCache::new(file);
-        let elf = object::File::parse(&cache).map_err(|e| e.to_string())?;
+        let elf =
+            object::File::parse(&cache).map_err(|e| SelfProfileError::Symbols(e.to_string()))?;
         let mut symbols = Vec::new();
         let mut names = String::new();
         let mut probe = None;
@@ -226,7 +335,8 @@ impl Symbolizer {
             if name.contains("load_address_probe") && name.contains("self_profile") {
                 probe = Some(sym.address());
             }
-            let offset = u32::try_from(names.len()).map_err(|e| e.to_string())?;
+            let offset = u32::try_from(names.len())
+                .map_err(|_| SelfProfileError::Symbols("symbol names past 4 GiB".into()))?;
             names.push_str(name);
             symbols.push((
                 sym.address(),
@@ -235,7 +345,7 @@ impl Symbolizer {
                 name.len() as u32,
             ));
         }
-        let probe = probe.ok_or("the executable has no symbol table (stripped?)")?;
+        let probe = probe.ok_or(SelfProfileError::Stripped)?;
         symbols.sort_unstable_by_key(|s| s.0);
         Ok(Self {
             bias: load_address_probe().wrapping_sub(probe as usize),
@@ -285,6 +395,46 @@ impl Symbolizer {
             rest = head;
         }
         rest
+    }
+
+    /// The frames of a heap sample (leaf first) from the code that allocated: the allocator's
+    /// own (jemalloc's profiler and allocation paths, the global allocator shim) are left out
+    /// at the leaf, and the C library's thread start at the root.
+    fn allocating_frames<'a>(&self, ips: &'a [usize]) -> &'a [usize] {
+        let allocator = ips
+            .iter()
+            .rposition(|&ip| self.find(ip).is_some_and(|i| self.is_allocator(i)));
+        let mut rest = &ips[allocator.map_or(0, |i| i + 1)..];
+        while let Some((&ip, tail)) = rest.split_first()
+            && self.find(ip).is_none()
+        {
+            rest = tail;
+        }
+        while let Some((&ip, head)) = rest.split_last()
+            && self.find(ip).is_none()
+        {
+            rest = head;
+        }
+        rest
+    }
+
+    /// The allocator's functions: jemalloc's (its API and private namespace are prefixed
+    /// `_rjem_`; its backtrace helper is static), the `GlobalAlloc` of `tikv_jemallocator`, and
+    /// the shims Rust's allocation calls go through.
+    fn is_allocator(&self, i: usize) -> bool {
+        let name = self.name(i);
+        let name = name.strip_prefix("__rustc::").unwrap_or(&name);
+        [
+            "_rjem_",
+            "prof_backtrace",
+            "__rust_alloc",
+            "__rust_realloc",
+            "__rdl_",
+            "__rg_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || name.contains("tikv_jemallocator::")
     }
 }
 

@@ -1,5 +1,6 @@
-//! Kiln profiles itself (`--self-profile`): its own CPU profile lands in the configured tenant as
-//! `service_name="kiln"`, written through its own ingest path, and no other tenant sees it.
+//! Kiln profiles itself (`--self-profile`): its own CPU and heap profiles land in the configured
+//! tenant as `service_name="kiln"`, written through its own ingest path, and no other tenant
+//! sees them.
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +9,7 @@ use kiln_e2e::Kiln;
 use kiln_proto::types::v1 as t;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const HEAP: &str = "memory:inuse_space:bytes:space:bytes";
 const KILN: &str = r#"{service_name="kiln"}"#;
 
 /// Keeps the server busy for a while so its profile has samples.
@@ -52,8 +54,8 @@ fn kiln_profiles_itself_into_its_tenant_only() -> Result<()> {
         "Kiln's own functions are in its flame graph: {:?}",
         &fg.names[..fg.names.len().min(40)]
     );
-    // The series says which process it is.
-    let series: t::Labels = {
+    // The series say which process it is: one for its CPU, one for its heap.
+    let series: Vec<t::Labels> = {
         let r: kiln_proto::querier::v1::SeriesResponse = kiln.connect(
             "ops",
             "/querier.v1.QuerierService/Series",
@@ -64,19 +66,45 @@ fn kiln_profiles_itself_into_its_tenant_only() -> Result<()> {
                 ..Default::default()
             },
         )?;
-        ensure!(r.labels_set.len() == 1, "{:?}", r.labels_set);
-        r.labels_set[0].clone()
+        r.labels_set
     };
-    let instance = format!("127.0.0.1:{}", kiln.port);
     ensure!(
-        series
-            .labels
-            .iter()
-            .any(|l| l.name == "instance" && l.value == instance),
-        "{series:?}"
+        (1..=2).contains(&series.len()),
+        "CPU, and the heap once sampled: {series:?}"
+    );
+    let instance = format!("127.0.0.1:{}", kiln.port);
+    for s in &series {
+        ensure!(
+            s.labels
+                .iter()
+                .any(|l| l.name == "instance" && l.value == instance),
+            "{s:?}"
+        );
+    }
+    // Its heap: bytes in use by the stacks that allocated them, Kiln's own functions, not the
+    // allocator's (jemalloc's frames are cut at the leaf).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let heap = loop {
+        let fg = kiln.flamegraph("ops", HEAP, KILN)?;
+        if fg.total > 0 || Instant::now() > deadline {
+            break fg;
+        }
+        load(&kiln, "team-a", Duration::from_secs(1))?;
+    };
+    ensure!(heap.total > 0, "no bytes in Kiln's own heap profile");
+    ensure!(
+        heap.names.iter().any(|n| n.contains("kiln_")),
+        "Kiln's own functions hold its memory: {:?}",
+        &heap.names[..heap.names.len().min(40)]
+    );
+    ensure!(
+        !heap.names.iter().any(|n| n.starts_with("_rjem_")),
+        "jemalloc's frames are cut: {:?}",
+        &heap.names[..heap.names.len().min(40)]
     );
     // Tenant wall: the tenant whose traffic it served does not see it, nor does a third.
     ensure!(kiln.flamegraph("team-a", CPU, KILN)?.total == 0);
+    ensure!(kiln.flamegraph("team-a", HEAP, KILN)?.total == 0);
     ensure!(
         kiln.flamegraph("team-a", CPU, r#"{service_name="shop"}"#)?
             .total
@@ -98,6 +126,7 @@ fn self_profiling_can_be_turned_off() -> Result<()> {
     load(&kiln, "anonymous", Duration::from_secs(3))?;
     std::thread::sleep(Duration::from_millis(1500));
     ensure!(kiln.flamegraph("anonymous", CPU, KILN)?.total == 0);
+    ensure!(kiln.flamegraph("anonymous", HEAP, KILN)?.total == 0);
     let types = kiln.profile_types("anonymous")?;
     ensure!(types.len() == 1, "only the ingested data: {types:?}");
     Ok(())
