@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use prost::Message;
 
-use crate::query::Settings;
+use crate::frames::FrameError;
+use crate::query::{Settings, SettingsError};
 
 /// A failed call, with what a Grafana user needs to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -17,7 +18,10 @@ pub enum ClientError {
     #[error("Kiln answered HTTP {status}: {message}")]
     Status { status: u16, message: String },
     #[error("invalid answer from Kiln: {0}")]
-    Decode(String),
+    Decode(#[from] prost::DecodeError),
+    /// Kiln's answer does not make a Grafana frame.
+    #[error("invalid answer from Kiln: {0}")]
+    Frame(#[from] FrameError),
     #[error("invalid datasource settings: {0}")]
     Settings(String),
 }
@@ -28,9 +32,15 @@ impl ClientError {
         match self {
             Self::Unreachable { .. } => 502,
             Self::Auth { status, .. } | Self::Status { status, .. } => *status,
-            Self::Decode(_) => 502,
+            Self::Decode(_) | Self::Frame(_) => 502,
             Self::Settings(_) => 400,
         }
+    }
+}
+
+impl From<SettingsError> for ClientError {
+    fn from(e: SettingsError) -> Self {
+        Self::Settings(e.to_string())
     }
 }
 
@@ -94,7 +104,7 @@ impl KilnClient {
                 _ => ClientError::Status { status, message },
             });
         }
-        Resp::decode(body.as_ref()).map_err(|e| ClientError::Decode(e.to_string()))
+        Ok(Resp::decode(body.as_ref())?)
     }
 }
 

@@ -16,6 +16,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::ipc::writer::FileWriter;
+use kiln_proto::flamegraph::{self, FlameGraphError};
 use kiln_proto::querier::v1::FlameGraph;
 
 /// Grafana's unit for a profile type's sample unit.
@@ -38,70 +39,42 @@ pub struct NestedNode {
 }
 
 /// Rebuilds the tree from Pyroscope's `FlameGraph` levels (interval containment, as Grafana's
-/// datasource does) and lists it depth-first, root first.
-pub fn nested_set(fg: &FlameGraph) -> Result<Vec<NestedNode>, String> {
-    struct Node {
-        offset: i64,
-        total: i64,
-        self_value: i64,
-        name: usize,
-        children: Vec<usize>,
-    }
-    let mut levels: Vec<Vec<Node>> = Vec::with_capacity(fg.levels.len());
-    for (d, level) in fg.levels.iter().enumerate() {
-        if !level.values.len().is_multiple_of(4) {
-            return Err(format!(
-                "level {d} has {} values, not a multiple of 4",
-                level.values.len()
-            ));
+/// datasource does, with [`flamegraph::decode`]) and lists it depth-first, root first.
+pub fn nested_set(fg: &FlameGraph) -> Result<Vec<NestedNode>, FlameGraphError> {
+    let nodes = flamegraph::decode(fg)?;
+    // Decoded nodes come level by level, left to right: children are listed in order.
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
+    let mut roots = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        match n.parent {
+            Some(p) => children[p].push(i),
+            None => roots.push(i),
         }
-        let mut nodes: Vec<Node> = Vec::new();
-        let mut right = 0i64;
-        let mut parent = 0usize;
-        for v in level.values.chunks_exact(4) {
-            let offset = right + v[0];
-            right = offset + v[1];
-            let name = usize::try_from(v[3])
-                .ok()
-                .filter(|n| *n < fg.names.len())
-                .ok_or_else(|| format!("level {d}: name index {} out of range", v[3]))?;
-            if d > 0 {
-                // The parent is the node of the level above whose interval holds this one.
-                let up = &mut levels[d - 1];
-                while parent < up.len() && up[parent].offset + up[parent].total <= offset {
-                    parent += 1;
-                }
-                let Some(p) = up.get_mut(parent) else {
-                    return Err(format!("level {d}: the node at {offset} has no parent"));
-                };
-                p.children.push(nodes.len());
-            }
-            nodes.push(Node {
-                offset,
-                total: v[1],
-                self_value: v[2],
-                name,
-                children: Vec::new(),
-            });
-        }
-        levels.push(nodes);
     }
-    let mut out = Vec::new();
-    let Some(roots) = levels.first() else {
-        return Ok(out);
-    };
-    let mut stack: Vec<(usize, usize)> = (0..roots.len()).rev().map(|i| (0, i)).collect();
-    while let Some((d, i)) = stack.pop() {
-        let n = &levels[d][i];
+    let mut out = Vec::with_capacity(nodes.len());
+    let mut stack: Vec<usize> = roots.into_iter().rev().collect();
+    while let Some(i) = stack.pop() {
+        let n = &nodes[i];
         out.push(NestedNode {
-            level: d as i64,
+            level: n.level as i64,
             value: n.total,
             self_value: n.self_value,
             label: fg.names[n.name].clone(),
         });
-        stack.extend(n.children.iter().rev().map(|&c| (d + 1, c)));
+        stack.extend(children[i].iter().rev());
     }
     Ok(out)
+}
+
+/// Why a frame could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// Kiln's flame graph does not decode.
+    #[error("flame graph: {0}")]
+    FlameGraph(#[from] FlameGraphError),
+    /// Arrow refused the columns or the IPC encoding failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
 }
 
 fn ipc(schema: Schema, columns: Vec<ArrayRef>) -> Result<Vec<u8>, arrow::error::ArrowError> {
@@ -129,7 +102,7 @@ fn config(unit: &str) -> HashMap<String, String> {
 }
 
 /// The flame graph frame.
-pub fn flamegraph_frame(ref_id: &str, fg: &FlameGraph, unit: &str) -> Result<Vec<u8>, String> {
+pub fn flamegraph_frame(ref_id: &str, fg: &FlameGraph, unit: &str) -> Result<Vec<u8>, FrameError> {
     let nodes = nested_set(fg)?;
     let schema = Schema::new_with_metadata(
         vec![
@@ -154,7 +127,7 @@ pub fn flamegraph_frame(ref_id: &str, fg: &FlameGraph, unit: &str) -> Result<Vec
             nodes.iter().map(|n| n.label.as_str()),
         )),
     ];
-    ipc(schema, cols).map_err(|e| e.to_string())
+    Ok(ipc(schema, cols)?)
 }
 
 /// One time-series frame: `points` are (Unix ms, value).
@@ -164,7 +137,7 @@ pub fn series_frame(
     labels: &[(String, String)],
     points: &[(i64, f64)],
     unit: &str,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, FrameError> {
     let labels_json: serde_json::Map<String, serde_json::Value> = labels
         .iter()
         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
@@ -200,7 +173,7 @@ pub fn series_frame(
             points.iter().map(|(_, v)| *v),
         )),
     ];
-    ipc(schema, cols).map_err(|e| e.to_string())
+    Ok(ipc(schema, cols)?)
 }
 
 #[cfg(test)]
@@ -249,6 +222,34 @@ mod tests {
         assert_eq!(schema.metadata()["refId"], "A");
         assert!(schema.metadata()["meta"].contains("flamegraph"));
         assert_eq!(schema.field(1).metadata()["config"], r#"{"unit":"ns"}"#);
+    }
+
+    #[test]
+    fn malformed_levels_are_refused() {
+        let fg = |levels: Vec<Vec<i64>>| FlameGraph {
+            names: vec!["total".into(), "main".into()],
+            levels: levels.into_iter().map(|values| Level { values }).collect(),
+            total: 10,
+            max_self: 10,
+        };
+        // main ends after its parent.
+        let escaping = fg(vec![vec![0, 10, 0, 0], vec![5, 6, 6, 1]]);
+        assert_eq!(
+            nested_set(&escaping),
+            Err(FlameGraphError::EscapesParent {
+                level: 1,
+                offset: 5
+            })
+        );
+        assert!(matches!(
+            flamegraph_frame("A", &escaping, "ns"),
+            Err(FrameError::FlameGraph(
+                FlameGraphError::EscapesParent { .. }
+            ))
+        ));
+        assert!(nested_set(&fg(vec![vec![0, 10, 0]])).is_err());
+        assert!(nested_set(&fg(vec![vec![0, 10, 0, 7]])).is_err());
+        assert_eq!(nested_set(&FlameGraph::default()), Ok(Vec::new()));
     }
 
     #[test]

@@ -6,22 +6,31 @@ pub const COOKIE_VALUE: &str = "datasource";
 /// The plugin protocol version Kiln speaks.
 pub const PROTOCOL_VERSION: u32 = 2;
 
+/// Why the plugin will not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    /// Grafana's magic cookie is missing: someone ran the binary by hand.
+    #[error(
+        "this is a Grafana backend plugin, not a program to run by hand: Grafana starts it \
+         with {COOKIE_KEY}={COOKIE_VALUE}"
+    )]
+    NoCookie,
+    /// Grafana offers only protocol versions this plugin does not speak.
+    #[error("Grafana offers plugin protocol versions {0}; this plugin speaks {PROTOCOL_VERSION}")]
+    ProtocolVersions(String),
+}
+
 /// Checks the environment Grafana sets; the error says what is wrong.
-pub fn check_env(get: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+pub fn check_env(get: impl Fn(&str) -> Option<String>) -> Result<(), HandshakeError> {
     if get(COOKIE_KEY).as_deref() != Some(COOKIE_VALUE) {
-        return Err(format!(
-            "this is a Grafana backend plugin, not a program to run by hand: Grafana starts it \
-             with {COOKIE_KEY}={COOKIE_VALUE}"
-        ));
+        return Err(HandshakeError::NoCookie);
     }
     if let Some(versions) = get("PLUGIN_PROTOCOL_VERSIONS") {
         let ok = versions
             .split(',')
             .any(|v| v.trim().parse::<u32>() == Ok(PROTOCOL_VERSION));
         if !ok {
-            return Err(format!(
-                "Grafana offers plugin protocol versions {versions}; this plugin speaks {PROTOCOL_VERSION}"
-            ));
+            return Err(HandshakeError::ProtocolVersions(versions));
         }
     }
     Ok(())

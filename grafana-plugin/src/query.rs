@@ -17,13 +17,28 @@ pub struct KilnQuery {
     pub limit: Option<i64>,
 }
 
+/// Why a panel query or the datasource settings are refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("invalid query JSON: {0}")]
+    QueryJson(#[source] serde_json::Error),
+    #[error("unknown query type {0:?}: use profile, metrics or both")]
+    QueryType(String),
+    #[error("the request carries no datasource settings")]
+    NoDatasource,
+    #[error("invalid jsonData: {0}")]
+    JsonData(#[source] serde_json::Error),
+    #[error("no Kiln URL: set it in the datasource settings")]
+    NoUrl,
+}
+
 impl KilnQuery {
     /// Parses `DataQuery.json`; `query_type` falls back to the `DataQuery.queryType` field.
-    pub fn parse(json: &[u8], query_type: &str) -> Result<Self, String> {
+    pub fn parse(json: &[u8], query_type: &str) -> Result<Self, SettingsError> {
         let mut q: KilnQuery = if json.is_empty() {
             KilnQuery::default()
         } else {
-            serde_json::from_slice(json).map_err(|e| format!("invalid query JSON: {e}"))?
+            serde_json::from_slice(json).map_err(SettingsError::QueryJson)?
         };
         if q.query_type.is_empty() {
             q.query_type = if query_type.is_empty() {
@@ -36,10 +51,7 @@ impl KilnQuery {
             q.label_selector = "{}".into();
         }
         if !matches!(q.query_type.as_str(), "profile" | "metrics" | "both") {
-            return Err(format!(
-                "unknown query type {:?}: use profile, metrics or both",
-                q.query_type
-            ));
+            return Err(SettingsError::QueryType(q.query_type));
         }
         Ok(q)
     }
@@ -75,21 +87,23 @@ pub struct Settings {
 
 impl Settings {
     /// From the plugin context's datasource settings.
-    pub fn from_context(ctx: Option<&kiln_proto::pluginv2::PluginContext>) -> Result<Self, String> {
+    pub fn from_context(
+        ctx: Option<&kiln_proto::pluginv2::PluginContext>,
+    ) -> Result<Self, SettingsError> {
         let ds = ctx
             .and_then(|c| c.data_source_instance_settings.as_ref())
-            .ok_or("the request carries no datasource settings")?;
+            .ok_or(SettingsError::NoDatasource)?;
         let options: Options = if ds.json_data.is_empty() {
             Options::default()
         } else {
-            serde_json::from_slice(&ds.json_data).map_err(|e| format!("invalid jsonData: {e}"))?
+            serde_json::from_slice(&ds.json_data).map_err(SettingsError::JsonData)?
         };
         let url = options
             .url
             .filter(|u| !u.trim().is_empty())
             .unwrap_or_else(|| ds.url.clone());
         if url.trim().is_empty() {
-            return Err("no Kiln URL: set it in the datasource settings".into());
+            return Err(SettingsError::NoUrl);
         }
         let token = ds
             .decrypted_secure_json_data

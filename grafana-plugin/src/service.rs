@@ -34,7 +34,7 @@ pub struct KilnPlugin {
 
 impl KilnPlugin {
     fn client(&self, ctx: Option<&pb::PluginContext>) -> Result<KilnClient, ClientError> {
-        let settings = Settings::from_context(ctx).map_err(ClientError::Settings)?;
+        let settings = Settings::from_context(ctx)?;
         let ds = ctx.and_then(|c| c.data_source_instance_settings.as_ref());
         let key = (
             ds.map(|d| d.uid.clone()).unwrap_or_default(),
@@ -67,7 +67,7 @@ impl KilnPlugin {
         client: &KilnClient,
         dq: &pb::DataQuery,
     ) -> Result<Vec<Vec<u8>>, ClientError> {
-        let kq = KilnQuery::parse(&dq.json, &dq.query_type).map_err(ClientError::Settings)?;
+        let kq = KilnQuery::parse(&dq.json, &dq.query_type)?;
         if kq.profile_type_id.is_empty() {
             return Err(ClientError::Settings("choose a profile type".into()));
         }
@@ -105,10 +105,13 @@ impl KilnPlugin {
                     s.labels.into_iter().map(|p| (p.name, p.value)).collect();
                 let points: Vec<(i64, f64)> =
                     s.points.iter().map(|p| (p.timestamp, p.value)).collect();
-                frames.push(
-                    series_frame(&dq.ref_id, &value_name, &labels, &points, &unit)
-                        .map_err(ClientError::Decode)?,
-                );
+                frames.push(series_frame(
+                    &dq.ref_id,
+                    &value_name,
+                    &labels,
+                    &points,
+                    &unit,
+                )?);
             }
         }
         if kq.wants_profile() {
@@ -145,7 +148,7 @@ impl KilnPlugin {
                 r.flamegraph
             };
             let fg = fg.unwrap_or_default();
-            frames.push(flamegraph_frame(&dq.ref_id, &fg, &unit).map_err(ClientError::Decode)?);
+            frames.push(flamegraph_frame(&dq.ref_id, &fg, &unit)?);
         }
         Ok(frames)
     }

@@ -1,14 +1,16 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
 //! `push.v1` and `querier.v1`, Grafana's plugin protocol (`pluginv2`), gRPC health, and Kiln's
-//! own storage formats (`kiln.storage.v1`).
+//! own storage formats (`kiln.storage.v1`); and the one decoder of Pyroscope's flame graph
+//! levels ([`flamegraph`]).
 //!
 //! The `.proto` files under `proto/` are Kiln's own declarations with the packages, message names
 //! and field numbers of the originals; code is generated at build time and never committed.
 //! Every wire message also has protobuf-JSON `serde` implementations (lowerCamel names, int64 as
 //! strings) for the Connect `application/json` codec.
 
-#![allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod flamegraph;
 
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod google {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/google.v1.rs"));
@@ -16,6 +18,7 @@ pub mod google {
     }
 }
 
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod types {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
@@ -23,6 +26,7 @@ pub mod types {
     }
 }
 
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod push {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
@@ -30,6 +34,7 @@ pub mod push {
     }
 }
 
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod querier {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
@@ -38,11 +43,13 @@ pub mod querier {
 }
 
 /// Grafana's backend plugin protocol.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod pluginv2 {
     include!(concat!(env!("OUT_DIR"), "/pluginv2.rs"));
 }
 
 /// The standard gRPC health service.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod grpc {
     pub mod health {
         pub mod v1 {
@@ -51,6 +58,7 @@ pub mod grpc {
     }
 }
 
+#[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod kiln {
     pub mod storage {
         pub mod v1 {

@@ -1,4 +1,5 @@
-//! Errors of the storage engine.
+//! Errors of the storage engine: [`Error`] with its [`ErrorKind`] (what the gateway answers), and
+//! [`DecodeError`], why bytes Kiln wrote (symbols, footers, metastore entries) do not read back.
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -55,6 +56,16 @@ pub enum Error {
         block: String,
         reason: String,
     },
+    /// Bytes of a block do not decode: `what` is the symbols section, the footer or the
+    /// metastore entry (the block is corrupt, as with [`Error::Corrupt`]).
+    #[error("block {block} of tenant {tenant} is corrupt: {what}: {source}")]
+    Decode {
+        tenant: String,
+        block: String,
+        what: &'static str,
+        #[source]
+        source: DecodeError,
+    },
     #[error("parquet error: {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
     #[error("arrow error: {0}")]
@@ -95,6 +106,7 @@ impl Error {
             | Self::BlockExists { .. }
             | Self::LeaseLost { .. }
             | Self::Corrupt { .. }
+            | Self::Decode { .. }
             | Self::Parquet(_)
             | Self::Arrow(_)
             | Self::Config(_)
@@ -106,4 +118,57 @@ impl Error {
     pub fn is_invalid_input(&self) -> bool {
         self.kind() == ErrorKind::InvalidInput
     }
+}
+
+/// Why bytes Kiln wrote do not read back: a symbols section ([`crate::symbols`]), an object's
+/// footer or a metastore entry ([`crate::meta`]). Always a bug or corrupt data; callers wrap it in
+/// [`Error::Decode`] with the block it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The magic bytes are missing: `what` is not there at all.
+    #[error("not a {0} (magic bytes missing)")]
+    Magic(&'static str),
+    #[error("unsupported {what} version {version} (this build reads {supported})")]
+    Version {
+        what: &'static str,
+        version: u32,
+        supported: u32,
+    },
+    #[error("{0} checksum mismatch")]
+    Checksum(&'static str),
+    #[error("{0} truncated")]
+    Truncated(&'static str),
+    #[error("{what} protobuf: {source}")]
+    Protobuf {
+        what: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    /// Symbols: the stack tree's parent and location arrays differ in length (or are empty).
+    #[error("stack tree arrays differ in length")]
+    StackTreeLength,
+    /// Symbols: a stack node's parent does not come before it, or its location is not there.
+    #[error("stack node {0} is out of order")]
+    StackNodeOrder(usize),
+    /// Symbols: a reference (`what`) points outside its table.
+    #[error("{0} out of range")]
+    OutOfRange(&'static str),
+    /// Metadata: a string table index is out of range.
+    #[error("string index {0} out of range")]
+    StringIndex(u32),
+    #[error("block id {0:?} is not a ULID")]
+    BlockId(String),
+    #[error("odd label list")]
+    OddLabels,
+    #[error("series rows add up to {series}, the dataset has {dataset}")]
+    Rows { series: u64, dataset: u64 },
+    #[error("a metastore entry holds one dataset, not {0}")]
+    EntryDatasets(usize),
+    #[error("a rollup lists {rollup} series, the dataset has {dataset}")]
+    RollupSeries { rollup: usize, dataset: usize },
+    #[error("rollup resolution {0} is negative")]
+    RollupResolution(i64),
+    /// A dataset's sections end beyond the object.
+    #[error("dataset of {0} lies outside the object")]
+    OutsideObject(String),
 }

@@ -31,7 +31,7 @@ pub mod writer;
 
 mod storage;
 
-pub use error::{Error, ErrorKind, Result};
+pub use error::{DecodeError, Error, ErrorKind, Result};
 pub use storage::{
     Storage, StorageConfig, UpkeepReport, read_footer, rebuild_metastore, series_hash,
 };

@@ -19,6 +19,8 @@ use std::sync::Arc;
 use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
 
+use crate::error::DecodeError;
+
 /// Current block format version (see `docs/adr/0002-block-format.md`).
 pub const BLOCK_FORMAT_VERSION: u32 = 2;
 
@@ -238,14 +240,14 @@ impl BlockMeta {
     }
 
     /// Decodes a metastore entry.
-    pub fn decode_entry(data: &[u8]) -> Result<Self, String> {
-        let msg = pb::BlockMeta::decode(data).map_err(|e| e.to_string())?;
+    pub fn decode_entry(data: &[u8]) -> Result<Self, DecodeError> {
+        let msg = pb::BlockMeta::decode(data).map_err(|source| DecodeError::Protobuf {
+            what: "metastore entry",
+            source,
+        })?;
         let mut metas = decode_object_meta(&msg)?;
         if metas.len() != 1 {
-            return Err(format!(
-                "a metastore entry holds one dataset, not {}",
-                metas.len()
-            ));
+            return Err(DecodeError::EntryDatasets(metas.len()));
         }
         Ok(metas.remove(0))
     }
@@ -376,35 +378,36 @@ pub fn encode_object_meta(datasets: &[BlockMeta]) -> pb::BlockMeta {
 }
 
 /// The datasets of an object's protobuf metadata, checked.
-pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, String> {
+pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeError> {
     if msg.format_version != BLOCK_FORMAT_VERSION {
-        return Err(format!(
-            "unsupported block format version {} (this build reads {BLOCK_FORMAT_VERSION})",
-            msg.format_version
-        ));
+        return Err(DecodeError::Version {
+            what: "block format",
+            version: msg.format_version,
+            supported: BLOCK_FORMAT_VERSION,
+        });
     }
     if ulid::Ulid::from_string(&msg.id).is_err() {
-        return Err(format!("block id {:?} is not a ULID", msg.id));
+        return Err(DecodeError::BlockId(msg.id.clone()));
     }
-    let s = |i: u32| -> Result<String, String> {
+    let s = |i: u32| -> Result<String, DecodeError> {
         msg.strings
             .get(i as usize)
             .cloned()
-            .ok_or_else(|| format!("string index {i} out of range"))
+            .ok_or(DecodeError::StringIndex(i))
     };
     let mut out = Vec::with_capacity(msg.datasets.len());
     for d in &msg.datasets {
         let mut series = Vec::with_capacity(d.series.len());
         for x in &d.series {
             if x.labels.len() % 2 != 0 {
-                return Err("odd label list".into());
+                return Err(DecodeError::OddLabels);
             }
             series.push(SeriesMeta {
                 labels: x
                     .labels
                     .chunks_exact(2)
                     .map(|kv| Ok((s(kv[0])?, s(kv[1])?)))
-                    .collect::<Result<_, String>>()?,
+                    .collect::<Result<_, DecodeError>>()?,
                 profile_type: s(x.profile_type)?,
                 min_time_nanos: x.min_time,
                 max_time_nanos: x.max_time,
@@ -414,10 +417,10 @@ pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, String>
         }
         let rows: u64 = series.iter().map(|x| x.rows).sum();
         if rows != d.rows {
-            return Err(format!(
-                "series rows add up to {rows}, the dataset has {}",
-                d.rows
-            ));
+            return Err(DecodeError::Rows {
+                series: rows,
+                dataset: d.rows,
+            });
         }
         out.push(BlockMeta {
             format_version: msg.format_version,
@@ -445,21 +448,21 @@ pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, String>
                 .rollups
                 .iter()
                 .map(|r| decode_rollup(r, d.series.len()))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, DecodeError>>()?,
         });
     }
     Ok(out)
 }
 
-fn decode_rollup(r: &pb::Rollup, series: usize) -> Result<Rollup, String> {
+fn decode_rollup(r: &pb::Rollup, series: usize) -> Result<Rollup, DecodeError> {
     if r.series_first_row.len() != series || r.series_rows.len() != series {
-        return Err(format!(
-            "a rollup lists {} series, the dataset has {series}",
-            r.series_rows.len()
-        ));
+        return Err(DecodeError::RollupSeries {
+            rollup: r.series_rows.len(),
+            dataset: series,
+        });
     }
     if r.resolution < 0 {
-        return Err(format!("rollup resolution {} is negative", r.resolution));
+        return Err(DecodeError::RollupResolution(r.resolution));
     }
     Ok(Rollup {
         resolution_nanos: r.resolution,
@@ -492,35 +495,41 @@ pub fn encode_footer(datasets: &[BlockMeta]) -> Vec<u8> {
 
 /// How many bytes at the end of an object hold the footer, read from its last
 /// [`FOOTER_TRAILER_BYTES`]; the error says what is wrong.
-pub fn footer_len(trailer: &[u8]) -> Result<usize, String> {
+pub fn footer_len(trailer: &[u8]) -> Result<usize, DecodeError> {
     if trailer.len() < FOOTER_TRAILER_BYTES || &trailer[trailer.len() - 4..] != FOOTER_MAGIC {
-        return Err("no block footer (magic missing)".into());
+        return Err(DecodeError::Magic("block footer"));
     }
     let t = &trailer[trailer.len() - FOOTER_TRAILER_BYTES..];
     let len = u32::from_le_bytes(t[0..4].try_into().expect("4 bytes")) as usize;
     let version = u32::from_le_bytes(t[4..8].try_into().expect("4 bytes"));
     if version != BLOCK_FORMAT_VERSION {
-        return Err(format!(
-            "unsupported block format version {version} (this build reads {BLOCK_FORMAT_VERSION})"
-        ));
+        return Err(DecodeError::Version {
+            what: "block format",
+            version,
+            supported: BLOCK_FORMAT_VERSION,
+        });
     }
     Ok(len + FOOTER_TRAILER_BYTES)
 }
 
 /// Decodes an object's footer (the object's last [`footer_len`] bytes) into its datasets, with
 /// `object_size` set to `object_size`.
-pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, String> {
+pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, DecodeError> {
     let total = footer_len(footer)?;
     if footer.len() < total {
-        return Err("footer truncated".into());
+        return Err(DecodeError::Truncated("footer"));
     }
     let footer = &footer[footer.len() - total..];
     let (body, tail) = footer.split_at(total - 8);
     let crc = u32::from_le_bytes(tail[0..4].try_into().expect("4 bytes"));
     if crc32fast::hash(body) != crc {
-        return Err("footer checksum mismatch".into());
+        return Err(DecodeError::Checksum("footer"));
     }
-    let msg = pb::BlockMeta::decode(&body[..body.len() - 8]).map_err(|e| e.to_string())?;
+    let msg =
+        pb::BlockMeta::decode(&body[..body.len() - 8]).map_err(|source| DecodeError::Protobuf {
+            what: "footer",
+            source,
+        })?;
     let mut metas = decode_object_meta(&msg)?;
     for m in &mut metas {
         m.object_size = object_size;
@@ -531,7 +540,7 @@ pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, 
                 .iter()
                 .any(|r| r.section.offset.saturating_add(r.section.size) > object_size)
         {
-            return Err(format!("dataset of {} lies outside the object", m.tenant));
+            return Err(DecodeError::OutsideObject(m.tenant.clone()));
         }
     }
     Ok(metas)
@@ -596,12 +605,13 @@ mod tests {
         let mut damaged = object.clone();
         let mid = damaged.len() - n + 3;
         damaged[mid] ^= 0x40;
-        assert!(
-            decode_footer(&damaged[damaged.len() - n..], size)
-                .unwrap_err()
-                .contains("checksum")
+        let err = decode_footer(&damaged[damaged.len() - n..], size).unwrap_err();
+        assert_eq!(err, DecodeError::Checksum("footer"));
+        assert!(err.to_string().contains("checksum"));
+        assert_eq!(
+            footer_len(b"nothing here at all"),
+            Err(DecodeError::Magic("block footer"))
         );
-        assert!(footer_len(b"nothing here at all").is_err());
     }
 
     #[test]

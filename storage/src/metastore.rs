@@ -290,7 +290,12 @@ pub(crate) fn decode_cached(
         block: id.to_owned(),
         reason,
     };
-    let b = BlockMeta::decode_entry(data).map_err(|r| corrupt(format!("metastore entry: {r}")))?;
+    let b = BlockMeta::decode_entry(data).map_err(|source| crate::Error::Decode {
+        tenant: tenant.to_owned(),
+        block: id.to_owned(),
+        what: "metastore entry",
+        source,
+    })?;
     if b.tenant != tenant || b.id != id || b.partition() != partition {
         return Err(corrupt("metastore entry names another block".into()));
     }

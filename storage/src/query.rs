@@ -188,20 +188,36 @@ impl std::fmt::Display for QueryStats {
     }
 }
 
+/// Why a `kiln-query-stats` header does not read as [`QueryStats`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryStatsError {
+    #[error("{0:?} is not name=value")]
+    NotNameValue(String),
+    #[error("{name}: {value:?}: {source}")]
+    Value {
+        name: String,
+        value: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
 impl std::str::FromStr for QueryStats {
-    type Err = String;
+    type Err = QueryStatsError;
 
     /// Reads what [`Display`](std::fmt::Display) writes (the `kiln-query-stats` header); names
     /// it does not know are skipped, so a newer server's header still reads.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
+    fn from_str(s: &str) -> std::result::Result<Self, QueryStatsError> {
         let mut out = Self::default();
         for pair in s.split_whitespace() {
             let (name, value) = pair
                 .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not name=value"))?;
-            let value: u64 = value
-                .parse()
-                .map_err(|e| format!("{name}: {value:?}: {e}"))?;
+                .ok_or_else(|| QueryStatsError::NotNameValue(pair.to_owned()))?;
+            let value: u64 = value.parse().map_err(|source| QueryStatsError::Value {
+                name: name.to_owned(),
+                value: value.to_owned(),
+                source,
+            })?;
             match name {
                 "blocks" => out.blocks = value,
                 "blocks_cached" => out.blocks_cached = value,
@@ -422,7 +438,7 @@ pub(crate) type SectionReaderHandle = SectionReader;
 /// Whether an error means the block itself is bad (as opposed to the store being unreachable).
 pub(crate) fn is_corruption(e: &Error) -> bool {
     match e {
-        Error::Corrupt { .. } => true,
+        Error::Corrupt { .. } | Error::Decode { .. } => true,
         Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
         Error::Parquet(ParquetError::External(inner)) => {
             inner.downcast_ref::<Error>().is_some_and(is_corruption)
@@ -770,10 +786,11 @@ impl QueryEngine {
         read_bytes(&self.counters, data.len() as u64);
         SymbolTable::decode(&data)
             .map(Arc::new)
-            .map_err(|reason| Error::Corrupt {
+            .map_err(|source| Error::Decode {
                 tenant: block.tenant.clone(),
                 block: block.id.clone(),
-                reason,
+                what: "symbols section",
+                source,
             })
     }
 
@@ -792,10 +809,11 @@ impl QueryEngine {
                 read_bytes(&counters, data.len() as u64);
                 SymbolTable::decode(&data)
                     .map(Arc::new)
-                    .map_err(|reason| Error::Corrupt {
+                    .map_err(|source| Error::Decode {
                         tenant,
                         block: id,
-                        reason,
+                        what: "symbols section",
+                        source,
                     })
             })
             .await
@@ -1561,6 +1579,14 @@ mod tests {
         );
         assert!("blocks".parse::<QueryStats>().is_err());
         assert!("blocks=x".parse::<QueryStats>().is_err());
+        assert_eq!(
+            "blocks".parse::<QueryStats>(),
+            Err(QueryStatsError::NotNameValue("blocks".into()))
+        );
+        assert!(matches!(
+            "blocks=x".parse::<QueryStats>(),
+            Err(QueryStatsError::Value { name, .. }) if name == "blocks"
+        ));
     }
 
     #[test]

@@ -421,9 +421,15 @@ pub async fn read_footer(store: &ObjectStorage, path: &str, size: u64) -> Result
         block: path.to_owned(),
         reason,
     };
+    let undecodable = |source| Error::Decode {
+        tenant: String::new(),
+        block: path.to_owned(),
+        what: "footer",
+        source,
+    };
     let tail_len = size.min(64 * 1024);
     let tail = store.get_range(path, size - tail_len..size).await?;
-    let need = footer_len(&tail).map_err(corrupt)? as u64;
+    let need = footer_len(&tail).map_err(undecodable)? as u64;
     let footer = if need <= tail_len {
         tail
     } else if need <= size {
@@ -431,7 +437,7 @@ pub async fn read_footer(store: &ObjectStorage, path: &str, size: u64) -> Result
     } else {
         return Err(corrupt("footer longer than the object".into()));
     };
-    decode_footer(&footer, size).map_err(corrupt)
+    decode_footer(&footer, size).map_err(undecodable)
 }
 
 /// Recreates the index from the objects' footers (`kiln metastore rebuild`): every dataset of

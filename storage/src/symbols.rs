@@ -17,6 +17,8 @@ use kiln_otel::model::Symbols as ProfileSymbols;
 use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
 
+use crate::error::DecodeError;
+
 /// Magic bytes of a symbols section.
 pub const SYMBOLS_MAGIC: &[u8; 4] = b"KSYM";
 /// Current symbols format version.
@@ -331,44 +333,51 @@ pub struct SymbolTable {
 
 impl SymbolTable {
     /// Decodes and checks a section; the error says what is wrong.
-    pub fn decode(data: &[u8]) -> Result<Self, String> {
+    pub fn decode(data: &[u8]) -> Result<Self, DecodeError> {
         if data.len() < 12 || &data[..4] != SYMBOLS_MAGIC {
-            return Err("not a symbols section".into());
+            return Err(DecodeError::Magic("symbols section"));
         }
         let version = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
         if version != SYMBOLS_VERSION {
-            return Err(format!("unsupported symbols version {version}"));
+            return Err(DecodeError::Version {
+                what: "symbols",
+                version,
+                supported: SYMBOLS_VERSION,
+            });
         }
         let (body, crc) = data.split_at(data.len() - 4);
         let crc = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
         if crc32fast::hash(body) != crc {
-            return Err("symbols checksum mismatch".into());
+            return Err(DecodeError::Checksum("symbols"));
         }
-        let symbols = pb::Symbols::decode(&body[8..]).map_err(|e| e.to_string())?;
+        let symbols = pb::Symbols::decode(&body[8..]).map_err(|source| DecodeError::Protobuf {
+            what: "symbols",
+            source,
+        })?;
         let t = Self { symbols };
         t.validate()?;
         Ok(t)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), DecodeError> {
         let s = &self.symbols;
         let n_str = s.strings.len() as u32;
         if s.stack_parents.len() != s.stack_locations.len() || s.stack_parents.is_empty() {
-            return Err("stack tree arrays differ in length".into());
+            return Err(DecodeError::StackTreeLength);
         }
         for (i, &p) in s.stack_parents.iter().enumerate().skip(1) {
             if p as usize >= i || s.stack_locations[i] as usize >= s.locations.len() {
-                return Err(format!("stack node {i} is out of order"));
+                return Err(DecodeError::StackNodeOrder(i));
             }
         }
         for f in &s.functions {
             if f.name >= n_str || f.system_name >= n_str || f.filename >= n_str {
-                return Err("function string out of range".into());
+                return Err(DecodeError::OutOfRange("function string"));
             }
         }
         for m in &s.mappings {
             if m.filename >= n_str || m.build_id >= n_str {
-                return Err("mapping string out of range".into());
+                return Err(DecodeError::OutOfRange("mapping string"));
             }
         }
         for l in &s.locations {
@@ -379,7 +388,7 @@ impl SymbolTable {
                     .any(|&f| f as usize >= s.functions.len())
                 || l.frame_type >= n_str
             {
-                return Err("location out of range".into());
+                return Err(DecodeError::OutOfRange("location"));
             }
         }
         Ok(())
@@ -488,11 +497,9 @@ mod tests {
         let mut bytes = b.encode().to_vec();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
-        assert!(
-            SymbolTable::decode(&bytes)
-                .unwrap_err()
-                .contains("checksum")
-        );
+        let err = SymbolTable::decode(&bytes).unwrap_err();
+        assert_eq!(err, DecodeError::Checksum("symbols"));
+        assert!(err.to_string().contains("checksum"));
         assert!(SymbolTable::decode(b"nope").is_err());
     }
 }

@@ -31,7 +31,7 @@ impl Rng {
 /// Leaf frame name -> value, of tenant `tenant`.
 fn leaves(kiln: &Kiln, tenant: &str) -> Result<BTreeMap<String, i64>> {
     let fg = kiln.flamegraph(tenant, CPU, "{}")?;
-    let stacks = flamegraph_stacks(&fg).map_err(anyhow::Error::msg)?;
+    let stacks = flamegraph_stacks(&fg)?;
     let mut out = BTreeMap::new();
     for (frames, v) in stacks {
         *out.entry(frames.last().cloned().unwrap_or_default())

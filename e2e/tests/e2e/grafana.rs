@@ -215,8 +215,9 @@ fn kiln_with_data() -> Result<(Kiln, crate::auth::Keys)> {
     Ok((kiln, keys))
 }
 
-fn nodes_of(fg: &q::FlameGraph) -> usize {
-    fg.levels.iter().map(|l| l.values.len() / 4).sum()
+/// The nodes of a flame graph, checked by the shared decoder.
+fn nodes_of(fg: &q::FlameGraph) -> Result<usize> {
+    Ok(kiln_proto::flamegraph::decode(fg)?.len())
 }
 
 #[test]
@@ -291,7 +292,8 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
         let value = f.batch.column(1).as_primitive::<Int64Type>();
         let self_ = f.batch.column(2).as_primitive::<Int64Type>();
         let label = f.batch.column(3).as_string::<i32>();
-        ensure!(f.batch.num_rows() == nodes_of(&kiln_fg), "{} rows, Kiln has {} nodes", f.batch.num_rows(), nodes_of(&kiln_fg));
+        let kiln_nodes = nodes_of(&kiln_fg)?;
+        ensure!(f.batch.num_rows() == kiln_nodes, "{} rows, Kiln has {kiln_nodes} nodes", f.batch.num_rows());
         ensure!(level.value(0) == 0 && label.value(0) == "total" && value.value(0) == kiln_fg.total);
         ensure!(kiln_fg.total == 80_000_000 + 40_000_000);
         let self_sum: i64 = (0..f.batch.num_rows()).map(|i| self_.value(i)).sum();

@@ -299,8 +299,7 @@ fn python_otlp_sender_links_references_and_timestamps() -> Result<()> {
             "{tenant}: total {}",
             fg.total
         );
-        let stacks: BTreeMap<String, i64> = flamegraph_stacks(&fg)
-            .map_err(anyhow::Error::msg)?
+        let stacks: BTreeMap<String, i64> = flamegraph_stacks(&fg)?
             .into_iter()
             .map(|(k, v)| (k.join(";"), v))
             .collect();

@@ -1,12 +1,14 @@
 //! The merged stack tree a flame graph is drawn from, and Pyroscope's `FlameGraph` encoding:
 //! `names` plus one `Level` per depth with four int64 per node — x offset (delta from the right
 //! edge of the previous node of the level), total, self, name index — `names[0] = "total"`, and
-//! nodes below the `max_nodes` threshold folded into an `other` child.
+//! nodes below the `max_nodes` threshold folded into an `other` child. Reading the encoding back
+//! is [`kiln_proto::flamegraph::decode`]'s ([`flamegraph_stacks`] lists stacks with it).
 
 use std::collections::BTreeMap;
 
 use hashbrown::HashMap;
 
+use kiln_proto::flamegraph::{self, FlameGraphError};
 use kiln_proto::querier::v1::{FlameGraph, Level};
 
 /// A tree of frames keyed by function name, root first.
@@ -243,71 +245,23 @@ impl FlameTree {
     }
 }
 
-/// Decodes a `FlameGraph` back into root-first stacks with their self values, rebuilding parents
-/// by interval containment as Grafana does. Errors describe the first inconsistency.
-pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, String> {
-    struct Abs {
-        offset: i64,
-        total: i64,
-        self_value: i64,
-        name: usize,
-        parent: usize,
-    }
-    let mut levels: Vec<Vec<Abs>> = Vec::new();
-    for (d, level) in fg.levels.iter().enumerate() {
-        if !level.values.len().is_multiple_of(4) {
-            return Err(format!("level {d} has {} values", level.values.len()));
-        }
-        let mut out = Vec::new();
-        let mut prev_right = 0i64;
-        let mut parent = 0usize;
-        for v in level.values.chunks_exact(4) {
-            let offset = prev_right + v[0];
-            prev_right = offset + v[1];
-            let name = usize::try_from(v[3]).map_err(|_| "negative name index".to_string())?;
-            if name >= fg.names.len() {
-                return Err(format!("name index {name} out of range"));
-            }
-            if d > 0 {
-                let up = &levels[d - 1];
-                while parent < up.len() && up[parent].offset + up[parent].total <= offset {
-                    parent += 1;
-                }
-                let Some(p) = up.get(parent) else {
-                    return Err(format!("node at level {d} offset {offset} has no parent"));
-                };
-                if offset < p.offset || offset + v[1] > p.offset + p.total {
-                    return Err(format!(
-                        "node at level {d} offset {offset} escapes its parent"
-                    ));
-                }
-            }
-            out.push(Abs {
-                offset,
-                total: v[1],
-                self_value: v[2],
-                name,
-                parent,
-            });
-        }
-        levels.push(out);
-    }
+/// Decodes a `FlameGraph` back into root-first stacks (without the root) with their self values,
+/// rebuilding parents by interval containment as Grafana does ([`flamegraph::decode`]).
+pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, FlameGraphError> {
+    let nodes = flamegraph::decode(fg)?;
     let mut stacks = BTreeMap::new();
-    for d in 1..levels.len() {
-        for n in &levels[d] {
-            if n.self_value == 0 {
-                continue;
-            }
-            let mut path = vec![fg.names[n.name].clone()];
-            let mut p = n.parent;
-            for up in (1..d).rev() {
-                let node = &levels[up][p];
-                path.push(fg.names[node.name].clone());
-                p = node.parent;
-            }
-            path.reverse();
-            *stacks.entry(path).or_insert(0) += n.self_value;
+    for n in &nodes {
+        if n.level == 0 || n.self_value == 0 {
+            continue;
         }
+        let mut path = vec![fg.names[n.name].clone()];
+        let mut up = n.parent.map(|p| &nodes[p]);
+        while let Some(p) = up.filter(|p| p.level > 0) {
+            path.push(fg.names[p.name].clone());
+            up = p.parent.map(|p| &nodes[p]);
+        }
+        path.reverse();
+        *stacks.entry(path).or_insert(0) += n.self_value;
     }
     Ok(stacks)
 }
@@ -401,6 +355,33 @@ mod tests {
             let got = flamegraph_stacks(&fg).unwrap();
             prop_assert_eq!(got.values().sum::<i64>(), t.total());
             prop_assert_eq!(fg.levels[1].values.chunks(4).map(|n| n[1]).sum::<i64>(), t.total());
+        }
+
+        /// The shared decoder reads what `to_flamegraph` writes as a tree: every node's total is
+        /// its self value plus its children's totals, truncated or not.
+        #[test]
+        fn decoded_totals_add_up(stacks in prop::collection::vec(
+            (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d", "e"]), 1..5), 1i64..1000),
+            0..40), budget in prop::sample::select(vec![1usize, 3, 8, 1 << 20]))
+        {
+            let mut t = FlameTree::default();
+            for (s, v) in &stacks {
+                t.add_stack(s.iter().copied(), *v);
+            }
+            let fg = t.to_flamegraph(budget);
+            let nodes = flamegraph::decode(&fg).unwrap();
+            prop_assert_eq!(nodes.len(), fg.levels.iter().map(|l| l.values.len() / 4).sum::<usize>());
+            let mut children = vec![0i64; nodes.len()];
+            for n in &nodes {
+                if let Some(p) = n.parent {
+                    children[p] += n.total;
+                }
+            }
+            for (n, c) in nodes.iter().zip(children) {
+                prop_assert_eq!(n.total, n.self_value + c);
+            }
+            prop_assert_eq!(nodes[0].total, t.total());
+            prop_assert_eq!(nodes.iter().map(|n| n.self_value).max().unwrap_or(0), fg.max_self);
         }
     }
 }
