@@ -18,6 +18,7 @@ type FastMap<K, V> = hashbrown::HashMap<K, V>;
 
 use crate::pprof;
 
+use crate::ids::{parse_span_id, parse_trace_id};
 use crate::labels::{LabelLimits, validate_series_labels};
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
@@ -68,49 +69,6 @@ impl Default for NormalizeLimits {
             labels: LabelLimits::default(),
         }
     }
-}
-
-/// Parses a span id as Pyroscope does: 16 hex digits, read as a little-endian u64; anything else is 0.
-pub fn parse_span_id(s: &str) -> u64 {
-    let mut bytes = [0u8; 8];
-    if s.len() != 16 || hex_into(s, &mut bytes).is_none() {
-        return 0;
-    }
-    u64::from_le_bytes(bytes)
-}
-
-/// Formats a span id as 16 hex digits (the inverse of [`parse_span_id`]).
-pub fn format_span_id(id: u64) -> String {
-    to_hex(&id.to_le_bytes())
-}
-
-/// Parses a 32-hex-digit trace id.
-pub fn parse_trace_id(s: &str) -> Option<[u8; 16]> {
-    let mut bytes = [0u8; 16];
-    (s.len() == 32).then_some(())?;
-    hex_into(s, &mut bytes)?;
-    (bytes != [0u8; 16]).then_some(bytes)
-}
-
-/// Lowercase hex of `bytes`.
-pub fn to_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
-    s
-}
-
-fn hex_into(s: &str, out: &mut [u8]) -> Option<()> {
-    let digits = s.as_bytes();
-    for (i, byte) in out.iter_mut().enumerate() {
-        let hi = (digits[2 * i] as char).to_digit(16)?;
-        let lo = (digits[2 * i + 1] as char).to_digit(16)?;
-        *byte = (hi * 16 + lo) as u8;
-    }
-    Some(())
 }
 
 /// Pyroscope's default sample type display names, used when a request sends no

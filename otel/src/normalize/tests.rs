@@ -307,18 +307,6 @@ fn names_from_default_display_names() {
     assert_eq!(metric_name(&["contentions"], &config), "block");
 }
 
-#[test]
-fn span_ids_round_trip() {
-    assert_eq!(parse_span_id("0123456789abcdef"), 0xefcdab8967452301);
-    assert_eq!(
-        format_span_id(parse_span_id("0123456789abcdef")),
-        "0123456789abcdef"
-    );
-    assert_eq!(parse_span_id("xyz"), 0);
-    assert_eq!(parse_span_id("0123456789abcdeg"), 0);
-    assert!(parse_trace_id("00000000000000000000000000000000").is_none());
-}
-
 proptest! {
     /// Totals per sample type survive normalization exactly (non-negative input).
     #[test]
