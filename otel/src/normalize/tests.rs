@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::Sample;
 
 /// [`super::normalize_pprof`] of a profile built with the generated types.
 fn normalize_pprof(
