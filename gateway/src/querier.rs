@@ -45,7 +45,7 @@ fn span_ids(spans: &[String]) -> Result<Vec<u64>, ApiError> {
     spans
         .iter()
         .map(|s| {
-            let id = kiln_otel::normalize::parse_span_id(s);
+            let id = kiln_otel::ids::parse_span_id(s);
             if id == 0 {
                 Err(ApiError::invalid(format!(
                     "invalid span id {s:?}: expected 16 hex digits"
@@ -62,7 +62,7 @@ fn trace_ids(traces: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
     traces
         .iter()
         .map(|t| {
-            kiln_otel::normalize::parse_trace_id(t).ok_or_else(|| {
+            kiln_otel::ids::parse_trace_id(t).ok_or_else(|| {
                 ApiError::invalid(format!("invalid trace id {t:?}: expected 32 hex digits"))
             })
         })
@@ -432,10 +432,10 @@ impl Querier {
 fn exemplar(e: &kiln_storage::query::SpanExemplar) -> t::Exemplar {
     t::Exemplar {
         timestamp: e.timestamp_ms,
-        span_id: kiln_otel::normalize::format_span_id(e.span_id),
+        span_id: kiln_otel::ids::format_span_id(e.span_id),
         trace_id: e
             .trace_id
-            .map(|t| kiln_otel::normalize::to_hex(&t))
+            .map(|t| kiln_otel::ids::format_trace_id(&t))
             .unwrap_or_default(),
         value: e.value,
         ..Default::default()

@@ -2,13 +2,14 @@
 //! `--format raw` writes) and `lines` (one stack per line, each counted once), plus the
 //! Pyroscope rule that turns the application name's last `.` segment into the profile type.
 
-use std::collections::HashMap;
+use std::convert::Infallible;
 
 use crate::labels::{AppName, validate_series_labels};
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Line, Location, NormalizedProfile, ProfileType,
-    Sample, Series, Symbols,
+    Series, Symbols,
 };
+use crate::normalize::kernel::{self, FastMap, SampleKey, SeriesBuilder};
 use crate::normalize::{IngestMeta, NormalizeLimits};
 use crate::{Error, Result};
 
@@ -112,13 +113,7 @@ pub fn from_text_stacks(
     meta: &IngestMeta,
     limits: &NormalizeLimits,
 ) -> Result<NormalizedProfile> {
-    if limits.max_samples > 0 && stacks.len() > limits.max_samples {
-        return Err(Error::Invalid(format!(
-            "the profile has {} stacks, more than the limit of {} samples",
-            stacks.len(),
-            limits.max_samples
-        )));
-    }
+    kernel::check_sample_count(stacks.len(), limits)?;
     let (service, profile_type, scale) = text_profile_type(&name.app, sample_rate)?;
     let mut labels = meta.labels.clone();
     for (k, v) in name.labels.iter() {
@@ -133,18 +128,21 @@ pub fn from_text_stacks(
     validate_series_labels(&labels, &limits.labels)?;
 
     let mut symbols = Symbols::default();
-    let mut index: HashMap<&str, u32> = HashMap::new();
-    let mut merged: HashMap<Vec<u32>, usize> = HashMap::new();
-    let mut samples: Vec<Sample> = Vec::new();
-    for (frames, value) in stacks {
+    // One function and one location per distinct frame name.
+    let mut index: FastMap<&str, u32> = FastMap::default();
+    let mut builder: SeriesBuilder<()> = SeriesBuilder::new(1);
+    let series = builder.series(&());
+    let mut stack = Vec::new();
+    for (i, (frames, value)) in stacks.iter().enumerate() {
         if *value == 0 {
             continue;
         }
-        let mut stack: Vec<u32> = frames
-            .iter()
-            .rev()
-            .map(|f| {
-                *index.entry(f).or_insert_with(|| {
+        let Ok(()) = kernel::fill_stack(
+            &mut stack,
+            frames.iter().rev(),
+            limits.max_stack_depth,
+            |f: &&str| {
+                Ok::<_, Infallible>(*index.entry(*f).or_insert_with(|| {
                     let i = symbols.functions.len() as u32;
                     symbols.functions.push(Function {
                         name: (*f).to_owned(),
@@ -158,39 +156,26 @@ pub fn from_text_stacks(
                         ..Default::default()
                     });
                     i
-                })
-            })
-            .collect();
-        if limits.max_stack_depth > 0 && stack.len() > limits.max_stack_depth {
-            stack.drain(..stack.len() - limits.max_stack_depth);
-        }
+                }))
+            },
+        );
         let value = value.checked_mul(scale).ok_or_else(|| Error::Text {
             format: "folded",
             line: 0,
             reason: format!("value {value} overflows when scaled to nanoseconds"),
         })?;
-        match merged.get(&stack) {
-            Some(&at) => {
-                samples[at].value =
-                    samples[at]
-                        .value
-                        .checked_add(value)
-                        .ok_or_else(|| Error::Text {
-                            format: "folded",
-                            line: 0,
-                            reason: "merged values overflow 64 bits".into(),
-                        })?;
-            }
-            None => {
-                merged.insert(stack.clone(), samples.len());
-                samples.push(Sample {
-                    stack,
-                    value,
-                    ..Default::default()
-                });
-            }
-        }
+        let key = builder.hash(SampleKey {
+            stack: &stack,
+            ..Default::default()
+        });
+        builder.add(series, 0, &key, value, i)?;
     }
+    let samples = builder
+        .finish()
+        .into_iter()
+        .flat_map(|(_, per_type)| per_type)
+        .next()
+        .unwrap_or_default();
     let series = if samples.is_empty() {
         Vec::new()
     } else {

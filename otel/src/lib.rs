@@ -14,6 +14,7 @@ pub mod base64;
 pub mod compress;
 pub mod error;
 pub mod folded;
+pub mod ids;
 pub mod labels;
 pub mod model;
 pub mod normalize;

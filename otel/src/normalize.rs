@@ -9,20 +9,24 @@
 //!   span and trace) are summed;
 //! - `time_nanos` of 0 or in 1970 is replaced by the request's time;
 //! - stacks deeper than the limit are truncated, keeping the root side.
+//!
+//! The rules the OTLP and text formats share with pprof (the sample limit, truncation, naming of
+//! unsymbolized frames, merging) are in [`kernel`]; [`IngestMeta`] and [`NormalizeLimits`] serve
+//! all three.
+
+pub mod kernel;
 
 use std::collections::HashMap;
 
-/// Maps of one request's data: hashbrown's default (foldhash) hasher, much cheaper than SipHash
-/// on the ingest path.
-type FastMap<K, V> = hashbrown::HashMap<K, V>;
+use kernel::{FastMap, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
 
-use crate::pprof;
-
+use crate::ids::{parse_span_id, parse_trace_id};
 use crate::labels::{LabelLimits, validate_series_labels};
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Sample, Series, Symbols, UNKNOWN_SERVICE,
+    ProfileType, Series, Symbols, UNKNOWN_SERVICE,
 };
+use crate::pprof;
 use crate::{Error, Result};
 
 /// Per-sample labels that carry a span id (`profile_id` is otel-profiling-go's name for it).
@@ -68,49 +72,6 @@ impl Default for NormalizeLimits {
             labels: LabelLimits::default(),
         }
     }
-}
-
-/// Parses a span id as Pyroscope does: 16 hex digits, read as a little-endian u64; anything else is 0.
-pub fn parse_span_id(s: &str) -> u64 {
-    let mut bytes = [0u8; 8];
-    if s.len() != 16 || hex_into(s, &mut bytes).is_none() {
-        return 0;
-    }
-    u64::from_le_bytes(bytes)
-}
-
-/// Formats a span id as 16 hex digits (the inverse of [`parse_span_id`]).
-pub fn format_span_id(id: u64) -> String {
-    to_hex(&id.to_le_bytes())
-}
-
-/// Parses a 32-hex-digit trace id.
-pub fn parse_trace_id(s: &str) -> Option<[u8; 16]> {
-    let mut bytes = [0u8; 16];
-    (s.len() == 32).then_some(())?;
-    hex_into(s, &mut bytes)?;
-    (bytes != [0u8; 16]).then_some(bytes)
-}
-
-/// Lowercase hex of `bytes`.
-pub fn to_hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
-    s
-}
-
-fn hex_into(s: &str, out: &mut [u8]) -> Option<()> {
-    let digits = s.as_bytes();
-    for (i, byte) in out.iter_mut().enumerate() {
-        let hi = (digits[2 * i] as char).to_digit(16)?;
-        let lo = (digits[2 * i + 1] as char).to_digit(16)?;
-        *byte = (hi * 16 + lo) as u8;
-    }
-    Some(())
 }
 
 /// Pyroscope's default sample type display names, used when a request sends no
@@ -194,13 +155,7 @@ pub fn normalize_pprof(
     if profile.sample_type.is_empty() {
         return Err(Error::Invalid("the profile has no sample type".into()));
     }
-    if limits.max_samples > 0 && profile.sample.len() > limits.max_samples {
-        return Err(Error::Invalid(format!(
-            "the profile has {} samples, more than the limit of {}",
-            profile.sample.len(),
-            limits.max_samples
-        )));
-    }
+    kernel::check_sample_count(profile.sample.len(), limits)?;
     let mut sample_types = Vec::with_capacity(profile.sample_type.len());
     for vt in &profile.sample_type {
         let ty = strings.get(vt.r#type, "a sample type")?;
@@ -218,8 +173,7 @@ pub fn normalize_pprof(
         None => ("", ""),
     };
 
-    let symbols_and_ids = resolve_symbols(profile, &strings)?;
-    let (symbols, location_index) = symbols_and_ids;
+    let (symbols, location_index) = resolve_symbols(profile, &strings)?;
 
     let name = match meta.labels.get(LABEL_NAME) {
         Some(n) => n.to_owned(),
@@ -239,18 +193,14 @@ pub fn normalize_pprof(
         meta.duration_nanos
     };
 
-    // Group samples by their series-promoted labels.
-    type SampleKey = (Vec<u32>, u64, Option<[u8; 16]>, Vec<(String, String)>);
-    struct Group {
-        labels: Vec<(String, String)>,
-        // Per sample type: (stack, span, trace) -> index into samples.
-        merged: Vec<FastMap<SampleKey, usize>>,
-        samples: Vec<Vec<Sample>>,
-    }
+    // Series by their series-promoted labels, borrowed from the string table.
     let n_types = sample_types.len();
-    let mut groups: Vec<Group> = Vec::new();
-    let mut group_of: FastMap<Vec<(String, String)>, usize> = FastMap::default();
-
+    let mut builder: SeriesBuilder<Vec<(&str, &str)>> = SeriesBuilder::new(n_types);
+    // Buffers reused from sample to sample.
+    let mut stack = Vec::new();
+    let mut labels: Vec<(&str, &str)> = Vec::new();
+    // Span or trace ids that do not parse stay with the sample as labels rather than be lost.
+    let mut per_sample: Vec<(String, String)> = Vec::new();
     for (i, sample) in profile.sample.iter().enumerate() {
         if sample.value.len() != n_types {
             return Err(Error::Invalid(format!(
@@ -258,27 +208,23 @@ pub fn normalize_pprof(
                 sample.value.len()
             )));
         }
-        // Truncated first (the leaf side goes; ids are leaf first), so a sample costs what it
-        // stores, not what it was sent with.
-        let depth = sample.location_count();
-        let keep = match limits.max_stack_depth {
-            0 => depth,
-            max => depth.min(max),
-        };
-        let mut stack = Vec::with_capacity(keep);
-        for id in sample.location_ids().skip(depth - keep) {
-            let Some(&loc) = location_index.get(&id) else {
-                return Err(Error::Invalid(format!(
-                    "sample {i} refers to location id {id}, which the profile does not define"
-                )));
-            };
-            stack.push(loc);
-        }
+        // Truncated first, so a sample costs what it stores, not what it was sent with.
+        kernel::fill_stack(
+            &mut stack,
+            sample.location_ids(),
+            limits.max_stack_depth,
+            |id| {
+                location_index.get(&id).copied().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "sample {i} refers to location id {id}, which the profile does not define"
+                    ))
+                })
+            },
+        )?;
         let mut span_id = 0u64;
         let mut trace_id = None;
-        let mut labels: Vec<(String, String)> = Vec::new();
-        // Span or trace ids that do not parse stay with the sample as labels rather than be lost.
-        let mut per_sample: Vec<(String, String)> = Vec::new();
+        labels.clear();
+        per_sample.clear();
         for label in &sample.label {
             let key = strings.get(label.key, "a sample label key")?;
             if label.str == 0 {
@@ -296,7 +242,7 @@ pub fn normalize_pprof(
                     per_sample.push((key.to_owned(), value.to_owned()));
                 }
             } else if !key.is_empty() {
-                labels.push((key.to_owned(), value.to_owned()));
+                labels.push((key, value));
             }
         }
         if sample.value.iter().any(|v| *v < 0) || sample.value.iter().all(|v| *v == 0) {
@@ -305,45 +251,23 @@ pub fn normalize_pprof(
         labels.sort();
         labels.dedup_by(|a, b| a.0 == b.0);
         per_sample.sort();
-        let g = *group_of.entry(labels.clone()).or_insert_with(|| {
-            groups.push(Group {
-                labels,
-                merged: vec![FastMap::default(); n_types],
-                samples: vec![Vec::new(); n_types],
-            });
-            groups.len() - 1
+        let series = builder.series(labels.as_slice());
+        let key = builder.hash(SampleKey {
+            stack: &stack,
+            span_id,
+            trace_id,
+            timestamp_nanos: 0,
+            labels: &per_sample,
         });
-        let group = &mut groups[g];
-        let key: SampleKey = (stack, span_id, trace_id, per_sample);
         for (t, &value) in sample.value.iter().enumerate() {
-            if value == 0 {
-                continue;
-            }
-            match group.merged[t].get(&key) {
-                Some(&at) => {
-                    let merged = &mut group.samples[t][at].value;
-                    *merged = merged.checked_add(value).ok_or_else(|| {
-                        Error::Invalid(format!("sample {i}: merged values overflow 64 bits"))
-                    })?;
-                }
-                None => {
-                    group.merged[t].insert(key.clone(), group.samples[t].len());
-                    group.samples[t].push(Sample {
-                        stack: key.0.clone(),
-                        value,
-                        span_id,
-                        trace_id,
-                        timestamp_nanos: 0,
-                        labels: key.3.clone(),
-                    });
-                }
-            }
+            builder.add(series, t, &key, value, i)?;
         }
     }
+    let groups = builder.finish();
 
     let distinct: std::collections::HashSet<&str> = groups
         .iter()
-        .flat_map(|g| g.labels.iter().map(|(k, _)| k.as_str()))
+        .flat_map(|(labels, _)| labels.iter().map(|(k, _)| *k))
         .collect();
     if distinct.len() > limits.max_sample_label_names {
         return Err(Error::Invalid(format!(
@@ -353,15 +277,15 @@ pub fn normalize_pprof(
         )));
     }
     let mut series = Vec::new();
-    for group in groups {
+    for (group_labels, per_type) in groups {
         let mut labels = meta.labels.clone();
-        for (k, v) in group.labels {
-            labels.set(k, v);
+        for (k, v) in group_labels {
+            labels.set(k.to_owned(), v.to_owned());
         }
         labels.set(LABEL_NAME.to_owned(), name.clone());
         labels.set_default(LABEL_SERVICE_NAME, UNKNOWN_SERVICE);
         validate_series_labels(&labels, &limits.labels)?;
-        for (t, samples) in group.samples.into_iter().enumerate() {
+        for (t, samples) in per_type.into_iter().enumerate() {
             if samples.is_empty() {
                 continue;
             }
@@ -414,8 +338,7 @@ fn resolve_symbols(
         });
     }
     let mut location_index = FastMap::with_capacity(profile.location.len());
-    // Synthetic functions for unsymbolized locations, one per name.
-    let mut synthetic: FastMap<String, u32> = FastMap::default();
+    let mut unsymbolized = UnsymbolizedFunctions::default();
     for loc in &profile.location {
         let mapping = match loc.mapping_id {
             0 => None,
@@ -440,16 +363,7 @@ fn resolve_symbols(
             });
         }
         if lines.is_empty() {
-            let name =
-                unsymbolized_name(mapping.map(|m| &symbols.mappings[m as usize]), loc.address);
-            let function = *synthetic.entry(name.clone()).or_insert_with(|| {
-                symbols.functions.push(Function {
-                    name,
-                    ..Default::default()
-                });
-                symbols.functions.len() as u32 - 1
-            });
-            lines.push(Line { function, line: 0 });
+            lines.push(unsymbolized.line(&mut symbols, mapping, loc.address));
         }
         location_index.insert(loc.id, symbols.locations.len() as u32);
         symbols.locations.push(Location {
@@ -460,19 +374,6 @@ fn resolve_symbols(
         });
     }
     Ok((symbols, location_index))
-}
-
-/// The frame name of a location without symbols: the mapping's file name and the address.
-fn unsymbolized_name(mapping: Option<&Mapping>, address: u64) -> String {
-    let file = mapping
-        .map(|m| m.filename.rsplit('/').next().unwrap_or_default())
-        .filter(|f| !f.is_empty());
-    match (file, address) {
-        (Some(file), 0) => file.to_owned(),
-        (Some(file), a) => format!("{file} 0x{a:x}"),
-        (None, 0) => "unknown".to_owned(),
-        (None, a) => format!("0x{a:x}"),
-    }
 }
 
 #[cfg(test)]

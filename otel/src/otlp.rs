@@ -17,8 +17,13 @@
 //! - an empty `values` with timestamps counts one per timestamp; samples keep their timestamps;
 //! - `link_index` gives the span id (8 bytes, little-endian u64) and trace id per sample;
 //! - location attribute `profile.frame.type` and mapping build ids are kept.
+//!
+//! As for pprof (the rules are [`crate::normalize::kernel`]'s): samples with the same stack, span,
+//! trace, timestamp and per-sample labels are summed; stacks deeper than the limit keep the root
+//! side; a location without symbols is named after its mapping's file and address
+//! (`libc.so.6 0x1f2a`, `unknown` with neither).
 
-use std::collections::HashMap;
+use std::convert::Infallible;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
@@ -27,9 +32,10 @@ use opentelemetry_proto::tonic::profiles::v1development::{self as otlp, Profiles
 use crate::labels::LabelLimits;
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Sample, Series, Symbols, UNKNOWN_SERVICE,
+    ProfileType, Series, Symbols, UNKNOWN_SERVICE,
 };
 use crate::normalize::NormalizeLimits;
+use crate::normalize::kernel::{self, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
 use crate::{Error, Result};
 
 /// Sample attributes kept per sample instead of becoming series labels.
@@ -103,7 +109,9 @@ pub fn convert(
                     limits,
                 ) {
                     Ok(series) => out.profile.series.extend(series),
-                    Err(reason) => out.rejected.push(format!("{at}: {reason}")),
+                    // The reason alone: the rejection says which profile is invalid.
+                    Err(Error::Invalid(reason)) => out.rejected.push(format!("{at}: {reason}")),
+                    Err(e) => out.rejected.push(format!("{at}: {e}")),
                 }
             }
         }
@@ -396,7 +404,7 @@ fn symbols(d: &ProfilesDictionary) -> Result<Symbols> {
             start_line: f.start_line,
         });
     }
-    let mut synthetic: HashMap<String, u32> = HashMap::new();
+    let mut unsymbolized = UnsymbolizedFunctions::default();
     for l in &d.location_table {
         let mapping = (l.mapping_index > 0).then_some(l.mapping_index as u32);
         let frame_type = l
@@ -415,23 +423,8 @@ fn symbols(d: &ProfilesDictionary) -> Result<Symbols> {
             })
             .collect();
         if lines.is_empty() {
-            // Unsymbolized (native frames from the eBPF profiler): name it by file and address.
-            let file = mapping
-                .and_then(|m| out.mappings.get(m as usize))
-                .map(|m| m.filename.rsplit('/').next().unwrap_or_default().to_owned())
-                .filter(|f| !f.is_empty());
-            let name = match file {
-                Some(f) => format!("{f} 0x{:x}", l.address),
-                None => format!("0x{:x}", l.address),
-            };
-            let function = *synthetic.entry(name.clone()).or_insert_with(|| {
-                out.functions.push(Function {
-                    name,
-                    ..Default::default()
-                });
-                out.functions.len() as u32 - 1
-            });
-            lines.push(Line { function, line: 0 });
+            // Unsymbolized (native frames from the eBPF profiler): named as pprof names them.
+            lines.push(unsymbolized.line(&mut out, mapping, l.address));
         }
         if let Some(m) = mapping.and_then(|m| out.mappings.get_mut(m as usize)) {
             m.has_functions |= !l.lines.is_empty();
@@ -453,7 +446,7 @@ fn convert_profile(
     scope_attrs: &[(String, String)],
     now_nanos: i64,
     limits: &NormalizeLimits,
-) -> std::result::Result<Vec<Series>, String> {
+) -> Result<Vec<Series>> {
     let s = |i: i32| {
         d.string_table
             .get(i as usize)
@@ -461,18 +454,14 @@ fn convert_profile(
             .unwrap_or("")
     };
     let Some(st) = &p.sample_type else {
-        return Err("the profile has no sample_type".into());
+        return Err(Error::Invalid("the profile has no sample_type".into()));
     };
-    if limits.max_samples > 0 && p.samples.len() > limits.max_samples {
-        return Err(format!(
-            "the profile has {} samples, more than the limit of {}",
-            p.samples.len(),
-            limits.max_samples
-        ));
-    }
+    kernel::check_sample_count(p.samples.len(), limits)?;
     let (sample_type, sample_unit) = (s(st.type_strindex), s(st.unit_strindex));
     if sample_type.is_empty() {
-        return Err("the profile's sample type has no name".into());
+        return Err(Error::Invalid(
+            "the profile's sample type has no name".into(),
+        ));
     }
     let (period_type, period_unit) = p
         .period_type
@@ -533,39 +522,40 @@ fn convert_profile(
         Some(exe) => format!("{UNKNOWN_SERVICE}:{exe}"),
         None => UNKNOWN_SERVICE.to_owned(),
     });
-    if default_service.len() > limits.labels.max_label_value_length {
-        return Err(format!(
-            "the service name is longer than {} bytes",
-            limits.labels.max_label_value_length
-        ));
+    let max_value = limits.labels.max_label_value_length;
+    if default_service.len() > max_value {
+        return Err(Error::Invalid(format!(
+            "the service name is longer than {max_value} bytes"
+        )));
     }
 
     // Series key: (service, sorted series-promoted sample attributes).
-    type Key = (String, Vec<(String, String)>);
-    type SampleKey = (u32, u64, Option<[u8; 16]>, i64, Vec<(String, String)>);
-    let mut groups: Vec<(Key, Vec<Sample>, HashMap<SampleKey, usize>)> = Vec::new();
-    let mut group_of: HashMap<Key, usize> = HashMap::new();
+    let mut builder: SeriesBuilder<(String, Vec<(String, String)>)> = SeriesBuilder::new(1);
+    // Buffers reused from sample to sample.
+    let mut stack = Vec::new();
+    let mut points: Vec<(i64, i64)> = Vec::new();
     for (k, sample) in p.samples.iter().enumerate() {
         if sample.values.is_empty() && sample.timestamps_unix_nano.is_empty() {
-            return Err(format!("samples[{k}] has neither values nor timestamps"));
+            return Err(Error::Invalid(format!(
+                "samples[{k}] has neither values nor timestamps"
+            )));
         }
-        let mut service = default_service.clone();
+        let mut service = None;
         let mut series_attrs = Vec::new();
         let mut per_sample = Vec::new();
         for a in &sample.attribute_indices {
             let Some((key, Some(value))) = attribute(d, *a) else {
                 continue;
             };
-            let max_value = limits.labels.max_label_value_length;
             if key == "service.name" {
                 // An empty name is no name; an over-long one is refused with the profile.
                 if value.len() > max_value {
-                    return Err(format!(
+                    return Err(Error::Invalid(format!(
                         "samples[{k}]: service.name is longer than {max_value} bytes"
-                    ));
+                    )));
                 }
                 if !value.is_empty() {
-                    service = value;
+                    service = Some(value);
                 }
             } else if PER_SAMPLE_ATTRIBUTES.contains(&key) {
                 // Per-sample labels past the length limit are dropped, like other attributes.
@@ -580,16 +570,14 @@ fn convert_profile(
         series_attrs.dedup_by(|a, b| a.0 == b.0);
         per_sample.sort();
         per_sample.dedup_by(|a, b| a.0 == b.0);
-        let stack: Vec<u32> = d.stack_table[sample.stack_index as usize]
-            .location_indices
-            .iter()
-            .map(|l| *l as u32)
-            .collect();
-        let stack = if limits.max_stack_depth > 0 && stack.len() > limits.max_stack_depth {
-            stack[stack.len() - limits.max_stack_depth..].to_vec()
-        } else {
-            stack
-        };
+        let Ok(()) = kernel::fill_stack(
+            &mut stack,
+            d.stack_table[sample.stack_index as usize]
+                .location_indices
+                .iter(),
+            limits.max_stack_depth,
+            |l| Ok::<_, Infallible>(*l as u32),
+        );
         let (span_id, trace_id) = match d.link_table.get(sample.link_index as usize) {
             Some(l) if sample.link_index > 0 => {
                 let span = <[u8; 8]>::try_from(l.span_id.as_slice())
@@ -603,72 +591,48 @@ fn convert_profile(
             _ => (0, None),
         };
         // (timestamp, value) pairs: one aggregated value, one value per timestamp, or a count.
-        let mut points: Vec<(i64, i64)> = Vec::new();
+        points.clear();
         if sample.timestamps_unix_nano.is_empty() {
             let v = sample
                 .values
                 .iter()
-                .try_fold(0i64, |a, v| a.checked_add(*v));
-            points.push((
-                0,
-                v.ok_or_else(|| format!("samples[{k}] values overflow 64 bits"))?,
-            ));
+                .try_fold(0i64, |a, v| a.checked_add(*v))
+                .ok_or_else(|| Error::Invalid(format!("samples[{k}] values overflow 64 bits")))?;
+            points.push((0, v));
         } else {
             for (i, t) in sample.timestamps_unix_nano.iter().enumerate() {
-                let t = i64::try_from(*t)
-                    .map_err(|_| format!("samples[{k}] timestamp {t} is out of range"))?;
+                let t = i64::try_from(*t).map_err(|_| {
+                    Error::Invalid(format!("samples[{k}] timestamp {t} is out of range"))
+                })?;
                 points.push((t, sample.values.get(i).copied().unwrap_or(1)));
             }
         }
-        let key: Key = (service, series_attrs);
-        let g = *group_of.entry(key.clone()).or_insert_with(|| {
-            groups.push((key, Vec::new(), HashMap::new()));
-            groups.len() - 1
-        });
-        let (_, samples, merged) = &mut groups[g];
-        for (t, v) in points {
+        let series = builder.series(&(
+            service.unwrap_or_else(|| default_service.clone()),
+            series_attrs,
+        ));
+        for &(t, v) in &points {
             if v < 0 {
-                return Err(format!("samples[{k}] has a negative value"));
+                return Err(Error::Invalid(format!("samples[{k}] has a negative value")));
             }
-            if v == 0 {
-                continue;
-            }
-            let v = v
-                .checked_mul(scale)
-                .ok_or_else(|| format!("samples[{k}] value × period overflows 64 bits"))?;
-            let skey: SampleKey = (
-                sample.stack_index as u32,
+            let v = v.checked_mul(scale).ok_or_else(|| {
+                Error::Invalid(format!("samples[{k}] value × period overflows 64 bits"))
+            })?;
+            let key = builder.hash(SampleKey {
+                stack: &stack,
                 span_id,
                 trace_id,
-                t,
-                per_sample.clone(),
-            );
-            match merged.get(&skey) {
-                Some(&at) => {
-                    let x = &mut samples[at].value;
-                    *x = x
-                        .checked_add(v)
-                        .ok_or_else(|| format!("samples[{k}] merged values overflow 64 bits"))?;
-                }
-                None => {
-                    merged.insert(skey, samples.len());
-                    samples.push(Sample {
-                        stack: stack.clone(),
-                        value: v,
-                        span_id,
-                        trace_id,
-                        timestamp_nanos: t,
-                        labels: per_sample.clone(),
-                    });
-                }
-            }
+                timestamp_nanos: t,
+                labels: &per_sample,
+            });
+            builder.add(series, 0, &key, v, k)?;
         }
     }
     let mut out = Vec::new();
-    for ((service, sample_attrs), samples, _) in groups {
-        if samples.is_empty() {
+    for ((service, sample_attrs), per_type) in builder.finish() {
+        let Some(samples) = per_type.into_iter().next().filter(|s| !s.is_empty()) else {
             continue;
-        }
+        };
         let labels = series_labels(
             &profile_type.name,
             &service,

@@ -13,6 +13,7 @@ use opentelemetry_proto::tonic::profiles::v1development as p;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use serde_json::Value;
 
+use crate::ids::hex_decode;
 use crate::{Error, Result};
 
 /// Parses an OTLP/JSON `ExportProfilesServiceRequest`.
@@ -152,16 +153,6 @@ fn string(v: &Value, key: &str, at: &Path) -> Result<String> {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(_) => Err(at.join(key).err("expected a string")),
     }
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// Trace and span ids: hex per OTLP/JSON, base64 as protojson writes them.

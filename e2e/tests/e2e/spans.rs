@@ -74,8 +74,7 @@ fn span_totals_where(p: &Profile, valid: bool) -> BTreeMap<String, Vec<i64>> {
             .iter()
             .find(|l| matches!(s(l.key), "span_id" | "profile_id"))
             .map(|l| s(l.str).to_owned());
-        if let Some(span) = span.filter(|s| (kiln_otel::normalize::parse_span_id(s) != 0) == valid)
-        {
+        if let Some(span) = span.filter(|s| (kiln_otel::ids::parse_span_id(s) != 0) == valid) {
             let e = out
                 .entry(span)
                 .or_insert_with(|| vec![0; sample.value.len()]);

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::Sample;
 
 /// [`super::normalize_pprof`] of a profile built with the generated types.
 fn normalize_pprof(
@@ -305,18 +306,6 @@ fn names_from_default_display_names() {
     assert_eq!(metric_name(&["samples", "wall"], &none), "wall");
     let config = HashMap::from([("contentions".to_string(), "block_count".to_string())]);
     assert_eq!(metric_name(&["contentions"], &config), "block");
-}
-
-#[test]
-fn span_ids_round_trip() {
-    assert_eq!(parse_span_id("0123456789abcdef"), 0xefcdab8967452301);
-    assert_eq!(
-        format_span_id(parse_span_id("0123456789abcdef")),
-        "0123456789abcdef"
-    );
-    assert_eq!(parse_span_id("xyz"), 0);
-    assert_eq!(parse_span_id("0123456789abcdeg"), 0);
-    assert!(parse_trace_id("00000000000000000000000000000000").is_none());
 }
 
 proptest! {
