@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use kiln_storage::Storage;
 
-use crate::auth::{Authenticator, Scope};
+use crate::auth::{Authenticator, Scope, TenantId};
 use crate::budget::DecodeBudget;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -115,7 +115,7 @@ impl App {
     }
 
     /// Authenticates a request for `scope`; refusals are counted.
-    pub fn authenticate(&self, headers: &HeaderMap, scope: Scope) -> Result<String, ApiError> {
+    pub fn authenticate(&self, headers: &HeaderMap, scope: Scope) -> Result<TenantId, ApiError> {
         self.auth
             .authenticate(headers, scope)
             .map(|p| p.tenant)

@@ -99,7 +99,7 @@ fn connect_ok(codec: Codec, body: Bytes) -> Response {
 
 struct Call {
     codec: Codec,
-    tenant: String,
+    tenant: crate::auth::TenantId,
     body: Bytes,
 }
 
@@ -107,7 +107,7 @@ async fn prepare(
     app: &AppRef,
     headers: &HeaderMap,
     body: Body,
-    tenant: String,
+    tenant: crate::auth::TenantId,
 ) -> Result<Call, ApiError> {
     let codec = Codec::from_headers(headers)?;
     let limits = app.limits(&tenant);

@@ -23,7 +23,7 @@ impl Grpc {
         Self { app }
     }
 
-    fn tenant<T>(&self, req: &Request<T>, scope: Scope) -> Result<String, Status> {
+    fn tenant<T>(&self, req: &Request<T>, scope: Scope) -> Result<crate::auth::TenantId, Status> {
         if let Some(crate::server::Authenticated(tenant)) = req.extensions().get() {
             return Ok(tenant.clone());
         }

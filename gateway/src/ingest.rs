@@ -14,7 +14,7 @@ use kiln_otel::{IngestMeta, folded, normalize, pprof};
 use kiln_proto::push::v1::PushRequest;
 
 use crate::app::AppRef;
-use crate::auth::Scope;
+use crate::auth::{Scope, TenantId};
 use crate::budget;
 use crate::error::ApiError;
 use crate::tenants::TenantLimits;
@@ -55,7 +55,12 @@ const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Closing a connection with unread request bytes resets it, so an HTTP/1.1 client that writes
 /// its whole body before reading (most do) would see a reset instead of the 429 and its
 /// `Retry-After`, and never learn to back off.
-pub async fn admit(app: &AppRef, tenant: &str, body: Body, limit: usize) -> Result<Body, ApiError> {
+pub async fn admit(
+    app: &AppRef,
+    tenant: &TenantId,
+    body: Body,
+    limit: usize,
+) -> Result<Body, ApiError> {
     match app.tenants.check_ingest(tenant) {
         Ok(()) => Ok(body),
         Err(e) => {
@@ -99,7 +104,7 @@ pub fn decode_content_encoding(
 /// are durable. `decompressed_bytes` is what the rate limit charges.
 pub async fn store(
     app: &AppRef,
-    tenant: &str,
+    tenant: &TenantId,
     profiles: Vec<NormalizedProfile>,
     decompressed_bytes: usize,
 ) -> Result<(), ApiError> {
@@ -196,7 +201,7 @@ pub async fn ingest_handler(
 
 async fn ingest(
     app: &AppRef,
-    tenant: &str,
+    tenant: &TenantId,
     uri: &Uri,
     headers: &HeaderMap,
     body: Body,
@@ -405,7 +410,7 @@ fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiE
 
 /// `push.v1.PusherService/Push`: every sample is decoded and normalized before anything is
 /// written, so a bad sample refuses the whole request and nothing of it is stored.
-pub async fn push(app: &AppRef, tenant: &str, req: PushRequest) -> Result<(), ApiError> {
+pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(), ApiError> {
     let limits: TenantLimits = app.limits(tenant);
     let normalize_limits = limits.normalize();
     let now = now_nanos();

@@ -133,7 +133,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         crate::self_profile::spawn(
             Arc::clone(&app),
             crate::self_profile::SelfProfile {
-                tenant: args.telemetry.self_profile_tenant.clone(),
+                tenant: app
+                    .auth
+                    .configured_tenant(&args.telemetry.self_profile_tenant)
+                    .map_err(|e| anyhow::anyhow!("--self-profile-tenant: {}", e.message))?,
                 interval: Duration::from_secs(args.telemetry.self_profile_interval_secs.max(1)),
                 heap: args.telemetry.self_profile_heap,
                 labels: vec![("instance".into(), args.network.listen.to_string())],

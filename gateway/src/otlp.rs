@@ -22,7 +22,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, server::NamedService};
 
 use crate::app::AppRef;
-use crate::auth::Scope;
+use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::ingest::{decode_content_encoding, read_body, store};
 use crate::time::now_nanos;
@@ -50,7 +50,7 @@ pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiEr
 /// Converts and stores an export request; the response carries partial success.
 pub async fn export(
     app: &AppRef,
-    tenant: &str,
+    tenant: &TenantId,
     req: ExportProfilesServiceRequest,
     decompressed_bytes: usize,
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
@@ -89,7 +89,7 @@ pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: B
 
 async fn http_export(
     app: &AppRef,
-    tenant: &str,
+    tenant: &TenantId,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {

@@ -8,6 +8,7 @@ use kiln_storage::query::{Aggregation, SampleFilter};
 use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
+use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
 use crate::time::now_nanos;
 
@@ -89,7 +90,7 @@ impl Querier {
         Self { app }
     }
 
-    fn filter(&self, tenant: &str, r: &MergeRequest<'_>) -> Result<SampleFilter, ApiError> {
+    fn filter(&self, tenant: &TenantId, r: &MergeRequest<'_>) -> Result<SampleFilter, ApiError> {
         let Some(profile_type) = kiln_otel::model::ProfileType::parse(r.profile_type) else {
             return Err(ApiError::invalid(format!(
                 "invalid profile type {:?}: expected name:sample_type:sample_unit:period_type:period_unit",
@@ -103,7 +104,7 @@ impl Querier {
         }
         let (start_nanos, end_nanos) = self.range(tenant, r.start, r.end)?;
         Ok(SampleFilter {
-            tenant: tenant.to_owned(),
+            tenant: tenant.to_string(),
             // A sixth `:delta` part is accepted and dropped, as Pyroscope does.
             profile_type: profile_type.id(),
             selector: parse_selector(r.label_selector)?,
@@ -116,7 +117,7 @@ impl Querier {
 
     /// The query's time range within the tenant's maximum query range. (Retention works on
     /// whole blocks by ingestion time: see `crate::admin::apply_retention`.)
-    fn range(&self, tenant: &str, start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
+    fn range(&self, tenant: &TenantId, start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
         let limits = self.app.limits(tenant);
         let (mut start, end) = time_range(start_ms, end_ms)?;
         let max = limits.max_query_range.0 as i64 * 1_000_000_000;
@@ -133,7 +134,7 @@ impl Querier {
         Ok((start, end.max(start)))
     }
 
-    fn max_nodes(&self, tenant: &str, requested: Option<i64>) -> Result<usize, ApiError> {
+    fn max_nodes(&self, tenant: &TenantId, requested: Option<i64>) -> Result<usize, ApiError> {
         let limits = self.app.limits(tenant);
         match requested {
             None | Some(0) => Ok(limits.max_flamegraph_nodes_default as usize),
@@ -148,7 +149,7 @@ impl Querier {
 
     pub async fn profile_types(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::ProfileTypesRequest,
     ) -> Result<q::ProfileTypesResponse, ApiError> {
         let (start, end) = self.range(tenant, r.start, r.end)?;
@@ -175,7 +176,7 @@ impl Querier {
 
     pub async fn label_names(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: t::LabelNamesRequest,
     ) -> Result<t::LabelNamesResponse, ApiError> {
         let (start, end) = self.range(tenant, r.start, r.end)?;
@@ -190,7 +191,7 @@ impl Querier {
 
     pub async fn label_values(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: t::LabelValuesRequest,
     ) -> Result<t::LabelValuesResponse, ApiError> {
         if r.name.is_empty() {
@@ -208,7 +209,7 @@ impl Querier {
 
     pub async fn series(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::SeriesRequest,
     ) -> Result<q::SeriesResponse, ApiError> {
         let (start, end) = self.range(tenant, r.start, r.end)?;
@@ -233,7 +234,7 @@ impl Querier {
 
     async fn flamegraph(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: &MergeRequest<'_>,
         max_nodes: Option<i64>,
     ) -> Result<q::FlameGraph, ApiError> {
@@ -245,7 +246,7 @@ impl Querier {
 
     pub async fn select_merge_stacktraces(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
         if !r.profile_id_selector.is_empty() {
@@ -297,7 +298,7 @@ impl Querier {
 
     pub async fn select_merge_span_profile(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::SelectMergeSpanProfileRequest,
     ) -> Result<q::SelectMergeSpanProfileResponse, ApiError> {
         if r.span_selector.is_empty() {
@@ -321,7 +322,7 @@ impl Querier {
 
     pub async fn select_merge_profile(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::SelectMergeProfileRequest,
     ) -> Result<Profile, ApiError> {
         if !r.profile_id_selector.is_empty() {
@@ -344,7 +345,7 @@ impl Querier {
 
     pub async fn select_series(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
         if r.start <= 0 || r.end <= 0 {
@@ -416,7 +417,7 @@ impl Querier {
 
     pub async fn get_profile_stats(
         &self,
-        tenant: &str,
+        tenant: &TenantId,
         _r: t::GetProfileStatsRequest,
     ) -> Result<t::GetProfileStatsResponse, ApiError> {
         let s = self.app.storage.query().profile_stats(tenant).await?;

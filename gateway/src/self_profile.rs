@@ -27,7 +27,7 @@ const BLOCKLIST: [&str; 4] = ["libc", "libgcc", "pthread", "vdso"];
 /// Where and how often Kiln's own profiles go.
 #[derive(Debug, Clone)]
 pub struct SelfProfile {
-    pub tenant: String,
+    pub tenant: crate::auth::TenantId,
     pub interval: Duration,
     /// Sample the heap too (jemalloc's profiler).
     pub heap: bool,
@@ -469,7 +469,7 @@ impl Builder {
         if let Some(&id) = self.function_ids.get(&symbol) {
             return id;
         }
-        let name = symbol.map_or_else(|| "[unknown]".to_owned(), |i| symbols.name(i));
+        let name = symbol.map_or_else(|| "unknown".to_owned(), |i| symbols.name(i));
         let name = self.string(&name);
         let id = self.functions.len() as u64 + 1;
         self.functions.push(pb::Function {

@@ -126,7 +126,7 @@ fn grpc_refusal(e: crate::error::ApiError) -> Response {
 
 /// The tenant a gRPC request was authenticated as, before tonic decoded anything.
 #[derive(Debug, Clone)]
-pub struct Authenticated(pub String);
+pub struct Authenticated(pub crate::auth::TenantId);
 
 /// Sends gRPC requests to tonic, the rest on through axum. gRPC requests are authenticated here,
 /// before tonic reads and decompresses their message, so an unauthenticated caller costs nothing;

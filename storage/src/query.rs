@@ -20,7 +20,7 @@ use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, ProfileType};
+use kiln_otel::model::{LABEL_SERVICE_NAME, ProfileType};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
@@ -1452,14 +1452,6 @@ impl QueryEngine {
             out.sort_by(|a, b| a.1.labels.cmp(&b.1.labels));
         }
         Ok(out.into_iter().map(|(_, s)| s).collect())
-    }
-
-    /// Label sets of `tenant`, for tests and the admin API.
-    pub async fn all_labels(&self, tenant: &str) -> Result<Vec<Labels>> {
-        let series = self
-            .matching_series(tenant, &[], i64::MIN, i64::MAX)
-            .await?;
-        Ok(series.into_iter().map(Labels::from_pairs).collect())
     }
 }
 

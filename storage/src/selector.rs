@@ -63,11 +63,6 @@ impl Matcher {
             MatchOp::NotRegex => !self.regex.as_ref().is_some_and(|r| r.is_match(value)),
         }
     }
-
-    /// The anchored regex pattern, for `=~` and `!~`.
-    pub fn anchored_pattern(&self) -> String {
-        format!("^(?:{})$", self.value)
-    }
 }
 
 impl fmt::Display for Matcher {

@@ -151,12 +151,28 @@ fn all_flamegraphs(kiln: &Kiln, tenant: &str) -> Result<BTreeMap<(String, String
     Ok(out)
 }
 
+/// The corpus' eBPF profiler payload: its JSON twin parses to the same message.
 #[test]
+#[cfg_attr(not(kiln_corpus), ignore = "../shared/corpus is absent")]
+fn corpus_json_twin_matches_the_binary() -> Result<()> {
+    let dir = corpus_dir()
+        .context("../shared/corpus is absent")?
+        .join("otlp");
+    let bin = std::fs::read(dir.join("otel-ebpf-profile.pb.bin"))?;
+    let json = std::fs::read(dir.join("otel-ebpf-profile.pb.json"))?;
+    let from_bin = ExportProfilesServiceRequest::decode(bin.as_slice())?;
+    let from_json = kiln_otel::otlp_json::parse_request(&json)?;
+    ensure!(
+        from_json == from_bin,
+        "the JSON twin parses to another message"
+    );
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(kiln_corpus), ignore = "../shared/corpus is absent")]
 fn ebpf_payload_is_identical_over_grpc_http_and_json() -> Result<()> {
-    let Some(dir) = corpus_dir() else {
-        eprintln!("skipping: ../shared/corpus is absent");
-        return Ok(());
-    };
+    let dir = corpus_dir().context("../shared/corpus is absent")?;
     let bin = std::fs::read(dir.join("otlp/otel-ebpf-profile.pb.bin"))?;
     let json = std::fs::read(dir.join("otlp/otel-ebpf-profile.pb.json"))?;
     let kiln = Kiln::start(&[])?;

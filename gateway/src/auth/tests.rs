@@ -1,3 +1,8 @@
+use std::path::Path;
+
+use axum::http::header;
+use jsonwebtoken::Algorithm;
+
 use super::*;
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-kiln-test-secret";
