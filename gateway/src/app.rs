@@ -38,6 +38,15 @@ pub struct Roles {
     pub compact: bool,
 }
 
+/// A `--roles` value Kiln cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RolesError {
+    #[error("unknown role {0:?}: use ingest, query, compact or all")]
+    Unknown(String),
+    #[error("give at least one role: ingest, query, compact")]
+    None,
+}
+
 impl Roles {
     /// Every role.
     pub const ALL: Self = Self {
@@ -47,7 +56,7 @@ impl Roles {
     };
 
     /// Parses `ingest,query,compact` (any non-empty subset; `all` for every role).
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, RolesError> {
         let mut roles = Self {
             ingest: false,
             query: false,
@@ -59,11 +68,7 @@ impl Roles {
                 "query" => roles.query = true,
                 "compact" => roles.compact = true,
                 "all" => roles = Self::ALL,
-                other => {
-                    return Err(format!(
-                        "unknown role {other:?}: use ingest, query, compact or all"
-                    ));
-                }
+                other => return Err(RolesError::Unknown(other.to_owned())),
             }
         }
         if roles
@@ -73,7 +78,7 @@ impl Roles {
                 compact: false,
             })
         {
-            return Err("give at least one role: ingest, query, compact".into());
+            return Err(RolesError::None);
         }
         Ok(roles)
     }
