@@ -389,6 +389,12 @@ impl Symbolizer {
         {
             rest = tail;
         }
+        self.without_thread_start(rest)
+    }
+
+    /// A stack (leaf first) without the frames outside the executable at its root (the C
+    /// library's thread start).
+    fn without_thread_start<'a>(&self, mut rest: &'a [usize]) -> &'a [usize] {
         while let Some((&ip, head)) = rest.split_last()
             && self.find(ip).is_none()
         {
@@ -410,12 +416,7 @@ impl Symbolizer {
         {
             rest = tail;
         }
-        while let Some((&ip, head)) = rest.split_last()
-            && self.find(ip).is_none()
-        {
-            rest = head;
-        }
-        rest
+        self.without_thread_start(rest)
     }
 
     /// The allocator's functions: jemalloc's (its API and private namespace are prefixed
