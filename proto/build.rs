@@ -33,6 +33,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let set = std::fs::read(&descriptors)?;
     pbjson_build::Builder::new()
         .register_descriptors(&set)?
+        // Clients send fields Kiln does not know (newer protocol versions, a frame filter put
+        // "as an unknown field" on purpose by the datasource): ignored, as protobuf does.
+        .ignore_unknown_fields()
         .build(&[".google.v1", ".types.v1", ".push.v1", ".querier.v1"])?;
     Ok(())
 }

@@ -83,6 +83,15 @@ struct MergeRequest<'a> {
     end: i64,
     span_selector: &'a [String],
     trace_id_selector: &'a [String],
+    /// Only the stacks starting with these functions, root first (empty: all).
+    call_site: Vec<String>,
+}
+
+/// The function names of a `stack_trace_selector`'s call site, root first.
+fn call_site(selector: Option<&t::StackTraceSelector>) -> Vec<String> {
+    selector
+        .map(|s| s.call_site.iter().map(|l| l.name.clone()).collect())
+        .unwrap_or_default()
 }
 
 impl Querier {
@@ -241,7 +250,8 @@ impl Querier {
         let filter = self.filter(tenant, r)?;
         let max_nodes = self.max_nodes(tenant, max_nodes)?;
         let tree = self.app.storage.query().merge_tree(&filter).await?;
-        Ok(tree.to_flamegraph(max_nodes))
+        let call_site: Vec<&str> = r.call_site.iter().map(String::as_str).collect();
+        Ok(tree.focus(&call_site).to_flamegraph(max_nodes))
     }
 
     pub async fn select_merge_stacktraces(
@@ -255,12 +265,6 @@ impl Querier {
                 "profile_id_selector is not supported yet",
             ));
         }
-        if r.stack_trace_selector.is_some() {
-            return Err(ApiError::new(
-                ErrorKind::Unimplemented,
-                "stack_trace_selector is not supported yet",
-            ));
-        }
         let m = MergeRequest {
             profile_type: &r.profile_type_id,
             label_selector: &r.label_selector,
@@ -268,6 +272,7 @@ impl Querier {
             end: r.end,
             span_selector: &r.span_selector,
             trace_id_selector: &r.trace_id_selector,
+            call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
@@ -278,7 +283,12 @@ impl Querier {
             }
             q::ProfileFormat::Pprof => {
                 let filter = self.filter(tenant, &m)?;
-                let profile = self.app.storage.query().merge_pprof(&filter).await?;
+                let profile = self
+                    .app
+                    .storage
+                    .query()
+                    .merge_pprof_at(&filter, &m.call_site)
+                    .await?;
                 Ok(q::SelectMergeStacktracesResponse {
                     pprof: Some(q::PprofProfile {
                         profile: Some(profile),
@@ -313,6 +323,7 @@ impl Querier {
             end: r.end,
             span_selector: &r.span_selector,
             trace_id_selector: &[],
+            call_site: Vec::new(),
         };
         Ok(q::SelectMergeSpanProfileResponse {
             flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
@@ -338,9 +349,15 @@ impl Querier {
             end: r.end,
             span_selector: &[],
             trace_id_selector: &r.trace_id_selector,
+            call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         let filter = self.filter(tenant, &m)?;
-        Ok(self.app.storage.query().merge_pprof(&filter).await?)
+        Ok(self
+            .app
+            .storage
+            .query()
+            .merge_pprof_at(&filter, &m.call_site)
+            .await?)
     }
 
     pub async fn select_series(
@@ -365,6 +382,7 @@ impl Querier {
             end: r.end,
             span_selector: &[],
             trace_id_selector: &[],
+            call_site: Vec::new(),
         };
         let filter = self.filter(tenant, &m)?;
         let aggregation = match r.aggregation {

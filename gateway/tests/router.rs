@@ -999,3 +999,149 @@ async fn the_metrics_spec_holds() {
         }
     }
 }
+
+/// A Connect JSON call with the body as the Drilldown app writes it.
+async fn connect_json(
+    router: &axum::Router,
+    tenant: &str,
+    method: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let (status, out) = send(
+        router,
+        Request::post(format!("/querier.v1.QuerierService/{method}"))
+            .header("content-type", "application/json")
+            .header("x-scope-orgid", tenant)
+            .body(Body::from(body.to_string()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
+    serde_json::from_slice(&out).unwrap()
+}
+
+fn json_i64(v: &serde_json::Value) -> i64 {
+    v.as_str()
+        .map(|s| s.parse().unwrap())
+        .or_else(|| v.as_i64())
+        .unwrap_or(0)
+}
+
+/// The app's JSON (proto and lowerCamel names mixed, int64 as strings and numbers, enum names,
+/// unknown fields) and its call-site selectors: a progressive flame graph's refinements add up
+/// to the whole, and the function-details panel's pprof is the call site's stacks only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_site_selectors_as_the_app_sends_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::from(
+            "main;checkout;pay 3\nmain;checkout;render 2\nmain;browse 1\nmain 4\ngc 5\n",
+        ))
+        .unwrap();
+    let (status, body) = send(&router, ingest).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let flame = |call_site: Vec<&str>, max_nodes: i64| {
+        let sites: Vec<serde_json::Value> = call_site
+            .iter()
+            .map(|n| serde_json::json!({ "name": n }))
+            .collect();
+        serde_json::json!({
+            "profile_typeID": cpu,
+            "labelSelector": "{service_name=\"shop\"}",
+            "start": "1699999000000",
+            "end": 1_700_001_000_000i64,
+            "maxNodes": max_nodes.to_string(),
+            "format": "PROFILE_FORMAT_FLAMEGRAPH",
+            "stackTraceSelector": { "call_site": sites, "frameFilter": { "x": 1 } },
+            "someFutureField": [1, 2, 3],
+        })
+    };
+    let ms = 10_000_000; // 100 Hz
+    let whole = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        flame(vec![], 1 << 20),
+    )
+    .await;
+    assert_eq!(json_i64(&whole["flamegraph"]["total"]), 15 * ms);
+    let checkout = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        flame(vec!["main", "checkout"], 1 << 20),
+    )
+    .await;
+    assert_eq!(json_i64(&checkout["flamegraph"]["total"]), 5 * ms);
+    let names: Vec<&str> = checkout["flamegraph"]["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"pay") && names.contains(&"render"));
+    assert!(
+        !names.contains(&"browse") && !names.contains(&"gc"),
+        "{names:?}"
+    );
+    // A truncated graph, then each root child refined on its own: they add up to the whole.
+    let truncated = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        flame(vec![], 2),
+    )
+    .await;
+    assert_eq!(json_i64(&truncated["flamegraph"]["total"]), 15 * ms);
+    let refined: i64 = {
+        let mut sum = 0;
+        for root in ["main", "gc"] {
+            let part = connect_json(
+                &router,
+                "team-a",
+                "SelectMergeStacktraces",
+                flame(vec![root], 2),
+            )
+            .await;
+            sum += json_i64(&part["flamegraph"]["total"]);
+        }
+        sum
+    };
+    assert_eq!(refined, 15 * ms);
+
+    // The function-details panel: SelectMergeProfile in JSON with a call site and maxNodes.
+    let pprof = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeProfile",
+        serde_json::json!({
+            "profile_typeID": cpu,
+            "label_selector": "{service_name=\"shop\"}",
+            "start": 1_699_999_000_000i64,
+            "end": "1700001000000",
+            "stackTraceSelector": { "call_site": [{ "name": "main" }, { "name": "checkout" }] },
+            "maxNodes": 500,
+        }),
+    )
+    .await;
+    let total: i64 = pprof["sample"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| json_i64(&s["value"][0]))
+        .sum();
+    assert_eq!(total, 5 * ms);
+
+    // Another tenant sees nothing through the same calls.
+    let other = connect_json(
+        &router,
+        "team-b",
+        "SelectMergeStacktraces",
+        flame(vec!["main"], 100),
+    )
+    .await;
+    assert_eq!(json_i64(&other["flamegraph"]["total"]), 0);
+}

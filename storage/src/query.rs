@@ -1223,16 +1223,27 @@ impl QueryEngine {
     }
 
     /// The selected samples merged into one pprof profile.
-    #[tracing::instrument(name = "query.merge_pprof", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
     pub async fn merge_pprof(
         &self,
         filter: &SampleFilter,
+    ) -> Result<kiln_proto::google::v1::Profile> {
+        self.merge_pprof_at(filter, &[]).await
+    }
+
+    /// [`Self::merge_pprof`] of the stacks that start with `call_site` (function names, root
+    /// first; empty: all).
+    #[tracing::instrument(name = "query.merge_pprof", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
+    pub async fn merge_pprof_at(
+        &self,
+        filter: &SampleFilter,
+        call_site: &[String],
     ) -> Result<kiln_proto::google::v1::Profile> {
         let profile_type = ProfileType::parse(&filter.profile_type).ok_or_else(|| {
             Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
         })?;
         retrying(|| async {
-            let mut builder = pprof::PprofBuilder::new(&profile_type);
+            let mut builder =
+                pprof::PprofBuilder::new(&profile_type).with_call_site(call_site.to_vec());
             self.for_each_block_stacks(filter, true, |symbols, values| {
                 builder.add_block(symbols, values)
             })

@@ -17,6 +17,8 @@ pub struct PprofBuilder {
     mappings: HashMap<(u64, u64, u64, i64, i64), u64>,
     locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
     samples: HashMap<(Vec<u64>, Option<String>), i64>,
+    /// Only stacks starting with these functions (root first), when not empty.
+    call_site: Vec<String>,
 }
 
 impl PprofBuilder {
@@ -29,6 +31,7 @@ impl PprofBuilder {
             mappings: HashMap::new(),
             locations: HashMap::new(),
             samples: HashMap::new(),
+            call_site: Vec::new(),
         };
         b.string("");
         let sample_type = pb::ValueType {
@@ -56,6 +59,29 @@ impl PprofBuilder {
     }
 
     /// Adds one block's stack values.
+    /// Keeps only the stacks that start with these functions, root first (Pyroscope's
+    /// `stack_trace_selector.call_site`).
+    pub fn with_call_site(mut self, call_site: Vec<String>) -> Self {
+        self.call_site = call_site;
+        self
+    }
+
+    /// Whether a stack (locations leaf first, each location's lines innermost first) starts
+    /// with the call site.
+    fn at_call_site(&self, symbols: &SymbolTable, stack: &[u32]) -> bool {
+        let s = &symbols.symbols;
+        let mut root_first = stack.iter().rev().flat_map(|&loc| {
+            s.locations[loc as usize]
+                .line_functions
+                .iter()
+                .rev()
+                .map(|&f| symbols.string(s.functions[f as usize].name))
+        });
+        self.call_site
+            .iter()
+            .all(|want| root_first.next() == Some(want.as_str()))
+    }
+
     pub fn add_block(&mut self, symbols: &SymbolTable, values: &[StackValue]) {
         let mut location_ids: Vec<Option<u64>> = vec![None; symbols.symbols.locations.len()];
         let mut stack = Vec::new();
@@ -67,6 +93,9 @@ impl PprofBuilder {
         {
             let (stack_id, value) = (*stack_id, *value);
             symbols.stack_locations(stack_id, &mut stack);
+            if !self.call_site.is_empty() && !self.at_call_site(symbols, &stack) {
+                continue;
+            }
             let ids: Vec<u64> = stack
                 .iter()
                 .map(|&loc| match location_ids[loc as usize] {

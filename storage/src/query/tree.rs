@@ -151,6 +151,53 @@ impl FlameTree {
         out
     }
 
+    /// The stacks that start with `call_site` (root first, function names), as a tree of their
+    /// own: the call site's frames as a chain above everything below it. What Pyroscope's
+    /// `stack_trace_selector.call_site` selects, so a client refines a truncated subtree with
+    /// the whole `max_nodes` budget spent below it. An empty call site is the whole tree; one
+    /// that is not in the tree selects nothing.
+    pub fn focus(&self, call_site: &[&str]) -> FlameTree {
+        if call_site.is_empty() {
+            return self.clone();
+        }
+        let mut at = Self::ROOT;
+        for name in call_site {
+            let found = self
+                .name_index
+                .get(*name)
+                .and_then(|id| self.children.get(&(at, *id)));
+            match found {
+                Some(&c) => at = c,
+                None => return FlameTree::default(),
+            }
+        }
+        let mut out = FlameTree::default();
+        let total = self.nodes[at as usize].total;
+        let mut chain = Self::ROOT;
+        for name in &call_site[..call_site.len() - 1] {
+            chain = out.child(chain, name);
+        }
+        // Copy the call site's subtree, then set the chain's totals (ancestors' own self values
+        // belong to stacks that end above the call site).
+        let mut copy = vec![(at, chain)];
+        while let Some((from, parent)) = copy.pop() {
+            let node = &self.nodes[from as usize];
+            let to = out.child(parent, &self.names[node.name as usize]);
+            out.nodes[to as usize].self_value = node.self_value;
+            out.nodes[to as usize].total = node.total;
+            copy.extend(node.children.iter().map(|&c| (c, to)));
+        }
+        let mut n = chain;
+        loop {
+            out.nodes[n as usize].total = total;
+            if n == Self::ROOT {
+                break;
+            }
+            n = out.nodes[n as usize].parent;
+        }
+        out
+    }
+
     /// The smallest total a node needs to be drawn so that at most `max_nodes` nodes are.
     fn min_value(&self, max_nodes: usize) -> i64 {
         if max_nodes == 0 || self.nodes.len() - 1 <= max_nodes {
@@ -278,6 +325,63 @@ mod tests {
             t.add_stack(s.iter().copied(), *v);
         }
         t
+    }
+
+    #[test]
+    fn focus_keeps_the_stacks_through_a_call_site() {
+        let t = tree(&[
+            (&["main", "a", "x"], 5),
+            (&["main", "a"], 2),
+            (&["main", "b"], 3),
+            (&["main"], 1),
+        ]);
+        let f = t.focus(&["main", "a"]);
+        assert_eq!(f.total(), 7);
+        let stacks = f.stacks();
+        assert_eq!(stacks.len(), 2);
+        assert_eq!(
+            stacks[&vec!["main".to_owned(), "a".to_owned(), "x".to_owned()]],
+            5
+        );
+        assert_eq!(stacks[&vec!["main".to_owned(), "a".to_owned()]], 2);
+        assert_eq!(t.focus(&["main", "zzz"]).total(), 0);
+        assert_eq!(t.focus(&[]).stacks(), t.stacks());
+    }
+
+    proptest! {
+        /// A call site selects exactly the stacks that start with it, and the refinements of
+        /// a level's nodes add up to the whole graph (what progressive flame graphs rely on).
+        #[test]
+        fn call_site_refinements_add_up(stacks in prop::collection::vec(
+            (prop::collection::vec(0u8..4, 1..6), 1i64..100), 1..60)
+        ) {
+            let mut t = FlameTree::default();
+            for (frames, v) in &stacks {
+                let names: Vec<String> = frames.iter().map(|f| format!("f{f}")).collect();
+                t.add_stack(names.iter().map(String::as_str), *v);
+            }
+            let all = t.stacks();
+            let mut sum: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+            for child in (0u8..4).map(|f| format!("f{f}")) {
+                for (k, v) in t.focus(&[child.as_str()]).stacks() {
+                    *sum.entry(k).or_default() += v;
+                }
+            }
+            prop_assert_eq!(&sum, &all);
+            for path in all.keys() {
+                for depth in 1..=path.len() {
+                    let site: Vec<&str> = path[..depth].iter().map(String::as_str).collect();
+                    let focused = t.focus(&site).stacks();
+                    let expected: BTreeMap<Vec<String>, i64> = all
+                        .iter()
+                        .filter(|(k, _)| k.starts_with(&path[..depth]))
+                        .map(|(k, v)| (k.clone(), *v))
+                        .collect();
+                    prop_assert_eq!(&focused, &expected);
+                    prop_assert_eq!(t.focus(&site).total(), expected.values().sum::<i64>());
+                }
+            }
+        }
     }
 
     #[test]
