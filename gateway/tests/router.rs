@@ -1145,3 +1145,84 @@ async fn call_site_selectors_as_the_app_sends_them() {
     .await;
     assert_eq!(json_i64(&other["flamegraph"]["total"]), 0);
 }
+
+/// The app lists services and profile types from `Series` with `__profile_type__` asked for and
+/// used as a matcher, and filters label names and values by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_type_is_a_label_for_series_names_and_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    for (name, body) in [("shop.cpu", "main;pay 3\n"), ("shop.alloc_objects", "main;buf 2\n")] {
+        let ingest = Request::post(format!("/ingest?name={name}%7Benv%3Dprod%7D&from=1700000000"))
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap();
+        let (status, body) = send(&router, ingest).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let series = connect_json(
+        &router,
+        "team-a",
+        "Series",
+        serde_json::json!({
+            "start": 1_699_999_000_000i64, "end": "1700001000000",
+            "labelNames": ["service_name", "__profile_type__"],
+            "matchers": ["{service_name=\"shop\"}"],
+        }),
+    )
+    .await;
+    let sets = series["labelsSet"].as_array().unwrap();
+    let types: Vec<&str> = sets
+        .iter()
+        .flat_map(|s| s["labels"].as_array().unwrap())
+        .filter(|l| l["name"] == "__profile_type__")
+        .map(|l| l["value"].as_str().unwrap())
+        .collect();
+    assert!(types.contains(&cpu), "{series}");
+    assert_eq!(types.len(), 2, "{series}");
+    let only_cpu = connect_json(
+        &router,
+        "team-a",
+        "Series",
+        serde_json::json!({
+            "start": 1_699_999_000_000i64, "end": 1_700_001_000_000i64,
+            "labelNames": ["service_name", "__profile_type__"],
+            "matchers": [format!("{{__profile_type__=\"{cpu}\", service_name=\"shop\"}}")],
+        }),
+    )
+    .await;
+    assert_eq!(only_cpu["labelsSet"].as_array().unwrap().len(), 1, "{only_cpu}");
+    let names = connect_json(
+        &router,
+        "team-a",
+        "LabelNames",
+        serde_json::json!({
+            "matchers": [format!("{{__profile_type__=\"{cpu}\"}}")],
+            "start": 1_699_999_000_000i64, "end": 1_700_001_000_000i64,
+        }),
+    )
+    .await;
+    assert!(names["names"].as_array().unwrap().iter().any(|n| n == "env"), "{names}");
+    let values = connect_json(
+        &router,
+        "team-a",
+        "LabelValues",
+        serde_json::json!({
+            "name": "env",
+            "matchers": [format!("{{__profile_type__=\"{cpu}\"}}")],
+            "start": 1_699_999_000_000i64, "end": 1_700_001_000_000i64,
+        }),
+    )
+    .await;
+    assert_eq!(values["names"], serde_json::json!(["prod"]), "{values}");
+    // Another tenant: nothing.
+    let other = connect_json(
+        &router,
+        "team-b",
+        "Series",
+        serde_json::json!({ "labelNames": ["__profile_type__"], "matchers": ["{}"] }),
+    )
+    .await;
+    assert!(other["labelsSet"].as_array().is_none_or(|s| s.is_empty()), "{other}");
+}
