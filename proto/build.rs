@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/types/v1/types.proto",
         "proto/push/v1/push.proto",
         "proto/querier/v1/querier.proto",
+        "proto/settings/v1/setting.proto",
+        "proto/capabilities/v1/feature_flags.proto",
         "proto/kiln/storage/v1/symbols.proto",
         "proto/kiln/storage/v1/block.proto",
         "proto/pluginv2/backend.proto",
@@ -36,6 +38,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Clients send fields Kiln does not know (newer protocol versions, a frame filter put
         // "as an unknown field" on purpose by the datasource): ignored, as protobuf does.
         .ignore_unknown_fields()
-        .build(&[".google.v1", ".types.v1", ".push.v1", ".querier.v1"])?;
+        .build(&[
+            ".google.v1",
+            ".types.v1",
+            ".push.v1",
+            ".querier.v1",
+            ".settings.v1",
+            ".capabilities.v1",
+        ])?;
     Ok(())
 }

@@ -56,7 +56,10 @@ impl Codec {
         }
     }
 
-    fn decode<M: Message + Default + DeserializeOwned>(self, body: &[u8]) -> Result<M, ApiError> {
+    pub(crate) fn decode<M: Message + Default + DeserializeOwned>(
+        self,
+        body: &[u8],
+    ) -> Result<M, ApiError> {
         match self {
             Self::Proto => M::decode(body)
                 .map_err(|e| ApiError::invalid(format!("invalid protobuf request: {e}"))),
@@ -66,7 +69,7 @@ impl Codec {
         }
     }
 
-    fn encode<M: Message + Serialize>(self, msg: &M) -> Result<Bytes, ApiError> {
+    pub(crate) fn encode<M: Message + Serialize>(self, msg: &M) -> Result<Bytes, ApiError> {
         match self {
             Self::Proto => Ok(Bytes::from(msg.encode_to_vec())),
             Self::Json => serde_json::to_vec(msg)
@@ -88,7 +91,7 @@ pub fn connect_error(e: &ApiError) -> Response {
     resp
 }
 
-fn connect_ok(codec: Codec, body: Bytes) -> Response {
+pub(crate) fn connect_ok(codec: Codec, body: Bytes) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, codec.content_type())],

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod app_services;
 pub mod auth;
 pub mod bench;
 pub mod budget;

@@ -46,9 +46,14 @@ pub fn router(app: AppRef) -> Router {
             .route("/v1development/profiles", post(role_missing))
     };
     let query = if roles.query {
-        Router::new().route("/querier.v1.QuerierService/{method}", post(querier_handler))
+        Router::new()
+            .route("/querier.v1.QuerierService/{method}", post(querier_handler))
+            .merge(crate::app_services::routes())
     } else {
-        Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing))
+        crate::app_services::SERVICES.iter().fold(
+            Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing)),
+            |r, s| r.route(&format!("/{}/{{method}}", s.name), post(role_missing)),
+        )
     };
     Router::new()
         .merge(ingest)

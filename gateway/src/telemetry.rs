@@ -53,6 +53,11 @@ pub fn api_methods() -> Vec<String> {
             .map(|m| format!("querier.v1.QuerierService/{m}")),
     );
     all.push("querier.v1.QuerierService/unknown".into());
+    all.extend(
+        crate::app_services::SERVICES
+            .iter()
+            .flat_map(|s| s.methods.iter().map(|m| (*m).to_owned())),
+    );
     all
 }
 
@@ -68,6 +73,9 @@ pub fn api_method(method: &Method, path: &str) -> &'static str {
             .find(|known| **known == m)
             .map(|known| querier_name(known))
             .unwrap_or("querier.v1.QuerierService/unknown");
+    }
+    if let Some(name) = crate::app_services::api_method(path) {
+        return name;
     }
     match path {
         "/ingest" | "/pyroscope/ingest" => return "ingest",

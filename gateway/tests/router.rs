@@ -805,6 +805,38 @@ async fn the_metrics_spec_holds() {
         br#"{"resourceProfiles":[]}"#.to_vec(),
     );
     assert_eq!(send(&router, req).await.0, StatusCode::OK);
+    // The app's other services: settings, the capability probe, and one Kiln does not offer.
+    for (path, body, status) in [
+        ("/settings.v1.SettingsService/Get", "{}", StatusCode::OK),
+        (
+            "/settings.v1.SettingsService/Set",
+            r#"{"setting":{"name":"pluginSettings","value":"{}"}}"#,
+            StatusCode::OK,
+        ),
+        (
+            "/settings.v1.SettingsService/Delete",
+            r#"{"name":"pluginSettings"}"#,
+            StatusCode::OK,
+        ),
+        (
+            "/capabilities.v1.FeatureFlagsService/GetFeatureFlags",
+            "{}",
+            StatusCode::OK,
+        ),
+        (
+            "/vcs.v1.VCSService/GetFile",
+            "{}",
+            StatusCode::NOT_IMPLEMENTED,
+        ),
+    ] {
+        let req = post(
+            path,
+            Some("spec"),
+            "application/json",
+            body.as_bytes().to_vec(),
+        );
+        assert_eq!(send(&router, req).await.0, status, "{path}");
+    }
     // Every querier method, as Connect JSON.
     let range = r#""start":"1699999000000","end":"1700001000000""#;
     let cpu = r#""profileTypeID":"process_cpu:cpu:nanoseconds:cpu:nanoseconds""#;
@@ -981,6 +1013,8 @@ async fn the_metrics_spec_holds() {
         );
     }
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
+    assert!(values["method"].contains("settings.v1.SettingsService/Set"));
+    assert!(values["method"].contains("vcs.v1.VCSService"));
     assert!(values["method"].contains("other"));
     assert!(
         !values["method"]
@@ -1152,11 +1186,16 @@ async fn call_site_selectors_as_the_app_sends_them() {
 async fn profile_type_is_a_label_for_series_names_and_values() {
     let dir = tempfile::tempdir().unwrap();
     let router = app(dir.path()).await;
-    for (name, body) in [("shop.cpu", "main;pay 3\n"), ("shop.alloc_objects", "main;buf 2\n")] {
-        let ingest = Request::post(format!("/ingest?name={name}%7Benv%3Dprod%7D&from=1700000000"))
-            .header("x-scope-orgid", "team-a")
-            .body(Body::from(body))
-            .unwrap();
+    for (name, body) in [
+        ("shop.cpu", "main;pay 3\n"),
+        ("shop.alloc_objects", "main;buf 2\n"),
+    ] {
+        let ingest = Request::post(format!(
+            "/ingest?name={name}%7Benv%3Dprod%7D&from=1700000000"
+        ))
+        .header("x-scope-orgid", "team-a")
+        .body(Body::from(body))
+        .unwrap();
         let (status, body) = send(&router, ingest).await;
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     }
@@ -1192,7 +1231,11 @@ async fn profile_type_is_a_label_for_series_names_and_values() {
         }),
     )
     .await;
-    assert_eq!(only_cpu["labelsSet"].as_array().unwrap().len(), 1, "{only_cpu}");
+    assert_eq!(
+        only_cpu["labelsSet"].as_array().unwrap().len(),
+        1,
+        "{only_cpu}"
+    );
     let names = connect_json(
         &router,
         "team-a",
@@ -1203,7 +1246,14 @@ async fn profile_type_is_a_label_for_series_names_and_values() {
         }),
     )
     .await;
-    assert!(names["names"].as_array().unwrap().iter().any(|n| n == "env"), "{names}");
+    assert!(
+        names["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n == "env"),
+        "{names}"
+    );
     let values = connect_json(
         &router,
         "team-a",
@@ -1224,5 +1274,110 @@ async fn profile_type_is_a_label_for_series_names_and_values() {
         serde_json::json!({ "labelNames": ["__profile_type__"], "matchers": ["{}"] }),
     )
     .await;
-    assert!(other["labelsSet"].as_array().is_none_or(|s| s.is_empty()), "{other}");
+    assert!(
+        other["labelsSet"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
+}
+
+/// A Connect JSON call to any service; the status and the JSON body.
+async fn connect_call(
+    router: &axum::Router,
+    tenant: &str,
+    path: &str,
+    body: serde_json::Value,
+) -> (StatusCode, serde_json::Value) {
+    let (status, out) = send(
+        router,
+        Request::post(path)
+            .header("content-type", "application/json")
+            .header("x-scope-orgid", tenant)
+            .body(Body::from(body.to_string()))
+            .unwrap(),
+    )
+    .await;
+    (status, serde_json::from_slice(&out).unwrap_or_default())
+}
+
+/// The app's plugin settings persist per tenant (across a restart), the capability probe
+/// answers, and the services Kiln does not offer answer Connect `unimplemented`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_persist_per_tenant_and_absent_services_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let get = "/settings.v1.SettingsService/Get";
+    let (status, empty) = connect_call(&router, "team-a", get, serde_json::json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{empty}");
+    assert!(
+        empty["settings"].as_array().is_none_or(|s| s.is_empty()),
+        "{empty}"
+    );
+    let value = r#"{"maxNodes":16384,"enableFlameGraphDotComExport":true}"#;
+    let (status, set) = connect_call(
+        &router,
+        "team-a",
+        "/settings.v1.SettingsService/Set",
+        serde_json::json!({ "setting": { "name": "pluginSettings", "value": value } }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    assert!(
+        set["setting"]["modifiedAt"]
+            .as_str()
+            .is_some_and(|t| t != "0"),
+        "{set}"
+    );
+
+    // Another process on the same store (a restart) reads it back; another tenant does not.
+    drop(router);
+    let router = app(dir.path()).await;
+    let (_, got) = connect_call(&router, "team-a", get, serde_json::json!({})).await;
+    assert_eq!(got["settings"][0]["name"], "pluginSettings", "{got}");
+    assert_eq!(got["settings"][0]["value"], value, "{got}");
+    let (_, other) = connect_call(&router, "team-b", get, serde_json::json!({})).await;
+    assert!(
+        other["settings"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
+
+    let (status, _) = connect_call(
+        &router,
+        "team-a",
+        "/settings.v1.SettingsService/Delete",
+        serde_json::json!({ "name": "pluginSettings" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, gone) = connect_call(&router, "team-a", get, serde_json::json!({})).await;
+    assert!(
+        gone["settings"].as_array().is_none_or(|s| s.is_empty()),
+        "{gone}"
+    );
+
+    let (status, flags) = connect_call(
+        &router,
+        "team-a",
+        "/capabilities.v1.FeatureFlagsService/GetFeatureFlags",
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let projections = flags["featureFlags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "functionProjections")
+        .expect("the flag the app looks for");
+    assert!(projections["enabled"].as_bool() != Some(true), "{flags}");
+
+    for path in [
+        "/vcs.v1.VCSService/GetFile",
+        "/settings.v1.RecordingRulesService/ListRecordingRules",
+        "/adhocprofiles.v1.AdHocProfileService/List",
+    ] {
+        let (status, body) = connect_call(&router, "team-a", path, serde_json::json!({})).await;
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{path}");
+        assert_eq!(body["code"], "unimplemented", "{path}");
+        assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
 }

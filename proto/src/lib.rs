@@ -1,5 +1,5 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
-//! `push.v1` and `querier.v1`, Grafana's plugin protocol (`pluginv2`), gRPC health, and Kiln's
+//! `push.v1`, `querier.v1`, `settings.v1` and `capabilities.v1`, Grafana's plugin protocol (`pluginv2`), gRPC health, and Kiln's
 //! own storage formats (`kiln.storage.v1`); and the one decoder of Pyroscope's flame graph
 //! levels ([`flamegraph`]).
 //!
@@ -39,6 +39,24 @@ pub mod querier {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/querier.v1.rs"));
         include!(concat!(env!("OUT_DIR"), "/querier.v1.serde.rs"));
+    }
+}
+
+/// Pyroscope's per-tenant settings (the Drilldown app's plugin settings).
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod settings {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/settings.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/settings.v1.serde.rs"));
+    }
+}
+
+/// Pyroscope's capability probe.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod capabilities {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/capabilities.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/capabilities.v1.serde.rs"));
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use kiln_otel::NormalizedProfile;
 
 use crate::compaction::{CompactionConfig, Compactor};
@@ -215,7 +216,32 @@ impl Storage {
     pub async fn delete_tenant(&self, tenant: &str) -> Result<usize> {
         let removed = self.metastore.delete_tenant(tenant, now_ms(), 0).await?;
         self.collect_garbage(now_ms()).await?;
+        for doc in self.store.list(&tenant_documents(tenant)).await? {
+            self.store.delete(doc.location.as_ref()).await?;
+        }
         Ok(removed.entries)
+    }
+
+    /// A small document a tenant keeps besides its profiles (the Drilldown app's settings),
+    /// `None` when it was never written. Documents live under `tenants/<tenant>/`, outside the
+    /// block layout, so neither compaction nor the orphan sweep touches them, and go with
+    /// [`Storage::delete_tenant`].
+    pub async fn tenant_document(&self, tenant: &str, name: &str) -> Result<Option<Bytes>> {
+        match self.store.get(&tenant_document(tenant, name)).await {
+            Ok(data) => Ok(Some(data)),
+            Err(Error::ObjectStore {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes a tenant's document durably ([`Storage::tenant_document`]).
+    pub async fn put_tenant_document(&self, tenant: &str, name: &str, data: Bytes) -> Result<()> {
+        self.store
+            .put_durable(&tenant_document(tenant, name), data)
+            .await
     }
 
     /// Drops the partitions of `tenant` whose data is wholly older than `before_nanos`
@@ -484,4 +510,13 @@ pub async fn rebuild_metastore(
         }
     }
     Ok((added, bad))
+}
+
+/// Where a tenant's documents live.
+fn tenant_documents(tenant: &str) -> String {
+    format!("tenants/{}", crate::meta::escape_tenant(tenant))
+}
+
+fn tenant_document(tenant: &str, name: &str) -> String {
+    format!("{}/{name}", tenant_documents(tenant))
 }

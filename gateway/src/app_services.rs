@@ -1,0 +1,246 @@
+//! The services Grafana's Profiles Drilldown app calls besides the querier, over Connect
+//! (proto or JSON): `settings.v1.SettingsService` (its plugin settings, kept per tenant),
+//! `capabilities.v1.FeatureFlagsService` (what this server can do), and the services Kiln does
+//! not offer, answered Connect `unimplemented` with a message so the app hides the feature
+//! (`vcs.v1.VCSService`, `settings.v1.RecordingRulesService`,
+//! `adhocprofiles.v1.AdHocProfileService`). One table ([`SERVICES`]) names every method, for
+//! the router and the telemetry layer alike.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use kiln_proto::capabilities::v1 as caps;
+use kiln_proto::settings::v1 as settings;
+
+use crate::app::AppRef;
+use crate::auth::{Scope, TenantId};
+use crate::connect::{Codec, connect_error, connect_ok};
+use crate::error::{ApiError, ErrorKind};
+use crate::ingest::{decode_content_encoding, read_body};
+
+/// A Connect service the app calls: its methods, or why Kiln does not offer it.
+pub struct Service {
+    pub name: &'static str,
+    /// Every method as `service/method`, the telemetry layer's names.
+    pub methods: &'static [&'static str],
+    /// Kiln does not offer this service: every call is answered `unimplemented` with this.
+    pub absent: Option<&'static str>,
+}
+
+/// The services of this module.
+pub const SERVICES: [Service; 5] = [
+    Service {
+        name: "settings.v1.SettingsService",
+        methods: &[
+            "settings.v1.SettingsService/Get",
+            "settings.v1.SettingsService/Set",
+            "settings.v1.SettingsService/Delete",
+        ],
+        absent: None,
+    },
+    Service {
+        name: "capabilities.v1.FeatureFlagsService",
+        methods: &["capabilities.v1.FeatureFlagsService/GetFeatureFlags"],
+        absent: None,
+    },
+    Service {
+        name: "vcs.v1.VCSService",
+        methods: &["vcs.v1.VCSService"],
+        absent: Some("Kiln has no source-code integration (vcs.v1); function details show no code"),
+    },
+    Service {
+        name: "settings.v1.RecordingRulesService",
+        methods: &["settings.v1.RecordingRulesService"],
+        absent: Some("Kiln has no recording rules (metrics from profiles)"),
+    },
+    Service {
+        name: "adhocprofiles.v1.AdHocProfileService",
+        methods: &["adhocprofiles.v1.AdHocProfileService"],
+        absent: Some("Kiln does not store ad-hoc profile uploads yet"),
+    },
+];
+
+/// The telemetry name of a call to `path`, when it is one of these services'.
+pub fn api_method(path: &str) -> Option<&'static str> {
+    let (service, method) = path.trim_start_matches('/').split_once('/')?;
+    let s = SERVICES.iter().find(|s| s.name == service)?;
+    if s.absent.is_some() {
+        return Some(s.methods[0]);
+    }
+    s.methods
+        .iter()
+        .find(|m| m.rsplit('/').next() == Some(method))
+        .copied()
+        .or(Some("other"))
+}
+
+/// The routes of these services (`/{service}/{method}`).
+pub fn routes() -> axum::Router<AppRef> {
+    SERVICES.iter().fold(axum::Router::new(), |r, s| {
+        r.route(
+            &format!("/{}/{{method}}", s.name),
+            axum::routing::post(handler),
+        )
+    })
+}
+
+/// The name of the tenant document holding the settings.
+const SETTINGS_DOCUMENT: &str = "settings.json";
+
+/// `POST /{service}/{method}` for the services above.
+pub async fn handler(
+    State(app): State<AppRef>,
+    Path(method): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let service = uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let result = async {
+        let Some(s) = SERVICES.iter().find(|s| s.name == service) else {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no service {service:?}"),
+            ));
+        };
+        if let Some(why) = s.absent {
+            return Err(ApiError::new(ErrorKind::Unimplemented, why));
+        }
+        let tenant = app.authenticate(&headers, Scope::Read)?;
+        let codec = Codec::from_headers(&headers)?;
+        let limits = app.limits(&tenant);
+        let body = read_body(body, limits.max_body_bytes).await?;
+        let body = decode_content_encoding(&headers, body, limits.max_decompressed_bytes)?;
+        let out = match (service.as_str(), method.as_str()) {
+            ("settings.v1.SettingsService", "Get") => {
+                let _: settings::GetSettingsRequest = codec.decode(&body)?;
+                codec.encode(&get_settings(&app, &tenant).await?)?
+            }
+            ("settings.v1.SettingsService", "Set") => {
+                let req: settings::SetSettingsRequest = codec.decode(&body)?;
+                codec.encode(&set_setting(&app, &tenant, req).await?)?
+            }
+            ("settings.v1.SettingsService", "Delete") => {
+                let req: settings::DeleteSettingsRequest = codec.decode(&body)?;
+                delete_setting(&app, &tenant, &req.name).await?;
+                codec.encode(&settings::DeleteSettingsResponse {})?
+            }
+            ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
+                let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;
+                codec.encode(&feature_flags())?
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::Unimplemented,
+                    format!("{service} has no method {method:?} in Kiln"),
+                ));
+            }
+        };
+        Ok::<(Codec, Bytes), ApiError>((codec, out))
+    }
+    .await;
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}
+
+/// What this server can do. `functionProjections` (exact function tables and sandwiches
+/// computed by the server) is not offered yet, so the app computes them from the flame graph.
+fn feature_flags() -> caps::GetFeatureFlagsResponse {
+    caps::GetFeatureFlagsResponse {
+        feature_flags: vec![caps::FeatureFlag {
+            name: "functionProjections".into(),
+            enabled: false,
+            description: Some(
+                "PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH in SelectMergeStacktraces"
+                    .into(),
+            ),
+            documentation_url: None,
+        }],
+    }
+}
+
+/// The tenant's settings, by name.
+async fn get_settings(
+    app: &AppRef,
+    tenant: &TenantId,
+) -> Result<settings::GetSettingsResponse, ApiError> {
+    let Some(doc) = app
+        .storage
+        .tenant_document(tenant, SETTINGS_DOCUMENT)
+        .await?
+    else {
+        return Ok(settings::GetSettingsResponse::default());
+    };
+    serde_json::from_slice(&doc)
+        .map_err(|e| ApiError::internal(format!("the settings of {tenant} are unreadable: {e}")))
+}
+
+async fn put_settings(
+    app: &AppRef,
+    tenant: &TenantId,
+    mut all: settings::GetSettingsResponse,
+) -> Result<(), ApiError> {
+    all.settings.sort_by(|a, b| a.name.cmp(&b.name));
+    let doc = serde_json::to_vec(&all).map_err(ApiError::internal)?;
+    Ok(app
+        .storage
+        .put_tenant_document(tenant, SETTINGS_DOCUMENT, Bytes::from(doc))
+        .await?)
+}
+
+/// Largest value of one setting: the app stores its plugin settings as one small JSON string.
+const MAX_SETTING_BYTES: usize = 64 << 10;
+
+/// Stores one setting (replacing the one of its name), stamped with the time of the change.
+async fn set_setting(
+    app: &AppRef,
+    tenant: &TenantId,
+    req: settings::SetSettingsRequest,
+) -> Result<settings::SetSettingsResponse, ApiError> {
+    let Some(mut setting) = req.setting else {
+        return Err(ApiError::invalid("SetSettingsRequest needs a setting"));
+    };
+    if setting.name.is_empty() {
+        return Err(ApiError::invalid("a setting needs a name"));
+    }
+    if setting.name.len() + setting.value.len() > MAX_SETTING_BYTES {
+        return Err(ApiError::too_large(format!(
+            "setting {:?} is larger than {MAX_SETTING_BYTES} bytes",
+            setting.name
+        )));
+    }
+    setting.modified_at = crate::time::now_nanos() / 1_000_000;
+    let _one_writer = SETTINGS_LOCK.lock().await;
+    let mut all = get_settings(app, tenant).await?;
+    all.settings.retain(|s| s.name != setting.name);
+    all.settings.push(setting.clone());
+    put_settings(app, tenant, all).await?;
+    Ok(settings::SetSettingsResponse {
+        setting: Some(setting),
+    })
+}
+
+async fn delete_setting(app: &AppRef, tenant: &TenantId, name: &str) -> Result<(), ApiError> {
+    let _one_writer = SETTINGS_LOCK.lock().await;
+    let mut all = get_settings(app, tenant).await?;
+    let before = all.settings.len();
+    all.settings.retain(|s| s.name != name);
+    if all.settings.len() != before {
+        put_settings(app, tenant, all).await?;
+    }
+    Ok(())
+}
+
+/// Changes of settings in this process one at a time (each reads, changes and writes the
+/// tenant's document); processes sharing a store race, and the last write wins.
+static SETTINGS_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
