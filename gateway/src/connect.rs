@@ -240,6 +240,7 @@ async fn dispatch(
         "SelectMergeProfile" => select_merge_profile,
         "SelectSeries" => select_series,
         "GetProfileStats" => get_profile_stats,
+        "AnalyzeQuery" => analyze_query,
     }
 }
 

@@ -141,6 +141,13 @@ impl QuerierService for Grpc {
     ) -> Result<Response<t::GetProfileStatsResponse>, Status> {
         grpc_unary!(self, req, get_profile_stats, "GetProfileStats")
     }
+
+    async fn analyze_query(
+        &self,
+        req: Request<q::AnalyzeQueryRequest>,
+    ) -> Result<Response<q::AnalyzeQueryResponse>, Status> {
+        grpc_unary!(self, req, analyze_query, "AnalyzeQuery")
+    }
 }
 
 #[tonic::async_trait]

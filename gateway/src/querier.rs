@@ -433,6 +433,49 @@ impl Querier {
         })
     }
 
+    /// What a query (`<profile type id>{selector}`) would read, from the index alone: the
+    /// Drilldown app's query-size tooltip.
+    pub async fn analyze_query(
+        &self,
+        tenant: &TenantId,
+        r: q::AnalyzeQueryRequest,
+    ) -> Result<q::AnalyzeQueryResponse, ApiError> {
+        let query = r.query.trim();
+        let (profile_type, selector) = match query.find('{') {
+            Some(i) => (&query[..i], &query[i..]),
+            None => (query, "{}"),
+        };
+        let m = MergeRequest {
+            profile_type,
+            label_selector: selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &[],
+            trace_id_selector: &[],
+            call_site: Vec::new(),
+        };
+        let filter = self.filter(tenant, &m)?;
+        let a = self.app.storage.query().analyze(&filter).await?;
+        Ok(q::AnalyzeQueryResponse {
+            query_scopes: vec![q::QueryScope {
+                component_type: "Object store blocks".into(),
+                component_count: a.blocks,
+                block_count: a.blocks,
+                series_count: a.series,
+                profile_count: a.profiles,
+                sample_count: a.rows,
+                index_bytes: 0,
+                profile_bytes: a.sample_bytes,
+                symbol_bytes: a.symbol_bytes,
+            }],
+            query_impact: Some(q::QueryImpact {
+                total_bytes_in_time_range: a.bytes_in_range,
+                total_queried_series: a.series,
+                deduplication_needed: false,
+            }),
+        })
+    }
+
     pub async fn get_profile_stats(
         &self,
         tenant: &TenantId,

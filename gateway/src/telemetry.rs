@@ -16,7 +16,7 @@ use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
 /// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
-pub const QUERIER_METHODS: [&str; 9] = [
+pub const QUERIER_METHODS: [&str; 10] = [
     "ProfileTypes",
     "LabelNames",
     "LabelValues",
@@ -26,6 +26,7 @@ pub const QUERIER_METHODS: [&str; 9] = [
     "SelectMergeProfile",
     "SelectSeries",
     "GetProfileStats",
+    "AnalyzeQuery",
 ];
 
 /// Every API method name the layer gives (the `method` label's values).
@@ -115,6 +116,7 @@ fn querier_name(method: &str) -> &'static str {
         "SelectMergeProfile" => "querier.v1.QuerierService/SelectMergeProfile",
         "SelectSeries" => "querier.v1.QuerierService/SelectSeries",
         "GetProfileStats" => "querier.v1.QuerierService/GetProfileStats",
+        "AnalyzeQuery" => "querier.v1.QuerierService/AnalyzeQuery",
         _ => "querier.v1.QuerierService/unknown",
     }
 }

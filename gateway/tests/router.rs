@@ -867,6 +867,10 @@ async fn the_metrics_spec_holds() {
             format!(r#"{{{cpu},"labelSelector":"{{}}","step":60,{range}}}"#),
         ),
         ("GetProfileStats", "{}".into()),
+        (
+            "AnalyzeQuery",
+            format!(r#"{{"query":"process_cpu:cpu:nanoseconds:cpu:nanoseconds{{}}",{range}}}"#),
+        ),
         ("NoSuchMethod", "{}".into()),
     ] {
         let req = post(
@@ -1276,6 +1280,44 @@ async fn profile_type_is_a_label_for_series_names_and_values() {
     .await;
     assert!(
         other["labelsSet"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
+
+    // The query-size tooltip: what a query would read, from the index.
+    let analyze = |tenant: &'static str, query: String| {
+        let router = router.clone();
+        async move {
+            connect_json(
+                &router,
+                tenant,
+                "AnalyzeQuery",
+                serde_json::json!({
+                    "start": "1699999000000", "end": 1_700_001_000_000i64, "query": query,
+                }),
+            )
+            .await
+        }
+    };
+    let a = analyze("team-a", format!("{cpu}{{service_name=\"shop\"}}")).await;
+    let scope = &a["queryScopes"][0];
+    assert_eq!(json_i64(&scope["seriesCount"]), 1, "{a}");
+    assert_eq!(json_i64(&scope["sampleCount"]), 1, "{a}");
+    assert!(json_i64(&scope["blockCount"]) >= 1, "{a}");
+    assert!(
+        json_i64(&a["queryImpact"]["totalBytesInTimeRange"]) > 0,
+        "{a}"
+    );
+    assert_eq!(json_i64(&a["queryImpact"]["totalQueriedSeries"]), 1, "{a}");
+    let none = analyze("team-a", format!("{cpu}{{service_name=\"nope\"}}")).await;
+    assert_eq!(
+        json_i64(&none["queryImpact"]["totalQueriedSeries"]),
+        0,
+        "{none}"
+    );
+    let other = analyze("team-b", format!("{cpu}{{}}")).await;
+    assert_eq!(
+        json_i64(&other["queryImpact"]["totalBytesInTimeRange"]),
+        0,
         "{other}"
     );
 }

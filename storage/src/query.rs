@@ -773,6 +773,36 @@ impl QueryEngine {
             .collect())
     }
 
+    /// What a query would read, from the index alone (nothing is read from the object store):
+    /// the blocks its range and selector reach, the series and sample rows it selects in them,
+    /// and their bytes. Row and byte counts of the samples are the selected series' share of
+    /// each block's.
+    pub async fn analyze(&self, filter: &SampleFilter) -> Result<QueryAnalysis> {
+        let mut a = QueryAnalysis::default();
+        let mut series = BTreeSet::new();
+        for (block, selected) in self.candidate_blocks(filter).await? {
+            a.blocks += 1;
+            a.bytes_in_range += block.object_size;
+            a.symbol_bytes += block.symbols.size;
+            let rows: u64 = selected
+                .iter()
+                .map(|&i| block.series[i as usize].rows)
+                .sum();
+            a.rows += rows;
+            if block.rows > 0 {
+                a.sample_bytes +=
+                    (block.samples.size as u128 * rows as u128 / block.rows as u128) as u64;
+                a.profiles += (block.profiles as u128 * rows as u128 / block.rows as u128) as u64;
+            }
+            for i in selected {
+                let s = &block.series[i as usize];
+                series.insert((s.profile_type.clone(), s.labels.clone()));
+            }
+        }
+        a.series = series.len() as u64;
+        Ok(a)
+    }
+
     /// The symbols of a block, read and checked without the cache (the compactor reads each
     /// block once; keeping them would crowd out what queries use).
     pub async fn load_symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
@@ -1464,6 +1494,23 @@ impl QueryEngine {
         }
         Ok(out.into_iter().map(|(_, s)| s).collect())
     }
+}
+
+/// What a query would read ([`QueryEngine::analyze`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueryAnalysis {
+    pub blocks: u64,
+    /// Distinct series selected.
+    pub series: u64,
+    /// Profiles of the selected series (estimated per block from its share of rows).
+    pub profiles: u64,
+    /// Sample rows of the selected series.
+    pub rows: u64,
+    /// Bytes of the selected series' samples, and of the blocks' symbols.
+    pub sample_bytes: u64,
+    pub symbol_bytes: u64,
+    /// Bytes of every block the range and selector reach.
+    pub bytes_in_range: u64,
 }
 
 /// An error shared by a cache's waiters, as an owned one of the same kind (corruption stays
