@@ -241,6 +241,7 @@ async fn dispatch(
         "SelectSeries" => select_series,
         "GetProfileStats" => get_profile_stats,
         "AnalyzeQuery" => analyze_query,
+        "SelectHeatmap" => select_heatmap,
     }
 }
 

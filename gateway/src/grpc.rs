@@ -148,6 +148,13 @@ impl QuerierService for Grpc {
     ) -> Result<Response<q::AnalyzeQueryResponse>, Status> {
         grpc_unary!(self, req, analyze_query, "AnalyzeQuery")
     }
+
+    async fn select_heatmap(
+        &self,
+        req: Request<q::SelectHeatmapRequest>,
+    ) -> Result<Response<q::SelectHeatmapResponse>, Status> {
+        grpc_unary!(self, req, select_heatmap, "SelectHeatmap")
+    }
 }
 
 #[tonic::async_trait]

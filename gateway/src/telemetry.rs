@@ -16,7 +16,7 @@ use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
 /// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
-pub const QUERIER_METHODS: [&str; 10] = [
+pub const QUERIER_METHODS: [&str; 11] = [
     "ProfileTypes",
     "LabelNames",
     "LabelValues",
@@ -27,6 +27,7 @@ pub const QUERIER_METHODS: [&str; 10] = [
     "SelectSeries",
     "GetProfileStats",
     "AnalyzeQuery",
+    "SelectHeatmap",
 ];
 
 /// Every API method name the layer gives (the `method` label's values).
@@ -117,6 +118,7 @@ fn querier_name(method: &str) -> &'static str {
         "SelectSeries" => "querier.v1.QuerierService/SelectSeries",
         "GetProfileStats" => "querier.v1.QuerierService/GetProfileStats",
         "AnalyzeQuery" => "querier.v1.QuerierService/AnalyzeQuery",
+        "SelectHeatmap" => "querier.v1.QuerierService/SelectHeatmap",
         _ => "querier.v1.QuerierService/unknown",
     }
 }

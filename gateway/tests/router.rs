@@ -1423,3 +1423,137 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
         assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
     }
 }
+
+/// A CPU pprof of one stack per span (`span_id` labels), at `time_secs`.
+fn spans_pprof(time_secs: i64, spans: &[(&str, i64)]) -> Vec<u8> {
+    use kiln_proto::google::v1 as p;
+    let mut strings: Vec<String> = ["", "cpu", "nanoseconds", "main", "work", "span_id"]
+        .map(String::from)
+        .to_vec();
+    let sample = spans
+        .iter()
+        .map(|(span, value)| {
+            strings.push((*span).to_owned());
+            p::Sample {
+                location_id: vec![2, 1],
+                value: vec![*value],
+                label: vec![p::Label {
+                    key: 5,
+                    str: strings.len() as i64 - 1,
+                    ..Default::default()
+                }],
+            }
+        })
+        .collect();
+    let line = |id: u64| p::Location {
+        id,
+        line: vec![p::Line {
+            function_id: id,
+            line: 1,
+        }],
+        ..Default::default()
+    };
+    p::Profile {
+        string_table: strings,
+        sample_type: vec![p::ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(p::ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        function: vec![
+            p::Function {
+                id: 1,
+                name: 3,
+                ..Default::default()
+            },
+            p::Function {
+                id: 2,
+                name: 4,
+                ..Default::default()
+            },
+        ],
+        location: vec![line(1), line(2)],
+        sample,
+        time_nanos: time_secs * 1_000_000_000,
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// SelectHeatmap as the app sends it: profiles' totals (individual) and spans' (with span
+/// exemplars) in slots of value buckets; another tenant gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heatmaps_count_profiles_and_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    // Three profiles a minute apart; the first has two spans, the others one each.
+    let profiles = [
+        (
+            1_700_000_000,
+            vec![("00000000000000a1", 10), ("00000000000000a2", 30)],
+        ),
+        (1_700_000_060, vec![("00000000000000b1", 20)]),
+        (1_700_000_120, vec![("00000000000000c1", 90)]),
+    ];
+    for (t, spans) in &profiles {
+        let req = Request::post(format!("/ingest?name=shop&from={t}&format=pprof"))
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(spans_pprof(*t, spans)))
+            .unwrap();
+        let (status, body) = send(&router, req).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let heatmap = |tenant: &'static str, query_type: &'static str| {
+        let router = router.clone();
+        async move {
+            connect_json(
+                &router,
+                tenant,
+                "SelectHeatmap",
+                serde_json::json!({
+                    "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+                    "labelSelector": "{service_name=\"shop\"}",
+                    "start": 1_699_999_980_000i64, "end": "1700000180000",
+                    "step": 60, "groupBy": [],
+                    "queryType": query_type, "exemplarType": "EXEMPLAR_TYPE_SPAN",
+                }),
+            )
+            .await
+        }
+    };
+    let counts = |h: &serde_json::Value| -> (usize, i64) {
+        let slots = h["series"][0]["slots"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let n = slots
+            .iter()
+            .flat_map(|s| s["counts"].as_array().unwrap().clone())
+            .map(|c| c.as_i64().unwrap())
+            .sum();
+        (slots.len(), n)
+    };
+    let individual = heatmap("team-a", "HEATMAP_QUERY_TYPE_INDIVIDUAL").await;
+    assert_eq!(
+        counts(&individual),
+        (3, 3),
+        "three profiles in three slots: {individual}"
+    );
+    let slot = &individual["series"][0]["slots"][0];
+    assert_eq!(slot["yMin"].as_array().unwrap().len(), 20);
+    assert_eq!(slot["counts"].as_array().unwrap().len(), 20);
+    let spans = heatmap("team-a", "HEATMAP_QUERY_TYPE_SPAN").await;
+    assert_eq!(counts(&spans), (3, 4), "four spans: {spans}");
+    let exemplar_spans: Vec<&str> = spans["series"][0]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["exemplars"].as_array().unwrap())
+        .map(|e| e["spanId"].as_str().unwrap())
+        .collect();
+    assert!(exemplar_spans.contains(&"00000000000000c1"), "{spans}");
+    assert_eq!(exemplar_spans.len(), 4, "one per occupied bucket: {spans}");
+    let other = heatmap("team-b", "HEATMAP_QUERY_TYPE_SPAN").await;
+    assert!(
+        other["series"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
+}

@@ -1312,15 +1312,73 @@ impl QueryEngine {
         .await
     }
 
-    async fn select_series_once(
+    /// The selected profiles' totals, or the selected spans' (`spans`), one point each, in
+    /// groups of the `group_by` labels: what a heatmap counts. A profile is one series at one
+    /// time; a span's point is the sum of its samples, at the time of its latest one.
+    #[tracing::instrument(name = "query.profile_points", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type, spans))]
+    pub async fn profile_points(
         &self,
         filter: &SampleFilter,
         group_by: &[String],
-        step_nanos: i64,
-        aggregation: Aggregation,
-        limit: Option<usize>,
+        spans: bool,
+    ) -> Result<Vec<PointGroup>> {
+        let per_block = retrying(|| self.scan_cells(filter, spans)).await?;
+        // (group, series labels or span) -> (time, value, trace)
+        let mut groups: BTreeMap<Vec<(String, String)>, HashMap<PointKey, ProfilePoint>> =
+            BTreeMap::new();
+        for (block, cells) in per_block {
+            for ((sid, t, span, trace), value) in cells {
+                let Some(s) = block.series.get(sid as usize) else {
+                    continue;
+                };
+                if spans && span == 0 {
+                    continue;
+                }
+                let group: Vec<(String, String)> = group_by
+                    .iter()
+                    .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
+                    .collect();
+                let key = if spans {
+                    PointKey::Span(span)
+                } else {
+                    PointKey::Profile(s.labels.clone(), t)
+                };
+                let point = groups
+                    .entry(group)
+                    .or_default()
+                    .entry(key)
+                    .or_insert(ProfilePoint {
+                        timestamp_nanos: t,
+                        value: 0,
+                        span_id: span,
+                        trace_id: trace,
+                    });
+                point.value = point.value.saturating_add(value);
+                point.timestamp_nanos = point.timestamp_nanos.max(t);
+                if point.trace_id.is_none() {
+                    point.trace_id = trace;
+                }
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|(labels, points)| {
+                let mut points: Vec<ProfilePoint> = points.into_values().collect();
+                points.sort_by_key(|p| (p.timestamp_nanos, p.span_id));
+                PointGroup { labels, points }
+            })
+            .collect())
+    }
+
+    /// Per block, the sums of the selected samples by (series index, timestamp), and by span
+    /// and trace too when `span_exemplars` (span 0 and no trace otherwise): what series,
+    /// heatmaps and exemplars are made of. Profile totals answer when no span or trace is asked
+    /// about.
+    async fn scan_cells(
+        &self,
+        filter: &SampleFilter,
         span_exemplars: bool,
-    ) -> Result<Vec<SeriesPoints>> {
+    ) -> Result<Vec<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> {
         let blocks = self.candidate_blocks(filter).await?;
         let mut columns = vec![col::SERIES_ID, col::TIMESTAMP, col::VALUE];
         if span_exemplars || !filter.span_ids.is_empty() {
@@ -1337,7 +1395,6 @@ impl QueryEngine {
         // block's sort order (series, then time), so equal keys are mostly adjacent: they are
         // summed as they come, without hashing; repeats that are not adjacent stay separate
         // cells and are summed into their bucket below.
-        type Cell = (u32, i64, u64, Option<[u8; 16]>);
         let per_block: Vec<Option<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> =
             futures::stream::iter(blocks)
                 .map(|(block, series)| async move {
@@ -1404,6 +1461,19 @@ impl QueryEngine {
                 .buffer_unordered(SCAN_CONCURRENCY)
                 .try_collect()
                 .await?;
+        Ok(per_block.into_iter().flatten().collect())
+    }
+
+    async fn select_series_once(
+        &self,
+        filter: &SampleFilter,
+        group_by: &[String],
+        step_nanos: i64,
+        aggregation: Aggregation,
+        limit: Option<usize>,
+        span_exemplars: bool,
+    ) -> Result<Vec<SeriesPoints>> {
+        let per_block = self.scan_cells(filter, span_exemplars).await?;
         // group labels -> bucket -> (sum, profiles, span -> exemplar)
         type Bucket = (
             i64,
@@ -1413,7 +1483,7 @@ impl QueryEngine {
         let mut group_of: HashMap<Vec<(String, String)>, usize> = HashMap::new();
         let mut groups: Vec<(Vec<(String, String)>, BTreeMap<i64, Bucket>)> = Vec::new();
         let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
-        for (block, cells) in per_block.into_iter().flatten() {
+        for (block, cells) in per_block {
             // Each series' group, once per block rather than once per cell.
             let series_group: Vec<usize> = block
                 .series
@@ -1495,6 +1565,32 @@ impl QueryEngine {
         Ok(out.into_iter().map(|(_, s)| s).collect())
     }
 }
+
+/// One profile's (or one span's) total ([`QueryEngine::profile_points`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfilePoint {
+    pub timestamp_nanos: i64,
+    pub value: i64,
+    /// The span (0: a profile's point).
+    pub span_id: u64,
+    pub trace_id: Option<[u8; 16]>,
+}
+
+/// The points of one group of `group_by` label values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointGroup {
+    pub labels: Vec<(String, String)>,
+    pub points: Vec<ProfilePoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum PointKey {
+    Profile(Vec<(String, String)>, i64),
+    Span(u64),
+}
+
+/// A block's cell of selected samples: (series index, timestamp, span id, trace id).
+type Cell = (u32, i64, u64, Option<[u8; 16]>);
 
 /// What a query would read ([`QueryEngine::analyze`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
