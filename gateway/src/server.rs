@@ -1,4 +1,4 @@
-//! The HTTP server: axum routes for Pyroscope's HTTP and Connect APIs and tonic's gRPC services on
+//! The HTTP server: axum routes for Pyroscope's HTTP (ingest and the legacy query API) and Connect APIs and tonic's gRPC services on
 //! one port, HTTP/1.1 and h2c alike. Requests with an `application/grpc*` content type go to tonic;
 //! everything else to axum.
 
@@ -46,9 +46,14 @@ pub fn router(app: AppRef) -> Router {
             .route("/v1development/profiles", post(role_missing))
     };
     let query = if roles.query {
-        Router::new().route("/querier.v1.QuerierService/{method}", post(querier_handler))
+        Router::new()
+            .route("/querier.v1.QuerierService/{method}", post(querier_handler))
+            .merge(crate::legacy::routes())
     } else {
-        Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing))
+        crate::legacy::PATHS.iter().fold(
+            Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing)),
+            |r, path| r.route(path, get(role_missing)),
+        )
     };
     Router::new()
         .merge(ingest)

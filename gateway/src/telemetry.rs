@@ -53,6 +53,7 @@ pub fn api_methods() -> Vec<String> {
             .map(|m| format!("querier.v1.QuerierService/{m}")),
     );
     all.push("querier.v1.QuerierService/unknown".into());
+    all.extend(crate::legacy::METHODS.iter().map(|m| (*m).to_owned()));
     all
 }
 
@@ -68,6 +69,9 @@ pub fn api_method(method: &Method, path: &str) -> &'static str {
             .find(|known| **known == m)
             .map(|known| querier_name(known))
             .unwrap_or("querier.v1.QuerierService/unknown");
+    }
+    if let Some(m) = crate::legacy::method_of(path) {
+        return m;
     }
     match path {
         "/ingest" | "/pyroscope/ingest" => return "ingest",
@@ -217,7 +221,24 @@ mod tests {
         );
         assert_eq!(api_method(&get, "/api/v1/tenants/acme"), "admin.tenant");
         assert_eq!(api_method(&get, "/random/path/12345"), "other");
-        for path in ["/ingest", "/metrics", "/x", "/api/v1/tenants/a/b/c"] {
+        assert_eq!(api_method(&get, "/pyroscope/render"), "pyroscope.render");
+        assert_eq!(
+            api_method(&get, "/pyroscope/render-diff"),
+            "pyroscope.render-diff"
+        );
+        assert_eq!(api_method(&get, "/pyroscope/labels"), "pyroscope.labels");
+        assert_eq!(
+            api_method(&get, "/pyroscope/label-values"),
+            "pyroscope.label-values"
+        );
+        for path in [
+            "/ingest",
+            "/metrics",
+            "/x",
+            "/api/v1/tenants/a/b/c",
+            "/pyroscope/render",
+            "/pyroscope/label-values",
+        ] {
             assert!(api_methods().contains(&api_method(&get, path).to_owned()));
         }
         for m in QUERIER_METHODS {
