@@ -110,10 +110,10 @@ async fn render(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Resp
         let params = Params::parse(&uri)?;
         let now = now_ms();
         // `name` is what Pyroscope's first HTTP API took; `query` is what today's clients send.
-        let field = if params.get("query").is_some() {
-            "query"
-        } else {
+        let field = if params.get("query").is_none() && params.get("name").is_some() {
             "name"
+        } else {
+            "query"
         };
         let query = Query::parse_required(field, params.get(field))?;
         let (start, end) = params.range("from", "until", now)?;

@@ -853,6 +853,30 @@ async fn the_metrics_spec_holds() {
             );
         }
     }
+    // The legacy query API.
+    let cpu_query = "process_cpu%3Acpu%3Ananoseconds%3Acpu%3Ananoseconds%7B%7D";
+    for path in [
+        format!("/pyroscope/render?query={cpu_query}&from=1699999000&until=1700001000"),
+        format!("/pyroscope/render?query={cpu_query}&from=1699999000&until=1700001000&format=dot"),
+        format!(
+            "/pyroscope/render-diff?leftQuery={cpu_query}&leftFrom=1699999000000&leftUntil=1700001000000\
+             &rightQuery={cpu_query}&rightFrom=1699999000000&rightUntil=1700001000000"
+        ),
+        format!("/pyroscope/labels?query={cpu_query}&from=1699999000&until=1700001000"),
+        format!("/pyroscope/label-values?label=service_name&query={cpu_query}"),
+    ] {
+        let req = Request::get(&path)
+            .header("x-scope-orgid", "spec")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = send(&router, req).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{path}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
     for path in [
         "/api/v1/tenants",
         "/api/v1/tenants/spec/usage",
@@ -981,6 +1005,9 @@ async fn the_metrics_spec_holds() {
         );
     }
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
+    for m in kiln_gateway::legacy::METHODS {
+        assert!(values["method"].contains(m), "{m} was not counted");
+    }
     assert!(values["method"].contains("other"));
     assert!(
         !values["method"]
@@ -998,4 +1025,72 @@ async fn the_metrics_spec_holds() {
             assert!(vals.len() <= 16, "label {label} has {} values", vals.len());
         }
     }
+}
+
+/// The legacy query API belongs to the query role: a process without it answers 404 naming its
+/// roles, as it answers `querier.v1`; with it, a tenant sees its own data only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_api_follows_the_query_role_and_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(kiln_storage::testing::config(dir.path()))
+        .await
+        .unwrap();
+    let mut ingest_app = App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    );
+    ingest_app.roles = kiln_gateway::app::Roles::parse("ingest,compact").unwrap();
+    let ingest_only = router(Arc::new(ingest_app));
+    for path in kiln_gateway::legacy::PATHS {
+        let req = Request::get(path)
+            .header("x-scope-orgid", "a")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = send(&ingest_only, req).await;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(
+            body.contains("not served here") && body.contains("ingest,compact"),
+            "{body}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "a")
+        .body(Body::from("main;legacy_fn 7\n"))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let get = |tenant: Option<&str>, path: &str| {
+        let mut r = Request::get(path);
+        if let Some(t) = tenant {
+            r = r.header("x-scope-orgid", t);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let render = "/pyroscope/render?query=shop.cpu&from=1699999000&until=1700001000";
+    let (status, body) = send(&router, get(Some("a"), render)).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(v["flamebearer"]["numTicks"].as_i64().unwrap() > 0, "{v}");
+    let (status, body) = send(&router, get(Some("b"), render)).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["flamebearer"]["numTicks"], 0, "{v}");
+    // No tenant: refused, as the querier refuses.
+    let (status, body) = send(&router, get(None, render)).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // A bad query: the Connect-style JSON error Pyroscope writes.
+    let (status, body) = send(&router, get(Some("a"), "/pyroscope/render?from=now-1h")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["code"], "invalid_argument", "{v}");
+    assert_eq!(v["message"], "\"query\" is required", "{v}");
 }
