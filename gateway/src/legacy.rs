@@ -9,10 +9,11 @@
 //! - `GET /pyroscope/labels?query&from&until` and `GET /pyroscope/label-values?label&query&from&until`:
 //!   JSON arrays of label names and values (`label=__name__` lists profile types, as Pyroscope's).
 //!
-//! Every answer is computed from the querier's merged tree ([`Querier::merge_tree`]) with the
-//! tenancy of the other read APIs: the caller authenticates for [`Scope::Read`], the query holds
-//! one of the tenant's query slots, the answer carries `kiln-query-stats` (and `kiln-warning`),
-//! and errors are the Connect-style JSON bodies Pyroscope's handlers write.
+//! Renders are drawn from the querier's merged tree ([`Querier::merge_tree`]), timelines from its
+//! `SelectSeries`, label lists from its `LabelNames`/`LabelValues`, all with the tenancy of the
+//! other read APIs: the caller authenticates for [`Scope::Read`], the query holds one of the
+//! tenant's query slots, the answer carries `kiln-query-stats` (and `kiln-warning`), and errors
+//! are the Connect-style JSON bodies Pyroscope's handlers write.
 //!
 //! Times are Pyroscope's `attime` forms: `now`, `now-1h` (units `s`, `m`/`min`, `h`, `d`, `w`,
 //! `M`/`mon`, `y`, combinable: `now-1h30m`), `YYYYMMDD`, or Unix seconds, milliseconds,
@@ -75,7 +76,8 @@ pub fn routes() -> Router<AppRef> {
 const DOT_DEFAULT_NODES: usize = 100;
 /// The nodes of the merged tree the DOT graph is drawn from, at least.
 const DOT_SOURCE_NODES: usize = 512;
-/// Sample rate Pyroscope's flamebearer metadata carries (CPU profiles say 1e9: nanoseconds).
+/// The sample rate the first HTTP API's application names (`myapp.cpu`) are read with: `/ingest`'s
+/// default, which gives CPU profiles their nanosecond type.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
 
 /// Runs one legacy query as the querier runs a Connect one: authenticate, take a query slot,
@@ -129,14 +131,7 @@ async fn render(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Resp
             let tree = querier
                 .merge_tree(&tenant, &type_id, &selector, start, end)
                 .await?;
-            return Ok(dot_response(
-                &tree,
-                source,
-                max,
-                &query.profile_type,
-                start,
-                end,
-            )?);
+            return dot_response(&tree, source, max, &query.profile_type, start, end);
         }
         let max_nodes = querier.max_nodes(&tenant, Some(params.max_nodes()?))?;
         let group_by: Vec<String> = params.all("groupBy").map(str::to_owned).collect();
@@ -390,7 +385,7 @@ const TIME_FORMS: &str = "use now, now-1h, YYYYMMDD or Unix seconds, ms, µs or 
 
 /// Parses a time as Pyroscope's `attime` does (see the module docs) into Unix ms; `None` for
 /// what it cannot read (Pyroscope would take it as now).
-pub fn parse_at_time(s: &str, now_ms: i64) -> Option<i64> {
+fn parse_at_time(s: &str, now_ms: i64) -> Option<i64> {
     let s: String = s
         .trim()
         .chars()
@@ -479,7 +474,7 @@ fn yyyymmdd_days(s: &str) -> Option<i64> {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date.
-pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     // Years start in March, so the leap day ends a year.
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
@@ -492,7 +487,7 @@ pub(crate) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 
 /// The timeline step Pyroscope's render picks for a range (Unix ms): about 1,500 points, at
 /// least 15 s, rounded to a familiar interval. Seconds.
-pub fn point_interval_secs(start_ms: i64, end_ms: i64) -> i64 {
+fn point_interval_secs(start_ms: i64, end_ms: i64) -> i64 {
     const MS: i128 = 1_000_000;
     let interval_ns = (i128::from(end_ms) - i128::from(start_ms)) * MS / 1_500;
     if interval_ns < 15_000 * MS {

@@ -237,43 +237,25 @@ impl Graph {
     /// Drops residual edges whose ends another path connects, lightest first, from the last node
     /// up, never past an edge that is not residual.
     fn remove_redundant_edges(&mut self, names: &[&str]) {
+        // Each node's callers, kept up to date as edges go.
+        let mut callers: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for &(from, to) in self.edges.keys() {
+            callers[to].push(from);
+        }
         for n in (0..self.nodes.len()).rev() {
-            let mut incoming: Vec<(usize, usize)> = self
-                .edges
-                .keys()
-                .filter(|(_, to)| *to == n)
-                .copied()
-                .collect();
+            let mut incoming: Vec<(usize, usize)> =
+                callers[n].iter().map(|&from| (from, n)).collect();
             incoming.sort_by(|a, b| self.edge_order(names, a, b));
             for e in incoming.into_iter().rev() {
                 if !self.edges[&e].residual {
                     break;
                 }
-                if self.reachable_without(e) {
+                if reachable_without(&callers, e) {
                     self.edges.remove(&e);
+                    callers[e.1].retain(|&from| from != e.0);
                 }
             }
         }
-    }
-
-    /// Whether `e`'s caller reaches its callee by another path (walking callers back from it).
-    fn reachable_without(&self, e: (usize, usize)) -> bool {
-        let (src, dest) = e;
-        let mut seen = HashSet::from([dest]);
-        let mut queue = VecDeque::from([dest]);
-        while let Some(n) = queue.pop_front() {
-            for &(from, to) in self.edges.keys() {
-                if to != n || (from, to) == e || seen.contains(&from) {
-                    continue;
-                }
-                if from == src {
-                    return true;
-                }
-                seen.insert(from);
-                queue.push_back(from);
-            }
-        }
-        false
     }
 
     fn write(
@@ -368,6 +350,26 @@ impl Graph {
         out.push_str("}\n");
         out
     }
+}
+
+/// Whether `e`'s caller reaches its callee by another path, walking callers back from the callee.
+fn reachable_without(callers: &[Vec<usize>], e: (usize, usize)) -> bool {
+    let (src, dest) = e;
+    let mut seen = HashSet::from([dest]);
+    let mut queue = VecDeque::from([dest]);
+    while let Some(n) = queue.pop_front() {
+        for &from in &callers[n] {
+            if (from, n) == e || seen.contains(&from) {
+                continue;
+            }
+            if from == src {
+                return true;
+            }
+            seen.insert(from);
+            queue.push_back(from);
+        }
+    }
+    false
 }
 
 /// pprof's node score: entry points and leaves score 1 on their side, otherwise the entropy of

@@ -420,6 +420,27 @@ fn dot_max_nodes_leaves_residual_edges() {
 }
 
 #[test]
+fn dot_drops_residual_edges_another_path_covers() {
+    // x (the least interesting node) goes; main → leaf through it would be residual, but
+    // main → a → leaf connects them already.
+    let text = dot_of(
+        &[
+            (&["main", "x", "leaf"], 2 * SECOND),
+            (&["main", "a", "leaf"], 5 * SECOND),
+            (&["main", "a"], 10 * SECOND),
+        ],
+        3,
+    );
+    assert!(text.contains("Showing top 3 nodes out of 4"), "{text}");
+    assert!(text.contains(r#"tooltip="main -> a (15s)""#), "{text}");
+    assert!(text.contains(r#"tooltip="a -> leaf (5s)""#), "{text}");
+    assert!(
+        !text.contains("main ... leaf") && !text.contains("dotted"),
+        "{text}"
+    );
+}
+
+#[test]
 fn dot_names_are_shortened_and_broken_into_lines() {
     for (name, short) in [
         (
