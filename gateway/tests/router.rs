@@ -1079,6 +1079,28 @@ async fn legacy_api_follows_the_query_role_and_tenants() {
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["flamebearer"]["numTicks"], 0, "{v}");
+    // groupBy: one timeline per value of the label.
+    let ingest = Request::post("/ingest?name=shop.cpu%7Benv%3Dprod%7D&from=1700000030")
+        .header("x-scope-orgid", "a")
+        .body(Body::from("main;legacy_fn 2\n"))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let (status, body) = send(&router, get(Some("a"), &format!("{render}&groupBy=env"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let groups = v["groups"].as_object().expect("groups");
+    let sums: std::collections::BTreeMap<&str, i64> = groups
+        .iter()
+        .map(|(k, t)| {
+            let samples = t["samples"].as_array().unwrap();
+            (
+                k.as_str(),
+                samples.iter().map(|s| s.as_i64().unwrap()).sum(),
+            )
+        })
+        .collect();
+    assert_eq!(sums.get("prod"), Some(&20_000_000), "{sums:?}");
+    assert_eq!(sums.values().sum::<i64>(), 90_000_000, "{sums:?}");
     // No tenant: refused, as the querier refuses.
     let (status, body) = send(&router, get(None, render)).await;
     assert_eq!(
