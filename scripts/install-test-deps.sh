@@ -2,8 +2,9 @@
 # Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), openssl
 # (test keys) and PostgreSQL from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
-# directory, @pyroscope/nodejs under e2e/clients/node, and Debian's chromium for the flame graph render test
-# (the plugin frontend's npm packages are installed by grafana-plugin/build.sh and test.sh).
+# directory, @pyroscope/nodejs under e2e/clients/node, Debian's chromium for the flame graph render
+# test and graphviz (`dot`) for the DOT render test (the plugin frontend's npm packages are installed
+# by grafana-plugin/build.sh and test.sh).
 # Idempotent: a second run only checks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,6 +13,7 @@ need_apt=()
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"

@@ -7,6 +7,7 @@
 //!    push.v1 (Connect, gRPC)    ─► ingest::push ───────────────────────────────────────────┤
 //!                                                                   storage.write (durable) ┘
 //!    querier.v1 (Connect, gRPC) ─► querier ─► storage query engine ─► FlameGraph / pprof / series
+//!    /pyroscope/render[-diff], /pyroscope/label[s|-values] ─► legacy ─► querier ─► flamebearer / DOT
 //! ```
 //!
 //! Every request is mapped to a tenant first ([`tenant`]); errors of every protocol come from one
@@ -23,6 +24,7 @@ pub mod connect;
 pub mod error;
 pub mod grpc;
 pub mod ingest;
+pub mod legacy;
 pub mod lifecycle;
 pub mod metrics;
 pub mod otlp;

@@ -4,7 +4,7 @@
 use kiln_proto::google::v1::Profile;
 use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
-use kiln_storage::query::{Aggregation, SampleFilter};
+use kiln_storage::query::{Aggregation, FlameTree, SampleFilter};
 use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
@@ -143,7 +143,9 @@ impl Querier {
         Ok((start, end.max(start)))
     }
 
-    fn max_nodes(&self, tenant: &TenantId, requested: Option<i64>) -> Result<usize, ApiError> {
+    /// A flame graph's node budget: the tenant's default for `None` or 0, refused above its
+    /// maximum.
+    pub fn max_nodes(&self, tenant: &TenantId, requested: Option<i64>) -> Result<usize, ApiError> {
         let limits = self.app.limits(tenant);
         match requested {
             None | Some(0) => Ok(limits.max_flamegraph_nodes_default as usize),
@@ -239,6 +241,29 @@ impl Querier {
                 })
                 .collect(),
         })
+    }
+
+    /// The merged stack tree of a profile type and label selector over `[start, end]` (Unix ms):
+    /// what the legacy render APIs (`crate::legacy`) encode in formats of their own.
+    pub async fn merge_tree(
+        &self,
+        tenant: &TenantId,
+        profile_type: &str,
+        label_selector: &str,
+        start: i64,
+        end: i64,
+    ) -> Result<FlameTree, ApiError> {
+        let m = MergeRequest {
+            profile_type,
+            label_selector,
+            start,
+            end,
+            span_selector: &[],
+            trace_id_selector: &[],
+            call_site: Vec::new(),
+        };
+        let filter = self.filter(tenant, &m)?;
+        Ok(self.app.storage.query().merge_tree(&filter).await?)
     }
 
     async fn flamegraph(

@@ -1,4 +1,4 @@
-//! The HTTP server: axum routes for Pyroscope's HTTP and Connect APIs and tonic's gRPC services on
+//! The HTTP server: axum routes for Pyroscope's HTTP (ingest and the legacy query API) and Connect APIs and tonic's gRPC services on
 //! one port, HTTP/1.1 and h2c alike. Requests with an `application/grpc*` content type go to tonic;
 //! everything else to axum.
 
@@ -49,11 +49,15 @@ pub fn router(app: AppRef) -> Router {
         Router::new()
             .route("/querier.v1.QuerierService/{method}", post(querier_handler))
             .merge(crate::app_services::routes())
+            .merge(crate::legacy::routes())
     } else {
-        crate::app_services::SERVICES.iter().fold(
+        let missing = crate::app_services::SERVICES.iter().fold(
             Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing)),
             |r, s| r.route(&format!("/{}/{{method}}", s.name), post(role_missing)),
-        )
+        );
+        crate::legacy::PATHS
+            .iter()
+            .fold(missing, |r, path| r.route(path, get(role_missing)))
     };
     Router::new()
         .merge(ingest)

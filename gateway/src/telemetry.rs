@@ -60,6 +60,7 @@ pub fn api_methods() -> Vec<String> {
             .iter()
             .flat_map(|s| s.methods.iter().map(|m| (*m).to_owned())),
     );
+    all.extend(crate::legacy::METHODS.iter().map(|m| (*m).to_owned()));
     all
 }
 
@@ -78,6 +79,9 @@ pub fn api_method(method: &Method, path: &str) -> &'static str {
     }
     if let Some(name) = crate::app_services::api_method(path) {
         return name;
+    }
+    if let Some(m) = crate::legacy::method_of(path) {
+        return m;
     }
     match path {
         "/ingest" | "/pyroscope/ingest" => return "ingest",
@@ -229,7 +233,24 @@ mod tests {
         );
         assert_eq!(api_method(&get, "/api/v1/tenants/acme"), "admin.tenant");
         assert_eq!(api_method(&get, "/random/path/12345"), "other");
-        for path in ["/ingest", "/metrics", "/x", "/api/v1/tenants/a/b/c"] {
+        assert_eq!(api_method(&get, "/pyroscope/render"), "pyroscope.render");
+        assert_eq!(
+            api_method(&get, "/pyroscope/render-diff"),
+            "pyroscope.render-diff"
+        );
+        assert_eq!(api_method(&get, "/pyroscope/labels"), "pyroscope.labels");
+        assert_eq!(
+            api_method(&get, "/pyroscope/label-values"),
+            "pyroscope.label-values"
+        );
+        for path in [
+            "/ingest",
+            "/metrics",
+            "/x",
+            "/api/v1/tenants/a/b/c",
+            "/pyroscope/render",
+            "/pyroscope/label-values",
+        ] {
             assert!(api_methods().contains(&api_method(&get, path).to_owned()));
         }
         for m in QUERIER_METHODS {

@@ -889,6 +889,30 @@ async fn the_metrics_spec_holds() {
             );
         }
     }
+    // The legacy query API.
+    let cpu_query = "process_cpu%3Acpu%3Ananoseconds%3Acpu%3Ananoseconds%7B%7D";
+    for path in [
+        format!("/pyroscope/render?query={cpu_query}&from=1699999000&until=1700001000"),
+        format!("/pyroscope/render?query={cpu_query}&from=1699999000&until=1700001000&format=dot"),
+        format!(
+            "/pyroscope/render-diff?leftQuery={cpu_query}&leftFrom=1699999000000&leftUntil=1700001000000\
+             &rightQuery={cpu_query}&rightFrom=1699999000000&rightUntil=1700001000000"
+        ),
+        format!("/pyroscope/labels?query={cpu_query}&from=1699999000&until=1700001000"),
+        format!("/pyroscope/label-values?label=service_name&query={cpu_query}"),
+    ] {
+        let req = Request::get(&path)
+            .header("x-scope-orgid", "spec")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = send(&router, req).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{path}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
     for path in [
         "/api/v1/tenants",
         "/api/v1/tenants/spec/usage",
@@ -1019,6 +1043,9 @@ async fn the_metrics_spec_holds() {
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
     assert!(values["method"].contains("settings.v1.SettingsService/Set"));
     assert!(values["method"].contains("vcs.v1.VCSService"));
+    for m in kiln_gateway::legacy::METHODS {
+        assert!(values["method"].contains(m), "{m} was not counted");
+    }
     assert!(values["method"].contains("other"));
     assert!(
         !values["method"]
@@ -1370,9 +1397,20 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
         "{set}"
     );
 
-    // Another process on the same store (a restart) reads it back; another tenant does not.
-    drop(router);
-    let router = app(dir.path()).await;
+    // Another process on the same object store (its own metastore) reads it back; another
+    // tenant does not.
+    let mut config = StorageConfig::new(dir.path());
+    config.metastore = Some(
+        dir.path()
+            .join("other-metastore.redb")
+            .to_string_lossy()
+            .into_owned(),
+    );
+    let router = kiln_gateway::server::router(Arc::new(App::new(
+        Storage::open(config).await.unwrap(),
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    )));
     let (_, got) = connect_call(&router, "team-a", get, serde_json::json!({})).await;
     assert_eq!(got["settings"][0]["name"], "pluginSettings", "{got}");
     assert_eq!(got["settings"][0]["value"], value, "{got}");
@@ -1556,4 +1594,94 @@ async fn heatmaps_count_profiles_and_spans() {
         other["series"].as_array().is_none_or(|s| s.is_empty()),
         "{other}"
     );
+}
+
+/// The legacy query API belongs to the query role: a process without it answers 404 naming its
+/// roles, as it answers `querier.v1`; with it, a tenant sees its own data only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_api_follows_the_query_role_and_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(kiln_storage::testing::config(dir.path()))
+        .await
+        .unwrap();
+    let mut ingest_app = App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    );
+    ingest_app.roles = kiln_gateway::app::Roles::parse("ingest,compact").unwrap();
+    let ingest_only = router(Arc::new(ingest_app));
+    for path in kiln_gateway::legacy::PATHS {
+        let req = Request::get(path)
+            .header("x-scope-orgid", "a")
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = send(&ingest_only, req).await;
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert!(
+            body.contains("not served here") && body.contains("ingest,compact"),
+            "{body}"
+        );
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "a")
+        .body(Body::from("main;legacy_fn 7\n"))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let get = |tenant: Option<&str>, path: &str| {
+        let mut r = Request::get(path);
+        if let Some(t) = tenant {
+            r = r.header("x-scope-orgid", t);
+        }
+        r.body(Body::empty()).unwrap()
+    };
+    let render = "/pyroscope/render?query=shop.cpu&from=1699999000&until=1700001000";
+    let (status, body) = send(&router, get(Some("a"), render)).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(v["flamebearer"]["numTicks"].as_i64().unwrap() > 0, "{v}");
+    let (status, body) = send(&router, get(Some("b"), render)).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["flamebearer"]["numTicks"], 0, "{v}");
+    // groupBy: one timeline per value of the label.
+    let ingest = Request::post("/ingest?name=shop.cpu%7Benv%3Dprod%7D&from=1700000030")
+        .header("x-scope-orgid", "a")
+        .body(Body::from("main;legacy_fn 2\n"))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let (status, body) = send(&router, get(Some("a"), &format!("{render}&groupBy=env"))).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let groups = v["groups"].as_object().expect("groups");
+    let sums: std::collections::BTreeMap<&str, i64> = groups
+        .iter()
+        .map(|(k, t)| {
+            let samples = t["samples"].as_array().unwrap();
+            (
+                k.as_str(),
+                samples.iter().map(|s| s.as_i64().unwrap()).sum(),
+            )
+        })
+        .collect();
+    assert_eq!(sums.get("prod"), Some(&20_000_000), "{sums:?}");
+    assert_eq!(sums.values().sum::<i64>(), 90_000_000, "{sums:?}");
+    // No tenant: refused, as the querier refuses.
+    let (status, body) = send(&router, get(None, render)).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // A bad query: the Connect-style JSON error Pyroscope writes.
+    let (status, body) = send(&router, get(Some("a"), "/pyroscope/render?from=now-1h")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["code"], "invalid_argument", "{v}");
+    assert_eq!(v["message"], "\"query\" is required", "{v}");
 }

@@ -9,6 +9,7 @@ mod corpus;
 mod crash;
 mod grafana;
 mod grpc;
+mod legacy;
 mod limits;
 mod memory;
 mod otlp;
