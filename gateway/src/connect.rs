@@ -242,6 +242,7 @@ async fn dispatch(
         "GetProfileStats" => get_profile_stats,
         "AnalyzeQuery" => analyze_query,
         "SelectHeatmap" => select_heatmap,
+        "Diff" => diff,
     }
 }
 

@@ -155,6 +155,13 @@ impl QuerierService for Grpc {
     ) -> Result<Response<q::SelectHeatmapResponse>, Status> {
         grpc_unary!(self, req, select_heatmap, "SelectHeatmap")
     }
+
+    async fn diff(
+        &self,
+        req: Request<q::DiffRequest>,
+    ) -> Result<Response<q::DiffResponse>, Status> {
+        grpc_unary!(self, req, diff, "Diff")
+    }
 }
 
 #[tonic::async_trait]

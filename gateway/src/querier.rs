@@ -515,6 +515,64 @@ impl Querier {
         })
     }
 
+    /// The flame graphs of two queries aligned node by node (the app's diff view): the
+    /// encoding of `/pyroscope/render-diff`, as `FlameGraphDiff`.
+    pub async fn diff(
+        &self,
+        tenant: &TenantId,
+        r: q::DiffRequest,
+    ) -> Result<q::DiffResponse, ApiError> {
+        let (Some(left), Some(right)) = (r.left, r.right) else {
+            return Err(ApiError::invalid("Diff needs a left and a right query"));
+        };
+        if left.profile_type_id != right.profile_type_id {
+            return Err(ApiError::invalid(format!(
+                "the two sides of a diff must have one profile type, not {:?} and {:?}",
+                left.profile_type_id, right.profile_type_id
+            )));
+        }
+        let Some(profile_type) = kiln_otel::model::ProfileType::parse(&left.profile_type_id) else {
+            return Err(ApiError::invalid(format!(
+                "invalid profile type {:?}",
+                left.profile_type_id
+            )));
+        };
+        let max_nodes = self.max_nodes(tenant, left.max_nodes.or(right.max_nodes))?;
+        let (left_tree, right_tree) = futures::try_join!(
+            self.merge_tree(
+                tenant,
+                &left.profile_type_id,
+                &left.label_selector,
+                left.start,
+                left.end
+            ),
+            self.merge_tree(
+                tenant,
+                &right.profile_type_id,
+                &right.label_selector,
+                right.start,
+                right.end
+            ),
+        )?;
+        let p = crate::legacy::flamebearer::diff(&left_tree, &right_tree, max_nodes, &profile_type)
+            .map_err(ApiError::internal)?;
+        Ok(q::DiffResponse {
+            flamegraph: Some(q::FlameGraphDiff {
+                names: p.flamebearer.names,
+                levels: p
+                    .flamebearer
+                    .levels
+                    .into_iter()
+                    .map(|values| q::Level { values })
+                    .collect(),
+                total: p.flamebearer.num_ticks,
+                max_self: p.flamebearer.max_self,
+                left_ticks: i64::try_from(p.left_ticks).unwrap_or(i64::MAX),
+                right_ticks: i64::try_from(p.right_ticks).unwrap_or(i64::MAX),
+            }),
+        })
+    }
+
     /// What a query (`<profile type id>{selector}`) would read, from the index alone: the
     /// Drilldown app's query-size tooltip.
     pub async fn analyze_query(

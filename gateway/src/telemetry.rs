@@ -16,7 +16,7 @@ use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
 /// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
-pub const QUERIER_METHODS: [&str; 11] = [
+pub const QUERIER_METHODS: [&str; 12] = [
     "ProfileTypes",
     "LabelNames",
     "LabelValues",
@@ -28,6 +28,7 @@ pub const QUERIER_METHODS: [&str; 11] = [
     "GetProfileStats",
     "AnalyzeQuery",
     "SelectHeatmap",
+    "Diff",
 ];
 
 /// Every API method name the layer gives (the `method` label's values).
@@ -123,6 +124,7 @@ fn querier_name(method: &str) -> &'static str {
         "GetProfileStats" => "querier.v1.QuerierService/GetProfileStats",
         "AnalyzeQuery" => "querier.v1.QuerierService/AnalyzeQuery",
         "SelectHeatmap" => "querier.v1.QuerierService/SelectHeatmap",
+        "Diff" => "querier.v1.QuerierService/Diff",
         _ => "querier.v1.QuerierService/unknown",
     }
 }

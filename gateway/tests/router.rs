@@ -868,6 +868,12 @@ async fn the_metrics_spec_holds() {
         ),
         ("GetProfileStats", "{}".into()),
         (
+            "Diff",
+            format!(
+                r#"{{"left":{{{cpu},"labelSelector":"{{}}",{range}}},"right":{{{cpu},"labelSelector":"{{}}",{range}}}}}"#
+            ),
+        ),
+        (
             "AnalyzeQuery",
             format!(r#"{{"query":"process_cpu:cpu:nanoseconds:cpu:nanoseconds{{}}",{range}}}"#),
         ),
@@ -1684,4 +1690,54 @@ async fn legacy_api_follows_the_query_role_and_tenants() {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["code"], "invalid_argument", "{v}");
     assert_eq!(v["message"], "\"query\" is required", "{v}");
+}
+
+/// Diff as the app's function-tables branch sends it: left and right ticks are the two sides'
+/// totals, levels hold seven values per node; another tenant's sides are empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_aligns_two_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    for (from, body) in [
+        (1_700_000_000, "main;old_path 3\nmain;shared 1\n"),
+        (1_700_003_600, "main;new_path 5\nmain;shared 2\n"),
+    ] {
+        let req = Request::post(format!("/ingest?name=shop.cpu&from={from}"))
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap();
+        assert_eq!(send(&router, req).await.0, StatusCode::OK);
+    }
+    let side = |start: i64, end: i64| {
+        serde_json::json!({
+            "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "labelSelector": "{service_name=\"shop\"}",
+            "start": start, "end": end.to_string(), "maxNodes": 100,
+        })
+    };
+    let body = serde_json::json!({
+        "left": side(1_699_999_000_000, 1_700_001_000_000),
+        "right": side(1_700_003_000_000, 1_700_004_000_000),
+    });
+    let diff = connect_json(&router, "team-a", "Diff", body.clone()).await;
+    let fg = &diff["flamegraph"];
+    let ms = 10_000_000;
+    assert_eq!(json_i64(&fg["leftTicks"]), 4 * ms, "{diff}");
+    assert_eq!(json_i64(&fg["rightTicks"]), 7 * ms, "{diff}");
+    assert_eq!(json_i64(&fg["total"]), 11 * ms, "{diff}");
+    for level in fg["levels"].as_array().unwrap() {
+        assert_eq!(level["values"].as_array().unwrap().len() % 7, 0);
+    }
+    let names: Vec<&str> = fg["names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for n in ["old_path", "new_path", "shared"] {
+        assert!(names.contains(&n), "{names:?}");
+    }
+    let other = connect_json(&router, "team-b", "Diff", body).await;
+    assert_eq!(json_i64(&other["flamegraph"]["leftTicks"]), 0, "{other}");
+    assert_eq!(json_i64(&other["flamegraph"]["rightTicks"]), 0, "{other}");
 }
