@@ -15,12 +15,14 @@ pub mod compress;
 pub mod error;
 pub mod folded;
 pub mod ids;
+pub mod jfr;
 pub mod labels;
 pub mod model;
 pub mod normalize;
 pub mod otlp;
 pub mod otlp_json;
 pub mod pprof;
+pub mod speedscope;
 
 pub use error::{Error, Result};
 pub use model::{
