@@ -3,7 +3,7 @@
 //! Everything a profile goes through between the wire and the storage engine:
 //!
 //! ```text
-//!  bytes ──► decompress (bounded) ──► pprof decode / folded / lines parse
+//!  bytes ──► decompress (bounded) ──► pprof decode / OTLP / JFR / speedscope / folded / lines
 //!        ──► normalize (one series per sample type, labels, span ids, merge) ──► NormalizedProfile
 //! ```
 //!

@@ -344,7 +344,7 @@ impl Stacks<'_> {
         let mut last = profile.start_value;
         for (i, event) in profile.events.iter().enumerate() {
             let frame = self.frame_index(event.frame)?;
-            if !(event.at >= last) {
+            if !event.at.is_finite() || event.at < last {
                 return Err(Error::Invalid(format!(
                     "speedscope event {i} at {} comes before the one at {last}",
                     event.at
