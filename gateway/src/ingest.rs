@@ -151,8 +151,12 @@ fn query_params(uri: &Uri) -> Result<HashMap<String, String>, ApiError> {
     Ok(out)
 }
 
-/// Content types `/ingest` accepts (the body format comes from `format`).
-fn check_ingest_content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+/// Content types `/ingest` accepts (the body format comes from `format`); JSON only for
+/// speedscope (`format=speedscope`, or none, as speedscope is recognized by its content).
+fn check_ingest_content_type(
+    headers: &HeaderMap,
+    format: &str,
+) -> Result<Option<String>, ApiError> {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return Ok(None);
     };
@@ -165,18 +169,18 @@ fn check_ingest_content_type(headers: &HeaderMap) -> Result<Option<String>, ApiE
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
-    const ACCEPTED: [&str; 9] = [
+    const ACCEPTED: [&str; 8] = [
         "application/octet-stream",
         "binary/octet-stream",
         "application/x-protobuf",
         "application/protobuf",
         "application/vnd.google.protobuf",
         "text/plain",
-        "application/json",
         "application/x-www-form-urlencoded",
         "multipart/form-data",
     ];
-    if !ACCEPTED.contains(&essence.as_str()) {
+    let json_ok = essence == "application/json" && matches!(format, "" | "speedscope");
+    if !ACCEPTED.contains(&essence.as_str()) && !json_ok {
         return Err(ApiError::unsupported_media_type(format!(
             "content type {essence:?} is not accepted by /ingest; send the profile as \
              application/octet-stream (pprof, JFR, folded, lines), application/json \
@@ -211,7 +215,9 @@ async fn ingest(
 ) -> Result<(), ApiError> {
     let limits = app.limits(tenant);
     let body = admit(app, tenant, body, limits.max_body_bytes).await?;
-    let content_type = check_ingest_content_type(headers)?;
+    let params = query_params(uri)?;
+    let format = params.get("format").map(String::as_str).unwrap_or("");
+    let content_type = check_ingest_content_type(headers, format)?;
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
     // Held until what the profile became is stored.
@@ -230,7 +236,6 @@ async fn ingest(
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty"));
     }
-    let params = query_params(uri)?;
     let name = params.get("name").ok_or_else(|| {
         ApiError::invalid("the name parameter is required (app{label=value,...})")
     })?;
@@ -275,7 +280,6 @@ async fn ingest(
     let is_multipart = content_type
         .as_deref()
         .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"));
-    let format = params.get("format").map(String::as_str).unwrap_or("");
 
     let mut meta = IngestMeta {
         labels: Labels::default(),

@@ -149,7 +149,7 @@ impl<'a> Bytes<'a> {
     }
 
     fn remaining(&self) -> usize {
-        self.data.len() - self.pos
+        self.data.len().saturating_sub(self.pos)
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
@@ -431,9 +431,11 @@ impl<'a> Chunk<'a> {
         Ok(chunk)
     }
 
+    /// The chunk's bytes from `from` up to `to` (the end of an event, as its size says; a size
+    /// smaller than what it must hold leaves nothing to read, not a panic).
     fn bytes(&self, from: usize, to: usize) -> Bytes<'a> {
         Bytes {
-            data: &self.data[..to],
+            data: &self.data[..to.min(self.data.len())],
             pos: from,
             base: self.base,
             compressed: self.header.compressed,
@@ -554,8 +556,12 @@ impl<'a> Chunk<'a> {
     /// Decodes the event at `pos` (an offset from [`Chunk::events`]).
     pub fn event(&self, pos: usize, budget: &mut Budget) -> Result<Value> {
         let mut b = self.bytes(pos, self.data.len());
-        let size = b.int()? as usize;
-        let mut b = self.bytes(b.pos, pos + size);
+        let size = b.int()?;
+        let end = usize::try_from(size)
+            .ok()
+            .and_then(|s| pos.checked_add(s))
+            .ok_or_else(|| err(self.base + pos, format!("event size {size}")))?;
+        let mut b = self.bytes(b.pos, end);
         let ty = b.long()?;
         decode(&mut b, &self.classes, ty, budget, 0)
     }
