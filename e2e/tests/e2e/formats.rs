@@ -162,3 +162,57 @@ fn dotnet_pprof_is_repaired_for_its_spy_only() -> Result<()> {
     kiln.assert_tenant_empty("dotnet-other")?;
     Ok(())
 }
+
+/// Pyroscope's speedscope test documents from the corpus, with the totals Pyroscope's own tests
+/// expect of them (an evented profile in unit `none` at 100 Hz; duplicates merged; two profiles
+/// named by unit).
+#[test]
+#[cfg_attr(not(kiln_corpus), ignore = "../shared/corpus is absent")]
+fn corpus_speedscope_documents() -> Result<()> {
+    let dir = kiln_e2e::corpus_dir()
+        .ok_or_else(|| anyhow::anyhow!("../shared/corpus is absent"))?
+        .join("speedscope");
+    let kiln = Kiln::start(&[])?;
+    let cases = [
+        (
+            "simple",
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            14 * 10_000_000,
+            1,
+        ),
+        (
+            "duplicates",
+            "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            3 * 14_000_000_000,
+            1,
+        ),
+        (
+            "two-sampled",
+            "wall:wall:nanoseconds:cpu:nanoseconds",
+            2 * 14_000_000_000,
+            2,
+        ),
+        ("two-sampled-bytes", "memory:samples:bytes::", 2 * 14, 2),
+    ];
+    for (file, ty, total, series) in cases {
+        let body = std::fs::read(dir.join(format!("{file}.speedscope.json")))?;
+        let tenant = format!("speedscope-{file}");
+        let (status, text) = kiln.ingest(&tenant, "name=foo", body, &[])?;
+        ensure!(status == 200, "{file}: {status} {text}");
+        let fg = kiln.flamegraph(&tenant, ty, r#"{service_name="foo"}"#)?;
+        ensure!(fg.total == total, "{file}: total {} of {ty}", fg.total);
+        let names: kiln_proto::types::v1::LabelValuesResponse = kiln.connect(
+            &tenant,
+            "/querier.v1.QuerierService/LabelValues",
+            &kiln_proto::types::v1::LabelValuesRequest {
+                name: "profile_name".into(),
+                matchers: vec![],
+                start: kiln_e2e::ALL_TIME.0,
+                end: kiln_e2e::ALL_TIME.1,
+            },
+        )?;
+        ensure!(names.names.len() == series, "{file}: {:?}", names.names);
+    }
+    kiln.assert_tenant_empty("speedscope-corpus-other")?;
+    Ok(())
+}
