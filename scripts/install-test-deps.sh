@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), openssl
-# (test keys) and PostgreSQL from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
+# (test keys), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
+# the JDK's own flight recorder) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
 # directory, @pyroscope/nodejs under e2e/clients/node, Debian's chromium for the flame graph render
 # test and graphviz (`dot`) for the DOT render test (the plugin frontend's npm packages are installed
@@ -12,6 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 need_apt=()
 command -v go >/dev/null 2>&1 || need_apt+=(golang-go)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v jfr >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
@@ -35,4 +37,4 @@ if [ ! -d "$root/e2e/clients/node/node_modules/@pyroscope/nodejs" ]; then
   echo "install-test-deps: npm ci in e2e/clients/node"
   (cd "$root/e2e/clients/node" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-echo "install-test-deps: ready (go $(go version | awk '{print $3}'), venv $venv)"
+echo "install-test-deps: ready (go $(go version | awk '{print $3}'), $(java -version 2>&1 | head -1), venv $venv)"

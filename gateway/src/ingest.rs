@@ -1,4 +1,5 @@
-//! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, folded, lines) and `push.v1`.
+//! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, JFR raw or multipart, speedscope,
+//! folded, lines) and `push.v1`.
 //! Every path ends in [`store`], which answers only once the data is durable.
 
 use std::collections::HashMap;
@@ -7,10 +8,10 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
-use kiln_otel::compress::gunzip_limited;
+use kiln_otel::compress::{gunzip_limited, maybe_gunzip};
 use kiln_otel::labels::{AppName, parse_app_name};
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
-use kiln_otel::{IngestMeta, folded, normalize, pprof};
+use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
 use kiln_proto::push::v1::PushRequest;
 
 use crate::app::AppRef;
@@ -150,8 +151,12 @@ fn query_params(uri: &Uri) -> Result<HashMap<String, String>, ApiError> {
     Ok(out)
 }
 
-/// Content types `/ingest` accepts (the body format comes from `format`).
-fn check_ingest_content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+/// Content types `/ingest` accepts (the body format comes from `format`); JSON only for
+/// speedscope (`format=speedscope`, or none, as speedscope is recognized by its content).
+fn check_ingest_content_type(
+    headers: &HeaderMap,
+    format: &str,
+) -> Result<Option<String>, ApiError> {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return Ok(None);
     };
@@ -174,10 +179,12 @@ fn check_ingest_content_type(headers: &HeaderMap) -> Result<Option<String>, ApiE
         "application/x-www-form-urlencoded",
         "multipart/form-data",
     ];
-    if !ACCEPTED.contains(&essence.as_str()) {
+    let json_ok = essence == "application/json" && matches!(format, "" | "speedscope");
+    if !ACCEPTED.contains(&essence.as_str()) && !json_ok {
         return Err(ApiError::unsupported_media_type(format!(
             "content type {essence:?} is not accepted by /ingest; send the profile as \
-             application/octet-stream (pprof, folded, lines) or multipart/form-data (pprof)"
+             application/octet-stream (pprof, JFR, folded, lines), application/json \
+             (speedscope) or multipart/form-data (pprof, JFR)"
         )));
     }
     Ok(Some(ct.to_owned()))
@@ -208,7 +215,9 @@ async fn ingest(
 ) -> Result<(), ApiError> {
     let limits = app.limits(tenant);
     let body = admit(app, tenant, body, limits.max_body_bytes).await?;
-    let content_type = check_ingest_content_type(headers)?;
+    let params = query_params(uri)?;
+    let format = params.get("format").map(String::as_str).unwrap_or("");
+    let content_type = check_ingest_content_type(headers, format)?;
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
     // Held until what the profile became is stored.
@@ -227,7 +236,6 @@ async fn ingest(
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty"));
     }
-    let params = query_params(uri)?;
     let name = params.get("name").ok_or_else(|| {
         ApiError::invalid("the name parameter is required (app{label=value,...})")
     })?;
@@ -248,27 +256,30 @@ async fn ingest(
     };
     let from = time_param("from")?.unwrap_or(now);
     let until = time_param("until")?.unwrap_or(from);
-    let sample_rate: u32 = match params.get("sampleRate").filter(|v| !v.is_empty()) {
-        None => 100,
-        Some(v) => v
-            .parse()
-            .ok()
-            .filter(|r| *r <= 1_000_000_000)
-            .ok_or_else(|| {
-                ApiError::invalid(format!(
-                    "sampleRate={v:?} is not an integer from 0 to 1e9 (Hz)"
-                ))
-            })?,
+    let explicit_rate: Option<u32> = match params.get("sampleRate").filter(|v| !v.is_empty()) {
+        None => None,
+        Some(v) => Some(
+            v.parse()
+                .ok()
+                .filter(|r| *r <= 1_000_000_000)
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "sampleRate={v:?} is not an integer from 0 to 1e9 (Hz)"
+                    ))
+                })?,
+        ),
     };
+    let sample_rate = explicit_rate.unwrap_or(100);
     let spy = params
         .get("spyName")
         .filter(|s| !s.is_empty())
         .cloned()
         .unwrap_or_else(|| "unknown".into());
+    // The .NET profiler's pprof names functions it does not define; repaired for it alone.
+    let dotnet = spy == pprof::DOTNET_SPY;
     let is_multipart = content_type
         .as_deref()
         .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"));
-    let format = params.get("format").map(String::as_str).unwrap_or("");
 
     let mut meta = IngestMeta {
         labels: Labels::default(),
@@ -285,7 +296,10 @@ async fn ingest(
             apply_app_labels(&mut meta, &name);
             let meta = meta.clone();
             blocking(move || {
-                let (p, size) = pprof::decode_sized(body, max_decompressed)?;
+                let (mut p, size) = pprof::decode_sized(body, max_decompressed)?;
+                if dotnet {
+                    pprof::repair_dotnet(&mut p);
+                }
                 Ok((
                     normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
@@ -301,11 +315,46 @@ async fn ingest(
                 meta.display_names = parse_sample_type_config(&config)?;
             }
             blocking(move || {
-                let (p, size) = pprof::decode_sized(profile, max_decompressed)?;
+                let (mut p, size) = pprof::decode_sized(profile, max_decompressed)?;
+                if dotnet {
+                    pprof::repair_dotnet(&mut p);
+                }
                 Ok((
                     normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
                     size,
                 ))
+            })
+            .await?
+        }
+        ("jfr", _) => {
+            let (recording, labels) = if is_multipart {
+                let ct = content_type.unwrap_or_default();
+                let mut parts = read_multipart_parts(&ct, body).await?;
+                let recording = parts
+                    .remove("jfr")
+                    .ok_or_else(|| ApiError::invalid("the multipart body has no \"jfr\" part"))?;
+                (recording, parts.remove("labels"))
+            } else {
+                (body, None)
+            };
+            apply_jfr_app_labels(&mut meta, &name);
+            blocking(move || {
+                let recording = maybe_gunzip(&recording, max_decompressed)?;
+                let labels = match labels.filter(|l| !l.is_empty()) {
+                    Some(l) => jfr::LabelsSnapshot::decode(&maybe_gunzip(&l, max_decompressed)?)?,
+                    None => jfr::LabelsSnapshot::default(),
+                };
+                let p = jfr::parse(&recording, &labels, explicit_rate, &meta, &normalize_limits)?;
+                Ok((p, recording.len()))
+            })
+            .await?
+        }
+        ("speedscope", _) | ("", false)
+            if format == "speedscope" || speedscope::looks_like_speedscope(&body) =>
+        {
+            blocking(move || {
+                let p = speedscope::parse(&body, &name, sample_rate, &meta, &normalize_limits)?;
+                Ok((p, body.len()))
             })
             .await?
         }
@@ -332,7 +381,7 @@ async fn ingest(
         }
         (other, _) => {
             return Err(ApiError::invalid(format!(
-                "format {other:?} is not supported; use pprof, folded or lines \
+                "format {other:?} is not supported; use pprof, jfr, speedscope, folded or lines \
                  (or no format with a multipart/form-data pprof upload)"
             )));
         }
@@ -348,6 +397,19 @@ fn apply_app_labels(meta: &mut IngestMeta, name: &AppName) {
     meta.labels.set_default(LABEL_SERVICE_NAME, &name.app);
 }
 
+/// `name{k=v}` labels for JFR uploads, as Pyroscope's JFR path sets them: the app name is the
+/// service name, or `app_name` when a label names the service.
+fn apply_jfr_app_labels(meta: &mut IngestMeta, name: &AppName) {
+    for (k, v) in name.labels.iter() {
+        meta.labels.set(k.to_owned(), v.to_owned());
+    }
+    if meta.labels.get(LABEL_SERVICE_NAME).is_some() {
+        meta.labels.set_default("app_name", &name.app);
+    } else {
+        meta.labels.set(LABEL_SERVICE_NAME.into(), name.app.clone());
+    }
+}
+
 /// Runs CPU-heavy decoding off the async workers, in an `ingest.decode` span of the request.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -358,16 +420,16 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(ApiError::internal)?
 }
 
-/// The `profile` part (required) and `sample_type_config` part of a multipart upload.
-async fn read_multipart(
+/// The parts of a multipart upload by name (the last of a name wins).
+async fn read_multipart_parts(
     content_type: &str,
     body: Bytes,
-) -> Result<(Bytes, Option<Bytes>), ApiError> {
+) -> Result<HashMap<String, Bytes>, ApiError> {
     let boundary = multer::parse_boundary(content_type)
         .map_err(|e| ApiError::invalid(format!("bad multipart content type: {e}")))?;
     let stream = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
     let mut mp = multer::Multipart::new(stream, boundary);
-    let (mut profile, mut config) = (None, None);
+    let mut parts = HashMap::new();
     while let Some(field) = mp
         .next_field()
         .await
@@ -378,20 +440,26 @@ async fn read_multipart(
             .bytes()
             .await
             .map_err(|e| ApiError::invalid(format!("malformed multipart part {name:?}: {e}")))?;
-        match name.as_str() {
-            "profile" => profile = Some(data),
-            "sample_type_config" => config = Some(data),
-            "prev_profile" => {
-                return Err(ApiError::invalid(
-                    "prev_profile is not supported: upgrade the client to send delta profiles",
-                ));
-            }
-            _ => {}
-        }
+        parts.insert(name, data);
     }
-    let profile =
-        profile.ok_or_else(|| ApiError::invalid("the multipart body has no \"profile\" part"))?;
-    Ok((profile, config))
+    Ok(parts)
+}
+
+/// The `profile` part (required) and `sample_type_config` part of a multipart pprof upload.
+async fn read_multipart(
+    content_type: &str,
+    body: Bytes,
+) -> Result<(Bytes, Option<Bytes>), ApiError> {
+    let mut parts = read_multipart_parts(content_type, body).await?;
+    if parts.contains_key("prev_profile") {
+        return Err(ApiError::invalid(
+            "prev_profile is not supported: upgrade the client to send delta profiles",
+        ));
+    }
+    let profile = parts
+        .remove("profile")
+        .ok_or_else(|| ApiError::invalid("the multipart body has no \"profile\" part"))?;
+    Ok((profile, parts.remove("sample_type_config")))
 }
 
 /// `sample_type_config`: `{"<sample type>": {"display-name": "...", ...}}` → display names.

@@ -75,7 +75,7 @@ pub fn routes() -> Router<AppRef> {
 /// The nodes Pyroscope's DOT renderer draws when `max-nodes` is absent or 0.
 const DOT_DEFAULT_NODES: usize = 100;
 /// The nodes of the merged tree the DOT graph is drawn from, at least.
-const DOT_SOURCE_NODES: usize = 512;
+pub(crate) const DOT_SOURCE_NODES: usize = 512;
 /// The sample rate the first HTTP API's application names (`myapp.cpu`) are read with: `/ingest`'s
 /// default, which gives CPU profiles their nanosecond type.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
@@ -205,10 +205,23 @@ fn dot_response(
     if tree.total() == 0 {
         return Ok((text_plain, "").into_response());
     }
-    // Pyroscope draws from a merged profile of at least 512 nodes, the rest folded into `other`.
+    let text = dot_text(tree, source_nodes, max_nodes, profile_type, start, end)?;
+    Ok((text_plain, text).into_response())
+}
+
+/// The DOT text of a merged tree: at most `max_nodes` nodes, drawn from its `source_nodes`
+/// largest (the rest folded into `other`), as Pyroscope draws from a merged profile.
+pub(crate) fn dot_text(
+    tree: &kiln_storage::query::FlameTree,
+    source_nodes: usize,
+    max_nodes: usize,
+    profile_type: &ProfileType,
+    start: i64,
+    end: i64,
+) -> Result<String, ApiError> {
     let stacks = kiln_storage::query::tree::flamegraph_stacks(&tree.to_flamegraph(source_nodes))
         .map_err(ApiError::internal)?;
-    let text = dot::render(
+    Ok(dot::render(
         &stacks,
         max_nodes,
         &dot::Meta {
@@ -217,8 +230,7 @@ fn dot_response(
             start_ms: start,
             end_ms: end,
         },
-    );
-    Ok((text_plain, text).into_response())
+    ))
 }
 
 /// `GET /pyroscope/render-diff`.

@@ -5,6 +5,11 @@
 //! The gRPC service decodes the request itself (tonic hands it the raw message), so a truncated
 //! or proto-1.9 payload is answered `InvalidArgument` with a message, like every other client
 //! mistake, rather than tonic's `Internal`.
+//!
+//! Both transports read the Profiles development version a sender names in the
+//! `OTLP-Profiles-Development-Version` header (gRPC: metadata), as opentelemetry-proto #857
+//! proposes: absent means version 1; a version Kiln does not decode is refused (400,
+//! `INVALID_ARGUMENT`) before the payload is read as if it were another.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -34,6 +39,30 @@ pub const EXPORT_PATH: &str =
 /// Hint for a protobuf that does not decode as proto 1.10.
 const V19_HINT: &str = "if the sender speaks OTLP profiles proto 1.9 (Collector < 0.148), upgrade \
      it: Sample fields were renumbered in 1.10";
+
+/// The header (gRPC: metadata key) naming the OTLP Profiles development version of a payload.
+pub const VERSION_HEADER: &str = "otlp-profiles-development-version";
+
+/// The Profiles development versions Kiln decodes: 1, the first, which the proto 1.10 messages
+/// are.
+pub const SUPPORTED_VERSIONS: [u32; 1] = [1];
+
+/// Checks the Profiles development version a request names (absent: 1).
+pub fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(VERSION_HEADER) else {
+        return Ok(());
+    };
+    let text = value.to_str().unwrap_or("").trim();
+    match text.parse::<u32>() {
+        Ok(v) if SUPPORTED_VERSIONS.contains(&v) => Ok(()),
+        _ => Err(ApiError::invalid(format!(
+            "OTLP-Profiles-Development-Version {:?} is not supported: Kiln decodes version {} \
+             (OTLP profiles proto 1.10); send that version, or none",
+            String::from_utf8_lossy(value.as_bytes()),
+            SUPPORTED_VERSIONS.map(|v| v.to_string()).join(", ")
+        ))),
+    }
+}
 
 /// Decodes a binary export request, naming the proto version when that is the likely cause.
 pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiError> {
@@ -116,6 +145,9 @@ async fn http_export(
     };
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
+    // After the body is read: a client that writes it all before reading sees the 400, not a
+    // reset.
+    check_version(headers)?;
     let _share = app
         .decode_budget
         .take(crate::budget::decoded_size(
@@ -223,7 +255,9 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                 Some(a) => a.0.clone(),
                 None => app.authenticate(&req.metadata().clone().into_headers(), Scope::Write)?,
             };
+            let version = check_version(&req.metadata().clone().into_headers());
             let result = async {
+                version?;
                 let body = req.into_inner();
                 app.metrics.received(&tenant, body.len());
                 let limits = app.limits(&tenant);

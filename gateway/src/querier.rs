@@ -321,10 +321,47 @@ impl Querier {
                     ..Default::default()
                 })
             }
+            q::ProfileFormat::Dot => {
+                let filter = self.filter(tenant, &m)?;
+                let max_nodes = match r.max_nodes {
+                    Some(n) if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
+                    _ => 100,
+                };
+                let source = self.max_nodes(
+                    tenant,
+                    Some(
+                        i64::try_from(max_nodes.max(crate::legacy::DOT_SOURCE_NODES))
+                            .unwrap_or(i64::MAX),
+                    ),
+                )?;
+                let call_site: Vec<&str> = m.call_site.iter().map(String::as_str).collect();
+                let tree = self
+                    .app
+                    .storage
+                    .query()
+                    .merge_tree(&filter)
+                    .await?
+                    .focus(&call_site);
+                let profile_type = kiln_otel::model::ProfileType::parse(m.profile_type)
+                    .ok_or_else(|| ApiError::invalid("invalid profile type"))?;
+                // The legend's range: the one the query covered, in Unix ms.
+                let ms = |nanos: i64| nanos.div_euclid(1_000_000);
+                let end = ms(filter.end_nanos.min(now_nanos()));
+                let start = ms(filter.start_nanos.max(0)).min(end);
+                let dot = if tree.total() == 0 {
+                    String::new()
+                } else {
+                    crate::legacy::dot_text(&tree, source, max_nodes, &profile_type, start, end)?
+                };
+                Ok(q::SelectMergeStacktracesResponse {
+                    dot,
+                    ..Default::default()
+                })
+            }
             other => Err(ApiError::new(
                 ErrorKind::Unimplemented,
                 format!(
-                    "format {} is not supported; use FLAMEGRAPH or PPROF",
+                    "format {} is not supported; use FLAMEGRAPH, DOT or PPROF",
                     other.as_str_name()
                 ),
             )),

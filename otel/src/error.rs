@@ -26,6 +26,9 @@ pub enum Error {
         line: usize,
         reason: String,
     },
+    /// A JFR recording cannot be read.
+    #[error("invalid JFR recording at byte {offset}: {reason}")]
+    Jfr { offset: usize, reason: String },
     /// The `name` parameter or a label is malformed.
     #[error("invalid labels: {0}")]
     Labels(String),

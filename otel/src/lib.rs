@@ -3,7 +3,7 @@
 //! Everything a profile goes through between the wire and the storage engine:
 //!
 //! ```text
-//!  bytes ──► decompress (bounded) ──► pprof decode / folded / lines parse
+//!  bytes ──► decompress (bounded) ──► pprof decode / OTLP / JFR / speedscope / folded / lines
 //!        ──► normalize (one series per sample type, labels, span ids, merge) ──► NormalizedProfile
 //! ```
 //!
@@ -15,12 +15,14 @@ pub mod compress;
 pub mod error;
 pub mod folded;
 pub mod ids;
+pub mod jfr;
 pub mod labels;
 pub mod model;
 pub mod normalize;
 pub mod otlp;
 pub mod otlp_json;
 pub mod pprof;
+pub mod speedscope;
 
 pub use error::{Error, Result};
 pub use model::{

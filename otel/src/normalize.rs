@@ -10,9 +10,9 @@
 //! - `time_nanos` of 0 or in 1970 is replaced by the request's time;
 //! - stacks deeper than the limit are truncated, keeping the root side.
 //!
-//! The rules the OTLP and text formats share with pprof (the sample limit, truncation, naming of
-//! unsymbolized frames, merging) are in [`kernel`]; [`IngestMeta`] and [`NormalizeLimits`] serve
-//! all three.
+//! The rules the OTLP, JFR, speedscope and text formats share with pprof (the sample limit,
+//! truncation, naming of unsymbolized frames, merging) are in [`kernel`]; [`IngestMeta`] and
+//! [`NormalizeLimits`] serve them all.
 
 pub mod kernel;
 

@@ -220,6 +220,38 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     Ok((profile, size))
 }
 
+/// The spy name (`/ingest?spyName=`) of the .NET profiler, whose profiles [`repair_dotnet`] fixes.
+pub const DOTNET_SPY: &str = "dotnetspy";
+
+/// Repairs a profile of the .NET profiler (`spyName=dotnetspy`) as Pyroscope does for that spy:
+///
+/// - its functions all have id 0, so its locations name function ids the profile does not
+///   define; when every function's id is 0 and there are as many functions as locations, the
+///   i-th function takes the i-th location's id (the profiler writes them in step);
+/// - its sample types may be dash-named (`alloc-samples`): dashes become underscores.
+///
+/// Returns whether the function ids were rewritten.
+pub fn repair_dotnet(profile: &mut Profile) -> bool {
+    for vt in &profile.sample_type {
+        if let Some(name) = usize::try_from(vt.r#type)
+            .ok()
+            .and_then(|i| profile.string_table.get_mut(i))
+            .filter(|name| name.contains('-'))
+        {
+            *name = name.replace('-', "_");
+        }
+    }
+    let broken = !profile.function.is_empty()
+        && profile.function.iter().all(|f| f.id == 0)
+        && profile.function.len() == profile.location.len();
+    if broken {
+        for (function, location) in profile.function.iter_mut().zip(&profile.location) {
+            function.id = location.id;
+        }
+    }
+    broken
+}
+
 /// Encodes a profile as plain protobuf.
 pub fn encode(profile: &pb::Profile) -> Vec<u8> {
     profile.encode_to_vec()
@@ -356,6 +388,87 @@ mod tests {
             let cut = cut.min(bytes.len());
             let _ = decode(&bytes[..cut], 1 << 20);
         }
+    }
+
+    /// A .NET profile as the profiler writes it: functions of id 0, one per location, in step.
+    fn broken_dotnet() -> pb::Profile {
+        let strings = [
+            "",
+            "cpu",
+            "nanoseconds",
+            "alloc-samples",
+            "count",
+            "Main",
+            "Work",
+        ];
+        pb::Profile {
+            string_table: strings.map(String::from).to_vec(),
+            sample_type: vec![
+                pb::ValueType { r#type: 1, unit: 2 },
+                pb::ValueType { r#type: 3, unit: 4 },
+            ],
+            sample: vec![pb::Sample {
+                location_id: vec![8, 7],
+                value: vec![10, 1],
+                label: vec![],
+            }],
+            location: [7, 8]
+                .map(|id| pb::Location {
+                    id,
+                    line: vec![pb::Line {
+                        function_id: id,
+                        line: 0,
+                    }],
+                    ..Default::default()
+                })
+                .to_vec(),
+            function: [5, 6]
+                .map(|name| pb::Function {
+                    id: 0,
+                    name,
+                    ..Default::default()
+                })
+                .to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn dotnet_function_ids_and_sample_types_are_repaired() {
+        let meta = crate::IngestMeta::default();
+        let limits = crate::NormalizeLimits::default();
+        let mut p = Profile::from(&broken_dotnet());
+        let err = crate::normalize::normalize_pprof(&p, &meta, &limits).unwrap_err();
+        assert!(err.to_string().contains("function id 7"), "{err}");
+        assert!(repair_dotnet(&mut p));
+        let n = crate::normalize::normalize_pprof(&p, &meta, &limits).unwrap();
+        let types: Vec<String> = n.series.iter().map(|s| s.profile_type.id()).collect();
+        assert_eq!(
+            types,
+            [
+                "process_cpu:cpu:nanoseconds::",
+                "process_cpu:alloc_samples:count::"
+            ]
+        );
+        let stack = &n.series[0].samples[0].stack;
+        assert_eq!(
+            n.symbols.frame_names(stack).collect::<Vec<_>>(),
+            ["Work", "Main"]
+        );
+        assert_eq!(p.function.iter().map(|f| f.id).collect::<Vec<_>>(), [7, 8]);
+        assert_eq!(p.string_table[3], "alloc_samples");
+        // A profile whose functions have ids is left as it is.
+        let mut fine = broken_dotnet();
+        fine.function[0].id = 7;
+        fine.function[1].id = 8;
+        let mut p = Profile::from(&fine);
+        assert!(!repair_dotnet(&mut p));
+        // As is one whose functions and locations are not in step.
+        let mut uneven = broken_dotnet();
+        uneven.function.pop();
+        let mut p = Profile::from(&uneven);
+        assert!(!repair_dotnet(&mut p));
+        assert!(p.function.iter().all(|f| f.id == 0));
     }
 
     #[test]

@@ -529,7 +529,36 @@ fn legacy_render_with_x_scope_orgid() -> Result<()> {
     ensure!(!names.to_string().contains("env"), "{names}");
     let r = get(&kiln, "/pyroscope/render", &[("query", &shop)], &[])?;
     ensure!(r.status == 401, "{} {}", r.status, r.body);
+
+    // The same call graph from SelectMergeStacktraces' PROFILE_FORMAT_DOT, read by Graphviz.
+    let text = connect_dot(&kiln, "org-a")?;
+    let svg = graphviz_svg(&text)?;
+    ensure!(
+        svg.contains("<svg") && svg.contains("leaf_30") && svg.contains("Duration: "),
+        "{svg}"
+    );
+    kiln.set_auth(org("org-b"));
+    let other = connect_dot(&kiln, "org-b")?;
+    ensure!(other.is_empty(), "another tenant's graph is empty: {other}");
     Ok(())
+}
+
+/// `SelectMergeStacktraces` with `PROFILE_FORMAT_DOT` for the shop's CPU, at most 8 nodes.
+fn connect_dot(kiln: &Kiln, tenant: &str) -> Result<String> {
+    let r: kiln_proto::querier::v1::SelectMergeStacktracesResponse = kiln.connect(
+        tenant,
+        "/querier.v1.QuerierService/SelectMergeStacktraces",
+        &kiln_proto::querier::v1::SelectMergeStacktracesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: "{service_name=\"shop\"}".into(),
+            start: 1_699_920_000_000,
+            end: 0,
+            max_nodes: Some(8),
+            format: kiln_proto::querier::v1::ProfileFormat::Dot as i32,
+            ..Default::default()
+        },
+    )?;
+    Ok(r.dot)
 }
 
 /// Graphviz's SVG of a DOT text (`dot -Tsvg`), failing if `dot` refuses it.

@@ -35,8 +35,20 @@ fn export_grpc(
 
 /// Raw gRPC call with an arbitrary (possibly broken) message body.
 fn raw_grpc(kiln: &Kiln, tenant: Option<&str>, body: Vec<u8>) -> Result<tonic::Status> {
+    raw_grpc_with(kiln, tenant, body, &[])
+}
+
+/// [`raw_grpc`] with more metadata.
+fn raw_grpc_with(
+    kiln: &Kiln,
+    tenant: Option<&str>,
+    body: Vec<u8>,
+    metadata: &[(&'static str, &str)],
+) -> Result<tonic::Status> {
     let url = kiln.url("");
     let tenant = tenant.map(str::to_owned);
+    let metadata: Vec<(&'static str, String)> =
+        metadata.iter().map(|(k, v)| (*k, v.to_string())).collect();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let channel = tonic::transport::Channel::from_shared(url)?
@@ -47,6 +59,9 @@ fn raw_grpc(kiln: &Kiln, tenant: Option<&str>, body: Vec<u8>) -> Result<tonic::S
         let mut req = tonic::Request::new(bytes_msg::Raw(body));
         if let Some(t) = tenant {
             req.metadata_mut().insert("x-scope-orgid", t.parse()?);
+        }
+        for (k, v) in metadata {
+            req.metadata_mut().insert(k, v.parse()?);
         }
         let path = http::uri::PathAndQuery::from_static(
             "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export",
@@ -110,13 +125,27 @@ fn post_otlp(
     content_type: &str,
     body: Vec<u8>,
 ) -> Result<(u16, String, Vec<u8>)> {
-    let resp = kiln
+    post_otlp_with(kiln, tenant, content_type, body, &[])
+}
+
+/// [`post_otlp`] with more headers.
+fn post_otlp_with(
+    kiln: &Kiln,
+    tenant: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String, Vec<u8>)> {
+    let mut req = kiln
         .http()
         .post(kiln.url("/v1development/profiles"))
         .header("X-Scope-OrgID", tenant)
         .header("Content-Type", content_type)
-        .body(body)
-        .send()?;
+        .body(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send()?;
     let status = resp.status().as_u16();
     let ct = resp
         .headers()
@@ -498,6 +527,42 @@ fn proto_1_9_payload_is_refused_naming_the_version() -> Result<()> {
     Ok(())
 }
 
+/// A valid request: one profile of `samples/count` with one sample of 3 on an empty stack.
+fn small_request() -> ExportProfilesServiceRequest {
+    let d = opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
+        string_table: vec!["".into(), "samples".into(), "count".into()],
+        stack_table: vec![Default::default(), Default::default()],
+        ..Default::default()
+    };
+    let mut req = ExportProfilesServiceRequest {
+        dictionary: Some(d),
+        ..Default::default()
+    };
+    req.resource_profiles.push(Default::default());
+    req.resource_profiles[0]
+        .scope_profiles
+        .push(Default::default());
+    req.resource_profiles[0].scope_profiles[0].profiles.push(
+        opentelemetry_proto::tonic::profiles::v1development::Profile {
+            sample_type: Some(
+                opentelemetry_proto::tonic::profiles::v1development::ValueType {
+                    type_strindex: 1,
+                    unit_strindex: 2,
+                },
+            ),
+            samples: vec![
+                opentelemetry_proto::tonic::profiles::v1development::Sample {
+                    stack_index: 1,
+                    values: vec![3],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        },
+    );
+    req
+}
+
 #[test]
 fn bad_otlp_requests_get_the_right_codes() -> Result<()> {
     let kiln = Kiln::start(&[
@@ -506,40 +571,7 @@ fn bad_otlp_requests_get_the_right_codes() -> Result<()> {
         "--max-decompressed-bytes",
         "131072",
     ])?;
-    let good = {
-        let d = opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
-            string_table: vec!["".into(), "samples".into(), "count".into()],
-            stack_table: vec![Default::default(), Default::default()],
-            ..Default::default()
-        };
-        let mut req = ExportProfilesServiceRequest {
-            dictionary: Some(d),
-            ..Default::default()
-        };
-        req.resource_profiles.push(Default::default());
-        req.resource_profiles[0]
-            .scope_profiles
-            .push(Default::default());
-        req.resource_profiles[0].scope_profiles[0].profiles.push(
-            opentelemetry_proto::tonic::profiles::v1development::Profile {
-                sample_type: Some(
-                    opentelemetry_proto::tonic::profiles::v1development::ValueType {
-                        type_strindex: 1,
-                        unit_strindex: 2,
-                    },
-                ),
-                samples: vec![
-                    opentelemetry_proto::tonic::profiles::v1development::Sample {
-                        stack_index: 1,
-                        values: vec![3],
-                        ..Default::default()
-                    },
-                ],
-                ..Default::default()
-            },
-        );
-        req
-    };
+    let good = small_request();
     let mut bad_index = good.clone();
     bad_index.resource_profiles[0].scope_profiles[0].profiles[0].samples[0].stack_index = 7;
     let good = good.encode_to_vec();
@@ -638,5 +670,74 @@ fn bad_otlp_requests_get_the_right_codes() -> Result<()> {
             .total
             == 3
     );
+    Ok(())
+}
+
+/// `OTLP-Profiles-Development-Version` (opentelemetry-proto #857): absent or 1 is accepted, any
+/// other version is refused on both transports and nothing of it is stored.
+#[test]
+fn profiles_development_version_is_checked() -> Result<()> {
+    let kiln = Kiln::start(&[])?;
+    let body = small_request().encode_to_vec();
+    let header = "OTLP-Profiles-Development-Version";
+    for version in [None, Some("1"), Some(" 1 ")] {
+        let headers: Vec<(&str, &str)> = version.map(|v| (header, v)).into_iter().collect();
+        let (status, _, text) = post_otlp_with(
+            &kiln,
+            "version-ok",
+            "application/x-protobuf",
+            body.clone(),
+            &headers,
+        )?;
+        ensure!(
+            status == 200,
+            "{version:?}: {status} {}",
+            String::from_utf8_lossy(&text)
+        );
+        let metadata: Vec<(&'static str, &str)> = version
+            .map(|v| ("otlp-profiles-development-version", v.trim()))
+            .into_iter()
+            .collect();
+        let status = raw_grpc_with(&kiln, Some("version-ok"), body.clone(), &metadata)?;
+        ensure!(status.code() == tonic::Code::Ok, "{version:?}: {status:?}");
+    }
+    ensure!(
+        kiln.flamegraph("version-ok", "samples:samples:count::", "{}")?
+            .total
+            == 6 * 3
+    );
+
+    for version in ["2", "0", "v1", ""] {
+        let (status, _, text) = post_otlp_with(
+            &kiln,
+            "version-refused",
+            "application/x-protobuf",
+            body.clone(),
+            &[(header, version)],
+        )?;
+        let text = String::from_utf8_lossy(&text).to_string();
+        ensure!(status == 400, "{version:?}: {status} {text}");
+        ensure!(
+            text.contains("OTLP-Profiles-Development-Version") && text.contains("version 1"),
+            "{version:?}: {text}"
+        );
+        let status = raw_grpc_with(
+            &kiln,
+            Some("version-refused"),
+            body.clone(),
+            &[("otlp-profiles-development-version", version)],
+        )?;
+        ensure!(
+            status.code() == tonic::Code::InvalidArgument,
+            "{version:?}: {status:?}"
+        );
+        ensure!(
+            status
+                .message()
+                .contains("OTLP-Profiles-Development-Version"),
+            "{version:?}: {status:?}"
+        );
+    }
+    kiln.assert_tenant_empty("version-refused")?;
     Ok(())
 }

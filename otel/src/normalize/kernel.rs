@@ -1,6 +1,6 @@
 //! The rules every format's normalization shares, each written once. pprof
-//! ([`super::normalize_pprof`]), OTLP ([`crate::otlp`]) and text stacks ([`crate::folded`]) all go
-//! through them:
+//! ([`super::normalize_pprof`]), OTLP ([`crate::otlp`]), JFR ([`crate::jfr`]), speedscope
+//! ([`crate::speedscope`]) and text stacks ([`crate::folded`]) all go through them:
 //!
 //! - [`check_sample_count`]: a profile with more samples than `max_samples` is refused;
 //! - [`fill_stack`]: a stack deeper than `max_stack_depth` keeps its root side; the leaf frames it
