@@ -101,12 +101,12 @@ pub fn decode_content_encoding(
     }
 }
 
-/// Writes normalized profiles for a tenant after its rate and series limits; returns once all
-/// are durable. `decompressed_bytes` is what the rate limit charges.
+/// Writes normalized profiles for a tenant after its rate and series limits, the service's
+/// source version written into their mappings' build ids; returns once all are durable. `decompressed_bytes` is what the rate limit charges.
 pub async fn store(
     app: &AppRef,
     tenant: &TenantId,
-    profiles: Vec<NormalizedProfile>,
+    mut profiles: Vec<NormalizedProfile>,
     decompressed_bytes: usize,
 ) -> Result<(), ApiError> {
     app.tenants
@@ -121,6 +121,9 @@ pub async fn store(
         .map(|s| kiln_storage::series_hash(&s.profile_type.id(), s.labels.iter()))
         .collect();
     app.tenants.admit_series(tenant, &hashes)?;
+    for p in &mut profiles {
+        p.inject_service_version();
+    }
     let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
     let series: usize = profiles.iter().map(|p| p.series.len()).sum();
     app.storage.write_all(tenant, profiles).await?;

@@ -1741,3 +1741,100 @@ async fn diff_aligns_two_ranges() {
     assert_eq!(json_i64(&other["flamegraph"]["leftTicks"]), 0, "{other}");
     assert_eq!(json_i64(&other["flamegraph"]["rightTicks"]), 0, "{other}");
 }
+
+/// `service_repository`, `service_git_ref` and `service_root_path` become each mapping's build
+/// id as Pyroscope writes it, which the app's function-details panel reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_version_labels_reach_the_mappings() {
+    use kiln_proto::google::v1 as p;
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let profile = p::Profile {
+        string_table: ["", "cpu", "nanoseconds", "main", "/bin/shop", "abc123"]
+            .map(String::from)
+            .to_vec(),
+        sample_type: vec![p::ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(p::ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        mapping: vec![p::Mapping {
+            id: 1,
+            filename: 4,
+            build_id: 5,
+            has_functions: true,
+            ..Default::default()
+        }],
+        function: vec![p::Function {
+            id: 1,
+            name: 3,
+            ..Default::default()
+        }],
+        location: vec![p::Location {
+            id: 1,
+            mapping_id: 1,
+            line: vec![p::Line {
+                function_id: 1,
+                line: 1,
+            }],
+            ..Default::default()
+        }],
+        sample: vec![p::Sample {
+            location_id: vec![1],
+            value: vec![5],
+            label: vec![],
+        }],
+        time_nanos: 1_700_000_000_000_000_000,
+        ..Default::default()
+    };
+    // `name=app{k=v,…}` as Pyroscope's SDKs send it: values unquoted.
+    let labels = "shop%7Bservice_repository%3Dhttps%3A%2F%2Fgithub.com%2Facme%2Fshop%2Cservice_git_ref%3Dv1.2%7D";
+    let req = Request::post(format!(
+        "/ingest?name={labels}&from=1700000000&format=pprof"
+    ))
+    .header("x-scope-orgid", "team-a")
+    .body(Body::from(profile.encode_to_vec()))
+    .unwrap();
+    let (status, body) = send(&router, req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let pprof = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeProfile",
+        serde_json::json!({
+            "profile_typeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "label_selector": "{service_name=\"shop\"}",
+            "start": 1_699_999_000_000i64, "end": 1_700_001_000_000i64,
+        }),
+    )
+    .await;
+    let strings = pprof["stringTable"].as_array().unwrap();
+    let build_id = &pprof["mapping"][0]["buildId"];
+    let text = strings[json_i64(build_id) as usize].as_str().unwrap();
+    let version: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        version,
+        serde_json::json!({
+            "repository": "https://github.com/acme/shop",
+            "git_ref": "v1.2",
+            "build_id": "abc123",
+        })
+    );
+    assert!(
+        text.starts_with(r#"{"repository":"#),
+        "Pyroscope's field order: {text}"
+    );
+    let other = connect_json(
+        &router,
+        "team-b",
+        "SelectMergeProfile",
+        serde_json::json!({
+            "profile_typeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "label_selector": "{service_name=\"shop\"}",
+            "start": 1_699_999_000_000i64, "end": 1_700_001_000_000i64,
+        }),
+    )
+    .await;
+    assert!(
+        other["sample"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
+}

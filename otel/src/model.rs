@@ -234,7 +234,51 @@ pub struct NormalizedProfile {
     pub series: Vec<Series>,
 }
 
+/// Series labels naming the source a profile was built from (Pyroscope's).
+pub const SERVICE_VERSION_LABELS: [&str; 3] =
+    ["service_repository", "service_git_ref", "service_root_path"];
+
 impl NormalizedProfile {
+    /// Writes the service's source version (`service_repository`, `service_git_ref`,
+    /// `service_root_path` of its series) into every mapping's build id, as Pyroscope does at
+    /// ingest: a JSON object `{repository, git_ref, build_id, root_path}` (empty fields left
+    /// out; `build_id` is the mapping's own), which the Drilldown app's function-details panel
+    /// reads back from the merged pprof to link source code. The labels are the request's, so
+    /// the first series' are the profile's.
+    pub fn inject_service_version(&mut self) {
+        let Some(labels) = self.series.first().map(|s| &s.labels) else {
+            return;
+        };
+        let [repository, git_ref, root_path] =
+            SERVICE_VERSION_LABELS.map(|name| labels.get(name).unwrap_or_default().to_owned());
+        if repository.is_empty() && git_ref.is_empty() && root_path.is_empty() {
+            return;
+        }
+        /// Pyroscope's `ServiceVersion`, its fields in its order.
+        #[derive(serde::Serialize)]
+        struct Version<'a> {
+            #[serde(skip_serializing_if = "str::is_empty")]
+            repository: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            git_ref: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            build_id: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            root_path: &'a str,
+        }
+        for m in &mut self.symbols.mappings {
+            let version = Version {
+                repository: &repository,
+                git_ref: &git_ref,
+                build_id: &m.build_id,
+                root_path: &root_path,
+            };
+            if let Ok(json) = serde_json::to_string(&version) {
+                m.build_id = json;
+            }
+        }
+    }
+
     /// Number of samples over all series.
     pub fn sample_count(&self) -> usize {
         self.series.iter().map(|s| s.samples.len()).sum()
