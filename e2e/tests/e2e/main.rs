@@ -7,6 +7,7 @@ mod bench;
 mod clients;
 mod corpus;
 mod crash;
+mod drilldown;
 mod formats;
 mod grafana;
 mod grpc;

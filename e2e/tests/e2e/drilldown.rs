@@ -1,0 +1,274 @@
+//! Grafana Profiles Drilldown's calls replayed against the spawned `kiln` as the app sends them
+//! through Grafana's datasource proxy (`../shared/research/drilldown.md` §1.3): Connect JSON with
+//! the app's field names (proto and lowerCamel mixed, int64 as strings), Basic auth in JWT mode,
+//! answers checked against Kiln's own data, and every call refusing another tenant's data.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use kiln_e2e::Kiln;
+use serde_json::{Value, json};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+/// 10 ms per folded sample at the default 100 Hz.
+const MS10: i64 = 10_000_000;
+const T0: i64 = 1_700_000_000;
+
+/// A call as the proxy forwards it: Connect JSON and the datasource's credentials.
+fn call(kiln: &Kiln, auth: &str, path: &str, body: Value) -> Result<(u16, Value)> {
+    let resp = kiln
+        .http()
+        .post(kiln.url(path))
+        .header("Authorization", auth)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json; allow-utf8-labelnames=true")
+        .body(body.to_string())
+        .send()?;
+    let status = resp.status().as_u16();
+    let text = resp.text()?;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, value))
+}
+
+fn ok(kiln: &Kiln, auth: &str, path: &str, body: Value) -> Result<Value> {
+    let (status, v) = call(kiln, auth, path, body)?;
+    ensure!(status == 200, "{path}: {status} {v}");
+    Ok(v)
+}
+
+fn int(v: &Value) -> i64 {
+    v.as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| v.as_i64())
+        .unwrap_or(0)
+}
+
+fn range() -> (String, String) {
+    (
+        (T0 * 1000 - 60_000).to_string(),
+        (T0 * 1000 + 7_200_000).to_string(),
+    )
+}
+
+/// The app's services, in JWT mode with Basic auth (the datasource's user = tenant, password =
+/// token), over one tenant's data; a second tenant sees none of it through the same calls.
+#[test]
+fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
+    let keys = tempfile::tempdir()?;
+    std::fs::write(
+        keys.path().join("k1.secret"),
+        "0123456789abcdef0123456789abcdef-drilldown-e2e",
+    )?;
+    let key = keys.path().join("k1.secret");
+    let keys_dir = keys.path().to_string_lossy().into_owned();
+    let mut kiln = Kiln::start_with(&["--auth", "jwt", "--jwt-keys", &keys_dir])?;
+    let token = |tenant: &str| -> Result<String> {
+        let out = std::process::Command::new(kiln_e2e::kiln_bin())
+            .args([
+                "token",
+                "create",
+                "--tenant",
+                tenant,
+                "--scope",
+                "read,write",
+            ])
+            .arg("--key")
+            .arg(&key)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+    };
+    let basic = |tenant: &str| -> Result<String> {
+        Ok(format!(
+            "Basic {}",
+            kiln_otel::base64::encode(format!("{tenant}:{}", token(tenant)?).as_bytes())
+        ))
+    };
+    let (a, b) = (basic("team-a")?, basic("team-b")?);
+    // Two profiles an hour apart for team-a, one unrelated for team-b.
+    for (tenant, auth, t, body) in [
+        ("team-a", &a, T0, "main;checkout;pay 3\nmain;browse 1\n"),
+        (
+            "team-a",
+            &a,
+            T0 + 3600,
+            "main;checkout;pay 1\nmain;search 5\n",
+        ),
+        ("team-b", &b, T0, "main;team_b_secret 9\n"),
+    ] {
+        kiln.set_auth(vec![("Authorization".into(), auth.clone())]);
+        let (s, text) = kiln.ingest(
+            tenant,
+            &format!("name=shop.cpu%7Benv%3Dprod%7D&from={t}"),
+            body.as_bytes().to_vec(),
+            &[],
+        )?;
+        ensure!(s == 200, "{s} {text}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let (start, end) = range();
+    let q = "/querier.v1.QuerierService";
+
+    // 1. Services and profile types, from Series with __profile_type__.
+    let series = ok(
+        &kiln,
+        &a,
+        &format!("{q}/Series"),
+        json!({"start": start, "end": end, "labelNames": ["service_name", "__profile_type__"],
+               "matchers": ["{}"]}),
+    )?;
+    let text = series.to_string();
+    ensure!(text.contains("\"shop\"") && text.contains(CPU), "{series}");
+    // 2. Label pickers.
+    let names = ok(
+        &kiln,
+        &a,
+        &format!("{q}/LabelNames"),
+        json!({"matchers": [format!("{{__profile_type__=\"{CPU}\", service_name=\"shop\"}}")],
+               "start": start, "end": end}),
+    )?;
+    ensure!(names.to_string().contains("\"env\""), "{names}");
+    let values = ok(
+        &kiln,
+        &a,
+        &format!("{q}/LabelValues"),
+        json!({"name": "env", "matchers": [format!("{{__profile_type__=\"{CPU}\"}}")],
+               "start": start, "end": end}),
+    )?;
+    ensure!(values["names"] == json!(["prod"]), "{values}");
+    // 3. Onboarding gate.
+    let stats = ok(&kiln, &a, &format!("{q}/GetProfileStats"), json!({}))?;
+    ensure!(stats["dataIngested"] == true, "{stats}");
+    ensure!(int(&stats["oldestProfileTime"]) == T0 * 1000, "{stats}");
+    // 4. Query-size tooltip.
+    let analyzed = ok(
+        &kiln,
+        &a,
+        &format!("{q}/AnalyzeQuery"),
+        json!({"start": start, "end": end, "query": format!("{CPU}{{service_name=\"shop\"}}")}),
+    )?;
+    ensure!(
+        int(&analyzed["queryImpact"]["totalQueriedSeries"]) == 1,
+        "{analyzed}"
+    );
+    // 6. Function details: SelectMergeProfile in JSON with a call site.
+    let pprof = ok(
+        &kiln,
+        &a,
+        &format!("{q}/SelectMergeProfile"),
+        json!({"profile_typeID": CPU, "label_selector": "{service_name=\"shop\"}",
+               "start": start, "end": end, "maxNodes": 500,
+               "stackTraceSelector": {"call_site": [{"name": "main"}, {"name": "checkout"}]}}),
+    )?;
+    let total: i64 = pprof["sample"]
+        .as_array()
+        .context("samples")?
+        .iter()
+        .map(|s| int(&s["value"][0]))
+        .sum();
+    ensure!(total == 4 * MS10, "checkout's stacks only: {total}");
+    // Progressive flame graph: the root's children refined one by one add up to the whole.
+    let flame = |auth: &str, sites: Value, max_nodes: i64| -> Result<i64> {
+        let v = ok(
+            &kiln,
+            auth,
+            &format!("{q}/SelectMergeStacktraces"),
+            json!({"profile_typeID": CPU, "label_selector": "{service_name=\"shop\"}",
+                   "start": start, "end": end, "maxNodes": max_nodes,
+                   "stackTraceSelector": {"call_site": sites}}),
+        )?;
+        Ok(int(&v["flamegraph"]["total"]))
+    };
+    let whole = flame(&a, json!([]), 1 << 20)?;
+    ensure!(whole == 10 * MS10, "{whole}");
+    let parts = flame(&a, json!([{"name": "main"}, {"name": "checkout"}]), 2)?
+        + flame(&a, json!([{"name": "main"}, {"name": "browse"}]), 2)?
+        + flame(&a, json!([{"name": "main"}, {"name": "search"}]), 2)?;
+    ensure!(parts == whole, "refinements {parts} vs {whole}");
+    // 8b. Diff of the two hours.
+    let side = |from: i64, to: i64| {
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"shop\"}",
+               "start": (from * 1000).to_string(), "end": to * 1000, "maxNodes": 100})
+    };
+    let diff = ok(
+        &kiln,
+        &a,
+        &format!("{q}/Diff"),
+        json!({"left": side(T0 - 60, T0 + 60), "right": side(T0 + 3540, T0 + 3660)}),
+    )?;
+    ensure!(int(&diff["flamegraph"]["leftTicks"]) == 4 * MS10, "{diff}");
+    ensure!(int(&diff["flamegraph"]["rightTicks"]) == 6 * MS10, "{diff}");
+    // 9. Heatmap: two profiles, one per slot.
+    let heatmap = ok(
+        &kiln,
+        &a,
+        &format!("{q}/SelectHeatmap"),
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"shop\"}",
+               "start": start, "end": end, "step": 3600, "groupBy": [],
+               "queryType": "HEATMAP_QUERY_TYPE_INDIVIDUAL", "exemplarType": "EXEMPLAR_TYPE_NONE"}),
+    )?;
+    let counts: i64 = heatmap["series"][0]["slots"]
+        .as_array()
+        .context("slots")?
+        .iter()
+        .flat_map(|s| s["counts"].as_array().cloned().unwrap_or_default())
+        .map(|c| c.as_i64().unwrap_or(0))
+        .sum();
+    ensure!(counts == 2, "{heatmap}");
+    // 10. Plugin settings.
+    let setting = json!({"setting": {"name": "pluginSettings", "value": "{\"maxNodes\":16384}"}});
+    ok(&kiln, &a, "/settings.v1.SettingsService/Set", setting)?;
+    let got = ok(&kiln, &a, "/settings.v1.SettingsService/Get", json!({}))?;
+    ensure!(got["settings"][0]["name"] == "pluginSettings", "{got}");
+    // 11–13. Services Kiln does not offer: 501 `unimplemented`, so the app hides them.
+    for path in [
+        "/settings.v1.RecordingRulesService/ListRecordingRules",
+        "/vcs.v1.VCSService/GithubApp",
+        "/adhocprofiles.v1.AdHocProfileService/List",
+    ] {
+        let (status, v) = call(&kiln, &a, path, json!({}))?;
+        ensure!(
+            status == 501 && v["code"] == "unimplemented",
+            "{path}: {status} {v}"
+        );
+    }
+    // 14. Capability probe.
+    let flags = ok(
+        &kiln,
+        &a,
+        "/capabilities.v1.FeatureFlagsService/GetFeatureFlags",
+        json!({}),
+    )?;
+    ensure!(flags.to_string().contains("functionProjections"), "{flags}");
+
+    // The other tenant: nothing of team-a through the same calls, its settings its own.
+    let series = ok(
+        &kiln,
+        &b,
+        &format!("{q}/Series"),
+        json!({"start": start, "end": end, "labelNames": ["service_name"], "matchers": ["{}"]}),
+    )?;
+    ensure!(!series.to_string().contains("checkout"), "{series}");
+    ensure!(flame(&b, json!([{"name": "main"}, {"name": "checkout"}]), 100)? == 0);
+    let diff = ok(
+        &kiln,
+        &b,
+        &format!("{q}/Diff"),
+        json!({"left": side(T0 + 3540, T0 + 3660), "right": side(T0 + 3540, T0 + 3660)}),
+    )?;
+    ensure!(int(&diff["flamegraph"]["rightTicks"]) == 0, "{diff}");
+    let got = ok(&kiln, &b, "/settings.v1.SettingsService/Get", json!({}))?;
+    ensure!(
+        got["settings"].as_array().is_none_or(|s| s.is_empty()),
+        "{got}"
+    );
+    // Without credentials: 401.
+    let (status, _) = call(&kiln, "", &format!("{q}/Series"), json!({}))?;
+    ensure!(status == 401, "{status}");
+    kiln.stop()?;
+    Ok(())
+}
