@@ -155,10 +155,11 @@ impl FlameTree {
     /// own: the call site's frames as a chain above everything below it. What Pyroscope's
     /// `stack_trace_selector.call_site` selects, so a client refines a truncated subtree with
     /// the whole `max_nodes` budget spent below it. An empty call site is the whole tree; one
-    /// that is not in the tree selects nothing.
-    pub fn focus(&self, call_site: &[&str]) -> FlameTree {
+    /// that is not in the tree selects nothing. Consumes the tree: with no call site it is
+    /// returned as it is, without a copy.
+    pub fn focus(self, call_site: &[&str]) -> FlameTree {
         if call_site.is_empty() {
-            return self.clone();
+            return self;
         }
         let mut at = Self::ROOT;
         for name in call_site {
@@ -335,7 +336,7 @@ mod tests {
             (&["main", "b"], 3),
             (&["main"], 1),
         ]);
-        let f = t.focus(&["main", "a"]);
+        let f = t.clone().focus(&["main", "a"]);
         assert_eq!(f.total(), 7);
         let stacks = f.stacks();
         assert_eq!(stacks.len(), 2);
@@ -344,8 +345,8 @@ mod tests {
             5
         );
         assert_eq!(stacks[&vec!["main".to_owned(), "a".to_owned()]], 2);
-        assert_eq!(t.focus(&["main", "zzz"]).total(), 0);
-        assert_eq!(t.focus(&[]).stacks(), t.stacks());
+        assert_eq!(t.clone().focus(&["main", "zzz"]).total(), 0);
+        assert_eq!(t.clone().focus(&[]).stacks(), t.stacks());
     }
 
     proptest! {
@@ -363,7 +364,7 @@ mod tests {
             let all = t.stacks();
             let mut sum: BTreeMap<Vec<String>, i64> = BTreeMap::new();
             for child in (0u8..4).map(|f| format!("f{f}")) {
-                for (k, v) in t.focus(&[child.as_str()]).stacks() {
+                for (k, v) in t.clone().focus(&[child.as_str()]).stacks() {
                     *sum.entry(k).or_default() += v;
                 }
             }
@@ -371,14 +372,14 @@ mod tests {
             for path in all.keys() {
                 for depth in 1..=path.len() {
                     let site: Vec<&str> = path[..depth].iter().map(String::as_str).collect();
-                    let focused = t.focus(&site).stacks();
+                    let focused = t.clone().focus(&site).stacks();
                     let expected: BTreeMap<Vec<String>, i64> = all
                         .iter()
                         .filter(|(k, _)| k.starts_with(&path[..depth]))
                         .map(|(k, v)| (k.clone(), *v))
                         .collect();
                     prop_assert_eq!(&focused, &expected);
-                    prop_assert_eq!(t.focus(&site).total(), expected.values().sum::<i64>());
+                    prop_assert_eq!(t.clone().focus(&site).total(), expected.values().sum::<i64>());
                 }
             }
         }
