@@ -87,6 +87,36 @@ struct MergeRequest<'a> {
     call_site: Vec<String>,
 }
 
+impl<'a> MergeRequest<'a> {
+    /// A profile type and label selector over `[start, end]`, nothing more.
+    fn plain(profile_type: &'a str, label_selector: &'a str, start: i64, end: i64) -> Self {
+        Self {
+            profile_type,
+            label_selector,
+            start,
+            end,
+            span_selector: &[],
+            trace_id_selector: &[],
+            call_site: Vec::new(),
+        }
+    }
+}
+
+/// Checks what a time series or heatmap needs: a range in Unix ms and a positive step.
+fn check_stepped(method: &str, start: i64, end: i64, step: f64) -> Result<(), ApiError> {
+    if start <= 0 || end <= 0 {
+        return Err(ApiError::invalid(format!(
+            "{method} needs start and end (Unix ms)"
+        )));
+    }
+    if !(step.is_finite() && step > 0.0) {
+        return Err(ApiError::invalid(
+            "step must be a positive number of seconds",
+        ));
+    }
+    Ok(())
+}
+
 /// The function names of a `stack_trace_selector`'s call site, root first.
 fn call_site(selector: Option<&t::StackTraceSelector>) -> Vec<String> {
     selector
@@ -253,15 +283,7 @@ impl Querier {
         start: i64,
         end: i64,
     ) -> Result<FlameTree, ApiError> {
-        let m = MergeRequest {
-            profile_type,
-            label_selector,
-            start,
-            end,
-            span_selector: &[],
-            trace_id_selector: &[],
-            call_site: Vec::new(),
-        };
+        let m = MergeRequest::plain(profile_type, label_selector, start, end);
         let filter = self.filter(tenant, &m)?;
         Ok(self.app.storage.query().merge_tree(&filter).await?)
     }
@@ -427,25 +449,8 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
-        if r.start <= 0 || r.end <= 0 {
-            return Err(ApiError::invalid(
-                "SelectSeries needs start and end (Unix ms)",
-            ));
-        }
-        if !(r.step.is_finite() && r.step > 0.0) {
-            return Err(ApiError::invalid(
-                "step must be a positive number of seconds",
-            ));
-        }
-        let m = MergeRequest {
-            profile_type: &r.profile_type_id,
-            label_selector: &r.label_selector,
-            start: r.start,
-            end: r.end,
-            span_selector: &[],
-            trace_id_selector: &[],
-            call_site: Vec::new(),
-        };
+        check_stepped("SelectSeries", r.start, r.end, r.step)?;
+        let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
         let filter = self.filter(tenant, &m)?;
         let aggregation = match r.aggregation {
             Some(a) if a == t::TimeSeriesAggregationType::Average as i32 => Aggregation::Average,
@@ -504,25 +509,8 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectHeatmapRequest,
     ) -> Result<q::SelectHeatmapResponse, ApiError> {
-        if r.start <= 0 || r.end <= 0 {
-            return Err(ApiError::invalid(
-                "SelectHeatmap needs start and end (Unix ms)",
-            ));
-        }
-        if !(r.step.is_finite() && r.step > 0.0) {
-            return Err(ApiError::invalid(
-                "step must be a positive number of seconds",
-            ));
-        }
-        let m = MergeRequest {
-            profile_type: &r.profile_type_id,
-            label_selector: &r.label_selector,
-            start: r.start,
-            end: r.end,
-            span_selector: &[],
-            trace_id_selector: &[],
-            call_site: Vec::new(),
-        };
+        check_stepped("SelectHeatmap", r.start, r.end, r.step)?;
+        let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
         let filter = self.filter(tenant, &m)?;
         let spans = r.query_type == q::HeatmapQueryType::Span as i32;
         let mut groups = self
@@ -622,15 +610,7 @@ impl Querier {
             Some(i) => (&query[..i], &query[i..]),
             None => (query, "{}"),
         };
-        let m = MergeRequest {
-            profile_type,
-            label_selector: selector,
-            start: r.start,
-            end: r.end,
-            span_selector: &[],
-            trace_id_selector: &[],
-            call_site: Vec::new(),
-        };
+        let m = MergeRequest::plain(profile_type, selector, r.start, r.end);
         let filter = self.filter(tenant, &m)?;
         let a = self.app.storage.query().analyze(&filter).await?;
         Ok(q::AnalyzeQueryResponse {
