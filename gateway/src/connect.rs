@@ -230,20 +230,7 @@ async fn dispatch(
             }
         };
     }
-    route! {
-        "ProfileTypes" => profile_types,
-        "LabelNames" => label_names,
-        "LabelValues" => label_values,
-        "Series" => series,
-        "SelectMergeStacktraces" => select_merge_stacktraces,
-        "SelectMergeSpanProfile" => select_merge_span_profile,
-        "SelectMergeProfile" => select_merge_profile,
-        "SelectSeries" => select_series,
-        "GetProfileStats" => get_profile_stats,
-        "AnalyzeQuery" => analyze_query,
-        "SelectHeatmap" => select_heatmap,
-        "Diff" => diff,
-    }
+    crate::querier::querier_methods!(route)
 }
 
 /// `POST /push.v1.PusherService/Push`.

@@ -14,6 +14,39 @@ use crate::time::now_nanos;
 
 const NANOS_PER_MS: i64 = 1_000_000;
 
+/// Every `querier.v1` method Kiln answers, with the [`Querier`] function answering it: the one
+/// list the Connect dispatch (`crate::connect`) and the telemetry layer's names
+/// ([`QUERIER_METHODS`]) are made from. (gRPC's come from the service trait, which the compiler
+/// checks against the `.proto`.) Invokes `$callback! { "Name" => function, … }`.
+macro_rules! querier_methods {
+    ($callback:ident) => {
+        $callback! {
+            "ProfileTypes" => profile_types,
+            "LabelNames" => label_names,
+            "LabelValues" => label_values,
+            "Series" => series,
+            "SelectMergeStacktraces" => select_merge_stacktraces,
+            "SelectMergeSpanProfile" => select_merge_span_profile,
+            "SelectMergeProfile" => select_merge_profile,
+            "SelectSeries" => select_series,
+            "GetProfileStats" => get_profile_stats,
+            "AnalyzeQuery" => analyze_query,
+            "SelectHeatmap" => select_heatmap,
+            "Diff" => diff,
+        }
+    };
+}
+pub(crate) use querier_methods;
+
+macro_rules! full_names {
+    ($($name:literal => $fn:ident),* $(,)?) => {
+        /// `querier.v1.QuerierService/<method>` of every method Kiln answers (others are
+        /// `querier.v1.QuerierService/unknown`).
+        pub const QUERIER_METHODS: &[&str] = &[$(concat!("querier.v1.QuerierService/", $name)),*];
+    };
+}
+querier_methods!(full_names);
+
 /// `[start, end)` in nanoseconds from a request's milliseconds. Both 0: all time; end 0: now.
 fn time_range(start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
     if start_ms <= 0 && end_ms <= 0 {

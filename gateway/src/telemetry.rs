@@ -15,21 +15,7 @@ use crate::app::AppRef;
 use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
-/// The querier methods Kiln answers (others are named `querier.v1.QuerierService/unknown`).
-pub const QUERIER_METHODS: [&str; 12] = [
-    "ProfileTypes",
-    "LabelNames",
-    "LabelValues",
-    "Series",
-    "SelectMergeStacktraces",
-    "SelectMergeSpanProfile",
-    "SelectMergeProfile",
-    "SelectSeries",
-    "GetProfileStats",
-    "AnalyzeQuery",
-    "SelectHeatmap",
-    "Diff",
-];
+use crate::querier::QUERIER_METHODS;
 
 /// Every API method name the layer gives (the `method` label's values).
 pub fn api_methods() -> Vec<String> {
@@ -50,11 +36,7 @@ pub fn api_methods() -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
-    all.extend(
-        QUERIER_METHODS
-            .iter()
-            .map(|m| format!("querier.v1.QuerierService/{m}")),
-    );
+    all.extend(QUERIER_METHODS.iter().map(|m| (*m).to_owned()));
     all.push("querier.v1.QuerierService/unknown".into());
     all.extend(
         crate::app_services::SERVICES
@@ -74,8 +56,8 @@ pub fn api_method(method: &Method, path: &str) -> &'static str {
     if let Some(m) = path.strip_prefix("/querier.v1.QuerierService/") {
         return QUERIER_METHODS
             .iter()
-            .find(|known| **known == m)
-            .map(|known| querier_name(known))
+            .find(|known| known.rsplit('/').next() == Some(m))
+            .copied()
             .unwrap_or("querier.v1.QuerierService/unknown");
     }
     if let Some(name) = crate::app_services::api_method(path) {
@@ -109,24 +91,6 @@ pub fn api_method(method: &Method, path: &str) -> &'static str {
         };
     }
     "other"
-}
-
-fn querier_name(method: &str) -> &'static str {
-    match method {
-        "ProfileTypes" => "querier.v1.QuerierService/ProfileTypes",
-        "LabelNames" => "querier.v1.QuerierService/LabelNames",
-        "LabelValues" => "querier.v1.QuerierService/LabelValues",
-        "Series" => "querier.v1.QuerierService/Series",
-        "SelectMergeStacktraces" => "querier.v1.QuerierService/SelectMergeStacktraces",
-        "SelectMergeSpanProfile" => "querier.v1.QuerierService/SelectMergeSpanProfile",
-        "SelectMergeProfile" => "querier.v1.QuerierService/SelectMergeProfile",
-        "SelectSeries" => "querier.v1.QuerierService/SelectSeries",
-        "GetProfileStats" => "querier.v1.QuerierService/GetProfileStats",
-        "AnalyzeQuery" => "querier.v1.QuerierService/AnalyzeQuery",
-        "SelectHeatmap" => "querier.v1.QuerierService/SelectHeatmap",
-        "Diff" => "querier.v1.QuerierService/Diff",
-        _ => "querier.v1.QuerierService/unknown",
-    }
 }
 
 /// `grpc`, `connect` (Connect's protobuf or JSON over HTTP) or `http`.
@@ -256,7 +220,7 @@ mod tests {
             assert!(api_methods().contains(&api_method(&get, path).to_owned()));
         }
         for m in QUERIER_METHODS {
-            assert_eq!(querier_name(m), format!("querier.v1.QuerierService/{m}"));
+            assert_eq!(api_method(&Method::POST, &format!("/{m}")), *m);
         }
     }
 }
