@@ -111,10 +111,11 @@ pub async fn handler(
                 format!("no service {service:?}"),
             ));
         };
+        // Credentials first, as for every API: an anonymous caller learns nothing else.
+        let tenant = app.authenticate(&headers, Scope::Read)?;
         if let Some(why) = s.absent {
             return Err(ApiError::new(ErrorKind::Unimplemented, why));
         }
-        let tenant = app.authenticate(&headers, Scope::Read)?;
         let codec = Codec::from_headers(&headers)?;
         let limits = app.limits(&tenant);
         let body = read_body(body, limits.max_body_bytes).await?;

@@ -267,8 +267,10 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
         "{got}"
     );
     // Without credentials: 401.
-    let (status, _) = call(&kiln, "", &format!("{q}/Series"), json!({}))?;
-    ensure!(status == 401, "{status}");
+    for path in [format!("{q}/Series"), "/vcs.v1.VCSService/GithubApp".into()] {
+        let (status, _) = call(&kiln, "", &path, json!({}))?;
+        ensure!(status == 401, "{path}: {status}");
+    }
     kiln.stop()?;
     Ok(())
 }
