@@ -1071,24 +1071,18 @@ async fn the_metrics_spec_holds() {
     }
 }
 
-/// A Connect JSON call with the body as the Drilldown app writes it.
+/// A Connect JSON call to a querier method with the body as the Drilldown app writes it; it
+/// must succeed.
 async fn connect_json(
     router: &axum::Router,
     tenant: &str,
     method: &str,
     body: serde_json::Value,
 ) -> serde_json::Value {
-    let (status, out) = send(
-        router,
-        Request::post(format!("/querier.v1.QuerierService/{method}"))
-            .header("content-type", "application/json")
-            .header("x-scope-orgid", tenant)
-            .body(Body::from(body.to_string()))
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&out));
-    serde_json::from_slice(&out).unwrap()
+    let path = format!("/querier.v1.QuerierService/{method}");
+    let (status, out) = connect_call(router, tenant, &path, body).await;
+    assert_eq!(status, StatusCode::OK, "{path}: {out}");
+    out
 }
 
 fn json_i64(v: &serde_json::Value) -> i64 {
