@@ -4,7 +4,7 @@
 use kiln_proto::google::v1::Profile;
 use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
-use kiln_storage::query::{Aggregation, FlameTree, SampleFilter};
+use kiln_storage::query::{Aggregation, Exemplars, FlameTree, SampleFilter};
 use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
@@ -103,6 +103,24 @@ fn trace_ids(traces: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
         .collect()
 }
 
+/// Parses profile ids (UUIDs, as exemplars give them).
+fn profile_ids(ids: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
+    ids.iter()
+        .map(|id| {
+            uuid::Uuid::parse_str(id)
+                .map(|u| *u.as_bytes())
+                .map_err(|_| {
+                    ApiError::invalid(format!("invalid profile id {id:?}: expected a UUID"))
+                })
+        })
+        .collect()
+}
+
+/// A profile id on the wire.
+fn format_profile_id(id: &[u8; 16]) -> String {
+    uuid::Uuid::from_bytes(*id).to_string()
+}
+
 /// The querier API.
 #[derive(Debug, Clone)]
 pub struct Querier {
@@ -116,6 +134,8 @@ struct MergeRequest<'a> {
     end: i64,
     span_selector: &'a [String],
     trace_id_selector: &'a [String],
+    /// When not empty, only these ingested profiles (UUIDs).
+    profile_id_selector: &'a [String],
     /// Only the stacks starting with these functions, root first (empty: all).
     call_site: Vec<String>,
 }
@@ -130,6 +150,7 @@ impl<'a> MergeRequest<'a> {
             end,
             span_selector: &[],
             trace_id_selector: &[],
+            profile_id_selector: &[],
             call_site: Vec::new(),
         }
     }
@@ -184,6 +205,7 @@ impl Querier {
             end_nanos,
             span_ids: span_ids(r.span_selector)?,
             trace_ids: trace_ids(r.trace_id_selector)?,
+            profile_ids: profile_ids(r.profile_id_selector)?,
         })
     }
 
@@ -339,12 +361,6 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
-        if !r.profile_id_selector.is_empty() {
-            return Err(ApiError::new(
-                ErrorKind::Unimplemented,
-                "profile_id_selector is not supported yet",
-            ));
-        }
         let m = MergeRequest {
             profile_type: &r.profile_type_id,
             label_selector: &r.label_selector,
@@ -352,6 +368,7 @@ impl Querier {
             end: r.end,
             span_selector: &r.span_selector,
             trace_id_selector: &r.trace_id_selector,
+            profile_id_selector: &r.profile_id_selector,
             call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
@@ -440,6 +457,7 @@ impl Querier {
             end: r.end,
             span_selector: &r.span_selector,
             trace_id_selector: &[],
+            profile_id_selector: &[],
             call_site: Vec::new(),
         };
         Ok(q::SelectMergeSpanProfileResponse {
@@ -453,12 +471,6 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectMergeProfileRequest,
     ) -> Result<Profile, ApiError> {
-        if !r.profile_id_selector.is_empty() {
-            return Err(ApiError::new(
-                ErrorKind::Unimplemented,
-                "profile_id_selector is not supported yet",
-            ));
-        }
         let m = MergeRequest {
             profile_type: &r.profile_type_id,
             label_selector: &r.label_selector,
@@ -466,6 +478,7 @@ impl Querier {
             end: r.end,
             span_selector: &[],
             trace_id_selector: &r.trace_id_selector,
+            profile_id_selector: &r.profile_id_selector,
             call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         let filter = self.filter(tenant, &m)?;
@@ -491,6 +504,11 @@ impl Querier {
         };
         let step_nanos = ((r.step * 1e9) as i64).max(1_000_000);
         let limit = r.limit.filter(|l| *l > 0).map(|l| l as usize);
+        let exemplars = match t::ExemplarType::try_from(r.exemplar_type) {
+            Ok(t::ExemplarType::Span) => Exemplars::Spans,
+            Ok(t::ExemplarType::Individual) => Exemplars::Profiles,
+            _ => Exemplars::None,
+        };
         let series = self
             .app
             .storage
@@ -501,7 +519,7 @@ impl Querier {
                 step_nanos,
                 aggregation,
                 limit,
-                r.exemplar_type == t::ExemplarType::Span as i32,
+                exemplars,
             )
             .await?;
         Ok(q::SelectSeriesResponse {
@@ -680,18 +698,39 @@ impl Querier {
     }
 }
 
-/// A span exemplar on the wire: span and trace ids in hex, time in Unix ms.
-fn exemplar(e: &kiln_storage::query::SpanExemplar) -> t::Exemplar {
+/// An exemplar on the wire: span and trace ids in hex, a profile's id as a UUID with its
+/// series labels, time in Unix ms.
+fn exemplar(e: &kiln_storage::query::Exemplar) -> t::Exemplar {
     t::Exemplar {
         timestamp: e.timestamp_ms,
-        span_id: kiln_otel::ids::format_span_id(e.span_id),
+        span_id: if e.span_id == 0 {
+            String::new()
+        } else {
+            kiln_otel::ids::format_span_id(e.span_id)
+        },
         trace_id: e
             .trace_id
             .map(|t| kiln_otel::ids::format_trace_id(&t))
             .unwrap_or_default(),
+        profile_id: e
+            .profile_id
+            .as_ref()
+            .map(format_profile_id)
+            .unwrap_or_default(),
         value: e.value,
-        ..Default::default()
+        labels: label_pairs(&e.labels),
     }
+}
+
+/// Label pairs on the wire.
+fn label_pairs(labels: &[(String, String)]) -> Vec<t::LabelPair> {
+    labels
+        .iter()
+        .map(|(name, value)| t::LabelPair {
+            name: name.clone(),
+            value: value.clone(),
+        })
+        .collect()
 }
 
 /// Points into heatmap slots and value buckets.
@@ -754,14 +793,7 @@ mod heatmap {
                     }
                 }
                 t::HeatmapSeries {
-                    labels: g
-                        .labels
-                        .iter()
-                        .map(|(name, value)| t::LabelPair {
-                            name: name.clone(),
-                            value: value.clone(),
-                        })
-                        .collect(),
+                    labels: super::label_pairs(&g.labels),
                     slots: slots
                         .into_iter()
                         .map(|(timestamp, cells)| t::HeatmapSlot {
@@ -791,6 +823,11 @@ mod heatmap {
             trace_id: p
                 .trace_id
                 .map(|t| kiln_otel::ids::format_trace_id(&t))
+                .unwrap_or_default(),
+            profile_id: p
+                .profile_id
+                .as_ref()
+                .map(super::format_profile_id)
                 .unwrap_or_default(),
             value: p.value,
             ..Default::default()
@@ -825,6 +862,7 @@ mod heatmap {
                 value,
                 span_id: 0,
                 trace_id: None,
+                profile_id: None,
             };
             let groups = vec![
                 PointGroup {

@@ -1832,3 +1832,138 @@ async fn service_version_labels_reach_the_mappings() {
         "{other}"
     );
 }
+
+/// Individual exemplars name the profiles they come from, and `profile_id_selector` opens
+/// exactly that profile (flame graph and pprof), as the app's exemplar click does; another
+/// tenant cannot open it, and a malformed id is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn individual_exemplars_open_their_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    // Three profiles a minute apart, each its own stacks; team-b has one of its own.
+    let profiles = [
+        (1_700_000_000, "main;a 3\nmain;b 4\n", 7),
+        (1_700_000_060, "main;c 10\n", 10),
+        (1_700_000_120, "main;a 1\nmain;d 1\n", 2),
+    ];
+    for (tenant, (t, folded, _)) in profiles
+        .iter()
+        .map(|p| ("team-a", p))
+        .chain([("team-b", &(1_700_000_000, "other 5\n", 5))])
+    {
+        let req = Request::post(format!("/ingest?name=shop.cpu{{env=prod}}&from={t}"))
+            .header("x-scope-orgid", tenant)
+            .body(Body::from(*folded))
+            .unwrap();
+        let (status, body) = send(&router, req).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let ms = 10_000_000; // folded values are samples of 100 Hz
+    let series = connect_json(
+        &router,
+        "team-a",
+        "SelectSeries",
+        serde_json::json!({
+            "profileTypeID": cpu, "labelSelector": "{service_name=\"shop\"}",
+            "start": "1699999980000", "end": 1_700_000_180_000i64, "step": 60,
+            "exemplarType": "EXEMPLAR_TYPE_INDIVIDUAL",
+        }),
+    )
+    .await;
+    let points = series["series"][0]["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3, "{series}");
+    let mut ids = Vec::new();
+    for (point, (_, _, total)) in points.iter().zip(&profiles) {
+        let e = &point["exemplars"].as_array().unwrap()[0];
+        assert_eq!(json_i64(&e["value"]), total * ms, "{point}");
+        assert_eq!(point["value"].as_f64().unwrap(), (total * ms) as f64);
+        let labels = e["labels"].as_array().unwrap();
+        assert!(
+            labels
+                .iter()
+                .any(|l| l["name"] == "env" && l["value"] == "prod"),
+            "{e}"
+        );
+        ids.push(e["profileId"].as_str().unwrap().to_owned());
+    }
+    for (id, (_, _, total)) in ids.iter().zip(&profiles) {
+        assert_eq!(id.len(), 36, "a UUID: {id}");
+        let flame = |tenant: &'static str| {
+            let router = router.clone();
+            let id = id.clone();
+            async move {
+                connect_json(
+                    &router,
+                    tenant,
+                    "SelectMergeStacktraces",
+                    serde_json::json!({
+                        "profile_typeID": cpu, "label_selector": "{}",
+                        "start": 1_699_999_980_000i64, "end": "1700000180000",
+                        "maxNodes": 16384, "profileIdSelector": [id],
+                    }),
+                )
+                .await
+            }
+        };
+        let fg = flame("team-a").await;
+        assert_eq!(json_i64(&fg["flamegraph"]["total"]), total * ms, "{fg}");
+        assert_eq!(json_i64(&flame("team-b").await["flamegraph"]["total"]), 0);
+        let pprof = connect_json(
+            &router,
+            "team-a",
+            "SelectMergeProfile",
+            serde_json::json!({
+                "profile_typeID": cpu, "label_selector": "{}",
+                "start": 1_699_999_980_000i64, "end": 1_700_000_180_000i64,
+                "profileIdSelector": [id],
+            }),
+        )
+        .await;
+        let sum: i64 = pprof["sample"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| json_i64(&s["value"][0]))
+            .sum();
+        assert_eq!(sum, total * ms, "{pprof}");
+    }
+    // The heatmap's individual exemplars carry the same ids.
+    let heatmap = connect_json(
+        &router,
+        "team-a",
+        "SelectHeatmap",
+        serde_json::json!({
+            "profileTypeID": cpu, "labelSelector": "{}",
+            "start": 1_699_999_980_000i64, "end": 1_700_000_180_000i64, "step": 60,
+            "queryType": "HEATMAP_QUERY_TYPE_INDIVIDUAL",
+            "exemplarType": "EXEMPLAR_TYPE_INDIVIDUAL",
+        }),
+    )
+    .await;
+    let mut heat_ids: Vec<String> = heatmap["series"][0]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["exemplars"].as_array().unwrap())
+        .map(|e| e["profileId"].as_str().unwrap().to_owned())
+        .collect();
+    heat_ids.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(heat_ids, want, "{heatmap}");
+    // A malformed id is the caller's error.
+    let (status, body) = connect_call(
+        &router,
+        "team-a",
+        "/querier.v1.QuerierService/SelectMergeStacktraces",
+        serde_json::json!({
+            "profileTypeID": cpu, "labelSelector": "{}",
+            "start": 1_699_999_980_000i64, "end": 1_700_000_180_000i64,
+            "profileIdSelector": ["not-a-uuid"],
+        }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["code"], "invalid_argument");
+}

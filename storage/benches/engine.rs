@@ -172,6 +172,7 @@ fn query(c: &mut Criterion) {
         end_nanos: T0 + 1_000_000_000_000,
         span_ids: vec![],
         trace_ids: vec![],
+        profile_ids: vec![],
     };
     let mut g = c.benchmark_group("query_20_blocks_10_services_400k_rows");
     g.sample_size(20);

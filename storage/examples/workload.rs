@@ -209,6 +209,7 @@ fn filter(selector: &str, start: i64, end: i64) -> SampleFilter {
         end_nanos: end,
         span_ids: vec![],
         trace_ids: vec![],
+        profile_ids: vec![],
     }
 }
 
@@ -282,7 +283,14 @@ async fn report(dir: &str) {
     }
     let f = filter(one, end - 12 * hour, end);
     let (p50, p99) = timed(20, || {
-        q.select_series(&f, &[], 60_000_000_000, Aggregation::Sum, None, false)
+        q.select_series(
+            &f,
+            &[],
+            60_000_000_000,
+            Aggregation::Sum,
+            None,
+            kiln_storage::query::Exemplars::None,
+        )
     })
     .await;
     println!("per-minute series, 1 service, 12 h: p50 {p50:.1} ms, p99 {p99:.1} ms");

@@ -1,11 +1,13 @@
-//! Block format, version 2 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
+//! Block format, version 3 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
 //!
 //! A dataset is two sections of an object (see [`crate::meta`] for the object's layout):
 //!
 //! - samples, Parquet: one row per (series, timestamp, stack, span, trace, per-sample labels),
 //!   sorted by series (in series order: profile type, service name, labels), then timestamp,
 //!   then stack. Columns: `series_id`, `timestamp` (ns), `stack_id`, `value`, `span_id`
-//!   (0 = none), `trace_id` (16 bytes, null = none) and `sample_labels` (null = none). Label
+//!   (0 = none), `trace_id` (16 bytes, null = none), `sample_labels` (null = none) and
+//!   `profile_id` (the UUID given to each ingested profile of a series; version 2 blocks lack
+//!   the column, read as null). Label
 //!   selectors are answered from the series list in the metadata, which gives every series' row
 //!   range, so a query reads only the rows of the series it selects.
 //! - symbols: the [`crate::symbols`] section the stack ids point into.
@@ -39,6 +41,7 @@ pub mod columns {
     pub const SPAN_ID: &str = "span_id";
     pub const TRACE_ID: &str = "trace_id";
     pub const SAMPLE_LABELS: &str = "sample_labels";
+    pub const PROFILE_ID: &str = "profile_id";
 }
 
 /// Column indices of the samples section, in schema order.
@@ -50,6 +53,8 @@ pub mod col {
     pub const SPAN_ID: usize = 4;
     pub const TRACE_ID: usize = 5;
     pub const SAMPLE_LABELS: usize = 6;
+    /// Absent from version 2 blocks (the last column, so the others keep their indices).
+    pub const PROFILE_ID: usize = 7;
 }
 
 /// The samples schema.
@@ -63,6 +68,7 @@ pub fn samples_schema() -> SchemaRef {
         Field::new(SPAN_ID, DataType::UInt64, false),
         Field::new(TRACE_ID, DataType::FixedSizeBinary(16), true),
         Field::new(SAMPLE_LABELS, DataType::Utf8, true),
+        Field::new(PROFILE_ID, DataType::FixedSizeBinary(16), true),
     ]))
 }
 
@@ -119,17 +125,30 @@ pub struct Row {
     pub trace_id: Option<[u8; 16]>,
     /// Encoded per-sample labels ([`encode_sample_labels`]), if any.
     pub labels: Option<Arc<str>>,
+    /// The ingested profile the sample came from (none: rollups, version 2 blocks).
+    pub profile_id: Option<[u8; 16]>,
 }
+
+/// The sort key of a row within its series.
+pub type RowKey<'a> = (
+    i64,
+    u32,
+    u64,
+    Option<[u8; 16]>,
+    Option<&'a str>,
+    Option<[u8; 16]>,
+);
 
 impl Row {
     /// The sort key within a series.
-    pub fn key(&self) -> (i64, u32, u64, Option<[u8; 16]>, Option<&str>) {
+    pub fn key(&self) -> RowKey<'_> {
         (
             self.timestamp,
             self.stack,
             self.span_id,
             self.trace_id,
             self.labels.as_deref(),
+            self.profile_id,
         )
     }
 }
@@ -143,6 +162,7 @@ pub struct RowBatchBuilder {
     spans: Vec<u64>,
     traces: FixedSizeBinaryBuilder,
     labels: StringBuilder,
+    profiles: FixedSizeBinaryBuilder,
 }
 
 impl Default for RowBatchBuilder {
@@ -155,6 +175,7 @@ impl Default for RowBatchBuilder {
             spans: Vec::new(),
             traces: FixedSizeBinaryBuilder::new(16),
             labels: StringBuilder::new(),
+            profiles: FixedSizeBinaryBuilder::new(16),
         }
     }
 }
@@ -175,6 +196,13 @@ impl RowBatchBuilder {
             None => self.traces.append_null(),
         }
         self.labels.append_option(r.labels.as_deref());
+        match &r.profile_id {
+            Some(p) => self
+                .profiles
+                .append_value(p)
+                .expect("a profile id has 16 bytes"),
+            None => self.profiles.append_null(),
+        }
     }
 
     /// Rows appended since the last batch.
@@ -197,6 +225,7 @@ impl RowBatchBuilder {
             Arc::new(UInt64Array::from(std::mem::take(&mut self.spans))),
             Arc::new(self.traces.finish()),
             Arc::new(self.labels.finish()),
+            Arc::new(self.profiles.finish()),
         ];
         Ok(RecordBatch::try_new(samples_schema(), cols)?)
     }
@@ -270,6 +299,9 @@ impl DatasetBuilder {
             if series.samples.is_empty() {
                 continue;
             }
+            // Every ingested profile of a series gets its own id, as Pyroscope's distributor
+            // gives one: exemplars name it and `profile_id_selector` selects by it.
+            let profile_id = Some(*uuid::Uuid::new_v4().as_bytes());
             let key = (series.profile_type.id(), series.labels.clone());
             let next = self.series.len() as u32;
             let id = *self.series_index.entry(key.clone()).or_insert(next);
@@ -309,6 +341,7 @@ impl DatasetBuilder {
                     span_id: sample.span_id,
                     trace_id: sample.trace_id,
                     labels,
+                    profile_id,
                 });
             }
             self.profiles += 1;

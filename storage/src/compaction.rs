@@ -342,6 +342,9 @@ fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
     let spans = batch.column(col::SPAN_ID).as_primitive::<UInt64Type>();
     let traces = batch.column(col::TRACE_ID).as_fixed_size_binary();
     let labels = batch.column(col::SAMPLE_LABELS).as_string::<i32>();
+    // Version 2 blocks have no profile ids.
+    let profiles = (batch.num_columns() > col::PROFILE_ID)
+        .then(|| batch.column(col::PROFILE_ID).as_fixed_size_binary());
     let mut out = Vec::with_capacity(batch.num_rows());
     let mut last_labels: Option<Arc<str>> = None;
     for r in 0..batch.num_rows() {
@@ -374,6 +377,9 @@ fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
                 .then(|| <[u8; 16]>::try_from(traces.value(r)).ok())
                 .flatten(),
             labels: l,
+            profile_id: profiles
+                .filter(|p| !p.is_null(r))
+                .and_then(|p| <[u8; 16]>::try_from(p.value(r)).ok()),
         });
     }
     Ok(out)
@@ -496,7 +502,7 @@ impl Output {
         s.max_time_nanos = s.max_time_nanos.max(row.timestamp);
         row.series = (self.series.len() - 1) as u32;
         for r in &mut self.rollups {
-            r.push(row.series, row.timestamp, row.stack, row.value)?;
+            r.push(&row)?;
         }
         self.batch.push(&row);
         self.rows += 1;

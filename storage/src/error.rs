@@ -128,7 +128,7 @@ pub enum DecodeError {
     /// The magic bytes are missing: `what` is not there at all.
     #[error("not a {0} (magic bytes missing)")]
     Magic(&'static str),
-    #[error("unsupported {what} version {version} (this build reads {supported})")]
+    #[error("unsupported {what} version {version} (this build reads up to {supported})")]
     Version {
         what: &'static str,
         version: u32,

@@ -5,7 +5,7 @@
 //! so a tenant's lookups never see another tenant's metadata. On disk and in the metastore the
 //! metadata is the compact protobuf `kiln.storage.v1.BlockMeta` (strings once, in a table).
 //!
-//! Object layout (format version 2):
+//! Object layout (format versions 2 and 3; 3 added the samples' `profile_id` column):
 //!
 //! ```text
 //!  dataset 0: samples (Parquet) | symbols (KSYM) | dataset 1: … | footer
@@ -21,8 +21,13 @@ use prost::Message;
 
 use crate::error::DecodeError;
 
-/// Current block format version (see `docs/adr/0002-block-format.md`).
-pub const BLOCK_FORMAT_VERSION: u32 = 2;
+/// Current block format version (see `docs/adr/0002-block-format.md`): 3 added the samples'
+/// `profile_id` column.
+pub const BLOCK_FORMAT_VERSION: u32 = 3;
+
+/// The oldest block format this build reads: version 2 blocks (no `profile_id` column) read
+/// as if every row had no profile id, and compaction rewrites them as the current version.
+pub const MIN_BLOCK_FORMAT_VERSION: u32 = 2;
 
 /// Magic bytes closing every object.
 pub const FOOTER_MAGIC: &[u8; 4] = b"KBLK";
@@ -379,7 +384,7 @@ pub fn encode_object_meta(datasets: &[BlockMeta]) -> pb::BlockMeta {
 
 /// The datasets of an object's protobuf metadata, checked.
 pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeError> {
-    if msg.format_version != BLOCK_FORMAT_VERSION {
+    if !(MIN_BLOCK_FORMAT_VERSION..=BLOCK_FORMAT_VERSION).contains(&msg.format_version) {
         return Err(DecodeError::Version {
             what: "block format",
             version: msg.format_version,
@@ -486,7 +491,7 @@ pub fn encode_footer(datasets: &[BlockMeta]) -> Vec<u8> {
     let mut out = msg.encode_to_vec();
     let len = out.len() as u32;
     out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&BLOCK_FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&msg.format_version.to_le_bytes());
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(FOOTER_MAGIC);
@@ -502,7 +507,7 @@ pub fn footer_len(trailer: &[u8]) -> Result<usize, DecodeError> {
     let t = &trailer[trailer.len() - FOOTER_TRAILER_BYTES..];
     let len = u32::from_le_bytes(t[0..4].try_into().expect("4 bytes")) as usize;
     let version = u32::from_le_bytes(t[4..8].try_into().expect("4 bytes"));
-    if version != BLOCK_FORMAT_VERSION {
+    if !(MIN_BLOCK_FORMAT_VERSION..=BLOCK_FORMAT_VERSION).contains(&version) {
         return Err(DecodeError::Version {
             what: "block format",
             version,

@@ -64,6 +64,8 @@ pub struct SampleFilter {
     pub span_ids: Vec<u64>,
     /// When not empty, only samples of these traces.
     pub trace_ids: Vec<[u8; 16]>,
+    /// When not empty, only samples of these ingested profiles (their UUIDs' bytes).
+    pub profile_ids: Vec<[u8; 16]>,
 }
 
 impl SampleFilter {
@@ -90,9 +92,27 @@ impl SampleFilter {
         }
     }
 
-    /// Whether the row-level filters (time within the series, spans, traces) keep a row.
-    fn keeps(&self, t: i64, span: Option<u64>, trace: Option<&[u8]>) -> bool {
+    /// True when a span, trace or profile filter narrows the rows of a series (so neither
+    /// rollups nor cached whole-series results answer).
+    fn narrows_rows(&self) -> bool {
+        !self.span_ids.is_empty() || !self.trace_ids.is_empty() || !self.profile_ids.is_empty()
+    }
+
+    /// Whether the row-level filters (time within the series, spans, traces, profiles) keep a
+    /// row.
+    fn keeps(
+        &self,
+        t: i64,
+        span: Option<u64>,
+        trace: Option<&[u8]>,
+        profile: Option<&[u8]>,
+    ) -> bool {
         if t < self.start_nanos || t >= self.end_nanos {
+            return false;
+        }
+        if !self.profile_ids.is_empty()
+            && !profile.is_some_and(|p| self.profile_ids.iter().any(|x| x.as_slice() == p))
+        {
             return false;
         }
         if !self.span_ids.is_empty() && !span.is_some_and(|s| self.span_ids.contains(&s)) {
@@ -128,16 +148,31 @@ pub struct SeriesPoints {
     pub labels: Vec<(String, String)>,
     /// (Unix milliseconds, value), in time order.
     pub points: Vec<(i64, f64)>,
-    /// Span exemplars of each point (same order as `points`), largest first; empty unless asked.
-    pub exemplars: Vec<Vec<SpanExemplar>>,
+    /// Exemplars of each point (same order as `points`), largest first; empty unless asked.
+    pub exemplars: Vec<Vec<Exemplar>>,
 }
 
-/// The span that contributed most to a point, for traces-to-profiles links from a graph.
+/// Which exemplars a time series carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exemplars {
+    None,
+    /// The spans that contributed most to a point (traces-to-profiles links from a graph).
+    Spans,
+    /// The ingested profiles that contributed most to a point (`profile_id_selector` opens one).
+    Profiles,
+}
+
+/// A span or an ingested profile that contributed to a point.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpanExemplar {
+pub struct Exemplar {
+    /// The span (0: a profile exemplar).
     pub span_id: u64,
     pub trace_id: Option<[u8; 16]>,
-    /// Unix milliseconds of the latest sample of the span in the step.
+    /// The profile (a profile exemplar).
+    pub profile_id: Option<[u8; 16]>,
+    /// The profile's series labels (a profile exemplar).
+    pub labels: Vec<(String, String)>,
+    /// Unix milliseconds of the latest sample of the span or profile in the step.
     pub timestamp_ms: i64,
     pub value: i64,
 }
@@ -916,7 +951,14 @@ impl QueryEngine {
         if groups.is_empty() {
             return Ok(());
         }
-        let mask = ProjectionMask::roots(metadata.parquet_schema(), columns.iter().copied());
+        // Columns newer than the block's format (`profile_id` of version 2 blocks) are read as
+        // nulls; they are the last ones, so the others keep their positions in a batch.
+        let present = metadata.schema().fields().len();
+        let missing: Vec<usize> = columns.iter().copied().filter(|&c| c >= present).collect();
+        let mask = ProjectionMask::roots(
+            metadata.parquet_schema(),
+            columns.iter().copied().filter(|&c| c < present),
+        );
         let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
             SectionReader::new(self, block, source),
             metadata,
@@ -928,7 +970,11 @@ impl QueryEngine {
         .build()?;
         while let Some(batch) = stream.try_next().await? {
             count(|s| s.rows_read += batch.num_rows() as u64);
-            f(&batch)?;
+            if missing.is_empty() {
+                f(&batch)?;
+            } else {
+                f(&with_null_columns(batch, &missing)?)?;
+            }
         }
         Ok(())
     }
@@ -1018,6 +1064,9 @@ impl QueryEngine {
         if with_labels {
             columns.push(col::SAMPLE_LABELS);
         }
+        if !filter.profile_ids.is_empty() {
+            columns.push(col::PROFILE_ID);
+        }
         columns.sort_unstable();
         let columns = &columns;
         let mut scans = futures::stream::iter(blocks)
@@ -1060,8 +1109,7 @@ impl QueryEngine {
         with_labels: bool,
     ) -> Result<Arc<[StackValue]>> {
         let whole = !with_labels
-            && filter.span_ids.is_empty()
-            && filter.trace_ids.is_empty()
+            && !filter.narrows_rows()
             && self.results.policy().max_capacity() != Some(0)
             && options().results_cache
             && series.iter().all(|&i| {
@@ -1110,14 +1158,14 @@ impl QueryEngine {
             pos(col::STACK_ID).expect("projected"),
             pos(col::VALUE).expect("projected"),
         );
-        let (span_i, trace_i, labels_i) = (
+        let (span_i, trace_i, labels_i, profile_i) = (
             pos(col::SPAN_ID),
             pos(col::TRACE_ID),
             pos(col::SAMPLE_LABELS),
+            pos(col::PROFILE_ID),
         );
         if !with_labels
-            && filter.span_ids.is_empty()
-            && filter.trace_ids.is_empty()
+            && !filter.narrows_rows()
             && let Some(values) = self
                 .block_stacks_from_rollups(block, series, filter)
                 .await?
@@ -1136,9 +1184,11 @@ impl QueryEngine {
             let spans = span_i.map(|i| batch.column(i).as_primitive::<UInt64Type>());
             let traces = trace_i.map(|i| batch.column(i).as_fixed_size_binary());
             let labels = labels_i.map(|i| batch.column(i).as_string::<i32>());
+            let profiles = profile_i.map(|i| batch.column(i).as_fixed_size_binary());
             for r in 0..batch.num_rows() {
                 let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
-                if !filter.keeps(ts.value(r), spans.map(|s| s.value(r)), trace) {
+                let profile = profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
+                if !filter.keeps(ts.value(r), spans.map(|s| s.value(r)), trace, profile) {
                     continue;
                 }
                 let (stack, value) = (stacks.value(r), values.value(r));
@@ -1285,7 +1335,7 @@ impl QueryEngine {
 
     /// Time series of the selected samples: one series per distinct value set of `group_by`,
     /// points every `step_nanos`, aligned to `start`. An average divides a step's sum by the
-    /// number of profiles in it: distinct (series, timestamp) pairs.
+    /// number of profiles in it: distinct (series, timestamp, profile id) cells.
     #[tracing::instrument(name = "query.select_series", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type, step_nanos))]
     pub async fn select_series(
         &self,
@@ -1294,27 +1344,21 @@ impl QueryEngine {
         step_nanos: i64,
         aggregation: Aggregation,
         limit: Option<usize>,
-        span_exemplars: bool,
+        exemplars: Exemplars,
     ) -> Result<Vec<SeriesPoints>> {
         if step_nanos <= 0 {
             return Err(Error::InvalidQuery("step must be positive".into()));
         }
         retrying(|| {
-            self.select_series_once(
-                filter,
-                group_by,
-                step_nanos,
-                aggregation,
-                limit,
-                span_exemplars,
-            )
+            self.select_series_once(filter, group_by, step_nanos, aggregation, limit, exemplars)
         })
         .await
     }
 
     /// The selected profiles' totals, or the selected spans' (`spans`), one point each, in
-    /// groups of the `group_by` labels: what a heatmap counts. A profile is one series at one
-    /// time; a span's point is the sum of its samples, at the time of its latest one.
+    /// groups of the `group_by` labels: what a heatmap counts. A profile is one ingested
+    /// profile of a series (one series at one time for blocks written before profile ids); a
+    /// span's point is the sum of its samples, at the time of its latest one.
     #[tracing::instrument(name = "query.profile_points", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type, spans))]
     pub async fn profile_points(
         &self,
@@ -1322,16 +1366,21 @@ impl QueryEngine {
         group_by: &[String],
         spans: bool,
     ) -> Result<Vec<PointGroup>> {
-        let per_block = retrying(|| self.scan_cells(filter, spans)).await?;
+        let kind = if spans {
+            Exemplars::Spans
+        } else {
+            Exemplars::Profiles
+        };
+        let per_block = retrying(|| self.scan_cells(filter, kind)).await?;
         // (group, series labels or span) -> (time, value, trace)
         let mut groups: BTreeMap<Vec<(String, String)>, HashMap<PointKey, ProfilePoint>> =
             BTreeMap::new();
         for (block, cells) in per_block {
-            for ((sid, t, span, trace), value) in cells {
-                let Some(s) = block.series.get(sid as usize) else {
+            for (cell, value) in cells {
+                let Some(s) = block.series.get(cell.series as usize) else {
                     continue;
                 };
-                if spans && span == 0 {
+                if spans && cell.span == 0 {
                     continue;
                 }
                 let group: Vec<(String, String)> = group_by
@@ -1339,24 +1388,25 @@ impl QueryEngine {
                     .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
                     .collect();
                 let key = if spans {
-                    PointKey::Span(span)
+                    PointKey::Span(cell.span)
                 } else {
-                    PointKey::Profile(s.labels.clone(), t)
+                    PointKey::Profile(s.labels.clone(), cell.timestamp, cell.profile)
                 };
                 let point = groups
                     .entry(group)
                     .or_default()
                     .entry(key)
                     .or_insert(ProfilePoint {
-                        timestamp_nanos: t,
+                        timestamp_nanos: cell.timestamp,
                         value: 0,
-                        span_id: span,
-                        trace_id: trace,
+                        span_id: cell.span,
+                        trace_id: cell.trace,
+                        profile_id: cell.profile,
                     });
                 point.value = point.value.saturating_add(value);
-                point.timestamp_nanos = point.timestamp_nanos.max(t);
+                point.timestamp_nanos = point.timestamp_nanos.max(cell.timestamp);
                 if point.trace_id.is_none() {
-                    point.trace_id = trace;
+                    point.trace_id = cell.trace;
                 }
             }
         }
@@ -1364,50 +1414,55 @@ impl QueryEngine {
             .into_iter()
             .map(|(labels, points)| {
                 let mut points: Vec<ProfilePoint> = points.into_values().collect();
-                points.sort_by_key(|p| (p.timestamp_nanos, p.span_id));
+                points.sort_by_key(|p| (p.timestamp_nanos, p.span_id, p.profile_id));
                 PointGroup { labels, points }
             })
             .collect())
     }
 
     /// Per block, the sums of the selected samples by (series index, timestamp), and by span
-    /// and trace too when `span_exemplars` (span 0 and no trace otherwise): what series,
+    /// and trace too for span exemplars, or by profile id for profile exemplars: what series,
     /// heatmaps and exemplars are made of. Profile totals answer when no span or trace is asked
-    /// about.
+    /// about (they are kept per profile id).
     async fn scan_cells(
         &self,
         filter: &SampleFilter,
-        span_exemplars: bool,
+        exemplars: Exemplars,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> {
         let blocks = self.candidate_blocks(filter).await?;
+        let spans_asked = exemplars == Exemplars::Spans;
         let mut columns = vec![col::SERIES_ID, col::TIMESTAMP, col::VALUE];
-        if span_exemplars || !filter.span_ids.is_empty() {
+        if spans_asked || !filter.span_ids.is_empty() {
             columns.push(col::SPAN_ID);
         }
-        if span_exemplars || !filter.trace_ids.is_empty() {
+        if spans_asked || !filter.trace_ids.is_empty() {
             columns.push(col::TRACE_ID);
+        }
+        if exemplars == Exemplars::Profiles || !filter.profile_ids.is_empty() {
+            columns.push(col::PROFILE_ID);
         }
         columns.sort_unstable();
         let columns = &columns;
         let window = filter.start_nanos..filter.end_nanos;
         let window = std::slice::from_ref(&window);
-        // Per block: (series index, timestamp, span, trace) and its sum. Rows come in the
-        // block's sort order (series, then time), so equal keys are mostly adjacent: they are
-        // summed as they come, without hashing; repeats that are not adjacent stay separate
-        // cells and are summed into their bucket below.
+        // Per block: cells and their sums. Rows come in the block's sort order (series, then
+        // time), so equal keys are mostly adjacent: they are summed as they come, without
+        // hashing; repeats that are not adjacent stay separate cells and are summed into their
+        // bucket below.
         let per_block: Vec<Option<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> =
             futures::stream::iter(blocks)
                 .map(|(block, series)| async move {
                     count(|s| s.blocks += 1);
                     let mut cells: Vec<(Cell, i64)> = Vec::new();
                     let pos = |c: usize| columns.iter().position(|&x| x == c);
-                    // Profile totals answer exactly when no span or trace is asked about.
+                    // Profile totals (kept per profile id) answer exactly when no span or
+                    // trace is asked about.
                     let totals = block
                         .rollups
                         .iter()
                         .position(|r| r.resolution_nanos == PROFILE_TOTALS)
                         .filter(|_| {
-                            !span_exemplars
+                            !spans_asked
                                 && filter.span_ids.is_empty()
                                 && filter.trace_ids.is_empty()
                         });
@@ -1427,22 +1482,33 @@ impl QueryEngine {
                                 .map(|i| batch.column(i).as_primitive::<UInt64Type>());
                             let traces =
                                 pos(col::TRACE_ID).map(|i| batch.column(i).as_fixed_size_binary());
+                            let profiles = pos(col::PROFILE_ID)
+                                .map(|i| batch.column(i).as_fixed_size_binary());
                             for r in 0..batch.num_rows() {
                                 let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
+                                let profile =
+                                    profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
                                 let span = spans.map(|s| s.value(r));
-                                if !filter.keeps(ts.value(r), span, trace) {
+                                if !filter.keeps(ts.value(r), span, trace, profile) {
                                     continue;
                                 }
-                                let key = if span_exemplars {
-                                    (
-                                        sid.value(r),
-                                        ts.value(r),
-                                        span.unwrap_or(0),
-                                        trace.and_then(|t| <[u8; 16]>::try_from(t).ok()),
-                                    )
-                                } else {
-                                    (sid.value(r), ts.value(r), 0, None)
+                                let id =
+                                    |b: Option<&[u8]>| b.and_then(|b| <[u8; 16]>::try_from(b).ok());
+                                let mut key = Cell {
+                                    series: sid.value(r),
+                                    timestamp: ts.value(r),
+                                    span: 0,
+                                    trace: None,
+                                    profile: None,
                                 };
+                                match exemplars {
+                                    Exemplars::None => {}
+                                    Exemplars::Spans => {
+                                        key.span = span.unwrap_or(0);
+                                        key.trace = id(trace);
+                                    }
+                                    Exemplars::Profiles => key.profile = id(profile),
+                                }
                                 match cells.last_mut() {
                                     Some((last, sum)) if *last == key => {
                                         *sum = sum.saturating_add(values.value(r));
@@ -1471,14 +1537,20 @@ impl QueryEngine {
         step_nanos: i64,
         aggregation: Aggregation,
         limit: Option<usize>,
-        span_exemplars: bool,
+        exemplars: Exemplars,
     ) -> Result<Vec<SeriesPoints>> {
-        let per_block = self.scan_cells(filter, span_exemplars).await?;
-        // group labels -> bucket -> (sum, profiles, span -> exemplar)
+        // Averages count profiles: cells per profile id where blocks keep them.
+        let scan = if exemplars == Exemplars::None && aggregation == Aggregation::Average {
+            Exemplars::Profiles
+        } else {
+            exemplars
+        };
+        let per_block = self.scan_cells(filter, scan).await?;
+        // group labels -> bucket -> (sum, profiles, span or profile -> exemplar)
         type Bucket = (
             i64,
-            HashSet<(Vec<(String, String)>, i64)>,
-            HashMap<u64, SpanExemplar>,
+            HashSet<(Vec<(String, String)>, i64, Option<[u8; 16]>)>,
+            HashMap<ExemplarKey, Exemplar>,
         );
         let mut group_of: HashMap<Vec<(String, String)>, usize> = HashMap::new();
         let mut groups: Vec<(Vec<(String, String)>, BTreeMap<i64, Bucket>)> = Vec::new();
@@ -1499,29 +1571,42 @@ impl QueryEngine {
                     })
                 })
                 .collect();
-            for ((sid, t, span, trace), value) in cells {
+            for (cell, value) in cells {
                 let (Some(s), Some(&g)) = (
-                    block.series.get(sid as usize),
-                    series_group.get(sid as usize),
+                    block.series.get(cell.series as usize),
+                    series_group.get(cell.series as usize),
                 ) else {
                     continue;
                 };
+                let t = cell.timestamp;
                 let bucket = (start + (i128::from(t) - start).div_euclid(step) * step) as i64;
                 let slot = groups[g].1.entry(bucket).or_default();
                 slot.0 = slot.0.saturating_add(value);
                 if aggregation == Aggregation::Average {
-                    slot.1.insert((s.labels.clone(), t));
+                    slot.1.insert((s.labels.clone(), t, cell.profile));
                 }
-                if span != 0 {
-                    let e = slot.2.entry(span).or_insert(SpanExemplar {
-                        span_id: span,
-                        trace_id: trace,
-                        timestamp_ms: 0,
-                        value: 0,
-                    });
-                    e.value = e.value.saturating_add(value);
-                    e.timestamp_ms = e.timestamp_ms.max(t.div_euclid(1_000_000));
-                }
+                let key = match exemplars {
+                    Exemplars::Spans if cell.span != 0 => ExemplarKey::Span(cell.span),
+                    Exemplars::Profiles => match cell.profile {
+                        Some(id) => ExemplarKey::Profile(id),
+                        None => continue,
+                    },
+                    _ => continue,
+                };
+                let e = slot.2.entry(key).or_insert_with(|| Exemplar {
+                    span_id: cell.span,
+                    trace_id: cell.trace,
+                    profile_id: cell.profile,
+                    labels: if cell.profile.is_some() {
+                        s.labels.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    timestamp_ms: 0,
+                    value: 0,
+                });
+                e.value = e.value.saturating_add(value);
+                e.timestamp_ms = e.timestamp_ms.max(t.div_euclid(1_000_000));
             }
         }
         groups.retain(|(_, buckets)| !buckets.is_empty());
@@ -1533,18 +1618,23 @@ impl QueryEngine {
                     .values()
                     .fold(0i64, |a, (s, _, _)| a.saturating_add(*s));
                 let mut points = Vec::with_capacity(buckets.len());
-                let mut exemplars = Vec::new();
-                for (t, (s, n, spans)) in buckets {
+                let mut point_exemplars = Vec::new();
+                for (t, (s, n, found)) in buckets {
                     let v = match aggregation {
                         Aggregation::Sum => s as f64,
                         Aggregation::Average => s as f64 / n.len().max(1) as f64,
                     };
                     points.push((t.div_euclid(1_000_000), v));
-                    if span_exemplars {
-                        let mut e: Vec<SpanExemplar> = spans.into_values().collect();
-                        e.sort_by(|a, b| b.value.cmp(&a.value).then(a.span_id.cmp(&b.span_id)));
+                    if exemplars != Exemplars::None {
+                        let mut e: Vec<Exemplar> = found.into_values().collect();
+                        e.sort_by(|a, b| {
+                            b.value
+                                .cmp(&a.value)
+                                .then(a.span_id.cmp(&b.span_id))
+                                .then(a.profile_id.cmp(&b.profile_id))
+                        });
                         e.truncate(MAX_EXEMPLARS_PER_POINT);
-                        exemplars.push(e);
+                        point_exemplars.push(e);
                     }
                 }
                 (
@@ -1552,7 +1642,7 @@ impl QueryEngine {
                     SeriesPoints {
                         labels,
                         points,
-                        exemplars,
+                        exemplars: point_exemplars,
                     },
                 )
             })
@@ -1574,6 +1664,8 @@ pub struct ProfilePoint {
     /// The span (0: a profile's point).
     pub span_id: u64,
     pub trace_id: Option<[u8; 16]>,
+    /// The profile (a profile's point, in blocks that keep profile ids).
+    pub profile_id: Option<[u8; 16]>,
 }
 
 /// The points of one group of `group_by` label values.
@@ -1585,12 +1677,51 @@ pub struct PointGroup {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum PointKey {
-    Profile(Vec<(String, String)>, i64),
+    Profile(Vec<(String, String)>, i64, Option<[u8; 16]>),
     Span(u64),
 }
 
-/// A block's cell of selected samples: (series index, timestamp, span id, trace id).
-type Cell = (u32, i64, u64, Option<[u8; 16]>);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ExemplarKey {
+    Span(u64),
+    Profile([u8; 16]),
+}
+
+/// `batch` with null columns of the samples schema's `missing` columns appended.
+fn with_null_columns(batch: RecordBatch, missing: &[usize]) -> Result<RecordBatch> {
+    let schema = crate::block::samples_schema();
+    let (mut fields, mut arrays): (Vec<_>, Vec<_>) = batch
+        .schema()
+        .fields()
+        .iter()
+        .cloned()
+        .zip(batch.columns().iter().cloned())
+        .unzip();
+    for &c in missing {
+        let field = schema.field(c);
+        arrays.push(arrow::array::new_null_array(
+            field.data_type(),
+            batch.num_rows(),
+        ));
+        fields.push(Arc::new(field.clone()));
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        arrays,
+    )?)
+}
+
+/// A block's cell of selected samples: a series at a time, split by span and trace or by
+/// profile id when exemplars of those are asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cell {
+    /// Index into the block's series.
+    series: u32,
+    timestamp: i64,
+    span: u64,
+    trace: Option<[u8; 16]>,
+    profile: Option<[u8; 16]>,
+}
 
 /// What a query would read ([`QueryEngine::analyze`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -1757,6 +1888,7 @@ mod tests {
                     span_id: 0,
                     trace_id: None,
                     labels: None,
+                    profile_id: None,
                 });
             }
         }

@@ -5,7 +5,7 @@
 //! ```text
 //!  compaction output rows (series, timestamp, stack, value), in sort order
 //!      ├─► samples section (every row)
-//!      ├─► rollup "profile totals": Σ value per (series, timestamp)             → series queries
+//!      ├─► rollup "profile totals": Σ value per (series, timestamp, profile id) → series queries
 //!      ├─► rollup 10 min: Σ value per (series, 10-min bucket, stack)           ┐
 //!      ├─► rollup 1 h:    Σ value per (series, hour, stack)                     ├─► flame graphs
 //!      └─► rollup 1 d:    Σ value per (series, day, stack)                     ┘
@@ -112,9 +112,10 @@ pub(crate) struct RollupWriter {
     writer: ArrowWriter<std::fs::File>,
     batch: RowBatchBuilder,
     batch_rows: usize,
-    /// The (series, bucket) being summed, and its values by stack.
+    /// The (series, bucket) being summed, and its values by stack (by profile id for profile
+    /// totals).
     current: Option<(u32, i64)>,
-    sums: BTreeMap<u32, i64>,
+    sums: BTreeMap<(u32, Option<[u8; 16]>), i64>,
     rows: u64,
     series_rows: Vec<Range<u64>>,
 }
@@ -141,18 +142,13 @@ impl RollupWriter {
         })
     }
 
-    /// Adds a sample row of output series `series` (series come in order, each once).
-    pub(crate) fn push(
-        &mut self,
-        series: u32,
-        timestamp: i64,
-        stack: u32,
-        value: i64,
-    ) -> Result<()> {
-        let (bucket, stack) = if self.resolution == PROFILE_TOTALS {
-            (timestamp, 0)
+    /// Adds a sample row (of its output series; series come in order, each once).
+    pub(crate) fn push(&mut self, row: &Row) -> Result<()> {
+        let (series, timestamp, value) = (row.series, row.timestamp, row.value);
+        let (bucket, key) = if self.resolution == PROFILE_TOTALS {
+            (timestamp, (0, row.profile_id))
         } else {
-            (floor(timestamp, self.resolution), stack)
+            (floor(timestamp, self.resolution), (row.stack, None))
         };
         if self.current != Some((series, bucket)) {
             self.emit()?;
@@ -161,7 +157,7 @@ impl RollupWriter {
             }
             self.current = Some((series, bucket));
         }
-        let slot = self.sums.entry(stack).or_insert(0);
+        let slot = self.sums.entry(key).or_insert(0);
         *slot = slot.saturating_add(value);
         Ok(())
     }
@@ -171,7 +167,7 @@ impl RollupWriter {
         let Some((series, bucket)) = self.current.take() else {
             return Ok(());
         };
-        for (stack, value) in std::mem::take(&mut self.sums) {
+        for ((stack, profile_id), value) in std::mem::take(&mut self.sums) {
             self.batch.push(&Row {
                 series,
                 timestamp: bucket,
@@ -180,6 +176,7 @@ impl RollupWriter {
                 span_id: 0,
                 trace_id: None,
                 labels: None,
+                profile_id,
             });
             self.rows += 1;
             if self.batch.len() >= self.batch_rows {

@@ -98,6 +98,7 @@ pub fn filter(tenant: &str, selector: &str, start: i64, end: i64) -> SampleFilte
         end_nanos: end,
         span_ids: vec![],
         trace_ids: vec![],
+        profile_ids: vec![],
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_storage::meta::{PARTITION_NANOS, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
-use kiln_storage::query::Aggregation;
+use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{
     config, config_with_clock, faulty_storage, filter, frames, now_ms, profile, tenant_rows,
 };
@@ -39,7 +39,7 @@ async fn series(s: &Storage, tenant: &str) -> Vec<(Vec<(String, String)>, Vec<(i
             60 * SEC,
             Aggregation::Sum,
             None,
-            false,
+            Exemplars::None,
         )
         .await
         .unwrap()

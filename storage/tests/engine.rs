@@ -7,7 +7,7 @@ use std::time::Duration;
 use kiln_otel::labels::parse_app_name;
 use kiln_otel::model::{Labels, NormalizedProfile};
 use kiln_otel::{IngestMeta, NormalizeLimits};
-use kiln_storage::query::{Aggregation, SampleFilter};
+use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
 use kiln_storage::selector::parse_selector;
 use kiln_storage::{Storage, StorageConfig};
 
@@ -45,6 +45,7 @@ fn filter(tenant: &str, selector: &str) -> SampleFilter {
         end_nanos: T0 + 1_000_000_000_000,
         span_ids: vec![],
         trace_ids: vec![],
+        profile_ids: vec![],
     }
 }
 
@@ -246,7 +247,7 @@ async fn write_query_restart_and_isolation() {
             10_000_000_000,
             Aggregation::Sum,
             None,
-            false,
+            Exemplars::None,
         )
         .await
         .unwrap();

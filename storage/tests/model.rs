@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_storage::meta::{PARTITION_NANOS, partition_of};
-use kiln_storage::query::Aggregation;
+use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{config_with_clock, filter, frames, profile};
 use kiln_storage::{Storage, StorageConfig};
 use proptest::prelude::*;
@@ -133,7 +133,7 @@ async fn check(s: &Storage, model: &Model) -> Result<(), TestCaseError> {
                 STEP,
                 Aggregation::Sum,
                 None,
-                false,
+                Exemplars::None,
             )
             .await
             .unwrap()

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use kiln_otel::model::Labels;
 use kiln_storage::meta::PROFILE_TOTALS;
 use kiln_storage::metastore::BlockQuery;
-use kiln_storage::query::{Aggregation, SampleFilter};
+use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
 use kiln_storage::testing::{config, filter, frames, now_ms, profile_with_labels, tenant_rows};
 use kiln_storage::{Storage, StorageConfig};
 
@@ -113,7 +113,14 @@ async fn answers(s: &Storage, tenant: &str, selector: &str) -> Answers {
         for aggregation in [Aggregation::Sum, Aggregation::Average] {
             let got = s
                 .query()
-                .select_series(&f, &["pod".to_string()], 60 * SEC, aggregation, None, false)
+                .select_series(
+                    &f,
+                    &["pod".to_string()],
+                    60 * SEC,
+                    aggregation,
+                    None,
+                    Exemplars::None,
+                )
                 .await
                 .unwrap()
                 .into_iter()

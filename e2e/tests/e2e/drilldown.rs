@@ -219,6 +219,38 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
         .map(|c| c.as_i64().unwrap_or(0))
         .sum();
     ensure!(counts == 2, "{heatmap}");
+    // 9b. Exemplars: the series' individual exemplars name each profile, and the flame graph
+    // the app opens for one (`profileIdSelector`) is that profile alone; team-b cannot open it.
+    let exemplars = ok(
+        &kiln,
+        &a,
+        &format!("{q}/SelectSeries"),
+        json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"shop\"}",
+               "start": start, "end": end, "step": 3600, "groupBy": [],
+               "exemplarType": "EXEMPLAR_TYPE_INDIVIDUAL"}),
+    )?;
+    let points = exemplars["series"][0]["points"]
+        .as_array()
+        .context("points")?;
+    ensure!(points.len() == 2, "{exemplars}");
+    for (point, want) in points.iter().zip([4 * MS10, 6 * MS10]) {
+        let e = &point["exemplars"][0];
+        ensure!(int(&e["value"]) == want, "{point}");
+        let id = e["profileId"].as_str().context("profileId")?;
+        let one = |auth: &str| -> Result<i64> {
+            let v = ok(
+                &kiln,
+                auth,
+                &format!("{q}/SelectMergeStacktraces"),
+                json!({"profile_typeID": CPU, "label_selector": "{service_name=\"shop\"}",
+                       "start": start, "end": end, "maxNodes": 16384,
+                       "profileIdSelector": [id]}),
+            )?;
+            Ok(int(&v["flamegraph"]["total"]))
+        };
+        ensure!(one(&a)? == want, "profile {id}");
+        ensure!(one(&b)? == 0, "team-b opened team-a's profile {id}");
+    }
     // 10. Plugin settings.
     let setting = json!({"setting": {"name": "pluginSettings", "value": "{\"maxNodes\":16384}"}});
     ok(&kiln, &a, "/settings.v1.SettingsService/Set", setting)?;
