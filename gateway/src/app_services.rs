@@ -3,8 +3,8 @@
 //! `capabilities.v1.FeatureFlagsService` (what this server can do), and the services Kiln does
 //! not offer, answered Connect `unimplemented` with a message so the app hides the feature
 //! (`vcs.v1.VCSService`, `settings.v1.RecordingRulesService`,
-//! `adhocprofiles.v1.AdHocProfileService`). One table ([`SERVICES`]) names every method, for
-//! the router and the telemetry layer alike.
+//! `adhocprofiles.v1.AdHocProfileService`). One table ([`SERVICES`]) names every method; the API
+//! table (`crate::api`) routes and names them from it.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -61,30 +61,6 @@ pub const SERVICES: [Service; 5] = [
         absent: Some("Kiln does not store ad-hoc profile uploads yet"),
     },
 ];
-
-/// The telemetry name of a call to `path`, when it is one of these services'.
-pub fn api_method(path: &str) -> Option<&'static str> {
-    let (service, method) = path.trim_start_matches('/').split_once('/')?;
-    let s = SERVICES.iter().find(|s| s.name == service)?;
-    if s.absent.is_some() {
-        return Some(s.methods[0]);
-    }
-    s.methods
-        .iter()
-        .find(|m| m.rsplit('/').next() == Some(method))
-        .copied()
-        .or(Some("other"))
-}
-
-/// The routes of these services (`/{service}/{method}`).
-pub fn routes() -> axum::Router<AppRef> {
-    SERVICES.iter().fold(axum::Router::new(), |r, s| {
-        r.route(
-            &format!("/{}/{{method}}", s.name),
-            axum::routing::post(handler),
-        )
-    })
-}
 
 /// The name of the tenant document holding the settings.
 const SETTINGS_DOCUMENT: &str = "settings.json";

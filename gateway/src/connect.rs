@@ -1,4 +1,5 @@
-//! The Connect protocol (unary, POST) for `querier.v1` and `push.v1`: binary protobuf
+//! The Connect protocol (unary, POST): the codec every Connect API shares and `querier.v1`'s
+//! Connect front end (`push.v1`'s is in [`crate::push`]): binary protobuf
 //! (`application/proto`, what Grafana's datasource sends) and protobuf-JSON (`application/json`),
 //! gzip request bodies, and Connect's JSON error bodies.
 
@@ -100,13 +101,13 @@ pub(crate) fn connect_ok(codec: Codec, body: Bytes) -> Response {
         .into_response()
 }
 
-struct Call {
-    codec: Codec,
-    tenant: crate::auth::TenantId,
-    body: Bytes,
+pub(crate) struct Call {
+    pub codec: Codec,
+    pub tenant: crate::auth::TenantId,
+    pub body: Bytes,
 }
 
-async fn prepare(
+pub(crate) async fn prepare(
     app: &AppRef,
     headers: &HeaderMap,
     body: Body,
@@ -231,34 +232,4 @@ async fn dispatch(
         };
     }
     crate::querier::querier_methods!(route)
-}
-
-/// `POST /push.v1.PusherService/Push`.
-pub async fn push_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
-    let result = async {
-        let tenant = app.authenticate(&headers, Scope::Write)?;
-        let body = crate::ingest::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let call = prepare(&app, &headers, body, tenant.clone())
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        app.metrics.received(&tenant, call.body.len());
-        let req: kiln_proto::push::v1::PushRequest = call
-            .codec
-            .decode(&call.body)
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        crate::ingest::push(&app, &call.tenant, req)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        Ok::<_, ApiError>((
-            call.codec,
-            call.codec.encode(&kiln_proto::push::v1::PushResponse {})?,
-        ))
-    }
-    .await;
-    match result {
-        Ok((codec, body)) => connect_ok(codec, body),
-        Err(e) => connect_error(&e),
-    }
 }

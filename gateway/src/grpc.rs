@@ -1,8 +1,7 @@
-//! gRPC front ends (tonic) for `querier.v1` and `push.v1`, sharing the Connect logic.
+//! The gRPC front end (tonic) of `querier.v1`, sharing the querier's logic with the Connect one
+//! (`push.v1`'s is in [`crate::push`]).
 
 use kiln_proto::google::v1::Profile;
-use kiln_proto::push::v1::pusher_service_server::PusherService;
-use kiln_proto::push::v1::{PushRequest, PushResponse};
 use kiln_proto::querier::v1 as q;
 use kiln_proto::querier::v1::querier_service_server::QuerierService;
 use kiln_proto::types::v1 as t;
@@ -15,7 +14,7 @@ use crate::querier::Querier;
 /// gRPC services over the shared app.
 #[derive(Debug, Clone)]
 pub struct Grpc {
-    app: AppRef,
+    pub(crate) app: AppRef,
 }
 
 impl Grpc {
@@ -23,7 +22,11 @@ impl Grpc {
         Self { app }
     }
 
-    fn tenant<T>(&self, req: &Request<T>, scope: Scope) -> Result<crate::auth::TenantId, Status> {
+    pub(crate) fn tenant<T>(
+        &self,
+        req: &Request<T>,
+        scope: Scope,
+    ) -> Result<crate::auth::TenantId, Status> {
         if let Some(crate::server::Authenticated(tenant)) = req.extensions().get() {
             return Ok(tenant.clone());
         }
@@ -161,18 +164,5 @@ impl QuerierService for Grpc {
         req: Request<q::DiffRequest>,
     ) -> Result<Response<q::DiffResponse>, Status> {
         grpc_unary!(self, req, diff, "Diff")
-    }
-}
-
-#[tonic::async_trait]
-impl PusherService for Grpc {
-    async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
-        let tenant = self.tenant(&req, Scope::Write)?;
-        let result = crate::ingest::push(&self.app, &tenant, req.into_inner()).await;
-        if let Err(e) = &result {
-            self.app.metrics.refused(&tenant, e.reason());
-        }
-        result?;
-        Ok(Response::new(PushResponse {}))
     }
 }

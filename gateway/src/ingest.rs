@@ -1,5 +1,5 @@
 //! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, JFR raw or multipart, speedscope,
-//! folded, lines) and `push.v1`.
+//! folded, lines), and what every write API shares (bodies, the decode budget, [`store`]).
 //! Every path ends in [`store`], which answers only once the data is durable.
 
 use std::collections::HashMap;
@@ -12,13 +12,11 @@ use kiln_otel::compress::{gunzip_limited, maybe_gunzip};
 use kiln_otel::labels::{AppName, parse_app_name};
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
-use kiln_proto::push::v1::PushRequest;
 
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
 use crate::budget;
 use crate::error::ApiError;
-use crate::tenants::TenantLimits;
 use crate::time::{now_nanos, parse_time};
 
 /// Labels Pyroscope adds to every `/ingest` series.
@@ -477,60 +475,6 @@ fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiE
                 .map(|d| (k, d.to_owned()))
         })
         .collect())
-}
-
-/// `push.v1.PusherService/Push`: every sample is decoded and normalized before anything is
-/// written, so a bad sample refuses the whole request and nothing of it is stored.
-pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(), ApiError> {
-    let limits: TenantLimits = app.limits(tenant);
-    let normalize_limits = limits.normalize();
-    let now = now_nanos();
-    let decoded: usize = req
-        .series
-        .iter()
-        .flat_map(|s| &s.samples)
-        .map(|s| budget::decoded_size(&s.raw_profile, limits.max_decompressed_bytes))
-        .sum();
-    let _share = app.decode_budget.take(decoded).await?;
-    let profiles = blocking(move || {
-        let mut total = 0usize;
-        let mut out = Vec::new();
-        for (i, series) in req.series.into_iter().enumerate() {
-            let mut labels = Labels::default();
-            for pair in series.labels {
-                if pair.name.is_empty() {
-                    return Err(ApiError::invalid(format!(
-                        "series {i} has a label with no name"
-                    )));
-                }
-                labels.set(pair.name, pair.value);
-            }
-            labels.set_default(LABEL_SERVICE_NAME, kiln_otel::model::UNKNOWN_SERVICE);
-            let meta = IngestMeta {
-                labels,
-                time_nanos: now,
-                ..Default::default()
-            };
-            for (j, sample) in series.samples.into_iter().enumerate() {
-                let (profile, size) =
-                    pprof::decode_sized(sample.raw_profile.clone(), limits.max_decompressed_bytes)
-                        .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
-                total += size;
-                if total > limits.max_decompressed_bytes {
-                    return Err(ApiError::too_large(format!(
-                        "the push request decompresses to more than {} bytes",
-                        limits.max_decompressed_bytes
-                    )));
-                }
-                let n = normalize::normalize_pprof(&profile, &meta, &normalize_limits)
-                    .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
-                out.push(n);
-            }
-        }
-        Ok((out, total))
-    })
-    .await?;
-    store(app, tenant, profiles.0, profiles.1).await
 }
 
 impl ApiError {

@@ -26,11 +26,10 @@ mod tests;
 
 use std::future::Future;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use kiln_otel::model::ProfileType;
 use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
@@ -42,35 +41,37 @@ use crate::connect::{query_options, report_headers};
 use crate::error::ApiError;
 use crate::querier::Querier;
 
-/// The paths this module serves (a process without the query role answers them 404).
-pub const PATHS: [&str; 4] = [RENDER, RENDER_DIFF, LABELS, LABEL_VALUES];
+/// A legacy endpoint: its path, the API method name the telemetry layer gives it, its handler.
+pub struct Route {
+    pub path: &'static str,
+    pub method: &'static str,
+    pub handler: fn() -> MethodRouter<AppRef>,
+}
 
-const RENDER: &str = "/pyroscope/render";
-const RENDER_DIFF: &str = "/pyroscope/render-diff";
-const LABELS: &str = "/pyroscope/labels";
-const LABEL_VALUES: &str = "/pyroscope/label-values";
-
-/// The API method names of [`PATHS`], as the telemetry layer labels them.
-pub const METHODS: [&str; 4] = [
-    "pyroscope.render",
-    "pyroscope.render-diff",
-    "pyroscope.labels",
-    "pyroscope.label-values",
+/// The endpoints of this module (all `GET`; a process without the query role answers them 404),
+/// for the API table (`crate::api`).
+pub const ROUTES: [Route; 4] = [
+    Route {
+        path: "/pyroscope/render",
+        method: "pyroscope.render",
+        handler: || get(render),
+    },
+    Route {
+        path: "/pyroscope/render-diff",
+        method: "pyroscope.render-diff",
+        handler: || get(render_diff),
+    },
+    Route {
+        path: "/pyroscope/labels",
+        method: "pyroscope.labels",
+        handler: || get(labels),
+    },
+    Route {
+        path: "/pyroscope/label-values",
+        method: "pyroscope.label-values",
+        handler: || get(label_values),
+    },
 ];
-
-/// The method name of a legacy path, if it is one.
-pub fn method_of(path: &str) -> Option<&'static str> {
-    PATHS.iter().position(|p| *p == path).map(|i| METHODS[i])
-}
-
-/// The legacy routes, for a process that runs the query role.
-pub fn routes() -> Router<AppRef> {
-    Router::new()
-        .route(RENDER, get(render))
-        .route(RENDER_DIFF, get(render_diff))
-        .route(LABELS, get(labels))
-        .route(LABEL_VALUES, get(label_values))
-}
 
 /// The nodes Pyroscope's DOT renderer draws when `max-nodes` is absent or 0.
 const DOT_DEFAULT_NODES: usize = 100;
@@ -108,87 +109,93 @@ where
 
 /// `GET /pyroscope/render`.
 async fn render(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
-    serve(app, METHODS[0], headers, |querier, tenant| async move {
-        let params = Params::parse(&uri)?;
-        let now = now_ms();
-        // `name` is what Pyroscope's first HTTP API took; `query` is what today's clients send.
-        let field = if params.get("query").is_none() && params.get("name").is_some() {
-            "name"
-        } else {
-            "query"
-        };
-        let query = Query::parse_required(field, params.get(field))?;
-        let (start, end) = params.range("from", "until", now)?;
-        let (type_id, selector) = (query.profile_type.id(), query.selector_text());
-        if params.get("format") == Some("dot") {
-            let max = match params.max_nodes()? {
-                n if n <= 0 => DOT_DEFAULT_NODES,
-                n => usize::try_from(n).unwrap_or(usize::MAX),
+    serve(
+        app,
+        ROUTES[0].method,
+        headers,
+        |querier, tenant| async move {
+            let params = Params::parse(&uri)?;
+            let now = now_ms();
+            // `name` is what Pyroscope's first HTTP API took; `query` is what today's clients send.
+            let field = if params.get("query").is_none() && params.get("name").is_some() {
+                "name"
+            } else {
+                "query"
             };
-            let source = max.max(DOT_SOURCE_NODES);
-            let source =
-                querier.max_nodes(&tenant, Some(i64::try_from(source).unwrap_or(i64::MAX)))?;
-            let tree = querier
-                .merge_tree(&tenant, &type_id, &selector, start, end)
-                .await?;
-            return dot_response(&tree, source, max, &query.profile_type, start, end);
-        }
-        let max_nodes = querier.max_nodes(&tenant, Some(params.max_nodes()?))?;
-        let group_by: Vec<String> = params.all("groupBy").map(str::to_owned).collect();
-        let aggregation = match params.get("aggregation") {
-            Some("avg") => t::TimeSeriesAggregationType::Average,
-            _ => t::TimeSeriesAggregationType::Sum,
-        };
-        let step = point_interval_secs(start, end);
-        let tree = querier.merge_tree(&tenant, &type_id, &selector, start, end);
-        let series = async {
-            if start <= 0 || end <= start {
-                return Ok(Vec::new());
+            let query = Query::parse_required(field, params.get(field))?;
+            let (start, end) = params.range("from", "until", now)?;
+            let (type_id, selector) = (query.profile_type.id(), query.selector_text());
+            if params.get("format") == Some("dot") {
+                let max = match params.max_nodes()? {
+                    n if n <= 0 => DOT_DEFAULT_NODES,
+                    n => usize::try_from(n).unwrap_or(usize::MAX),
+                };
+                let source = max.max(DOT_SOURCE_NODES);
+                let source =
+                    querier.max_nodes(&tenant, Some(i64::try_from(source).unwrap_or(i64::MAX)))?;
+                let tree = querier
+                    .merge_tree(&tenant, &type_id, &selector, start, end)
+                    .await?;
+                return dot_response(&tree, source, max, &query.profile_type, start, end);
             }
-            let r = querier
-                .select_series(
-                    &tenant,
-                    q::SelectSeriesRequest {
-                        profile_type_id: type_id.clone(),
-                        label_selector: selector.clone(),
-                        start,
-                        end,
-                        step: step as f64,
-                        group_by: group_by.clone(),
-                        aggregation: Some(aggregation as i32),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            Ok::<_, ApiError>(r.series)
-        };
-        let (tree, series) = futures::try_join!(tree, series)?;
-        let mut profile = flamebearer::single(&tree.to_flamegraph(max_nodes), &query.profile_type);
-        let timeline = |s: Option<&t::Series>| {
-            flamebearer::Timeline::new(s.map_or(&[][..], |s| &s.points), start, end, step)
-        };
-        profile.timeline = Some(timeline(if series.len() == 1 {
-            series.first()
-        } else {
-            None
-        }));
-        if let Some(label) = group_by.first() {
-            profile.groups = Some(
-                series
-                    .iter()
-                    .map(|s| {
-                        let key = s
-                            .labels
-                            .iter()
-                            .find(|l| &l.name == label)
-                            .map_or("*", |l| l.value.as_str());
-                        (key.to_owned(), timeline(Some(s)))
-                    })
-                    .collect(),
-            );
-        }
-        json_response(&profile)
-    })
+            let max_nodes = querier.max_nodes(&tenant, Some(params.max_nodes()?))?;
+            let group_by: Vec<String> = params.all("groupBy").map(str::to_owned).collect();
+            let aggregation = match params.get("aggregation") {
+                Some("avg") => t::TimeSeriesAggregationType::Average,
+                _ => t::TimeSeriesAggregationType::Sum,
+            };
+            let step = point_interval_secs(start, end);
+            let tree = querier.merge_tree(&tenant, &type_id, &selector, start, end);
+            let series = async {
+                if start <= 0 || end <= start {
+                    return Ok(Vec::new());
+                }
+                let r = querier
+                    .select_series(
+                        &tenant,
+                        q::SelectSeriesRequest {
+                            profile_type_id: type_id.clone(),
+                            label_selector: selector.clone(),
+                            start,
+                            end,
+                            step: step as f64,
+                            group_by: group_by.clone(),
+                            aggregation: Some(aggregation as i32),
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                Ok::<_, ApiError>(r.series)
+            };
+            let (tree, series) = futures::try_join!(tree, series)?;
+            let mut profile =
+                flamebearer::single(&tree.to_flamegraph(max_nodes), &query.profile_type);
+            let timeline = |s: Option<&t::Series>| {
+                flamebearer::Timeline::new(s.map_or(&[][..], |s| &s.points), start, end, step)
+            };
+            profile.timeline = Some(timeline(if series.len() == 1 {
+                series.first()
+            } else {
+                None
+            }));
+            if let Some(label) = group_by.first() {
+                profile.groups = Some(
+                    series
+                        .iter()
+                        .map(|s| {
+                            let key = s
+                                .labels
+                                .iter()
+                                .find(|l| &l.name == label)
+                                .map_or("*", |l| l.value.as_str());
+                            (key.to_owned(), timeline(Some(s)))
+                        })
+                        .collect(),
+                );
+            }
+            json_response(&profile)
+        },
+    )
     .await
 }
 
@@ -235,76 +242,92 @@ pub(crate) fn dot_text(
 
 /// `GET /pyroscope/render-diff`.
 async fn render_diff(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
-    serve(app, METHODS[1], headers, |querier, tenant| async move {
-        let params = Params::parse(&uri)?;
-        let now = now_ms();
-        let left = Query::parse_required("leftQuery", params.get("leftQuery"))?;
-        let right = Query::parse_required("rightQuery", params.get("rightQuery"))?;
-        if left.profile_type.id() != right.profile_type.id() {
-            return Err(ApiError::invalid("profile types must match"));
-        }
-        let (left_start, left_end) = params.range("leftFrom", "leftUntil", now)?;
-        let (right_start, right_end) = params.range("rightFrom", "rightUntil", now)?;
-        let max_nodes = querier.max_nodes(&tenant, Some(params.max_nodes()?))?;
-        let type_id = left.profile_type.id();
-        let (left_selector, right_selector) = (left.selector_text(), right.selector_text());
-        let left_tree = querier.merge_tree(&tenant, &type_id, &left_selector, left_start, left_end);
-        let right_tree =
-            querier.merge_tree(&tenant, &type_id, &right_selector, right_start, right_end);
-        let (left_tree, right_tree) = futures::try_join!(left_tree, right_tree)?;
-        let profile = flamebearer::diff(&left_tree, &right_tree, max_nodes, &left.profile_type)
-            .map_err(ApiError::internal)?;
-        json_response(&profile)
-    })
+    serve(
+        app,
+        ROUTES[1].method,
+        headers,
+        |querier, tenant| async move {
+            let params = Params::parse(&uri)?;
+            let now = now_ms();
+            let left = Query::parse_required("leftQuery", params.get("leftQuery"))?;
+            let right = Query::parse_required("rightQuery", params.get("rightQuery"))?;
+            if left.profile_type.id() != right.profile_type.id() {
+                return Err(ApiError::invalid("profile types must match"));
+            }
+            let (left_start, left_end) = params.range("leftFrom", "leftUntil", now)?;
+            let (right_start, right_end) = params.range("rightFrom", "rightUntil", now)?;
+            let max_nodes = querier.max_nodes(&tenant, Some(params.max_nodes()?))?;
+            let type_id = left.profile_type.id();
+            let (left_selector, right_selector) = (left.selector_text(), right.selector_text());
+            let left_tree =
+                querier.merge_tree(&tenant, &type_id, &left_selector, left_start, left_end);
+            let right_tree =
+                querier.merge_tree(&tenant, &type_id, &right_selector, right_start, right_end);
+            let (left_tree, right_tree) = futures::try_join!(left_tree, right_tree)?;
+            let profile = flamebearer::diff(&left_tree, &right_tree, max_nodes, &left.profile_type)
+                .map_err(ApiError::internal)?;
+            json_response(&profile)
+        },
+    )
     .await
 }
 
 /// `GET /pyroscope/labels`: label names of the series the query selects.
 async fn labels(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
-    serve(app, METHODS[2], headers, |querier, tenant| async move {
-        let params = Params::parse(&uri)?;
-        let matchers = Query::matchers(params.get("query"))?;
-        let (start, end) = params.optional_range(now_ms())?;
-        let r = querier
-            .label_names(
-                &tenant,
-                t::LabelNamesRequest {
-                    matchers,
-                    start,
-                    end,
-                },
-            )
-            .await?;
-        json_response(&r.names)
-    })
+    serve(
+        app,
+        ROUTES[2].method,
+        headers,
+        |querier, tenant| async move {
+            let params = Params::parse(&uri)?;
+            let matchers = Query::matchers(params.get("query"))?;
+            let (start, end) = params.optional_range(now_ms())?;
+            let r = querier
+                .label_names(
+                    &tenant,
+                    t::LabelNamesRequest {
+                        matchers,
+                        start,
+                        end,
+                    },
+                )
+                .await?;
+            json_response(&r.names)
+        },
+    )
     .await
 }
 
 /// `GET /pyroscope/label-values`: values of `label` in the series the query selects;
 /// `label=__name__` lists their profile types, as Pyroscope answers it.
 async fn label_values(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
-    serve(app, METHODS[3], headers, |querier, tenant| async move {
-        let params = Params::parse(&uri)?;
-        let label = match params.get("label") {
-            None | Some("") => return Err(ApiError::invalid("label parameter is required")),
-            Some("__name__") => kiln_storage::query::PROFILE_TYPE_LABEL,
-            Some(l) => l,
-        };
-        let matchers = Query::matchers(params.get("query"))?;
-        let (start, end) = params.optional_range(now_ms())?;
-        let r = querier
-            .label_values(
-                &tenant,
-                t::LabelValuesRequest {
-                    name: label.to_owned(),
-                    matchers,
-                    start,
-                    end,
-                },
-            )
-            .await?;
-        json_response(&r.names)
-    })
+    serve(
+        app,
+        ROUTES[3].method,
+        headers,
+        |querier, tenant| async move {
+            let params = Params::parse(&uri)?;
+            let label = match params.get("label") {
+                None | Some("") => return Err(ApiError::invalid("label parameter is required")),
+                Some("__name__") => kiln_storage::query::PROFILE_TYPE_LABEL,
+                Some(l) => l,
+            };
+            let matchers = Query::matchers(params.get("query"))?;
+            let (start, end) = params.optional_range(now_ms())?;
+            let r = querier
+                .label_values(
+                    &tenant,
+                    t::LabelValuesRequest {
+                        name: label.to_owned(),
+                        matchers,
+                        start,
+                        end,
+                    },
+                )
+                .await?;
+            json_response(&r.names)
+        },
+    )
     .await
 }
 

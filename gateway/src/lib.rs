@@ -14,6 +14,7 @@
 //! [`error::ApiError`].
 
 pub mod admin;
+pub mod api;
 pub mod app;
 pub mod app_services;
 pub mod auth;
@@ -28,6 +29,7 @@ pub mod legacy;
 pub mod lifecycle;
 pub mod metrics;
 pub mod otlp;
+pub mod push;
 pub mod querier;
 pub mod self_profile;
 pub mod server;

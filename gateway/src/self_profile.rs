@@ -540,7 +540,16 @@ mod tests {
             .build()
             .unwrap();
         let start = std::time::SystemTime::now();
-        spin_for_the_self_profile_test(std::time::Instant::now() + Duration::from_millis(600));
+        // Spin until the sampler has seen 30 samples (CPU time, not wall time: a loaded machine
+        // gives the thread less of it), for at most a minute.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let samples = |guard: &pprof::ProfilerGuard<'_>| -> isize {
+            let report = guard.report().build_unresolved().unwrap();
+            report.data.values().sum()
+        };
+        while samples(&guard) < 30 && std::time::Instant::now() < deadline {
+            spin_for_the_self_profile_test(std::time::Instant::now() + Duration::from_millis(100));
+        }
         let report = guard.report().build_unresolved().unwrap();
         drop(guard);
         let stacks: Vec<(Vec<usize>, i64)> = report

@@ -24,58 +24,33 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppRef;
 use crate::auth::Scope;
-use crate::connect::{push_handler, querier_handler};
 use crate::grpc::Grpc;
-use crate::ingest::ingest_handler;
 
-/// The whole HTTP + gRPC application.
+/// The whole HTTP + gRPC application: every endpoint of the API table (`crate::api`), those of
+/// roles this process does not run answering 404 with the roles it runs.
 pub fn router(app: AppRef) -> Router {
     let grpc = grpc_router(app.clone());
     let roles = app.roles;
-    let ingest = if roles.ingest {
-        Router::new()
-            .route("/ingest", post(ingest_handler))
-            .route("/pyroscope/ingest", post(ingest_handler))
-            .route("/push.v1.PusherService/Push", post(push_handler))
-            .route("/v1development/profiles", post(crate::otlp::http_handler))
-    } else {
-        Router::new()
-            .route("/ingest", post(role_missing))
-            .route("/pyroscope/ingest", post(role_missing))
-            .route("/push.v1.PusherService/Push", post(role_missing))
-            .route("/v1development/profiles", post(role_missing))
-    };
-    let query = if roles.query {
-        Router::new()
-            .route("/querier.v1.QuerierService/{method}", post(querier_handler))
-            .merge(crate::app_services::routes())
-            .merge(crate::legacy::routes())
-    } else {
-        let missing = crate::app_services::SERVICES.iter().fold(
-            Router::new().route("/querier.v1.QuerierService/{method}", post(role_missing)),
-            |r, s| r.route(&format!("/{}/{{method}}", s.name), post(role_missing)),
+    let mut routes = Router::new();
+    for e in crate::api::endpoints() {
+        let Some(handler) = e.handler else {
+            continue;
+        };
+        routes = routes.route(
+            &e.path,
+            if e.role.served_by(roles) {
+                handler()
+            } else {
+                match e.verb {
+                    crate::api::Verb::Get => get(role_missing),
+                    crate::api::Verb::Post => post(role_missing),
+                    crate::api::Verb::Delete => axum::routing::delete(role_missing),
+                }
+            },
         );
-        crate::legacy::PATHS
-            .iter()
-            .fold(missing, |r, path| r.route(path, get(role_missing)))
-    };
-    Router::new()
-        .merge(ingest)
-        .merge(query)
-        .route("/api/v1/tenants", get(crate::admin::list))
-        .route(
-            "/api/v1/tenants/{id}",
-            axum::routing::delete(crate::admin::delete),
-        )
-        .route("/api/v1/tenants/{id}/usage", get(crate::admin::usage))
-        .route("/api/v1/tenants/{id}/blocks", get(crate::admin::blocks))
-        .route("/api/v1/quarantine", get(crate::admin::quarantine_all))
-        .route(
-            "/api/v1/tenants/{id}/quarantine",
-            get(crate::admin::quarantine_of),
-        )
-        .route("/ready", get(ready))
-        .route("/metrics", get(guarded_metrics))
+    }
+    routes
+        .fallback(no_api)
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
         .with_state(app.clone())
@@ -89,6 +64,15 @@ pub fn router(app: AppRef) -> Router {
         ))
         // Outermost: every request is counted and timed, a panic's 500 too.
         .layer(middleware::from_fn_with_state(app, crate::telemetry::track))
+}
+
+/// A path of no API (the API table's fallback): 404 saying so.
+async fn no_api(uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("{} is not an API of Kiln\n", uri.path()),
+    )
+        .into_response()
 }
 
 /// An API of a role this process does not run (`--roles`): 404, naming the roles it runs, so a
@@ -203,7 +187,7 @@ fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
     crate::error::ApiError::internal(format!("handler panicked: {detail}")).into_response()
 }
 
-async fn ready() -> impl IntoResponse {
+pub(crate) async fn ready() -> impl IntoResponse {
     (StatusCode::OK, "ready\n")
 }
 
@@ -220,7 +204,10 @@ pub fn admin_router(app: AppRef) -> Router {
 /// an admin token of the operator tenant (`--admin-tenant`); Prometheus scrapes it with that
 /// token, or scrapes the admin listener instead. The other modes serve it as they serve all else
 /// (loopback, or behind the proxy that authenticates).
-async fn guarded_metrics(State(app): State<AppRef>, headers: axum::http::HeaderMap) -> Response {
+pub(crate) async fn guarded_metrics(
+    State(app): State<AppRef>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     if app.auth.mode == crate::auth::AuthMode::Jwt
         && let Err(e) = app.auth.authorize_admin(&headers, None)
     {

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
@@ -15,82 +15,17 @@ use crate::app::AppRef;
 use crate::error::{ErrorDetail, ErrorKind};
 use crate::metrics::{ApiLabels, ApiRequestLabels};
 
-use crate::querier::QUERIER_METHODS;
-
-/// Every API method name the layer gives (the `method` label's values).
+/// Every API method name the layer gives (the `method` label's values), from the API table.
 pub fn api_methods() -> Vec<String> {
-    let mut all: Vec<String> = [
-        "ingest",
-        PUSH,
-        OTLP_EXPORT,
-        "admin.tenants",
-        "admin.tenant",
-        "admin.tenant.usage",
-        "admin.tenant.blocks",
-        "admin.tenant.quarantine",
-        "admin.quarantine",
-        "metrics",
-        "ready",
-        "other",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    all.extend(QUERIER_METHODS.iter().map(|m| (*m).to_owned()));
-    all.push("querier.v1.QuerierService/unknown".into());
-    all.extend(
-        crate::app_services::SERVICES
-            .iter()
-            .flat_map(|s| s.methods.iter().map(|m| (*m).to_owned())),
-    );
-    all.extend(crate::legacy::METHODS.iter().map(|m| (*m).to_owned()));
-    all
+    crate::api::method_names()
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
-const PUSH: &str = "push.v1.PusherService/Push";
-const OTLP_EXPORT: &str =
-    "opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
-
-/// The API method a request calls: a bounded name, from the path alone.
-pub fn api_method(method: &Method, path: &str) -> &'static str {
-    if let Some(m) = path.strip_prefix("/querier.v1.QuerierService/") {
-        return QUERIER_METHODS
-            .iter()
-            .find(|known| known.rsplit('/').next() == Some(m))
-            .copied()
-            .unwrap_or("querier.v1.QuerierService/unknown");
-    }
-    if let Some(name) = crate::app_services::api_method(path) {
-        return name;
-    }
-    if let Some(m) = crate::legacy::method_of(path) {
-        return m;
-    }
-    match path {
-        "/ingest" | "/pyroscope/ingest" => return "ingest",
-        "/push.v1.PusherService/Push" => return PUSH,
-        "/v1development/profiles"
-        | "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export" => {
-            return OTLP_EXPORT;
-        }
-        "/metrics" => return "metrics",
-        "/ready" => return "ready",
-        "/api/v1/tenants" => return "admin.tenants",
-        "/api/v1/quarantine" => return "admin.quarantine",
-        _ => {}
-    }
-    if let Some(rest) = path.strip_prefix("/api/v1/tenants/") {
-        let mut parts = rest.splitn(2, '/');
-        let _id = parts.next();
-        return match (parts.next(), method) {
-            (None, _) => "admin.tenant",
-            (Some("usage"), _) => "admin.tenant.usage",
-            (Some("blocks"), _) => "admin.tenant.blocks",
-            (Some("quarantine"), _) => "admin.tenant.quarantine",
-            _ => "other",
-        };
-    }
-    "other"
+/// The API method a request calls: a bounded name, from the path alone (the API table's).
+pub fn api_method(path: &str) -> &'static str {
+    crate::api::method_name(path)
 }
 
 /// `grpc`, `connect` (Connect's protobuf or JSON over HTTP) or `http`.
@@ -101,10 +36,8 @@ pub fn transport(path: &str, headers: &HeaderMap) -> &'static str {
         .unwrap_or("");
     if content_type.starts_with("application/grpc") {
         "grpc"
-    } else if path.starts_with("/querier.v1.") || path.starts_with("/push.v1.") {
-        "connect"
     } else {
-        "http"
+        crate::api::transport_of(path).label()
     }
 }
 
@@ -135,7 +68,7 @@ fn status_class(resp: &Response) -> &'static str {
 
 /// The layer: counts, times and traces each request.
 pub async fn track(State(app): State<AppRef>, req: Request, next: Next) -> Response {
-    let method = api_method(req.method(), req.uri().path());
+    let method = api_method(req.uri().path());
     let transport = transport(req.uri().path(), req.headers());
     let labels = ApiLabels { method, transport };
     let in_flight = app.metrics.api_in_flight.get_or_create(&labels).clone();
@@ -183,30 +116,29 @@ mod tests {
 
     #[test]
     fn methods_are_bounded_names() {
-        let get = Method::GET;
-        assert_eq!(api_method(&Method::POST, "/ingest"), "ingest");
+        assert_eq!(api_method("/ingest"), "ingest");
         assert_eq!(
-            api_method(&Method::POST, "/querier.v1.QuerierService/SelectSeries"),
+            api_method("/querier.v1.QuerierService/SelectSeries"),
             "querier.v1.QuerierService/SelectSeries"
         );
         assert_eq!(
-            api_method(&Method::POST, "/querier.v1.QuerierService/Whatever123"),
+            api_method("/querier.v1.QuerierService/Whatever123"),
             "querier.v1.QuerierService/unknown"
         );
         assert_eq!(
-            api_method(&get, "/api/v1/tenants/acme/usage"),
+            api_method("/api/v1/tenants/acme/usage"),
             "admin.tenant.usage"
         );
-        assert_eq!(api_method(&get, "/api/v1/tenants/acme"), "admin.tenant");
-        assert_eq!(api_method(&get, "/random/path/12345"), "other");
-        assert_eq!(api_method(&get, "/pyroscope/render"), "pyroscope.render");
+        assert_eq!(api_method("/api/v1/tenants/acme"), "admin.tenant");
+        assert_eq!(api_method("/random/path/12345"), "other");
+        assert_eq!(api_method("/pyroscope/render"), "pyroscope.render");
         assert_eq!(
-            api_method(&get, "/pyroscope/render-diff"),
+            api_method("/pyroscope/render-diff"),
             "pyroscope.render-diff"
         );
-        assert_eq!(api_method(&get, "/pyroscope/labels"), "pyroscope.labels");
+        assert_eq!(api_method("/pyroscope/labels"), "pyroscope.labels");
         assert_eq!(
-            api_method(&get, "/pyroscope/label-values"),
+            api_method("/pyroscope/label-values"),
             "pyroscope.label-values"
         );
         for path in [
@@ -216,11 +148,27 @@ mod tests {
             "/api/v1/tenants/a/b/c",
             "/pyroscope/render",
             "/pyroscope/label-values",
+            "/settings.v1.SettingsService/Get",
         ] {
-            assert!(api_methods().contains(&api_method(&get, path).to_owned()));
+            assert!(api_methods().contains(&api_method(path).to_owned()));
         }
-        for m in QUERIER_METHODS {
-            assert_eq!(api_method(&Method::POST, &format!("/{m}")), *m);
+        for m in crate::querier::QUERIER_METHODS {
+            assert_eq!(api_method(&format!("/{m}")), *m);
         }
+    }
+
+    #[test]
+    fn transports_come_from_the_table() {
+        let none = HeaderMap::new();
+        let mut grpc = HeaderMap::new();
+        grpc.insert(header::CONTENT_TYPE, "application/grpc".parse().unwrap());
+        assert_eq!(
+            transport("/settings.v1.SettingsService/Get", &none),
+            "connect"
+        );
+        assert_eq!(transport("/push.v1.PusherService/Push", &none), "connect");
+        assert_eq!(transport("/push.v1.PusherService/Push", &grpc), "grpc");
+        assert_eq!(transport("/ingest", &none), "http");
+        assert_eq!(transport("/unknown", &none), "http");
     }
 }

@@ -1049,8 +1049,12 @@ async fn the_metrics_spec_holds() {
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
     assert!(values["method"].contains("settings.v1.SettingsService/Set"));
     assert!(values["method"].contains("vcs.v1.VCSService"));
-    for m in kiln_gateway::legacy::METHODS {
-        assert!(values["method"].contains(m), "{m} was not counted");
+    for r in &kiln_gateway::legacy::ROUTES {
+        assert!(
+            values["method"].contains(r.method),
+            "{} was not counted",
+            r.method
+        );
     }
     assert!(values["method"].contains("other"));
     assert!(
@@ -1611,7 +1615,7 @@ async fn legacy_api_follows_the_query_role_and_tenants() {
     );
     ingest_app.roles = kiln_gateway::app::Roles::parse("ingest,compact").unwrap();
     let ingest_only = router(Arc::new(ingest_app));
-    for path in kiln_gateway::legacy::PATHS {
+    for path in kiln_gateway::legacy::ROUTES.map(|r| r.path) {
         let req = Request::get(path)
             .header("x-scope-orgid", "a")
             .body(Body::empty())
@@ -1966,4 +1970,91 @@ async fn individual_exemplars_open_their_profile() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["code"], "invalid_argument");
+}
+
+/// Every endpoint of the API table is routed: with every role it reaches its handler, with none
+/// it answers the role's 404, and never the router's fallback (a path of no API); the telemetry
+/// layer names each with a name of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_is_routed() {
+    use kiln_gateway::api::{Transport, Verb, endpoints};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(kiln_storage::testing::config(dir.path()))
+        .await
+        .unwrap();
+    let all = router(Arc::new(App::new(
+        storage.clone(),
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    )));
+    let mut compact_only = App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    );
+    compact_only.roles = kiln_gateway::app::Roles::parse("compact").unwrap();
+    let compact_only = router(Arc::new(compact_only));
+    let (status, body) = send(
+        &all,
+        Request::get("/no/such/api").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&body).contains("is not an API of Kiln"));
+    let endpoints = endpoints();
+    assert!(endpoints.len() > 20, "{}", endpoints.len());
+    let paths = endpoints.iter().flat_map(|e| {
+        // Concrete paths: each method the endpoint names for `{method}` (any, for a service Kiln
+        // does not offer), a tenant for `{id}`.
+        let methods: Vec<&str> = match e.names {
+            kiln_gateway::api::Names::Methods { methods, .. } if !methods.is_empty() => methods
+                .iter()
+                .map(|m| m.rsplit('/').next().unwrap())
+                .collect(),
+            _ => vec!["Anything"],
+        };
+        methods.into_iter().map(move |m| {
+            let path = e.path.replace("{method}", m).replace("{id}", "team-a");
+            (e, path)
+        })
+    });
+    for (e, path) in paths {
+        let method = kiln_gateway::telemetry::api_method(&path);
+        assert_ne!(method, "other", "{path} has no name of its own");
+        assert!(!method.ends_with("/unknown"), "{path}: {method}");
+        let request = |content_type: &str| {
+            let verb = match e.verb {
+                Verb::Get => "GET",
+                Verb::Post => "POST",
+                Verb::Delete => "DELETE",
+            };
+            Request::builder()
+                .method(verb)
+                .uri(&path)
+                .header("x-scope-orgid", "team-a")
+                .header("content-type", content_type)
+                .body(Body::from("{}"))
+                .unwrap()
+        };
+        let content_type = match e.transport {
+            Transport::Grpc => "application/grpc",
+            _ => "application/json",
+        };
+        let (status, body) = send(&all, request(content_type)).await;
+        let body = String::from_utf8_lossy(&body);
+        assert!(
+            !body.contains("is not an API of Kiln") && status != StatusCode::METHOD_NOT_ALLOWED,
+            "{path}: {status} {body}"
+        );
+        if e.handler.is_some()
+            && !e
+                .role
+                .served_by(kiln_gateway::app::Roles::parse("compact").unwrap())
+        {
+            let (status, body) = send(&compact_only, request(content_type)).await;
+            let body = String::from_utf8_lossy(&body);
+            assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+            assert!(body.contains("not served here"), "{path}: {body}");
+        }
+    }
 }

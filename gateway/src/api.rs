@@ -1,0 +1,397 @@
+//! Every API the port serves, in one table ([`endpoints`]): its path, HTTP method, role,
+//! transport, the names the telemetry layer gives its calls, and its handler. The router
+//! (`crate::server::router`) is built from it — an endpoint of a role this process does not run
+//! answers 404 naming the roles it runs — and so are the telemetry layer's method and transport
+//! labels (`crate::telemetry`). Each API's own methods are listed once, in its module:
+//! `querier.v1` in [`crate::querier`] (`querier_methods!`), the Drilldown app's other services in
+//! [`crate::app_services::SERVICES`], the legacy query API in [`crate::legacy::ROUTES`]. gRPC
+//! services are tonic's (`crate::server`), on the same paths as their Connect twins; the table
+//! lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
+//!
+//! `tests/router.rs::every_endpoint_is_routed` requests every endpoint of the table, with every
+//! role and with none, and checks none falls through to the router's fallback.
+
+use axum::routing::{MethodRouter, delete, get, post};
+
+use crate::app::{AppRef, Roles};
+
+/// The role that serves an endpoint (`--roles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Ingest,
+    Query,
+    /// Every process: the admin API, `/ready`, `/metrics`.
+    Any,
+}
+
+impl Role {
+    /// Whether a process running `roles` serves this role's endpoints.
+    pub fn served_by(self, roles: Roles) -> bool {
+        match self {
+            Self::Ingest => roles.ingest,
+            Self::Query => roles.query,
+            Self::Any => true,
+        }
+    }
+}
+
+/// How an endpoint is reached (the telemetry layer's `transport` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain HTTP (Pyroscope's ingest and legacy query API, OTLP/HTTP, admin).
+    Http,
+    /// Connect, protobuf or JSON; the same paths with an `application/grpc` content type are
+    /// gRPC, served by tonic.
+    Connect,
+    /// gRPC only.
+    Grpc,
+}
+
+impl Transport {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Connect => "connect",
+            Self::Grpc => "grpc",
+        }
+    }
+}
+
+/// An HTTP method of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Post,
+    Delete,
+}
+
+/// The names the telemetry layer gives an endpoint's calls.
+#[derive(Debug, Clone, Copy)]
+pub enum Names {
+    /// One name for every call.
+    One(&'static str),
+    /// The path's last segment (`{method}`) picks one of `methods` (`service/method`, matched by
+    /// their last segment); any other is `unknown`.
+    Methods {
+        methods: &'static [&'static str],
+        unknown: &'static str,
+    },
+}
+
+impl Names {
+    fn of(self, last_segment: &str) -> &'static str {
+        match self {
+            Self::One(name) => name,
+            Self::Methods { methods, unknown } => methods
+                .iter()
+                .find(|m| m.rsplit('/').next() == Some(last_segment))
+                .copied()
+                .unwrap_or(unknown),
+        }
+    }
+
+    fn all(self) -> Vec<&'static str> {
+        match self {
+            Self::One(name) => vec![name],
+            Self::Methods { methods, unknown } => {
+                methods.iter().copied().chain([unknown]).collect()
+            }
+        }
+    }
+}
+
+/// One API endpoint.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// The axum path (`{name}` matches one segment).
+    pub path: String,
+    pub verb: Verb,
+    pub role: Role,
+    pub transport: Transport,
+    pub names: Names,
+    /// Its handler; `None` for gRPC-only endpoints (tonic serves them).
+    pub handler: Option<fn() -> MethodRouter<AppRef>>,
+}
+
+impl Endpoint {
+    fn new(
+        path: impl Into<String>,
+        verb: Verb,
+        role: Role,
+        transport: Transport,
+        names: Names,
+        handler: Option<fn() -> MethodRouter<AppRef>>,
+    ) -> Self {
+        Self {
+            path: path.into(),
+            verb,
+            role,
+            transport,
+            names,
+            handler,
+        }
+    }
+
+    /// The segments of `path` when it is one of this endpoint's paths.
+    fn matches<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let mut want = self.path.trim_start_matches('/').split('/');
+        let mut got = path.trim_start_matches('/').split('/');
+        let mut last = "";
+        loop {
+            match (want.next(), got.next()) {
+                (None, None) => return Some(last),
+                (Some(w), Some(g)) => {
+                    let wildcard = w.starts_with('{') && w.ends_with('}');
+                    if !(wildcard && !g.is_empty() || w == g) {
+                        return None;
+                    }
+                    last = g;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// `push.v1.PusherService/Push`.
+pub const PUSH: &str = "push.v1.PusherService/Push";
+/// OTLP's profiles export, over HTTP and gRPC.
+pub const OTLP_EXPORT: &str =
+    "opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
+
+/// Every endpoint of the API port.
+pub fn endpoints() -> Vec<Endpoint> {
+    use Names::One;
+    use Role::{Any, Ingest, Query};
+    use Transport::{Connect, Grpc, Http};
+    use Verb::{Delete, Get, Post};
+    let mut all = vec![
+        // Ingest: Pyroscope's HTTP API, push.v1, OTLP.
+        Endpoint::new(
+            "/ingest",
+            Post,
+            Ingest,
+            Http,
+            One("ingest"),
+            Some(|| post(crate::ingest::ingest_handler)),
+        ),
+        Endpoint::new(
+            "/pyroscope/ingest",
+            Post,
+            Ingest,
+            Http,
+            One("ingest"),
+            Some(|| post(crate::ingest::ingest_handler)),
+        ),
+        Endpoint::new(
+            format!("/{PUSH}"),
+            Post,
+            Ingest,
+            Connect,
+            One(PUSH),
+            Some(|| post(crate::push::connect_handler)),
+        ),
+        Endpoint::new(
+            "/v1development/profiles",
+            Post,
+            Ingest,
+            Http,
+            One(OTLP_EXPORT),
+            Some(|| post(crate::otlp::http_handler)),
+        ),
+        Endpoint::new(
+            format!("/{OTLP_EXPORT}"),
+            Post,
+            Ingest,
+            Grpc,
+            One(OTLP_EXPORT),
+            None,
+        ),
+        // Query: querier.v1, the app's other services, the legacy HTTP API.
+        Endpoint::new(
+            "/querier.v1.QuerierService/{method}",
+            Post,
+            Query,
+            Connect,
+            Names::Methods {
+                methods: crate::querier::QUERIER_METHODS,
+                unknown: "querier.v1.QuerierService/unknown",
+            },
+            Some(|| post(crate::connect::querier_handler)),
+        ),
+    ];
+    for s in &crate::app_services::SERVICES {
+        all.push(Endpoint::new(
+            format!("/{}/{{method}}", s.name),
+            Post,
+            Query,
+            Connect,
+            match s.absent {
+                // Every call of a service Kiln does not offer has the service's name.
+                Some(_) => Names::Methods {
+                    methods: &[],
+                    unknown: s.methods[0],
+                },
+                None => Names::Methods {
+                    methods: s.methods,
+                    unknown: "other",
+                },
+            },
+            Some(|| post(crate::app_services::handler)),
+        ));
+    }
+    for r in &crate::legacy::ROUTES {
+        all.push(Endpoint::new(
+            r.path,
+            Get,
+            Query,
+            Http,
+            One(r.method),
+            Some(r.handler),
+        ));
+    }
+    // Every process: the admin API, readiness, metrics.
+    all.extend([
+        Endpoint::new(
+            "/api/v1/tenants",
+            Get,
+            Any,
+            Http,
+            One("admin.tenants"),
+            Some(|| get(crate::admin::list)),
+        ),
+        Endpoint::new(
+            "/api/v1/tenants/{id}",
+            Delete,
+            Any,
+            Http,
+            One("admin.tenant"),
+            Some(|| delete(crate::admin::delete)),
+        ),
+        Endpoint::new(
+            "/api/v1/tenants/{id}/usage",
+            Get,
+            Any,
+            Http,
+            One("admin.tenant.usage"),
+            Some(|| get(crate::admin::usage)),
+        ),
+        Endpoint::new(
+            "/api/v1/tenants/{id}/blocks",
+            Get,
+            Any,
+            Http,
+            One("admin.tenant.blocks"),
+            Some(|| get(crate::admin::blocks)),
+        ),
+        Endpoint::new(
+            "/api/v1/tenants/{id}/quarantine",
+            Get,
+            Any,
+            Http,
+            One("admin.tenant.quarantine"),
+            Some(|| get(crate::admin::quarantine_of)),
+        ),
+        Endpoint::new(
+            "/api/v1/quarantine",
+            Get,
+            Any,
+            Http,
+            One("admin.quarantine"),
+            Some(|| get(crate::admin::quarantine_all)),
+        ),
+        Endpoint::new(
+            "/ready",
+            Get,
+            Any,
+            Http,
+            One("ready"),
+            Some(|| get(crate::server::ready)),
+        ),
+        Endpoint::new(
+            "/metrics",
+            Get,
+            Any,
+            Http,
+            One("metrics"),
+            Some(|| get(crate::server::guarded_metrics)),
+        ),
+    ]);
+    all
+}
+
+/// The table, built once.
+fn table() -> &'static [Endpoint] {
+    static TABLE: std::sync::OnceLock<Vec<Endpoint>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(endpoints)
+}
+
+/// The endpoint serving `path`, and the path's last segment.
+pub fn endpoint_of(path: &str) -> Option<(&'static Endpoint, &str)> {
+    table()
+        .iter()
+        .find_map(|e| e.matches(path).map(|last| (e, last)))
+}
+
+/// The API method a request to `path` calls: a bounded name (`other` for paths of no API).
+pub fn method_name(path: &str) -> &'static str {
+    endpoint_of(path).map_or("other", |(e, last)| e.names.of(last))
+}
+
+/// Every name [`method_name`] gives.
+pub fn method_names() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = table().iter().flat_map(|e| e.names.all()).collect();
+    all.push("other");
+    let mut seen = std::collections::HashSet::new();
+    all.retain(|n| seen.insert(*n));
+    all
+}
+
+/// The transport of a request to `path` without a gRPC content type.
+pub fn transport_of(path: &str) -> Transport {
+    endpoint_of(path).map_or(Transport::Http, |(e, _)| match e.transport {
+        // A gRPC-only path reached without gRPC's content type is plain HTTP.
+        Transport::Grpc => Transport::Http,
+        t => t,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_match_by_segment() {
+        let (e, last) = endpoint_of("/api/v1/tenants/acme/usage").unwrap();
+        assert_eq!(e.path, "/api/v1/tenants/{id}/usage");
+        assert_eq!(last, "usage");
+        assert!(endpoint_of("/api/v1/tenants/a/b/c").is_none());
+        assert!(endpoint_of("/api/v1/tenants//usage").is_none());
+        assert_eq!(
+            method_name("/querier.v1.QuerierService/SelectSeries"),
+            "querier.v1.QuerierService/SelectSeries"
+        );
+        assert_eq!(
+            method_name("/querier.v1.QuerierService/Nope"),
+            "querier.v1.QuerierService/unknown"
+        );
+        assert_eq!(
+            method_name("/vcs.v1.VCSService/GithubApp"),
+            "vcs.v1.VCSService"
+        );
+        assert_eq!(method_name("/nothing/here"), "other");
+    }
+
+    #[test]
+    fn every_path_is_listed_once() {
+        let mut seen = std::collections::HashSet::new();
+        for e in table() {
+            assert!(
+                seen.insert((e.path.clone(), e.verb as u8)),
+                "{} twice",
+                e.path
+            );
+        }
+    }
+}
