@@ -427,10 +427,15 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
 fn builtin_pyroscope_datasource_calls() -> Result<()> {
     let (kiln, keys) = kiln_with_data()?;
     let token = hs256_token(&keys, "graf-a", &["read"])?;
-    let post = |method: &str, body: Vec<u8>| -> Result<(u16, String, Vec<u8>)> {
+    let b_token = hs256_token(&keys, "graf-b", &["read"])?;
+    let post_as = |tenant: &str,
+                   token: &str,
+                   method: &str,
+                   body: Vec<u8>|
+     -> Result<(u16, String, Vec<u8>)> {
         let auth = format!(
             "Basic {}",
-            crate::auth::b64std(format!("graf-a:{token}").as_bytes())
+            crate::auth::b64std(format!("{tenant}:{token}").as_bytes())
         );
         let r = kiln
             .http()
@@ -451,6 +456,7 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
             .to_owned();
         Ok((status, ct, r.bytes()?.to_vec()))
     };
+    let post = |method: &str, body: Vec<u8>| post_as("graf-a", &token, method, body);
     // Save & test: ProfileTypes.
     let (s, ct, body) = post(
         "ProfileTypes",
@@ -530,6 +536,77 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
         series[0].points[0].timestamp
     );
     ensure!(series[1].labels[0].value == "staging" && series[1].points[0].value == 40_000_000.0);
+    // Individual exemplars name the profile; the Drilldown opens it by id (binary proto too),
+    // and another tenant cannot.
+    let exemplar = series[0].points[0]
+        .exemplars
+        .first()
+        .context("an individual exemplar")?;
+    ensure!(
+        exemplar.value == 80_000_000
+            && exemplar.profile_id.len() == 36
+            && exemplar
+                .labels
+                .iter()
+                .any(|l| l.name == "env" && l.value == "prod"),
+        "{exemplar:?}"
+    );
+    let by_id = q::SelectMergeStacktracesRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{}".into(),
+        start: FROM_MS,
+        end: TO_MS,
+        max_nodes: Some(16384),
+        profile_id_selector: vec![exemplar.profile_id.clone()],
+        ..Default::default()
+    };
+    let total_of = |body: &[u8]| -> Result<i64> {
+        Ok(q::SelectMergeStacktracesResponse::decode(body)?
+            .flamegraph
+            .map_or(0, |f| f.total))
+    };
+    let (_, _, body) = post("SelectMergeStacktraces", by_id.encode_to_vec())?;
+    ensure!(total_of(&body)? == 80_000_000);
+    let (s, _, body) = post_as(
+        "graf-b",
+        &b_token,
+        "SelectMergeStacktraces",
+        by_id.encode_to_vec(),
+    )?;
+    ensure!(s == 200 && total_of(&body)? == 0);
+    // The Drilldown's heatmap panel through the datasource: one profile, one point.
+    let heatmap = q::SelectHeatmapRequest {
+        profile_type_id: CPU.into(),
+        label_selector: "{env=\"prod\"}".into(),
+        start: FROM_MS,
+        end: TO_MS,
+        step: ((TO_MS - FROM_MS) / 64 / 1000) as f64,
+        query_type: q::HeatmapQueryType::Individual as i32,
+        exemplar_type: t::ExemplarType::Individual as i32,
+        ..Default::default()
+    };
+    let (_, _, body) = post("SelectHeatmap", heatmap.encode_to_vec())?;
+    let h = q::SelectHeatmapResponse::decode(body.as_slice())?;
+    let points: i32 = h
+        .series
+        .iter()
+        .flat_map(|s| s.slots.iter().flat_map(|slot| slot.counts.iter()))
+        .sum();
+    ensure!(points == 1, "{h:?}");
+    ensure!(
+        h.series[0]
+            .slots
+            .iter()
+            .flat_map(|s| &s.exemplars)
+            .any(|e| e.profile_id == exemplar.profile_id),
+        "{h:?}"
+    );
+    let (_, _, body) = post_as("graf-b", &b_token, "SelectHeatmap", heatmap.encode_to_vec())?;
+    ensure!(
+        q::SelectHeatmapResponse::decode(body.as_slice())?
+            .series
+            .is_empty()
+    );
     // Flame graph panel with max_nodes.
     let (_, _, body) = post(
         "SelectMergeStacktraces",
@@ -576,6 +653,33 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
         small.names.iter().any(|n| n == "other") && small.total == fg.total,
         "{small:?}"
     );
+    // The Drilldown's progressive refinement through the datasource: each child of the root
+    // re-queried by its call site (binary `stack_trace_selector`) has the total it had in the
+    // whole graph, and together they are the whole.
+    let mut refined = 0;
+    for node in fg.levels[1].values.chunks(4) {
+        let name = fg.names[node[3] as usize].clone();
+        let (_, _, body) = post(
+            "SelectMergeStacktraces",
+            q::SelectMergeStacktracesRequest {
+                profile_type_id: CPU.into(),
+                label_selector: "{env=\"prod\"}".into(),
+                start: FROM_MS,
+                end: TO_MS,
+                max_nodes: Some(3),
+                stack_trace_selector: Some(t::StackTraceSelector {
+                    call_site: vec![t::Location { name: name.clone() }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )?;
+        let part = total_of(&body)?;
+        ensure!(part == node[1], "{name}: {part} vs {}", node[1]);
+        refined += part;
+    }
+    ensure!(refined == fg.total, "{refined} vs {}", fg.total);
     // Traces to profiles.
     let (_, _, body) = post(
         "SelectMergeSpanProfile",
