@@ -300,8 +300,10 @@ impl DatasetBuilder {
                 continue;
             }
             // Every ingested profile of a series gets its own id, as Pyroscope's distributor
-            // gives one: exemplars name it and `profile_id_selector` selects by it.
-            let profile_id = Some(*uuid::Uuid::new_v4().as_bytes());
+            // gives one: exemplars name it and `profile_id_selector` selects by it. A version 7
+            // UUID starts with the time in ms, so the ids of a block share prefixes that the
+            // column's compressed dictionary pages squeeze (random version 4 ids would not).
+            let profile_id = Some(*uuid::Uuid::now_v7().as_bytes());
             let key = (series.profile_type.id(), series.labels.clone());
             let next = self.series.len() as u32;
             let id = *self.series_index.entry(key.clone()).or_insert(next);
