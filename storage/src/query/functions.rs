@@ -92,12 +92,12 @@ pub enum DiffRanking {
     LargerShare,
 }
 
-/// The two sides' tables joined per function, ranked, at most `limit` rows (all for 0).
+/// The two sides' tables joined per function, one pair per function of either side, ranked
+/// (a limit applies to the result: [`Vec::truncate`]).
 pub fn join_tables(
     left: &t::FunctionTable,
     right: &t::FunctionTable,
     ranking: DiffRanking,
-    limit: usize,
 ) -> Vec<FunctionPair> {
     let mut by_name: HashMap<&str, usize> = HashMap::new();
     let mut pairs: Vec<FunctionPair> = Vec::new();
@@ -145,9 +145,6 @@ pub fn join_tables(
                     .then_with(|| a.name.cmp(&b.name))
             })
         }
-    }
-    if limit > 0 {
-        pairs.truncate(limit);
     }
     pairs
 }

@@ -60,7 +60,7 @@ fn function_table_counts_recursion_once_per_stack() {
 fn joined_tables_align_both_sides_before_the_limit() {
     let left = function_table(&tree(&[(&["main", "old"], 6), (&["main", "both"], 2)]));
     let right = function_table(&tree(&[(&["main", "new"], 5), (&["main", "both"], 4)]));
-    let pairs = join_tables(&left, &right, DiffRanking::LargerSelf, 0);
+    let pairs = join_tables(&left, &right, DiffRanking::LargerSelf);
     let names: Vec<&str> = pairs.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["old", "new", "both", "main"]);
     let old = &pairs[0];
@@ -70,11 +70,9 @@ fn joined_tables_align_both_sides_before_the_limit() {
     );
     let both = &pairs[2];
     assert_eq!((both.left.total, both.right.total), (2, 4));
-    // The limit cuts the joined ranking, not each side's.
-    let top = join_tables(&left, &right, DiffRanking::LargerSelf, 2);
-    assert_eq!(top, pairs[..2]);
     // By share: main is 100% of both sides, then old (75% of left), new (5/9 of right).
-    let by_share = join_tables(&left, &right, DiffRanking::LargerShare, 3);
+    let mut by_share = join_tables(&left, &right, DiffRanking::LargerShare);
+    by_share.truncate(3);
     let names: Vec<&str> = by_share.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["main", "old", "new"]);
 }
@@ -323,8 +321,8 @@ proptest! {
         let n = if limit == 0 { table.functions.len() } else { limit.min(table.functions.len()) };
         prop_assert_eq!(&limited.functions[..], &table.functions[..n]);
         // Joined with itself: every row twice the same, the limit on the joined rows.
-        let joined = join_tables(&table, &table, DiffRanking::LargerSelf, limit);
-        prop_assert_eq!(joined.len(), n);
+        let joined = join_tables(&table, &table, DiffRanking::LargerSelf);
+        prop_assert_eq!(joined.len(), table.functions.len());
         for (p, f) in joined.iter().zip(&table.functions) {
             prop_assert_eq!((&p.left, &p.right), (f, f));
         }
