@@ -2361,6 +2361,11 @@ async fn function_projections_as_the_app_asks() {
             "  other 5 5 +"
         ])
     );
+    // The sandwich client sends `maxNodes: null` when the setting is unset: the default.
+    let mut unset = sandwich("rec", 0);
+    unset["maxNodes"] = serde_json::Value::Null;
+    let unset = connect_json(&router, "team-a", "SelectMergeStacktraces", unset).await;
+    assert_eq!(unset["sandwich"], rec["sandwich"]);
     // A function the profile does not have: zero roots, as upstream answers.
     let nope = connect_json(
         &router,
