@@ -130,15 +130,17 @@ pub async fn handler(
     }
 }
 
-/// What this server can do. `functionProjections` (exact function tables and sandwiches
-/// computed by the server) is not offered yet, so the app computes them from the flame graph.
+/// What this server can do. `functionProjections`: exact function tables, call trees and
+/// sandwiches computed by the server from the whole profile (`crate::querier`'s projections), so
+/// the app stops computing them from a truncated flame graph.
 fn feature_flags() -> caps::GetFeatureFlagsResponse {
     caps::GetFeatureFlagsResponse {
         feature_flags: vec![caps::FeatureFlag {
             name: "functionProjections".into(),
-            enabled: false,
+            enabled: true,
             description: Some(
-                "PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH in SelectMergeStacktraces"
+                "PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH in SelectMergeStacktraces; \
+                 FUNCTIONS and FUNCTION_TREE in Diff"
                     .into(),
             ),
             documentation_url: None,

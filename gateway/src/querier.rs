@@ -12,6 +12,8 @@ use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
 use crate::time::now_nanos;
 
+mod projections;
+
 const NANOS_PER_MS: i64 = 1_000_000;
 
 /// Every `querier.v1` method Kiln answers, with the [`Querier`] function answering it: the one
@@ -371,6 +373,9 @@ impl Querier {
             profile_id_selector: &r.profile_id_selector,
             call_site: call_site(r.stack_trace_selector.as_ref()),
         };
+        if let Some(projection) = self.select_projection(tenant, &r).await? {
+            return Ok(projection);
+        }
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
                 Ok(q::SelectMergeStacktracesResponse {
@@ -592,12 +597,16 @@ impl Querier {
     }
 
     /// The flame graphs of two queries aligned node by node (the app's diff view): the
-    /// encoding of `/pyroscope/render-diff`, as `FlameGraphDiff`.
+    /// encoding of `/pyroscope/render-diff`, as `FlameGraphDiff`. With the format FUNCTIONS or
+    /// FUNCTION_TREE, the two queries' function projections instead ([`projections`]).
     pub async fn diff(
         &self,
         tenant: &TenantId,
         r: q::DiffRequest,
     ) -> Result<q::DiffResponse, ApiError> {
+        if let Some(projection) = self.diff_projection(tenant, &r).await? {
+            return Ok(projection);
+        }
         let (Some(left), Some(right)) = (r.left, r.right) else {
             return Err(ApiError::invalid("Diff needs a left and a right query"));
         };
@@ -646,6 +655,7 @@ impl Querier {
                 left_ticks: i64::try_from(p.left_ticks).unwrap_or(i64::MAX),
                 right_ticks: i64::try_from(p.right_ticks).unwrap_or(i64::MAX),
             }),
+            ..Default::default()
         })
     }
 

@@ -164,6 +164,25 @@ fn strings_of(method: u8, body: &[u8]) -> Vec<String> {
             .flat_map(|s| s.labels)
             .flat_map(|p| [p.name, p.value])
             .collect(),
+        8 => q::SelectMergeStacktracesResponse::decode(body)
+            .unwrap()
+            .functions
+            .map(|f| f.functions.into_iter().map(|f| f.name).collect())
+            .unwrap_or_default(),
+        9 => {
+            let tree = q::SelectMergeStacktracesResponse::decode(body)
+                .unwrap()
+                .function_tree
+                .unwrap_or_default();
+            let mut names = Vec::new();
+            let mut todo: Vec<t::CallTreeNode> =
+                tree.callees.and_then(|c| c.root).into_iter().collect();
+            while let Some(n) = todo.pop() {
+                names.push(n.name);
+                todo.extend(n.children);
+            }
+            names
+        }
         _ => q::SelectMergeSpanProfileResponse::decode(body)
             .unwrap()
             .flamegraph
@@ -243,6 +262,30 @@ fn request(method: u8, ty: &str, selector: &str, label: &str) -> (&'static str, 
             }
             .encode_to_vec(),
         ),
+        8 | 9 => (
+            "SelectMergeStacktraces",
+            q::SelectMergeStacktracesRequest {
+                profile_type_id: ty.into(),
+                label_selector: selector.into(),
+                start,
+                end,
+                format: if method == 8 {
+                    q::ProfileFormat::Functions as i32
+                } else {
+                    q::ProfileFormat::FunctionTree as i32
+                },
+                format_options: Some(q::ProfileFormatOptions {
+                    functions: None,
+                    function_tree: Some(t::FunctionTreeOptions {
+                        direction: t::FunctionTreeDirection::Callees as i32,
+                        selection: t::FunctionTreeSelection::RootPath as i32,
+                        max_depth: Some(8),
+                    }),
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
         _ => (
             "SelectMergeSpanProfile",
             q::SelectMergeSpanProfileRequest {
@@ -273,7 +316,7 @@ proptest! {
     fn no_answer_crosses_tenants(
         caller in 0usize..TENANTS.len(),
         target in 0usize..TENANTS.len(),
-        method in 0u8..8,
+        method in 0u8..10,
         ty in 0usize..TYPES.len(),
         op in 0u8..5,
         label in prop::sample::select(vec!["service_name", "env", "shared", "__name__", "__profile_type__"]),
@@ -296,7 +339,7 @@ proptest! {
             let me = TENANTS[caller];
             let strings = strings_of(method, &resp);
             // Not a vacuous pass: unfiltered, a tenant sees its own marks.
-            let sees_own = (method == 4 && ty == 0) || (method == 2 && label == "service_name");
+            let sees_own = ([4, 8, 9].contains(&method) && ty == 0) || (method == 2 && label == "service_name");
             if op == 0 && sees_own {
                 prop_assert!(strings.iter().any(|s| s.contains(me)), "{me} sees nothing of its own via {name}: {strings:?}");
             }

@@ -1373,7 +1373,7 @@ async fn connect_call(
 }
 
 /// The app's plugin settings persist per tenant (across a restart), the capability probe
-/// answers, and the services Kiln does not offer answer Connect `unimplemented`.
+/// offers the function projections, and the services Kiln does not offer answer Connect `unimplemented`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_persist_per_tenant_and_absent_services_say_so() {
     let dir = tempfile::tempdir().unwrap();
@@ -1452,7 +1452,7 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
         .iter()
         .find(|f| f["name"] == "functionProjections")
         .expect("the flag the app looks for");
-    assert!(projections["enabled"].as_bool() != Some(true), "{flags}");
+    assert_eq!(projections["enabled"], true, "{flags}");
 
     for path in [
         "/vcs.v1.VCSService/GetFile",
@@ -2057,4 +2057,571 @@ async fn every_endpoint_is_routed() {
             assert!(body.contains("not served here"), "{path}: {body}");
         }
     }
+}
+
+/// The rows of a function table as `(name, self, total)`.
+fn function_rows(table: &serde_json::Value) -> Vec<(String, i64, i64)> {
+    table["functions"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    (
+                        r["name"].as_str().unwrap_or_default().to_owned(),
+                        json_i64(&r["self"]),
+                        json_i64(&r["total"]),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A call tree or sandwich half as `name total self` lines, indented by depth (`names` resolves
+/// a sandwich's `nameIndex`).
+fn tree_lines(node: &serde_json::Value, names: Option<&serde_json::Value>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![(node, 0)];
+    while let Some((n, depth)) = todo.pop() {
+        let name = match names {
+            Some(names) => names[n["nameIndex"].as_u64().unwrap_or(0) as usize]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            None => n["name"].as_str().unwrap_or_default().to_owned(),
+        };
+        let mark = if n["truncated"] == true || n["hasChildren"] == true {
+            " +"
+        } else {
+            ""
+        };
+        out.push(format!(
+            "{}{name} {} {}{mark}",
+            "  ".repeat(depth),
+            json_i64(&n["total"]),
+            json_i64(&n["self"]),
+        ));
+        if let Some(children) = n["children"].as_array() {
+            todo.extend(children.iter().rev().map(|c| (c, depth + 1)));
+        }
+    }
+    out
+}
+
+/// PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH with the bodies the app's clients send
+/// (`functionProjections.ts`, `FunctionTableApiClient.ts`, `SandwichApiClient.ts`): exact values
+/// over the whole profile whatever the limit, the call site honoured, bad options refused with
+/// 400, and another tenant's tables empty. Values are in samples of 10 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_projections_as_the_app_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::from(
+            "main;checkout;pay 3\nmain;checkout;render 2\nmain;browse;render 1\n\
+             main;rec;rec;leaf 4\nmain 4\ngc 5\n",
+        ))
+        .unwrap();
+    let (status, body) = send(&router, ingest).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let ms = 10_000_000;
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let query = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({
+            "profileTypeID": cpu,
+            "labelSelector": "{service_name=\"shop\"}",
+            "start": 1_699_999_000_000i64,
+            "end": 1_700_001_000_000i64,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let samples = |rows: Vec<(String, i64, i64)>| -> Vec<(String, i64, i64)> {
+        rows.into_iter()
+            .map(|(n, s, t)| (n, s / ms, t / ms))
+            .collect()
+    };
+    let row = |n: &str, s: i64, t: i64| (n.to_owned(), s, t);
+
+    // The projection client: every row (limit 0), recursion counted once per stack.
+    let all = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        query(serde_json::json!({
+            "format": "PROFILE_FORMAT_FUNCTIONS",
+            "formatOptions": { "functions": { "limit": "0" } },
+        })),
+    )
+    .await;
+    let table = &all["functions"];
+    assert!(all.get("flamegraph").is_none(), "{all}");
+    assert_eq!(json_i64(&table["total"]), 19 * ms, "{all}");
+    assert_eq!(json_i64(&table["totalFunctions"]), 8, "{all}");
+    assert_eq!(
+        samples(function_rows(table)),
+        [
+            row("gc", 5, 5),
+            row("main", 4, 14),
+            row("leaf", 4, 4),
+            row("pay", 3, 3),
+            row("render", 3, 3),
+            row("checkout", 0, 5),
+            row("rec", 0, 4),
+            row("browse", 0, 1),
+        ]
+    );
+    // The table client: maxNodes is the row limit, the totals stay the profile's.
+    let top = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        query(serde_json::json!({ "format": "PROFILE_FORMAT_FUNCTIONS", "maxNodes": 3 })),
+    )
+    .await;
+    assert_eq!(
+        samples(function_rows(&top["functions"])),
+        [row("gc", 5, 5), row("main", 4, 14), row("leaf", 4, 4)]
+    );
+    assert_eq!(json_i64(&top["functions"]["total"]), 19 * ms);
+    assert_eq!(json_i64(&top["functions"]["totalFunctions"]), 8);
+    // A call site (proto names mixed in) selects the stacks through it, as for a flame graph.
+    let checkout = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        serde_json::json!({
+            "profile_typeID": cpu,
+            "label_selector": "{service_name=\"shop\"}",
+            "start": "1699999000000",
+            "end": "1700001000000",
+            "format": "PROFILE_FORMAT_FUNCTIONS",
+            "stackTraceSelector": { "call_site": [{ "name": "main" }, { "name": "checkout" }] },
+        }),
+    )
+    .await;
+    assert_eq!(
+        samples(function_rows(&checkout["functions"])),
+        [
+            row("pay", 3, 3),
+            row("render", 2, 2),
+            row("checkout", 0, 5),
+            row("main", 0, 5)
+        ]
+    );
+    // The same table over binary proto.
+    let req = q::SelectMergeStacktracesRequest {
+        profile_type_id: cpu.into(),
+        label_selector: "{}".into(),
+        format: q::ProfileFormat::Functions as i32,
+        max_nodes: Some(1),
+        ..Default::default()
+    };
+    let (status, body) = send(
+        &router,
+        Request::post("/querier.v1.QuerierService/SelectMergeStacktraces")
+            .header("content-type", "application/proto")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(req.encode_to_vec()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let table = q::SelectMergeStacktracesResponse::decode(body.as_slice())
+        .unwrap()
+        .functions
+        .unwrap();
+    assert_eq!(
+        (table.functions.len(), table.total, table.total_functions),
+        (1, 19 * ms, 8)
+    );
+
+    // Function trees: the callers and callees of render, two levels; the root's children.
+    let tree = |options: serde_json::Value, path: &[&str]| {
+        let sites: Vec<serde_json::Value> = path
+            .iter()
+            .map(|n| serde_json::json!({ "name": n }))
+            .collect();
+        query(serde_json::json!({
+            "format": "PROFILE_FORMAT_FUNCTION_TREE",
+            "formatOptions": { "functionTree": options },
+            "stackTraceSelector": { "callSite": sites },
+        }))
+    };
+    let render = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        tree(
+            serde_json::json!({
+                "selection": "FUNCTION_TREE_SELECTION_FUNCTION_CHAIN",
+                "direction": "FUNCTION_TREE_DIRECTION_BOTH",
+                "maxDepth": 2,
+            }),
+            &["render"],
+        ),
+    )
+    .await;
+    let ft = &render["functionTree"];
+    let s = |lines: Vec<&str>| lines.into_iter().map(String::from).collect::<Vec<_>>();
+    let in_samples = |lines: Vec<String>| -> Vec<String> {
+        lines
+            .into_iter()
+            .map(|l| {
+                l.split(' ')
+                    .map(|w| match w.parse::<i64>() {
+                        Ok(v) => (v / ms).to_string(),
+                        Err(_) => w.to_owned(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect()
+    };
+    assert_eq!(
+        in_samples(tree_lines(&ft["callers"]["root"], None)),
+        s(vec![
+            "render 3 3 +",
+            "  checkout 2 0 +",
+            "    main 2 0",
+            "  browse 1 0 +",
+            "    main 1 0",
+        ]),
+        "{render}"
+    );
+    assert_eq!(
+        in_samples(tree_lines(&ft["callees"]["root"], None)),
+        s(vec!["render 3 3"])
+    );
+    let root = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        tree(
+            serde_json::json!({
+                "selection": "FUNCTION_TREE_SELECTION_ROOT_PATH",
+                "direction": "FUNCTION_TREE_DIRECTION_CALLEES",
+            }),
+            &[],
+        ),
+    )
+    .await;
+    assert!(root["functionTree"].get("callers").is_none(), "{root}");
+    assert_eq!(
+        in_samples(tree_lines(&root["functionTree"]["callees"]["root"], None)),
+        s(vec![" 19 0 +", "  main 14 4 +", "  gc 5 5"])
+    );
+
+    // Sandwiches: a recursive function counts once in `total`, per occurrence in the halves.
+    let sandwich = |function: &str, max_nodes: i64| {
+        query(serde_json::json!({
+            "format": "PROFILE_FORMAT_SANDWICH",
+            "sandwichFunction": function,
+            "maxNodes": max_nodes,
+        }))
+    };
+    let rec = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        sandwich("rec", 16384),
+    )
+    .await;
+    let sw = &rec["sandwich"];
+    assert_eq!((json_i64(&sw["total"]), json_i64(&sw["self"])), (4 * ms, 0));
+    assert_eq!(
+        in_samples(tree_lines(&sw["callers"], Some(&sw["names"]))),
+        s(vec!["rec 8 0", "  main 4 0", "  rec 4 0", "    main 4 0"])
+    );
+    assert_eq!(
+        in_samples(tree_lines(&sw["callees"], Some(&sw["names"]))),
+        s(vec!["rec 8 0", "  leaf 4 4", "  rec 4 0", "    leaf 4 4"])
+    );
+    // The callers' root is the function's total (it does not recurse) and maxNodes is per half,
+    // what it cuts summed in a truncated `other`.
+    let main = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        sandwich("main", 2),
+    )
+    .await;
+    let sw = &main["sandwich"];
+    assert_eq!(json_i64(&sw["total"]), 14 * ms);
+    assert_eq!(json_i64(&sw["callers"]["total"]), 14 * ms);
+    assert_eq!(
+        in_samples(tree_lines(&sw["callees"], Some(&sw["names"]))),
+        s(vec![
+            "main 14 4",
+            "  checkout 5 0",
+            "    other 5 5 +",
+            "  other 5 5 +"
+        ])
+    );
+    // The sandwich client sends `maxNodes: null` when the setting is unset: the default.
+    let mut unset = sandwich("rec", 0);
+    unset["maxNodes"] = serde_json::Value::Null;
+    let unset = connect_json(&router, "team-a", "SelectMergeStacktraces", unset).await;
+    assert_eq!(unset["sandwich"], rec["sandwich"]);
+    // A function the profile does not have: zero roots, as upstream answers.
+    let nope = connect_json(
+        &router,
+        "team-a",
+        "SelectMergeStacktraces",
+        sandwich("nope", 10),
+    )
+    .await;
+    assert_eq!(
+        nope["sandwich"]["names"],
+        serde_json::json!(["nope"]),
+        "{nope}"
+    );
+    assert!(nope["sandwich"]["callers"].is_object() && nope["sandwich"].get("total").is_none());
+
+    // Bad options: 400 with a message, never a panic.
+    let q_path = "/querier.v1.QuerierService/SelectMergeStacktraces";
+    for (body, says) in [
+        (
+            query(serde_json::json!({ "format": "PROFILE_FORMAT_SANDWICH" })),
+            "sandwich_function",
+        ),
+        (
+            tree(
+                serde_json::json!({
+                    "selection": "FUNCTION_TREE_SELECTION_ROOT_PATH",
+                    "direction": "FUNCTION_TREE_DIRECTION_CALLERS",
+                }),
+                &["main"],
+            ),
+            "ROOT_PATH",
+        ),
+        (
+            tree(
+                serde_json::json!({
+                    "selection": "FUNCTION_TREE_SELECTION_FUNCTION_CHAIN",
+                    "direction": "FUNCTION_TREE_DIRECTION_BOTH",
+                    "maxDepth": 129,
+                }),
+                &["main"],
+            ),
+            "max_depth",
+        ),
+        (
+            tree(
+                serde_json::json!({
+                    "selection": "FUNCTION_TREE_SELECTION_FUNCTION_CHAIN",
+                    "direction": "FUNCTION_TREE_DIRECTION_BOTH",
+                }),
+                &["main", "checkout"],
+            ),
+            "exactly one function",
+        ),
+        (
+            query(serde_json::json!({ "format": "PROFILE_FORMAT_FUNCTION_TREE" })),
+            "function_tree",
+        ),
+        (
+            query(serde_json::json!({
+                "format": "PROFILE_FORMAT_FUNCTIONS",
+                "formatOptions": { "functions": { "limit": "-1" } },
+            })),
+            "negative",
+        ),
+    ] {
+        let (status, v) = connect_call(&router, "team-a", q_path, body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert_eq!(v["code"], "invalid_argument", "{v}");
+        assert!(v["message"].as_str().unwrap().contains(says), "{says}: {v}");
+    }
+
+    // Another tenant: the same calls answer empty projections.
+    let other = connect_json(
+        &router,
+        "team-b",
+        "SelectMergeStacktraces",
+        query(serde_json::json!({ "format": "PROFILE_FORMAT_FUNCTIONS" })),
+    )
+    .await;
+    assert!(function_rows(&other["functions"]).is_empty(), "{other}");
+    assert_eq!(json_i64(&other["functions"]["total"]), 0);
+    let other = connect_json(
+        &router,
+        "team-b",
+        "SelectMergeStacktraces",
+        sandwich("rec", 10),
+    )
+    .await;
+    assert_eq!(other["sandwich"], serde_json::json!({}), "{other}");
+    let other = connect_json(
+        &router,
+        "team-b",
+        "SelectMergeStacktraces",
+        tree(
+            serde_json::json!({
+                "selection": "FUNCTION_TREE_SELECTION_FUNCTION_CHAIN",
+                "direction": "FUNCTION_TREE_DIRECTION_BOTH",
+            }),
+            &["render"],
+        ),
+    )
+    .await;
+    assert_eq!(
+        other["functionTree"],
+        serde_json::json!({ "callers": {}, "callees": {} })
+    );
+}
+
+/// Diff with function projections, as the app's two clients ask: the projection client's
+/// `left.format` gets both sides' rows aligned (and call trees side by side), the table client's
+/// request `format` one joined table; the limit applies to the joined rows, totals stay whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_joins_function_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    for (from, body) in [
+        (1_700_000_000, "main;old_path 3\nmain;shared 1\n"),
+        (1_700_003_600, "main;new_path 5\nmain;shared 2\n"),
+    ] {
+        let req = Request::post(format!("/ingest?name=shop.cpu&from={from}"))
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap();
+        assert_eq!(send(&router, req).await.0, StatusCode::OK);
+    }
+    let ms = 10_000_000;
+    let side = |start: i64, end: i64| {
+        serde_json::json!({
+            "profileTypeID": "process_cpu:cpu:nanoseconds:cpu:nanoseconds",
+            "labelSelector": "{service_name=\"shop\"}",
+            "start": start, "end": end,
+        })
+    };
+    let with = |mut v: serde_json::Value, extra: serde_json::Value| {
+        v.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        v
+    };
+    let (l, r) = (
+        side(1_699_999_000_000, 1_700_001_000_000),
+        side(1_700_003_000_000, 1_700_004_000_000),
+    );
+    let projection = serde_json::json!({
+        "left": with(l.clone(), serde_json::json!({
+            "format": "PROFILE_FORMAT_FUNCTIONS",
+            "formatOptions": { "functions": { "limit": "2" } },
+        })),
+        "right": r.clone(),
+    });
+    let diff = connect_json(&router, "team-a", "Diff", projection.clone()).await;
+    let f = &diff["functions"];
+    assert!(diff.get("flamegraph").is_none(), "{diff}");
+    let samples = |rows: Vec<(String, i64, i64)>| -> Vec<(String, i64, i64)> {
+        rows.into_iter()
+            .map(|(n, s, t)| (n, s / ms, t / ms))
+            .collect()
+    };
+    let row = |n: &str, s: i64, t: i64| (n.to_owned(), s, t);
+    assert_eq!(
+        samples(function_rows(&f["left"])),
+        [row("new_path", 0, 0), row("old_path", 3, 3)],
+        "{diff}"
+    );
+    assert_eq!(
+        samples(function_rows(&f["right"])),
+        [row("new_path", 5, 5), row("old_path", 0, 0)]
+    );
+    assert_eq!(json_i64(&f["left"]["total"]), 4 * ms);
+    assert_eq!(json_i64(&f["right"]["total"]), 7 * ms);
+    assert_eq!(json_i64(&f["left"]["totalFunctions"]), 4);
+
+    // The table client: one row per function, ranked by share, the outer maxNodes.
+    let table = serde_json::json!({
+        "left": l, "right": r, "format": "PROFILE_FORMAT_FUNCTIONS", "maxNodes": 3,
+    });
+    let joined = connect_json(&router, "team-a", "Diff", table.clone()).await;
+    let f = &joined["functions"];
+    let rows: Vec<(String, i64, i64, i64, i64)> = f["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap().to_owned(),
+                json_i64(&r["leftSelf"]) / ms,
+                json_i64(&r["leftTotal"]) / ms,
+                json_i64(&r["rightSelf"]) / ms,
+                json_i64(&r["rightTotal"]) / ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("main".to_owned(), 0, 4, 0, 7),
+            ("old_path".to_owned(), 3, 3, 0, 0),
+            ("new_path".to_owned(), 0, 0, 5, 5),
+        ],
+        "{joined}"
+    );
+    assert_eq!(
+        (json_i64(&f["leftTotal"]), json_i64(&f["rightTotal"])),
+        (4 * ms, 7 * ms)
+    );
+
+    // Call trees side by side, each side its own call site.
+    let site = serde_json::json!({ "callSite": [{ "name": "main" }] });
+    let trees = serde_json::json!({
+        "left": with(l.clone(), serde_json::json!({
+            "stackTraceSelector": site,
+            "format": "PROFILE_FORMAT_FUNCTION_TREE",
+            "formatOptions": { "functionTree": {
+                "selection": "FUNCTION_TREE_SELECTION_FUNCTION_CHAIN",
+                "direction": "FUNCTION_TREE_DIRECTION_CALLEES",
+                "maxDepth": 1,
+            } },
+        })),
+        "right": with(r.clone(), serde_json::json!({ "stackTraceSelector": site })),
+    });
+    let trees = connect_json(&router, "team-a", "Diff", trees).await;
+    let ft = &trees["functionTree"];
+    let children = |root: &serde_json::Value| -> Vec<(String, i64)> {
+        root["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    json_i64(&c["total"]) / ms,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        children(&ft["left"]["callees"]["root"]),
+        [("old_path".to_owned(), 3), ("shared".to_owned(), 1)],
+        "{trees}"
+    );
+    assert_eq!(
+        children(&ft["right"]["callees"]["root"]),
+        [("new_path".to_owned(), 5), ("shared".to_owned(), 2)]
+    );
+
+    // Another tenant: empty sides.
+    let other = connect_json(&router, "team-b", "Diff", projection).await;
+    assert!(
+        function_rows(&other["functions"]["left"]).is_empty(),
+        "{other}"
+    );
+    assert_eq!(json_i64(&other["functions"]["right"]["total"]), 0);
+    let other = connect_json(&router, "team-b", "Diff", table).await;
+    assert!(
+        other["functions"]["functions"]
+            .as_array()
+            .is_none_or(|r| r.is_empty())
+    );
 }

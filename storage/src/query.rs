@@ -7,6 +7,7 @@
 //! gone) is quarantined: taken out of the index, logged, counted, and the query answers from the
 //! other blocks. A store that cannot be reached fails the query as unavailable instead.
 
+pub mod functions;
 pub mod pprof;
 pub mod tree;
 

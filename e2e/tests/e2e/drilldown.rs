@@ -1,7 +1,8 @@
 //! Grafana Profiles Drilldown's calls replayed against the spawned `kiln` as the app sends them
 //! through Grafana's datasource proxy (`../shared/research/drilldown.md` §1.3): Connect JSON with
 //! the app's field names (proto and lowerCamel mixed, int64 as strings), Basic auth in JWT mode,
-//! answers checked against Kiln's own data, and every call refusing another tenant's data.
+//! answers checked against Kiln's own data (the function projections against its flame graphs),
+//! and every call refusing another tenant's data.
 
 use std::time::Duration;
 
@@ -275,7 +276,122 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
         "/capabilities.v1.FeatureFlagsService/GetFeatureFlags",
         json!({}),
     )?;
-    ensure!(flags.to_string().contains("functionProjections"), "{flags}");
+    let projections = flags["featureFlags"]
+        .as_array()
+        .context("feature flags")?
+        .iter()
+        .any(|f| f["name"] == "functionProjections" && f["enabled"] == true);
+    ensure!(projections, "{flags}");
+    // 15. Function projections, as the app asks once the flag is on; their values are the
+    // flame graph's for the same query.
+    let query = |extra: Value| -> Value {
+        let mut body = json!({"profileTypeID": CPU, "labelSelector": "{service_name=\"shop\"}",
+                              "start": start, "end": end});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        body
+    };
+    let smst = format!("{q}/SelectMergeStacktraces");
+    let table = ok(
+        &kiln,
+        &a,
+        &smst,
+        query(json!({"format": "PROFILE_FORMAT_FUNCTIONS",
+                     "formatOptions": {"functions": {"limit": "0"}}})),
+    )?;
+    let rows = |v: &Value| -> Vec<(String, i64, i64)> {
+        v["functions"]["functions"]
+            .as_array()
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| {
+                        let name = r["name"].as_str().unwrap_or_default().to_owned();
+                        (name, int(&r["self"]) / MS10, int(&r["total"]) / MS10)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let expected: Vec<(String, i64, i64)> = [
+        ("search", 5, 5),
+        ("pay", 4, 4),
+        ("browse", 1, 1),
+        ("main", 0, 10),
+        ("checkout", 0, 4),
+    ]
+    .map(|(n, s, t)| (n.to_owned(), s, t))
+    .to_vec();
+    ensure!(rows(&table) == expected, "{table}");
+    ensure!(int(&table["functions"]["total"]) == whole, "{table}");
+    ensure!(int(&table["functions"]["totalFunctions"]) == 5, "{table}");
+    let checkout = flame(&a, json!([{"name": "main"}, {"name": "checkout"}]), 100)?;
+    ensure!(checkout == 4 * MS10, "{checkout}");
+    // The table client: maxNodes rows, the profile's totals.
+    let top = ok(
+        &kiln,
+        &a,
+        &smst,
+        query(json!({"format": "PROFILE_FORMAT_FUNCTIONS", "maxNodes": 2})),
+    )?;
+    ensure!(rows(&top) == expected[..2], "{top}");
+    ensure!(int(&top["functions"]["total"]) == whole, "{top}");
+    // The sandwich of checkout: its total and its callers' root are the flame graph's.
+    let sandwich = ok(
+        &kiln,
+        &a,
+        &smst,
+        query(
+            json!({"format": "PROFILE_FORMAT_SANDWICH", "sandwichFunction": "checkout",
+                     "maxNodes": 16384}),
+        ),
+    )?;
+    let sw = &sandwich["sandwich"];
+    ensure!(int(&sw["total"]) == checkout, "{sandwich}");
+    ensure!(int(&sw["callers"]["total"]) == checkout, "{sandwich}");
+    let name = |n: &Value| sw["names"][n["nameIndex"].as_u64().unwrap_or(0) as usize].clone();
+    ensure!(name(&sw["callers"]) == "checkout", "{sandwich}");
+    ensure!(name(&sw["callers"]["children"][0]) == "main", "{sandwich}");
+    ensure!(name(&sw["callees"]["children"][0]) == "pay", "{sandwich}");
+    ensure!(
+        int(&sw["callees"]["children"][0]["total"]) == checkout,
+        "{sandwich}"
+    );
+    // The call tree below main, one level: its children add up to the flame graph's total.
+    let tree = ok(
+        &kiln,
+        &a,
+        &smst,
+        query(json!({"format": "PROFILE_FORMAT_FUNCTION_TREE",
+                     "formatOptions": {"functionTree": {
+                         "selection": "FUNCTION_TREE_SELECTION_ROOT_PATH",
+                         "direction": "FUNCTION_TREE_DIRECTION_CALLEES", "maxDepth": 1}},
+                     "stackTraceSelector": {"callSite": [{"name": "main"}]}})),
+    )?;
+    let root = &tree["functionTree"]["callees"]["root"];
+    ensure!(int(&root["total"]) == whole, "{tree}");
+    let below: i64 = root["children"]
+        .as_array()
+        .context("children")?
+        .iter()
+        .map(|c| int(&c["total"]))
+        .sum();
+    ensure!(below == whole, "{tree}");
+    // The diff's function tables: the two hours' rows side by side.
+    let diff_table = ok(
+        &kiln,
+        &a,
+        &format!("{q}/Diff"),
+        json!({"left": {"profileTypeID": CPU, "labelSelector": "{service_name=\"shop\"}",
+                        "start": ((T0 - 60) * 1000).to_string(), "end": (T0 + 60) * 1000,
+                        "format": "PROFILE_FORMAT_FUNCTIONS",
+                        "formatOptions": {"functions": {"limit": "0"}}},
+               "right": side(T0 + 3540, T0 + 3660)}),
+    )?;
+    let f = &diff_table["functions"];
+    ensure!(int(&f["left"]["total"]) == 4 * MS10, "{diff_table}");
+    ensure!(int(&f["right"]["total"]) == 6 * MS10, "{diff_table}");
+    ensure!(int(&f["left"]["totalFunctions"]) == 5, "{diff_table}");
 
     // The other tenant: nothing of team-a through the same calls, its settings its own.
     let series = ok(
@@ -293,6 +409,28 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
         json!({"left": side(T0 + 3540, T0 + 3660), "right": side(T0 + 3540, T0 + 3660)}),
     )?;
     ensure!(int(&diff["flamegraph"]["rightTicks"]) == 0, "{diff}");
+    let table = ok(
+        &kiln,
+        &b,
+        &smst,
+        query(json!({"format": "PROFILE_FORMAT_FUNCTIONS"})),
+    )?;
+    // team-b's own profile only.
+    let own: Vec<(String, i64, i64)> = vec![("team_b_secret".into(), 9, 9), ("main".into(), 0, 9)];
+    ensure!(rows(&table) == own, "{table}");
+    let sandwich = ok(
+        &kiln,
+        &b,
+        &smst,
+        query(json!({"format": "PROFILE_FORMAT_SANDWICH", "sandwichFunction": "checkout"})),
+    )?;
+    let sw = &sandwich["sandwich"];
+    ensure!(
+        int(&sw["total"]) == 0
+            && int(&sw["callers"]["total"]) == 0
+            && sw["callees"].get("children").is_none(),
+        "{sandwich}"
+    );
     let got = ok(&kiln, &b, "/settings.v1.SettingsService/Get", json!({}))?;
     ensure!(
         got["settings"].as_array().is_none_or(|s| s.is_empty()),

@@ -293,6 +293,60 @@ impl FlameTree {
     }
 }
 
+/// Read access to the nodes, for the projections in [`super::functions`]. Node ids run from
+/// [`FlameTree::ROOT`] to `nodes() - 1`; a node's children have larger ids than the node.
+impl FlameTree {
+    /// Number of nodes, the root included.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of interned names (name ids run from 0).
+    pub fn names(&self) -> usize {
+        self.names.len()
+    }
+
+    /// The name of a name id.
+    pub fn name_str(&self, name: u32) -> &str {
+        &self.names[name as usize]
+    }
+
+    /// The id of a name, if the tree has it.
+    pub fn find_name(&self, name: &str) -> Option<u32> {
+        self.name_index.get(name).copied()
+    }
+
+    /// The name id of a node.
+    pub fn node_name(&self, node: u32) -> u32 {
+        self.nodes[node as usize].name
+    }
+
+    /// The parent of a node (the root is its own parent).
+    pub fn parent(&self, node: u32) -> u32 {
+        self.nodes[node as usize].parent
+    }
+
+    /// The children of a node, in insertion order.
+    pub fn children(&self, node: u32) -> &[u32] {
+        &self.nodes[node as usize].children
+    }
+
+    /// The child of `parent` with name id `name`, if there is one.
+    pub fn find_child(&self, parent: u32, name: u32) -> Option<u32> {
+        self.children.get(&(parent, name)).copied()
+    }
+
+    /// The value of the stacks ending at a node.
+    pub fn self_value(&self, node: u32) -> i64 {
+        self.nodes[node as usize].self_value
+    }
+
+    /// The value of the stacks through a node.
+    pub fn node_total(&self, node: u32) -> i64 {
+        self.nodes[node as usize].total
+    }
+}
+
 /// Decodes a `FlameGraph` back into root-first stacks (without the root) with their self values,
 /// rebuilding parents by interval containment as Grafana does ([`flamegraph::decode`]).
 pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, FlameGraphError> {
