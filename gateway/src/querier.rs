@@ -9,7 +9,7 @@ use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
 use crate::auth::TenantId;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::ApiError;
 use crate::time::now_nanos;
 
 const NANOS_PER_MS: i64 = 1_000_000;
@@ -356,6 +356,21 @@ impl Querier {
         Ok(tree.focus(&call_site).to_flamegraph(max_nodes))
     }
 
+    /// The merged tree in Pyroscope's compact encoding (`PROFILE_FORMAT_TREE`), cut to
+    /// `max_nodes` as the flame graph is ([`FlameTree::to_tree_bytes`]).
+    async fn tree_bytes(
+        &self,
+        tenant: &TenantId,
+        r: &MergeRequest<'_>,
+        max_nodes: Option<i64>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let filter = self.filter(tenant, r)?;
+        let max_nodes = self.max_nodes(tenant, max_nodes)?;
+        let tree = self.app.storage.query().merge_tree(&filter).await?;
+        let call_site: Vec<&str> = r.call_site.iter().map(String::as_str).collect();
+        Ok(tree.focus(&call_site).to_tree_bytes(max_nodes))
+    }
+
     pub async fn select_merge_stacktraces(
         &self,
         tenant: &TenantId,
@@ -378,6 +393,10 @@ impl Querier {
                     ..Default::default()
                 })
             }
+            q::ProfileFormat::Tree => Ok(q::SelectMergeStacktracesResponse {
+                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                ..Default::default()
+            }),
             q::ProfileFormat::Pprof => {
                 let filter = self.filter(tenant, &m)?;
                 let profile = self
@@ -430,13 +449,6 @@ impl Querier {
                     ..Default::default()
                 })
             }
-            other => Err(ApiError::new(
-                ErrorKind::Unimplemented,
-                format!(
-                    "format {} is not supported; use FLAMEGRAPH, DOT or PPROF",
-                    other.as_str_name()
-                ),
-            )),
         }
     }
 
@@ -460,6 +472,12 @@ impl Querier {
             profile_id_selector: &[],
             call_site: Vec::new(),
         };
+        if r.format == q::ProfileFormat::Tree as i32 {
+            return Ok(q::SelectMergeSpanProfileResponse {
+                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                ..Default::default()
+            });
+        }
         Ok(q::SelectMergeSpanProfileResponse {
             flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
             ..Default::default()
@@ -482,12 +500,21 @@ impl Querier {
             call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         let filter = self.filter(tenant, &m)?;
-        Ok(self
+        let mut profile = self
             .app
             .storage
             .query()
             .merge_pprof_at(&filter, &m.call_site)
-            .await?)
+            .await?;
+        // As Pyroscope: a positive `max_nodes` cuts the profile to its heaviest call-tree
+        // nodes; none (or 0) is the whole profile, as the pprof export wants it.
+        if let Some(n) = r.max_nodes.filter(|n| *n > 0) {
+            kiln_storage::query::pprof::truncate(
+                &mut profile,
+                usize::try_from(n).unwrap_or(usize::MAX),
+            );
+        }
+        Ok(profile)
     }
 
     pub async fn select_series(
