@@ -824,6 +824,11 @@ async fn the_metrics_spec_holds() {
             StatusCode::OK,
         ),
         (
+            "/adhocprofiles.v1.AdHocProfileService/List",
+            "{}",
+            StatusCode::OK,
+        ),
+        (
             "/vcs.v1.VCSService/GetFile",
             "{}",
             StatusCode::NOT_IMPLEMENTED,
@@ -1048,6 +1053,7 @@ async fn the_metrics_spec_holds() {
     }
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
     assert!(values["method"].contains("settings.v1.SettingsService/Set"));
+    assert!(values["method"].contains("adhocprofiles.v1.AdHocProfileService/List"));
     assert!(values["method"].contains("vcs.v1.VCSService"));
     for r in &kiln_gateway::legacy::ROUTES {
         assert!(
@@ -1457,7 +1463,6 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
     for path in [
         "/vcs.v1.VCSService/GetFile",
         "/settings.v1.RecordingRulesService/ListRecordingRules",
-        "/adhocprofiles.v1.AdHocProfileService/List",
     ] {
         let (status, body) = connect_call(&router, "team-a", path, serde_json::json!({})).await;
         assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{path}");

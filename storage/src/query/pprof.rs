@@ -635,7 +635,7 @@ mod tests {
             let mut sorted: Vec<i64> = totals.values().copied().collect();
             sorted.sort_unstable_by(|a, b| b.cmp(a));
             let min = if sorted.len() <= budget { 0 } else { sorted[budget - 1] };
-            for (stack, _) in &got {
+            for stack in got.keys() {
                 let named = match stack.last() {
                     Some(last) if last == TRUNCATED_NAME => &stack[..stack.len() - 1],
                     _ => &stack[..],
