@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/querier/v1/querier.proto",
         "proto/settings/v1/setting.proto",
         "proto/capabilities/v1/feature_flags.proto",
+        "proto/adhocprofiles/v1/adhocprofiles.proto",
         "proto/kiln/storage/v1/symbols.proto",
         "proto/kiln/storage/v1/block.proto",
         "proto/pluginv2/backend.proto",
@@ -45,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".querier.v1",
             ".settings.v1",
             ".capabilities.v1",
+            ".adhocprofiles.v1",
         ])?;
     Ok(())
 }

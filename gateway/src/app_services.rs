@@ -1,16 +1,17 @@
 //! The services Grafana's Profiles Drilldown app calls besides the querier, over Connect
 //! (proto or JSON): `settings.v1.SettingsService` (its plugin settings, kept per tenant),
-//! `capabilities.v1.FeatureFlagsService` (what this server can do), and the services Kiln does
-//! not offer, answered Connect `unimplemented` with a message so the app hides the feature
-//! (`vcs.v1.VCSService`, `settings.v1.RecordingRulesService`,
-//! `adhocprofiles.v1.AdHocProfileService`). One table ([`SERVICES`]) names every method; the API
-//! table (`crate::api`) routes and names them from it.
+//! `capabilities.v1.FeatureFlagsService` (what this server can do),
+//! `adhocprofiles.v1.AdHocProfileService` (its upload tab, [`crate::adhoc`]), and the services
+//! Kiln does not offer, answered Connect `unimplemented` with a message so the app hides the
+//! feature (`vcs.v1.VCSService`, `settings.v1.RecordingRulesService`). One table
+//! ([`SERVICES`]) names every method; the API table (`crate::api`) routes and names them from it.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
+use kiln_proto::adhocprofiles::v1 as adhoc;
 use kiln_proto::capabilities::v1 as caps;
 use kiln_proto::settings::v1 as settings;
 
@@ -57,8 +58,13 @@ pub const SERVICES: [Service; 5] = [
     },
     Service {
         name: "adhocprofiles.v1.AdHocProfileService",
-        methods: &["adhocprofiles.v1.AdHocProfileService"],
-        absent: Some("Kiln does not store ad-hoc profile uploads yet"),
+        methods: &[
+            "adhocprofiles.v1.AdHocProfileService/Upload",
+            "adhocprofiles.v1.AdHocProfileService/Get",
+            "adhocprofiles.v1.AdHocProfileService/List",
+            "adhocprofiles.v1.AdHocProfileService/Diff",
+        ],
+        absent: None,
     },
 ];
 
@@ -109,6 +115,22 @@ pub async fn handler(
                 let req: settings::DeleteSettingsRequest = codec.decode(&body)?;
                 delete_setting(&app, &tenant, &req.name).await?;
                 codec.encode(&settings::DeleteSettingsResponse {})?
+            }
+            ("adhocprofiles.v1.AdHocProfileService", "Upload") => {
+                let req: adhoc::AdHocProfilesUploadRequest = codec.decode(&body)?;
+                codec.encode(&crate::adhoc::upload(&app, &tenant, req).await?)?
+            }
+            ("adhocprofiles.v1.AdHocProfileService", "Get") => {
+                let req: adhoc::AdHocProfilesGetRequest = codec.decode(&body)?;
+                codec.encode(&crate::adhoc::get(&app, &tenant, req).await?)?
+            }
+            ("adhocprofiles.v1.AdHocProfileService", "List") => {
+                let _: adhoc::AdHocProfilesListRequest = codec.decode(&body)?;
+                codec.encode(&crate::adhoc::list(&app, &tenant).await?)?
+            }
+            ("adhocprofiles.v1.AdHocProfileService", "Diff") => {
+                let req: adhoc::AdHocProfilesDiffRequest = codec.decode(&body)?;
+                codec.encode(&crate::adhoc::diff(&app, &tenant, req).await?)?
             }
             ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
                 let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;

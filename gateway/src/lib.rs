@@ -13,6 +13,7 @@
 //! Every request is mapped to a tenant first ([`tenant`]); errors of every protocol come from one
 //! [`error::ApiError`].
 
+pub mod adhoc;
 pub mod admin;
 pub mod api;
 pub mod app;

@@ -9,7 +9,7 @@ use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
 use crate::auth::TenantId;
-use crate::error::{ApiError, ErrorKind};
+use crate::error::ApiError;
 use crate::time::now_nanos;
 
 mod projections;
@@ -154,6 +154,23 @@ impl<'a> MergeRequest<'a> {
             trace_id_selector: &[],
             profile_id_selector: &[],
             call_site: Vec::new(),
+        }
+    }
+}
+
+impl<'a> MergeRequest<'a> {
+    /// Every selector of a `SelectMergeStacktraces` request (a flame graph, a projection, one
+    /// side of a diff).
+    fn of_stacktraces(r: &'a q::SelectMergeStacktracesRequest) -> Self {
+        Self {
+            profile_type: &r.profile_type_id,
+            label_selector: &r.label_selector,
+            start: r.start,
+            end: r.end,
+            span_selector: &r.span_selector,
+            trace_id_selector: &r.trace_id_selector,
+            profile_id_selector: &r.profile_id_selector,
+            call_site: call_site(r.stack_trace_selector.as_ref()),
         }
     }
 }
@@ -341,8 +358,27 @@ impl Querier {
         end: i64,
     ) -> Result<FlameTree, ApiError> {
         let m = MergeRequest::plain(profile_type, label_selector, start, end);
-        let filter = self.filter(tenant, &m)?;
+        self.merged_tree(tenant, &m).await
+    }
+
+    /// The merged tree of a request's stacks (its call site not applied).
+    async fn merged_tree(
+        &self,
+        tenant: &TenantId,
+        m: &MergeRequest<'_>,
+    ) -> Result<FlameTree, ApiError> {
+        let filter = self.filter(tenant, m)?;
         Ok(self.app.storage.query().merge_tree(&filter).await?)
+    }
+
+    /// The merged tree of a request's stacks under its call site.
+    async fn focused_tree(
+        &self,
+        tenant: &TenantId,
+        m: &MergeRequest<'_>,
+    ) -> Result<FlameTree, ApiError> {
+        let call_site: Vec<&str> = m.call_site.iter().map(String::as_str).collect();
+        Ok(self.merged_tree(tenant, m).await?.focus(&call_site))
     }
 
     async fn flamegraph(
@@ -351,11 +387,20 @@ impl Querier {
         r: &MergeRequest<'_>,
         max_nodes: Option<i64>,
     ) -> Result<q::FlameGraph, ApiError> {
-        let filter = self.filter(tenant, r)?;
         let max_nodes = self.max_nodes(tenant, max_nodes)?;
-        let tree = self.app.storage.query().merge_tree(&filter).await?;
-        let call_site: Vec<&str> = r.call_site.iter().map(String::as_str).collect();
-        Ok(tree.focus(&call_site).to_flamegraph(max_nodes))
+        Ok(self.focused_tree(tenant, r).await?.to_flamegraph(max_nodes))
+    }
+
+    /// The merged tree in Pyroscope's compact encoding (`PROFILE_FORMAT_TREE`), cut to
+    /// `max_nodes` as the flame graph is ([`FlameTree::to_tree_bytes`]).
+    async fn tree_bytes(
+        &self,
+        tenant: &TenantId,
+        r: &MergeRequest<'_>,
+        max_nodes: Option<i64>,
+    ) -> Result<Vec<u8>, ApiError> {
+        let max_nodes = self.max_nodes(tenant, max_nodes)?;
+        Ok(self.focused_tree(tenant, r).await?.to_tree_bytes(max_nodes))
     }
 
     pub async fn select_merge_stacktraces(
@@ -363,19 +408,7 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
-        let m = MergeRequest {
-            profile_type: &r.profile_type_id,
-            label_selector: &r.label_selector,
-            start: r.start,
-            end: r.end,
-            span_selector: &r.span_selector,
-            trace_id_selector: &r.trace_id_selector,
-            profile_id_selector: &r.profile_id_selector,
-            call_site: call_site(r.stack_trace_selector.as_ref()),
-        };
-        if let Some(projection) = self.select_projection(tenant, &r).await? {
-            return Ok(projection);
-        }
+        let m = MergeRequest::of_stacktraces(&r);
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
                 Ok(q::SelectMergeStacktracesResponse {
@@ -383,6 +416,13 @@ impl Querier {
                     ..Default::default()
                 })
             }
+            q::ProfileFormat::Functions
+            | q::ProfileFormat::FunctionTree
+            | q::ProfileFormat::Sandwich => self.select_projection(tenant, &r).await,
+            q::ProfileFormat::Tree => Ok(q::SelectMergeStacktracesResponse {
+                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                ..Default::default()
+            }),
             q::ProfileFormat::Pprof => {
                 let filter = self.filter(tenant, &m)?;
                 let profile = self
@@ -411,14 +451,7 @@ impl Querier {
                             .unwrap_or(i64::MAX),
                     ),
                 )?;
-                let call_site: Vec<&str> = m.call_site.iter().map(String::as_str).collect();
-                let tree = self
-                    .app
-                    .storage
-                    .query()
-                    .merge_tree(&filter)
-                    .await?
-                    .focus(&call_site);
+                let tree = self.focused_tree(tenant, &m).await?;
                 let profile_type = kiln_otel::model::ProfileType::parse(m.profile_type)
                     .ok_or_else(|| ApiError::invalid("invalid profile type"))?;
                 // The legend's range: the one the query covered, in Unix ms.
@@ -435,13 +468,6 @@ impl Querier {
                     ..Default::default()
                 })
             }
-            other => Err(ApiError::new(
-                ErrorKind::Unimplemented,
-                format!(
-                    "format {} is not supported; use FLAMEGRAPH, DOT or PPROF",
-                    other.as_str_name()
-                ),
-            )),
         }
     }
 
@@ -465,6 +491,12 @@ impl Querier {
             profile_id_selector: &[],
             call_site: Vec::new(),
         };
+        if r.format == q::ProfileFormat::Tree as i32 {
+            return Ok(q::SelectMergeSpanProfileResponse {
+                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                ..Default::default()
+            });
+        }
         Ok(q::SelectMergeSpanProfileResponse {
             flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
             ..Default::default()
@@ -487,12 +519,21 @@ impl Querier {
             call_site: call_site(r.stack_trace_selector.as_ref()),
         };
         let filter = self.filter(tenant, &m)?;
-        Ok(self
+        let mut profile = self
             .app
             .storage
             .query()
             .merge_pprof_at(&filter, &m.call_site)
-            .await?)
+            .await?;
+        // As Pyroscope: a positive `max_nodes` cuts the profile to its heaviest call-tree
+        // nodes; none (or 0) is the whole profile, as the pprof export wants it.
+        if let Some(n) = r.max_nodes.filter(|n| *n > 0) {
+            kiln_storage::query::pprof::truncate(
+                &mut profile,
+                usize::try_from(n).unwrap_or(usize::MAX),
+            );
+        }
+        Ok(profile)
     }
 
     pub async fn select_series(
@@ -623,21 +664,15 @@ impl Querier {
             )));
         };
         let max_nodes = self.max_nodes(tenant, left.max_nodes.or(right.max_nodes))?;
+        // Each side is a whole `SelectMergeStacktraces` request: its span, trace and profile id
+        // selectors and its call site apply, as they do to a flame graph.
+        let (lm, rm) = (
+            MergeRequest::of_stacktraces(&left),
+            MergeRequest::of_stacktraces(&right),
+        );
         let (left_tree, right_tree) = futures::try_join!(
-            self.merge_tree(
-                tenant,
-                &left.profile_type_id,
-                &left.label_selector,
-                left.start,
-                left.end
-            ),
-            self.merge_tree(
-                tenant,
-                &right.profile_type_id,
-                &right.label_selector,
-                right.start,
-                right.end
-            ),
+            self.focused_tree(tenant, &lm),
+            self.focused_tree(tenant, &rm)
         )?;
         let p = crate::legacy::flamebearer::diff(&left_tree, &right_tree, max_nodes, &profile_type)
             .map_err(ApiError::internal)?;

@@ -824,6 +824,11 @@ async fn the_metrics_spec_holds() {
             StatusCode::OK,
         ),
         (
+            "/adhocprofiles.v1.AdHocProfileService/List",
+            "{}",
+            StatusCode::OK,
+        ),
+        (
             "/vcs.v1.VCSService/GetFile",
             "{}",
             StatusCode::NOT_IMPLEMENTED,
@@ -1048,6 +1053,7 @@ async fn the_metrics_spec_holds() {
     }
     assert!(values["method"].contains("querier.v1.QuerierService/unknown"));
     assert!(values["method"].contains("settings.v1.SettingsService/Set"));
+    assert!(values["method"].contains("adhocprofiles.v1.AdHocProfileService/List"));
     assert!(values["method"].contains("vcs.v1.VCSService"));
     for r in &kiln_gateway::legacy::ROUTES {
         assert!(
@@ -1457,7 +1463,6 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
     for path in [
         "/vcs.v1.VCSService/GetFile",
         "/settings.v1.RecordingRulesService/ListRecordingRules",
-        "/adhocprofiles.v1.AdHocProfileService/List",
     ] {
         let (status, body) = connect_call(&router, "team-a", path, serde_json::json!({})).await;
         assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{path}");
@@ -1956,6 +1961,27 @@ async fn individual_exemplars_open_their_profile() {
     let mut want = ids.clone();
     want.sort();
     assert_eq!(heat_ids, want, "{heatmap}");
+    // A diff of two profiles (each side a whole request: its profile ids apply).
+    let side = |id: &str| {
+        serde_json::json!({
+            "profileTypeID": cpu, "labelSelector": "{}",
+            "start": 1_699_999_980_000i64, "end": 1_700_000_180_000i64,
+            "profileIdSelector": [id],
+        })
+    };
+    let diff = connect_json(
+        &router,
+        "team-a",
+        "Diff",
+        serde_json::json!({"left": side(&ids[0]), "right": side(&ids[1])}),
+    )
+    .await;
+    assert_eq!(json_i64(&diff["flamegraph"]["leftTicks"]), 7 * ms, "{diff}");
+    assert_eq!(
+        json_i64(&diff["flamegraph"]["rightTicks"]),
+        10 * ms,
+        "{diff}"
+    );
     // A malformed id is the caller's error.
     let (status, body) = connect_call(
         &router,

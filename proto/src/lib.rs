@@ -1,5 +1,6 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
-//! `push.v1`, `querier.v1`, `settings.v1` and `capabilities.v1`, Grafana's plugin protocol (`pluginv2`), gRPC health, and Kiln's
+//! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1` and `adhocprofiles.v1`, Grafana's plugin
+//! protocol (`pluginv2`), gRPC health, and Kiln's
 //! own storage formats (`kiln.storage.v1`); and the one decoder of Pyroscope's flame graph
 //! levels ([`flamegraph`]).
 //!
@@ -57,6 +58,15 @@ pub mod capabilities {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/capabilities.v1.rs"));
         include!(concat!(env!("OUT_DIR"), "/capabilities.v1.serde.rs"));
+    }
+}
+
+/// Pyroscope's ad-hoc profile uploads (the Drilldown app's upload tab).
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod adhocprofiles {
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/adhocprofiles.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/adhocprofiles.v1.serde.rs"));
     }
 }
 

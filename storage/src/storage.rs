@@ -244,6 +244,32 @@ impl Storage {
             .await
     }
 
+    /// The names of the tenant's documents in folder `folder` (the part after `folder/`), with
+    /// their sizes in bytes, in no particular order.
+    pub async fn list_tenant_documents(
+        &self,
+        tenant: &str,
+        folder: &str,
+    ) -> Result<Vec<(String, u64)>> {
+        let prefix = tenant_document(tenant, folder);
+        let under = format!("{prefix}/");
+        Ok(self
+            .store
+            .list(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|o| {
+                let name = o.location.as_ref().strip_prefix(&under)?.to_owned();
+                Some((name, o.size))
+            })
+            .collect())
+    }
+
+    /// Deletes a tenant's document; a missing one is not an error.
+    pub async fn delete_tenant_document(&self, tenant: &str, name: &str) -> Result<()> {
+        self.store.delete(&tenant_document(tenant, name)).await
+    }
+
     /// Drops the partitions of `tenant` whose data is wholly older than `before_nanos`
     /// (retention), then gives the metastore's freed space back. Returns entries removed.
     pub async fn apply_retention(&self, tenant: &str, before_nanos: i64) -> Result<usize> {

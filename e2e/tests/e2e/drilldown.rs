@@ -4,6 +4,7 @@
 //! answers checked against Kiln's own data (the function projections against its flame graphs),
 //! and every call refusing another tenant's data.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -31,6 +32,30 @@ fn call(kiln: &Kiln, auth: &str, path: &str, body: Value) -> Result<(u16, Value)
     Ok((status, value))
 }
 
+/// A call as the datasource backend makes it: binary protobuf, the datasource's credentials.
+fn connect<Req: prost::Message, Resp: prost::Message + Default>(
+    kiln: &Kiln,
+    auth: &str,
+    path: &str,
+    req: &Req,
+) -> Result<Resp> {
+    let resp = kiln
+        .http()
+        .post(kiln.url(path))
+        .header("Authorization", auth)
+        .header("Content-Type", "application/proto")
+        .body(req.encode_to_vec())
+        .send()?;
+    let status = resp.status();
+    let body = resp.bytes()?;
+    ensure!(
+        status.is_success(),
+        "{path}: {status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    Ok(Resp::decode(body.as_ref())?)
+}
+
 fn ok(kiln: &Kiln, auth: &str, path: &str, body: Value) -> Result<Value> {
     let (status, v) = call(kiln, auth, path, body)?;
     ensure!(status == 200, "{path}: {status} {v}");
@@ -51,19 +76,29 @@ fn range() -> (String, String) {
     )
 }
 
-/// The app's services, in JWT mode with Basic auth (the datasource's user = tenant, password =
-/// token), over one tenant's data; a second tenant sees none of it through the same calls.
-#[test]
-fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
-    let keys = tempfile::tempdir()?;
-    std::fs::write(
-        keys.path().join("k1.secret"),
-        "0123456789abcdef0123456789abcdef-drilldown-e2e",
-    )?;
-    let key = keys.path().join("k1.secret");
-    let keys_dir = keys.path().to_string_lossy().into_owned();
-    let mut kiln = Kiln::start_with(&["--auth", "jwt", "--jwt-keys", &keys_dir])?;
-    let token = |tenant: &str| -> Result<String> {
+/// A `kiln` in JWT mode and the key its tokens are signed with.
+struct JwtKiln {
+    kiln: Kiln,
+    key: std::path::PathBuf,
+    _keys: tempfile::TempDir,
+}
+
+impl JwtKiln {
+    fn start() -> Result<Self> {
+        let keys = tempfile::tempdir()?;
+        let key = keys.path().join("k1.secret");
+        std::fs::write(&key, "0123456789abcdef0123456789abcdef-drilldown-e2e")?;
+        let keys_dir = keys.path().to_string_lossy().into_owned();
+        let kiln = Kiln::start_with(&["--auth", "jwt", "--jwt-keys", &keys_dir])?;
+        Ok(Self {
+            kiln,
+            key,
+            _keys: keys,
+        })
+    }
+
+    /// The datasource's credentials for `tenant`: Basic, user = tenant, password = a token.
+    fn basic(&self, tenant: &str) -> Result<String> {
         let out = std::process::Command::new(kiln_e2e::kiln_bin())
             .args([
                 "token",
@@ -74,22 +109,28 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
                 "read,write",
             ])
             .arg("--key")
-            .arg(&key)
+            .arg(&self.key)
             .output()?;
         ensure!(
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Ok(String::from_utf8(out.stdout)?.trim().to_owned())
-    };
-    let basic = |tenant: &str| -> Result<String> {
+        let token = String::from_utf8(out.stdout)?.trim().to_owned();
         Ok(format!(
             "Basic {}",
-            kiln_otel::base64::encode(format!("{tenant}:{}", token(tenant)?).as_bytes())
+            kiln_otel::base64::encode(format!("{tenant}:{token}").as_bytes())
         ))
-    };
-    let (a, b) = (basic("team-a")?, basic("team-b")?);
+    }
+}
+
+/// The app's services, in JWT mode with Basic auth (the datasource's user = tenant, password =
+/// token), over one tenant's data; a second tenant sees none of it through the same calls.
+#[test]
+fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
+    let jwt = JwtKiln::start()?;
+    let (a, b) = (jwt.basic("team-a")?, jwt.basic("team-b")?);
+    let mut kiln = jwt.kiln;
     // Two profiles an hour apart for team-a, one unrelated for team-b.
     for (tenant, auth, t, body) in [
         ("team-a", &a, T0, "main;checkout;pay 3\nmain;browse 1\n"),
@@ -257,11 +298,10 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
     ok(&kiln, &a, "/settings.v1.SettingsService/Set", setting)?;
     let got = ok(&kiln, &a, "/settings.v1.SettingsService/Get", json!({}))?;
     ensure!(got["settings"][0]["name"] == "pluginSettings", "{got}");
-    // 11–13. Services Kiln does not offer: 501 `unimplemented`, so the app hides them.
+    // 11–12. Services Kiln does not offer: 501 `unimplemented`, so the app hides them.
     for path in [
         "/settings.v1.RecordingRulesService/ListRecordingRules",
         "/vcs.v1.VCSService/GithubApp",
-        "/adhocprofiles.v1.AdHocProfileService/List",
     ] {
         let (status, v) = call(&kiln, &a, path, json!({}))?;
         ensure!(
@@ -441,6 +481,360 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
         let (status, _) = call(&kiln, "", &path, json!({}))?;
         ensure!(status == 401, "{path}: {status}");
     }
+    kiln.stop()?;
+    Ok(())
+}
+
+/// Runs `cmd`, failing with its output when it fails; returns its stdout.
+fn run(cmd: &mut std::process::Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// `cpu.pb.gz` and `heap.pb.gz` as the Go runtime writes them (`e2e/clients/go/main.go`,
+/// built offline with the system's Go), in `dir`.
+fn go_profiles(dir: &std::path::Path) -> Result<()> {
+    let bin = dir.join("profdemo");
+    run(std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(kiln_e2e::repo_root().join("e2e/clients/go/main.go"))
+        .env("GO111MODULE", "off")
+        .env("GOPROXY", "off")
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOFLAGS", "-buildvcs=false"))?;
+    run(std::process::Command::new(&bin).arg(dir))?;
+    Ok(())
+}
+
+/// The upload tab (`adhocprofiles.v1`) with the Go runtime's own pprof files, as the app sends
+/// them (`{name, profile: <base64>}`, Basic auth): every sample type listed and drawn with the
+/// total the file holds, the uploads listed and kept across a restart; another tenant lists
+/// none and cannot get them.
+#[test]
+fn the_upload_tab_draws_go_profiles_and_keeps_them_per_tenant() -> Result<()> {
+    let go = tempfile::tempdir()?;
+    go_profiles(go.path())?;
+    let jwt = JwtKiln::start()?;
+    let (a, b) = (jwt.basic("team-a")?, jwt.basic("team-b")?);
+    let mut kiln = jwt.kiln;
+    let svc = "/adhocprofiles.v1.AdHocProfileService";
+    let mut ids = Vec::new();
+    for file in ["cpu.pb.gz", "heap.pb.gz"] {
+        let data = std::fs::read(go.path().join(file))?;
+        let totals = kiln_e2e::pprof_totals(&data)?;
+        let up = ok(
+            &kiln,
+            &a,
+            &format!("{svc}/Upload"),
+            json!({"name": file, "profile": kiln_otel::base64::encode(&data)}),
+        )?;
+        let id = up["id"].as_str().context("id")?.to_owned();
+        let types: Vec<&str> = up["profileTypes"]
+            .as_array()
+            .context("profileTypes")?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let want: Vec<&str> = totals.iter().map(|((t, _), _)| t.as_str()).collect();
+        ensure!(types == want, "{file}: {types:?} vs {want:?}");
+        for ((sample_type, _), total) in &totals {
+            let got = ok(
+                &kiln,
+                &a,
+                &format!("{svc}/Get"),
+                json!({"id": id, "profile_type": sample_type}),
+            )?;
+            let fb: Value =
+                serde_json::from_str(got["flamebearerProfile"].as_str().context("fb")?)?;
+            ensure!(
+                int(&fb["flamebearer"]["numTicks"]) == *total,
+                "{file} {sample_type}: {} vs {total}",
+                fb["flamebearer"]["numTicks"]
+            );
+            ensure!(
+                fb["metadata"]["name"] == sample_type.as_str(),
+                "{}",
+                fb["metadata"]
+            );
+        }
+        ids.push(id);
+    }
+    let listed = |kiln: &Kiln, auth: &str| -> Result<Vec<String>> {
+        let list = ok(kiln, auth, &format!("{svc}/List"), json!({}))?;
+        Ok(list["profiles"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .filter_map(|p| p["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    ensure!(
+        listed(&kiln, &a)? == [ids[1].clone(), ids[0].clone()],
+        "newest first"
+    );
+    ensure!(listed(&kiln, &b)?.is_empty());
+    let (status, v) = call(&kiln, &b, &format!("{svc}/Get"), json!({"id": ids[0]}))?;
+    ensure!(status == 404 && v["code"] == "not_found", "{status} {v}");
+
+    kiln.restart()?;
+    ensure!(listed(&kiln, &a)?.len() == 2, "kept across a restart");
+    ensure!(listed(&kiln, &b)?.is_empty());
+    let (status, v) = call(&kiln, &a, &format!("{svc}/Get"), json!({"id": ids[0]}))?;
+    ensure!(status == 200, "{status} {v}");
+    kiln.stop()?;
+    Ok(())
+}
+
+/// Reads Pyroscope's tree encoding (`PROFILE_FORMAT_TREE`) from its description: nodes in
+/// pre-order, each `uvarint(len) name uvarint(self) uvarint(children)`, under a nameless root.
+/// Returns root-first stacks (without the root) with their self values, and each node's
+/// root-first path with its total.
+fn read_tree(b: &[u8]) -> Result<(BTreeMap<Vec<String>, i64>, BTreeMap<Vec<String>, i64>)> {
+    fn uvarint(b: &[u8], at: &mut usize) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *b.get(*at).context("truncated varint")?;
+            *at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(v);
+            }
+        }
+        anyhow::bail!("varint too long")
+    }
+    let (mut stacks, mut totals) = (BTreeMap::new(), BTreeMap::new());
+    let mut at = 0;
+    // Per open node: its path and how many children are still to come.
+    let mut open: Vec<(Vec<String>, u64)> = vec![(Vec::new(), u64::from(!b.is_empty()))];
+    let mut root = true;
+    while let Some((path, left)) = open.last_mut() {
+        if *left == 0 {
+            open.pop();
+            continue;
+        }
+        *left -= 1;
+        let mut path = path.clone();
+        let len = usize::try_from(uvarint(b, &mut at)?)?;
+        let name = std::str::from_utf8(b.get(at..at + len).context("truncated name")?)?;
+        at += len;
+        let self_value = uvarint(b, &mut at)? as i64;
+        let children = uvarint(b, &mut at)?;
+        if root {
+            ensure!(name.is_empty(), "the root has a name: {name:?}");
+            root = false;
+        } else {
+            path.push(name.to_owned());
+        }
+        if self_value != 0 {
+            *stacks.entry(path.clone()).or_insert(0) += self_value;
+        }
+        for depth in 1..=path.len() {
+            *totals.entry(path[..depth].to_vec()).or_insert(0) += self_value;
+        }
+        open.push((path, children));
+    }
+    ensure!(at == b.len(), "{} bytes after the tree", b.len() - at);
+    Ok((stacks, totals))
+}
+
+/// `go tool pprof -top` of a profile: its total, in the profile's unit (nanoseconds here).
+fn pprof_top_total(profile: &[u8], dir: &std::path::Path, name: &str) -> Result<i64> {
+    let path = dir.join(name);
+    std::fs::write(&path, profile)?;
+    let out = run(std::process::Command::new("go")
+        .args(["tool", "pprof", "-top", "-unit=ns"])
+        .arg(&path)
+        .env("HOME", dir))?;
+    let line = out
+        .lines()
+        .find(|l| l.contains(" total"))
+        .with_context(|| format!("no total in {out}"))?;
+    let total = line
+        .rsplit_once(" of ")
+        .and_then(|(_, t)| t.strip_suffix(" total"))
+        .and_then(|t| t.trim().strip_suffix("ns"))
+        .with_context(|| format!("{line:?}"))?;
+    Ok(total.parse()?)
+}
+
+/// `PROFILE_FORMAT_TREE` and `SelectMergeProfile`'s `max_nodes` over the Go runtime's CPU
+/// profile: the tree bytes read back are the flame graph's stacks and total (cut to the same
+/// nodes under a budget, and for a call site too); the cut pprof keeps the heaviest nodes and
+/// `go tool pprof` reads the flame graph's total from it, for a call site too; another tenant
+/// gets an empty tree and an empty profile.
+#[test]
+fn tree_bytes_and_cut_pprof_agree_with_the_flame_graph() -> Result<()> {
+    use kiln_proto::querier::v1 as q;
+    use kiln_proto::types::v1 as t;
+    use kiln_storage::query::tree::flamegraph_stacks;
+
+    let go = tempfile::tempdir()?;
+    go_profiles(go.path())?;
+    let jwt = JwtKiln::start()?;
+    let (a, b) = (jwt.basic("team-a")?, jwt.basic("team-b")?);
+    let mut kiln = jwt.kiln;
+    for (auth, tenant, name, body) in [
+        (
+            &a,
+            "team-a",
+            "go-demo",
+            std::fs::read(go.path().join("cpu.pb.gz"))?,
+        ),
+        (&b, "team-b", "other", b"main;team_b_secret 9\n".to_vec()),
+    ] {
+        kiln.set_auth(vec![("Authorization".into(), auth.clone())]);
+        let format = if tenant == "team-a" {
+            "pprof"
+        } else {
+            "folded"
+        };
+        let (s, text) = kiln.ingest(tenant, &format!("name={name}&format={format}"), body, &[])?;
+        ensure!(s == 200, "{s} {text}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let q = "/querier.v1.QuerierService";
+    let selector = "{service_name=\"go-demo\"}";
+    let stacktraces = |auth: &str, format: q::ProfileFormat, max_nodes: i64, site: &[String]| {
+        let req = q::SelectMergeStacktracesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: selector.into(),
+            max_nodes: Some(max_nodes),
+            format: format as i32,
+            stack_trace_selector: Some(t::StackTraceSelector {
+                call_site: site
+                    .iter()
+                    .map(|n| t::Location { name: n.clone() })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        connect(&kiln, auth, &format!("{q}/SelectMergeStacktraces"), &req)
+    };
+    let fg_of = |r: q::SelectMergeStacktracesResponse| r.flamegraph.unwrap_or_default();
+    let all = fg_of(stacktraces(&a, q::ProfileFormat::Flamegraph, 1 << 20, &[])?);
+    ensure!(all.total > 0, "no CPU samples");
+    let tree = stacktraces(&a, q::ProfileFormat::Tree, 1 << 20, &[])?.tree;
+    let (stacks, totals) = read_tree(&tree)?;
+    ensure!(
+        stacks == flamegraph_stacks(&all)?,
+        "the tree's stacks are the flame graph's"
+    );
+    ensure!(stacks.values().sum::<i64>() == all.total);
+
+    // The same bytes in the app's JSON (base64 in `tree`), and with a budget: the nodes the
+    // flame graph keeps, the total whole.
+    let json_tree = ok(
+        &kiln,
+        &a,
+        &format!("{q}/SelectMergeStacktraces"),
+        json!({"profile_typeID": CPU, "label_selector": selector, "maxNodes": 8,
+               "format": "PROFILE_FORMAT_TREE"}),
+    )?;
+    let cut =
+        kiln_otel::base64::decode(json_tree["tree"].as_str().context("tree")?).context("base64")?;
+    let (cut_stacks, cut_totals) = read_tree(&cut)?;
+    let budget8 = fg_of(stacktraces(&a, q::ProfileFormat::Flamegraph, 8, &[])?);
+    ensure!(
+        cut_stacks == flamegraph_stacks(&budget8)?,
+        "cut as the flame graph is"
+    );
+    ensure!(cut_stacks.values().sum::<i64>() == all.total);
+    let threshold = |n: usize| {
+        let mut v: Vec<i64> = totals.values().copied().collect();
+        v.sort_unstable_by(|x, y| y.cmp(x));
+        v.get(n - 1).copied().unwrap_or(0)
+    };
+    let kept = |n: usize| totals.values().filter(|v| **v >= threshold(n)).count();
+    let named = cut_totals
+        .keys()
+        .filter(|p| p.last().is_some_and(|n| n != "other"))
+        .count();
+    ensure!(
+        named <= kept(8) && named < totals.len(),
+        "{named} nodes for a budget of 8"
+    );
+
+    // A call site: the heaviest root-first pair of frames.
+    let site: Vec<String> = totals
+        .iter()
+        .filter(|(p, _)| p.len() == 2)
+        .max_by_key(|(_, v)| **v)
+        .map(|(p, _)| p.clone())
+        .context("a stack two frames deep")?;
+    let focused = fg_of(stacktraces(
+        &a,
+        q::ProfileFormat::Flamegraph,
+        1 << 20,
+        &site,
+    )?);
+    let (site_stacks, _) =
+        read_tree(&stacktraces(&a, q::ProfileFormat::Tree, 1 << 20, &site)?.tree)?;
+    ensure!(site_stacks == flamegraph_stacks(&focused)?);
+    ensure!(site_stacks.keys().all(|k| k.starts_with(&site)));
+
+    // SelectMergeProfile as the export sends it (binary proto), cut to 16 nodes.
+    let merge = |auth: &str, max_nodes: Option<i64>, site: &[String]| {
+        let req = q::SelectMergeProfileRequest {
+            profile_type_id: CPU.into(),
+            label_selector: selector.into(),
+            max_nodes,
+            stack_trace_selector: Some(t::StackTraceSelector {
+                call_site: site
+                    .iter()
+                    .map(|n| t::Location { name: n.clone() })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        connect::<_, kiln_proto::google::v1::Profile>(
+            &kiln,
+            auth,
+            &format!("{q}/SelectMergeProfile"),
+            &req,
+        )
+    };
+    let function_names = |p: &kiln_proto::google::v1::Profile| -> Vec<String> {
+        p.function
+            .iter()
+            .map(|f| p.string_table[f.name as usize].clone())
+            .collect()
+    };
+    let whole = merge(&a, None, &[])?;
+    let cut = merge(&a, Some(16), &[])?;
+    let cut_site = merge(&a, Some(4), &site)?;
+    let names = function_names(&cut);
+    let real: Vec<&String> = names.iter().filter(|n| *n != "other").collect();
+    ensure!(names.iter().any(|n| n == "other"), "{names:?}");
+    ensure!(
+        real.len() <= kept(16) && real.len() < function_names(&whole).len(),
+        "{} functions for a budget of 16 ({} uncut)",
+        real.len(),
+        function_names(&whole).len()
+    );
+    let bytes = |p: &kiln_proto::google::v1::Profile| prost::Message::encode_to_vec(p);
+    ensure!(pprof_top_total(&bytes(&whole), go.path(), "whole.pb")? == all.total);
+    ensure!(pprof_top_total(&bytes(&cut), go.path(), "cut.pb")? == all.total);
+    ensure!(cut_site.sample.len() < whole.sample.len());
+    ensure!(pprof_top_total(&bytes(&cut_site), go.path(), "site.pb")? == focused.total);
+
+    // The other tenant: nothing of team-a's.
+    ensure!(
+        stacktraces(&b, q::ProfileFormat::Tree, 1 << 20, &[])?
+            .tree
+            .is_empty()
+    );
+    ensure!(merge(&b, Some(16), &[])?.sample.is_empty());
     kiln.stop()?;
     Ok(())
 }

@@ -117,7 +117,7 @@ impl Timeline {
 /// Metadata of a profile type, as Pyroscope derives it: counts of objects, goroutines and
 /// samples are `objects`, CPU time is `samples` at a rate of 1e9 (nanoseconds); the rest keep
 /// their sample unit at a rate of 100.
-fn metadata(format: &'static str, profile_type: &ProfileType) -> Metadata {
+pub fn metadata(format: &'static str, profile_type: &ProfileType) -> Metadata {
     let (units, sample_rate) = match profile_type.sample_type.as_str() {
         "inuse_objects" | "alloc_objects" | "goroutine" | "samples" => ("objects".into(), 100),
         "cpu" => ("samples".into(), 1_000_000_000),

@@ -66,41 +66,15 @@ impl TreeOptions {
     }
 }
 
-/// The stacks of one side of a query, as a [`MergeRequest`].
-fn merge_request(r: &q::SelectMergeStacktracesRequest) -> MergeRequest<'_> {
-    MergeRequest {
-        profile_type: &r.profile_type_id,
-        label_selector: &r.label_selector,
-        start: r.start,
-        end: r.end,
-        span_selector: &r.span_selector,
-        trace_id_selector: &r.trace_id_selector,
-        profile_id_selector: &r.profile_id_selector,
-        call_site: call_site(r.stack_trace_selector.as_ref()),
-    }
-}
-
-fn is_projection(format: i32) -> bool {
-    [
-        q::ProfileFormat::Functions as i32,
-        q::ProfileFormat::FunctionTree as i32,
-        q::ProfileFormat::Sandwich as i32,
-    ]
-    .contains(&format)
-}
-
 impl Querier {
-    /// `SelectMergeStacktraces` with a projection format; `None` for the other formats.
+    /// `SelectMergeStacktraces` with a projection format (FUNCTIONS, FUNCTION_TREE, SANDWICH).
     pub(super) async fn select_projection(
         &self,
         tenant: &TenantId,
         r: &q::SelectMergeStacktracesRequest,
-    ) -> Result<Option<q::SelectMergeStacktracesResponse>, ApiError> {
-        if !is_projection(r.format) {
-            return Ok(None);
-        }
+    ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
         let projection = self.projection(tenant, r, r.format)?;
-        let m = merge_request(r);
+        let m = MergeRequest::of_stacktraces(r);
         let tree = self.merged_tree(tenant, &m).await?;
         let mut out = q::SelectMergeStacktracesResponse::default();
         match project(tree, &m.call_site, &projection) {
@@ -108,7 +82,7 @@ impl Querier {
             Projected::Tree(tree) => out.function_tree = Some(tree),
             Projected::Sandwich(sandwich) => out.sandwich = Some(sandwich),
         }
-        Ok(Some(out))
+        Ok(out)
     }
 
     /// `Diff` with FUNCTIONS or FUNCTION_TREE (see the module's summary); `None` for a flame
@@ -165,7 +139,10 @@ impl Querier {
         } else {
             0
         };
-        let (lm, rm) = (merge_request(left), merge_request(right));
+        let (lm, rm) = (
+            MergeRequest::of_stacktraces(left),
+            MergeRequest::of_stacktraces(right),
+        );
         let (left_tree, right_tree) =
             futures::try_join!(self.merged_tree(tenant, &lm), self.merged_tree(tenant, &rm))?;
         let mut out = q::DiffResponse::default();
@@ -193,16 +170,6 @@ impl Querier {
             out.functions = Some(diff);
         }
         Ok(Some(out))
-    }
-
-    /// The merged tree of one query's stacks (its call site not applied).
-    async fn merged_tree(
-        &self,
-        tenant: &TenantId,
-        m: &MergeRequest<'_>,
-    ) -> Result<FlameTree, ApiError> {
-        let filter = self.filter(tenant, m)?;
-        Ok(self.app.storage.query().merge_tree(&filter).await?)
     }
 
     /// Checks what a request asks `format` (a projection) for.

@@ -60,6 +60,9 @@ pub struct TenantLimits {
     pub max_flamegraph_nodes_max: i64,
     /// Queries of this tenant running at once; more wait up to 10 s, then get 429.
     pub max_concurrent_queries: usize,
+    /// Ad-hoc profiles (the Drilldown app's uploads) kept; an upload past it removes the
+    /// oldest. 0 = unlimited.
+    pub max_adhoc_profiles: usize,
 }
 
 impl Default for TenantLimits {
@@ -80,6 +83,7 @@ impl Default for TenantLimits {
             max_flamegraph_nodes_default: 8192,
             max_flamegraph_nodes_max: 1 << 20,
             max_concurrent_queries: 16,
+            max_adhoc_profiles: 100,
         }
     }
 }

@@ -219,3 +219,437 @@ impl PprofBuilder {
         self.profile
     }
 }
+
+/// Name of the function that stands for what [`truncate`] cut.
+pub const TRUNCATED_NAME: &str = "other";
+
+/// Cuts a profile down to its `max_nodes` heaviest call-tree nodes, as Pyroscope answers
+/// `SelectMergeProfile` with `max_nodes`: the samples' stacks, as functions (inlined frames
+/// expanded), make a call tree; a node whose total is below the `max_nodes`-th largest total is
+/// cut (the threshold of the flame graph's `max_nodes`), and each stack loses its frames below
+/// its deepest node that is kept, a location standing for a function [`TRUNCATED_NAME`] taking
+/// their place as the leaf. A stack whose root is cut becomes that location alone. Values are
+/// kept, samples that became alike merged, and locations, functions, mappings and strings that
+/// no sample uses any more dropped. `max_nodes` 0, or a tree of no more nodes, leaves the
+/// profile as it is. Unlike Pyroscope (`truncateLocations`), the leaf-most cut function is cut
+/// too, so what is left is the kept call tree; a location whose inlined frames straddle the
+/// threshold is kept whole.
+pub fn truncate(profile: &mut pb::Profile, max_nodes: usize) {
+    if max_nodes == 0 {
+        return;
+    }
+    let location_index: HashMap<u64, usize> = profile
+        .location
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.id, i))
+        .collect();
+    let lines = |id: &u64| -> &[pb::Line] {
+        location_index
+            .get(id)
+            .map_or(&[][..], |&i| &profile.location[i].line)
+    };
+    // The call tree of functions: node 0 is the root; (parent, function id) -> node.
+    let mut parent: Vec<usize> = vec![0];
+    let mut total: Vec<i64> = vec![0];
+    let mut child: HashMap<(usize, u64), usize> = HashMap::new();
+    // Per sample: its functions root first, as tree nodes.
+    let mut paths: Vec<Vec<usize>> = Vec::with_capacity(profile.sample.len());
+    for s in &profile.sample {
+        let value = s.value.first().copied().unwrap_or(0);
+        let mut node = 0;
+        let mut path = Vec::new();
+        for id in s.location_id.iter().rev() {
+            for line in lines(id).iter().rev() {
+                let next = parent.len();
+                node = *child.entry((node, line.function_id)).or_insert(next);
+                if node == next {
+                    parent.push(path.last().copied().unwrap_or(0));
+                    total.push(0);
+                }
+                total[node] = total[node].saturating_add(value);
+                path.push(node);
+            }
+        }
+        paths.push(path);
+    }
+    let nodes = parent.len() - 1;
+    if nodes <= max_nodes {
+        return;
+    }
+    let mut totals = total[1..].to_vec();
+    let (_, &mut min_value, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
+    if min_value == 0 {
+        return;
+    }
+
+    // The cut stacks, merged: (location ids, labels) -> values. `u64::MAX` marks the cut.
+    const CUT: u64 = u64::MAX;
+    let mut merged: HashMap<(Vec<u64>, Vec<(i64, i64, i64, i64)>), Vec<i64>> = HashMap::new();
+    let mut any_cut = false;
+    for (s, path) in profile.sample.iter().zip(&paths) {
+        let kept = path.iter().take_while(|&&n| total[n] >= min_value).count();
+        let stack: Vec<u64> = if kept == path.len() {
+            s.location_id.clone()
+        } else {
+            any_cut = true;
+            // Root-side locations until they hold the kept functions, then the mark.
+            let mut covered = 0;
+            let mut root_side = Vec::new();
+            for id in s.location_id.iter().rev() {
+                if covered >= kept {
+                    break;
+                }
+                covered += lines(id).len();
+                root_side.push(*id);
+            }
+            root_side.push(CUT);
+            root_side.reverse();
+            root_side
+        };
+        let labels = s
+            .label
+            .iter()
+            .map(|l| (l.key, l.str, l.num, l.num_unit))
+            .collect();
+        let slot = merged
+            .entry((stack, labels))
+            .or_insert_with(|| vec![0; s.value.len()]);
+        for (acc, v) in slot.iter_mut().zip(&s.value) {
+            *acc = acc.saturating_add(*v);
+        }
+    }
+    if !any_cut {
+        return;
+    }
+    let cut_location = profile.location.iter().map(|l| l.id).max().unwrap_or(0) + 1;
+    let mut samples: Vec<_> = merged.into_iter().collect();
+    samples.sort();
+    profile.sample = samples
+        .into_iter()
+        .map(|((stack, labels), value)| pb::Sample {
+            location_id: stack
+                .into_iter()
+                .map(|id| if id == CUT { cut_location } else { id })
+                .collect(),
+            value,
+            label: labels
+                .into_iter()
+                .map(|(key, value, num, num_unit)| pb::Label {
+                    key,
+                    str: value,
+                    num,
+                    num_unit,
+                })
+                .collect(),
+        })
+        .collect();
+    let name = match profile
+        .string_table
+        .iter()
+        .position(|s| s == TRUNCATED_NAME)
+    {
+        Some(i) => i as i64,
+        None => {
+            profile.string_table.push(TRUNCATED_NAME.to_owned());
+            profile.string_table.len() as i64 - 1
+        }
+    };
+    let function_id = profile.function.iter().map(|f| f.id).max().unwrap_or(0) + 1;
+    profile.function.push(pb::Function {
+        id: function_id,
+        name,
+        system_name: name,
+        ..Default::default()
+    });
+    profile.location.push(pb::Location {
+        id: cut_location,
+        line: vec![pb::Line {
+            function_id,
+            line: 0,
+        }],
+        ..Default::default()
+    });
+    drop_unused(profile);
+}
+
+/// Drops the locations no sample uses, then the functions, mappings and strings nothing uses,
+/// and renumbers what is left (ids from 1, in their order).
+fn drop_unused(profile: &mut pb::Profile) {
+    use std::collections::HashSet;
+    let used: HashSet<u64> = profile
+        .sample
+        .iter()
+        .flat_map(|s| s.location_id.iter().copied())
+        .collect();
+    profile.location.retain(|l| used.contains(&l.id));
+    /// Numbers ids from 1 in their order: old id -> new.
+    fn renumber<'a>(ids: impl Iterator<Item = &'a mut u64>) -> HashMap<u64, u64> {
+        ids.enumerate()
+            .map(|(i, id)| {
+                let old = *id;
+                *id = i as u64 + 1;
+                (old, *id)
+            })
+            .collect()
+    }
+    let locations = renumber(profile.location.iter_mut().map(|l| &mut l.id));
+    for s in &mut profile.sample {
+        for id in &mut s.location_id {
+            *id = locations[id];
+        }
+    }
+    let functions_used: HashSet<u64> = profile
+        .location
+        .iter()
+        .flat_map(|l| l.line.iter().map(|x| x.function_id))
+        .collect();
+    let mappings_used: HashSet<u64> = profile.location.iter().map(|l| l.mapping_id).collect();
+    profile.function.retain(|f| functions_used.contains(&f.id));
+    profile.mapping.retain(|m| mappings_used.contains(&m.id));
+    let functions = renumber(profile.function.iter_mut().map(|f| &mut f.id));
+    let mappings = renumber(profile.mapping.iter_mut().map(|m| &mut m.id));
+    for l in &mut profile.location {
+        l.mapping_id = mappings.get(&l.mapping_id).copied().unwrap_or(0);
+        for line in &mut l.line {
+            line.function_id = functions.get(&line.function_id).copied().unwrap_or(0);
+        }
+    }
+
+    // Strings: every reference, then the table without the unused ones.
+    let mut refs: Vec<&mut i64> = Vec::new();
+    for vt in profile
+        .sample_type
+        .iter_mut()
+        .chain(profile.period_type.iter_mut())
+    {
+        refs.push(&mut vt.r#type);
+        refs.push(&mut vt.unit);
+    }
+    for s in &mut profile.sample {
+        for l in &mut s.label {
+            refs.extend([&mut l.key, &mut l.str, &mut l.num_unit]);
+        }
+    }
+    for m in &mut profile.mapping {
+        refs.extend([&mut m.filename, &mut m.build_id]);
+    }
+    for f in &mut profile.function {
+        refs.extend([&mut f.name, &mut f.system_name, &mut f.filename]);
+    }
+    refs.extend(profile.comment.iter_mut());
+    refs.extend([
+        &mut profile.drop_frames,
+        &mut profile.keep_frames,
+        &mut profile.default_sample_type,
+    ]);
+    let mut keep = vec![false; profile.string_table.len()];
+    if let Some(first) = keep.first_mut() {
+        *first = true;
+    }
+    for r in &refs {
+        if let Some(k) = usize::try_from(**r).ok().and_then(|i| keep.get_mut(i)) {
+            *k = true;
+        }
+    }
+    let mut new_index = vec![0i64; keep.len()];
+    let mut next = 0i64;
+    for (i, k) in keep.iter().enumerate() {
+        if *k {
+            new_index[i] = next;
+            next += 1;
+        }
+    }
+    for r in refs {
+        if let Some(&n) = usize::try_from(*r).ok().and_then(|i| new_index.get(i)) {
+            *r = n;
+        }
+    }
+    let mut i = 0;
+    profile.string_table.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A profile of root-first stacks, one location and function per frame name (the
+    /// `inlined` name shares its caller's location, innermost first).
+    fn profile(stacks: &[(Vec<&str>, i64)]) -> pb::Profile {
+        let mut p = pb::Profile {
+            string_table: vec!["".into(), "cpu".into(), "nanoseconds".into()],
+            sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+            ..Default::default()
+        };
+        let mut functions: HashMap<String, u64> = HashMap::new();
+        for (stack, value) in stacks {
+            let mut ids = Vec::new();
+            for name in stack {
+                let f = *functions.entry((*name).to_owned()).or_insert_with(|| {
+                    p.string_table.push((*name).to_owned());
+                    let id = p.function.len() as u64 + 1;
+                    p.function.push(pb::Function {
+                        id,
+                        name: p.string_table.len() as i64 - 1,
+                        ..Default::default()
+                    });
+                    p.location.push(pb::Location {
+                        id,
+                        line: vec![pb::Line {
+                            function_id: id,
+                            line: 1,
+                        }],
+                        ..Default::default()
+                    });
+                    id
+                });
+                ids.push(f);
+            }
+            ids.reverse();
+            p.sample.push(pb::Sample {
+                location_id: ids,
+                value: vec![*value],
+                label: Vec::new(),
+            });
+        }
+        p
+    }
+
+    /// Root-first function names of every sample, with the values of alike stacks added.
+    fn stacks(p: &pb::Profile) -> BTreeMap<Vec<String>, i64> {
+        let mut out = BTreeMap::new();
+        for s in &p.sample {
+            let mut names: Vec<String> = Vec::new();
+            for id in &s.location_id {
+                let l = p.location.iter().find(|l| l.id == *id).expect("a location");
+                for line in &l.line {
+                    let f = p
+                        .function
+                        .iter()
+                        .find(|f| f.id == line.function_id)
+                        .expect("a function");
+                    names.push(p.string_table[f.name as usize].clone());
+                }
+            }
+            names.reverse();
+            *out.entry(names).or_insert(0) += s.value[0];
+        }
+        out
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn cuts_below_the_threshold_and_keeps_values() {
+        let mut p = profile(&[
+            (vec!["main", "big", "leaf"], 100),
+            (vec!["main", "small1", "x"], 1),
+            (vec!["main", "small2"], 2),
+            (vec!["gc"], 1),
+        ]);
+        let before = p.clone();
+        truncate(&mut p, 0);
+        assert_eq!(p, before, "no budget: untouched");
+        truncate(&mut p, 1000);
+        assert_eq!(p, before, "a budget above the tree's size: untouched");
+
+        // main 103, big 100, leaf 100: the third largest is 100.
+        truncate(&mut p, 3);
+        let got = stacks(&p);
+        assert_eq!(got[&names(&["main", "big", "leaf"])], 100);
+        assert_eq!(got[&names(&["main", "other"])], 3, "small1, x and small2");
+        assert_eq!(got[&names(&["other"])], 1, "gc, whose root is cut");
+        assert_eq!(got.len(), 3);
+        let mut fns: Vec<&str> = p
+            .function
+            .iter()
+            .map(|f| p.string_table[f.name as usize].as_str())
+            .collect();
+        fns.sort_unstable();
+        assert_eq!(fns, ["big", "leaf", "main", "other"]);
+        // Unused strings are gone, ids are dense.
+        assert_eq!(p.string_table.len(), 3 + 4);
+        assert_eq!(
+            p.location.iter().map(|l| l.id).collect::<Vec<_>>(),
+            (1..=p.location.len() as u64).collect::<Vec<_>>()
+        );
+        assert_eq!(p.string_table[p.sample_type[0].r#type as usize], "cpu");
+    }
+
+    #[test]
+    fn a_location_is_never_split() {
+        // `a` has `inl` inlined into it: one location, lines innermost first.
+        let mut p = profile(&[(vec!["main", "a"], 10), (vec!["main", "b"], 1)]);
+        p.string_table.push("inl".into());
+        p.function.push(pb::Function {
+            id: 9,
+            name: p.string_table.len() as i64 - 1,
+            ..Default::default()
+        });
+        let a = p.location.iter_mut().find(|l| l.id == 2).unwrap();
+        a.line.insert(
+            0,
+            pb::Line {
+                function_id: 9,
+                line: 3,
+            },
+        );
+        truncate(&mut p, 2);
+        let got = stacks(&p);
+        assert_eq!(got[&names(&["main", "a", "inl"])], 10);
+        assert_eq!(got[&names(&["main", "other"])], 1);
+    }
+
+    proptest! {
+        /// Truncation keeps every value, and what it keeps of each stack is a root-side part of
+        /// it, made only of call-tree nodes at or above the threshold, then `other`.
+        #[test]
+        fn keeps_values_and_the_heaviest_nodes(
+            input in prop::collection::vec(
+                (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d", "e"]), 1..6), 1i64..1000),
+                1..40),
+            budget in 1usize..12,
+        ) {
+            let input: Vec<(Vec<&str>, i64)> = input;
+            let mut p = profile(&input);
+            let mut all: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+            let mut totals: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+            for (s, v) in &input {
+                *all.entry(names(s)).or_default() += v;
+                for depth in 1..=s.len() {
+                    *totals.entry(names(&s[..depth])).or_default() += v;
+                }
+            }
+            truncate(&mut p, budget);
+            let got = stacks(&p);
+            prop_assert_eq!(got.values().sum::<i64>(), all.values().sum::<i64>());
+            let mut sorted: Vec<i64> = totals.values().copied().collect();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            let min = if sorted.len() <= budget { 0 } else { sorted[budget - 1] };
+            for stack in got.keys() {
+                let named = match stack.last() {
+                    Some(last) if last == TRUNCATED_NAME => &stack[..stack.len() - 1],
+                    _ => &stack[..],
+                };
+                for depth in 1..=named.len() {
+                    prop_assert!(totals[&named[..depth]] >= min, "{:?} is under {}", named, min);
+                }
+                prop_assert!(all.keys().any(|k| k.starts_with(named)));
+            }
+            for s in &p.sample {
+                for id in &s.location_id {
+                    prop_assert!(*id >= 1 && *id as usize <= p.location.len());
+                }
+            }
+        }
+    }
+}

@@ -347,6 +347,101 @@ impl FlameTree {
     }
 }
 
+impl FlameTree {
+    /// Encodes the tree as Pyroscope's compact tree (`PROFILE_FORMAT_TREE`, the `tree` field of
+    /// `SelectMergeStacktracesResponse`), byte for byte as Pyroscope's `MarshalTruncate` writes a
+    /// function-name tree: nodes in pre-order, each as
+    ///
+    /// ```text
+    /// uvarint(len(name)) name uvarint(self) uvarint(number of children)
+    /// ```
+    ///
+    /// starting with a nameless root (self 0 unless stacks end at the root), children in
+    /// descending byte order of their names (Pyroscope keeps them sorted ascending and walks a
+    /// stack). A child whose total is below the `max_nodes` threshold (the one of
+    /// [`FlameTree::to_flamegraph`]) is cut, its total added to its parent's `other` child: a
+    /// leaf created for it, or the node of that name when there is one (it is never cut, and keeps
+    /// its children). An empty tree is no bytes at all. Negative self values are written as
+    /// their two's complement, as Go's `uint64(int64)` does.
+    pub fn to_tree_bytes(&self, max_nodes: usize) -> Vec<u8> {
+        /// A node to write: one of the tree's with the value folded into it (an `other` node
+        /// gets what its siblings lost), or a made-up `other` leaf.
+        #[derive(Clone, Copy)]
+        enum Item {
+            Node(u32, i64),
+            Other(i64),
+        }
+        let live = |c: &u32| self.nodes[*c as usize].total != 0;
+        if !self.nodes[Self::ROOT as usize].children.iter().any(live) {
+            return Vec::new();
+        }
+        let min_value = self.min_value(max_nodes);
+        let other_name = self.name_index[OTHER_NAME];
+        let name_of = |item: &Item| -> &str {
+            match item {
+                Item::Node(n, _) if *n == Self::ROOT => "",
+                Item::Node(n, _) => &self.names[self.nodes[*n as usize].name as usize],
+                Item::Other(_) => OTHER_NAME,
+            }
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![Item::Node(Self::ROOT, 0)];
+        let mut children: Vec<Item> = Vec::new();
+        while let Some(item) = stack.pop() {
+            let name = name_of(&item);
+            put_uvarint(&mut out, name.len() as u64);
+            out.extend_from_slice(name.as_bytes());
+            let (n, extra) = match item {
+                Item::Node(n, extra) => (n, extra),
+                Item::Other(value) => {
+                    put_uvarint(&mut out, value as u64);
+                    put_uvarint(&mut out, 0);
+                    continue;
+                }
+            };
+            let node = &self.nodes[n as usize];
+            put_uvarint(&mut out, node.self_value.wrapping_add(extra) as u64);
+            children.clear();
+            let mut cut = 0i64;
+            let mut other_at = None;
+            for &c in node.children.iter().filter(|c| live(c)) {
+                let child = &self.nodes[c as usize];
+                if child.name == other_name {
+                    other_at = Some(children.len());
+                    children.push(Item::Node(c, 0));
+                } else if child.total >= min_value {
+                    children.push(Item::Node(c, 0));
+                } else {
+                    cut = cut.wrapping_add(child.total);
+                }
+            }
+            if cut != 0 {
+                match other_at {
+                    Some(i) => {
+                        if let Item::Node(c, _) = children[i] {
+                            children[i] = Item::Node(c, cut);
+                        }
+                    }
+                    None => children.push(Item::Other(cut)),
+                }
+            }
+            children.sort_by(|a, b| name_of(a).as_bytes().cmp(name_of(b).as_bytes()));
+            put_uvarint(&mut out, children.len() as u64);
+            stack.extend_from_slice(&children);
+        }
+        out
+    }
+}
+
+/// Appends `v` as a protobuf / Go `binary.PutUvarint` varint.
+fn put_uvarint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
 /// Decodes a `FlameGraph` back into root-first stacks (without the root) with their self values,
 /// rebuilding parents by interval containment as Grafana does ([`flamegraph::decode`]).
 pub fn flamegraph_stacks(fg: &FlameGraph) -> Result<BTreeMap<Vec<String>, i64>, FlameGraphError> {
@@ -470,6 +565,125 @@ mod tests {
             Some(&3)
         );
         assert_eq!(fg.total, 103);
+    }
+
+    fn read_uvarint(b: &[u8], at: &mut usize) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        loop {
+            let byte = b[*at];
+            *at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return v;
+            }
+            shift += 7;
+        }
+    }
+
+    /// Reads Pyroscope's tree bytes back: root-first stacks (without the nameless root) with
+    /// their self values, and the number of nodes below the root.
+    fn read_tree(b: &[u8]) -> (BTreeMap<Vec<String>, i64>, usize) {
+        let mut stacks = BTreeMap::new();
+        let mut nodes = 0;
+        let mut at = 0;
+        // (path of a node, how many of its children are still to come)
+        let mut open: Vec<(Vec<String>, u64)> = vec![(Vec::new(), u64::from(!b.is_empty()))];
+        let mut root = true;
+        while let Some((path, left)) = open.last_mut() {
+            if *left == 0 {
+                open.pop();
+                continue;
+            }
+            *left -= 1;
+            let mut path = path.clone();
+            let len = read_uvarint(b, &mut at) as usize;
+            let name = std::str::from_utf8(&b[at..at + len]).unwrap().to_owned();
+            at += len;
+            let self_value = read_uvarint(b, &mut at) as i64;
+            let children = read_uvarint(b, &mut at);
+            if root {
+                assert!(name.is_empty());
+                root = false;
+            } else {
+                path.push(name);
+                nodes += 1;
+            }
+            if self_value != 0 {
+                *stacks.entry(path.clone()).or_insert(0) += self_value;
+            }
+            open.push((path, children));
+        }
+        assert_eq!(at, b.len(), "trailing bytes");
+        (stacks, nodes)
+    }
+
+    #[test]
+    fn tree_bytes_are_pyroscopes() {
+        let t = tree(&[(&["main", "a"], 3), (&["main", "b"], 5), (&["main"], 2)]);
+        let mut want = vec![0u8, 0, 1];
+        want.extend([4]);
+        want.extend(b"main");
+        want.extend([2, 2]);
+        // Children come last name first.
+        want.extend([1, b'b', 5, 0, 1, b'a', 3, 0]);
+        assert_eq!(t.to_tree_bytes(8192), want);
+        assert!(FlameTree::default().to_tree_bytes(10).is_empty());
+    }
+
+    #[test]
+    fn tree_bytes_fold_small_nodes_into_other() {
+        let t = tree(&[
+            (&["main", "big"], 100),
+            (&["main", "small1"], 1),
+            (&["main", "small2"], 2),
+        ]);
+        let mut want = vec![0u8, 0, 1, 4];
+        want.extend(b"main");
+        want.extend([0, 2, 5]);
+        want.extend(b"other");
+        want.extend([3, 0, 3]);
+        want.extend(b"big");
+        want.extend([100, 0]);
+        assert_eq!(t.to_tree_bytes(2), want);
+        // A function called `other` is kept and takes what its siblings lose.
+        let t = tree(&[
+            (&["main", "other", "x"], 50),
+            (&["main", "big"], 100),
+            (&["main", "tiny"], 1),
+        ]);
+        let (stacks, _) = read_tree(&t.to_tree_bytes(3));
+        let s = |p: &[&str]| p.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(stacks[&s(&["main", "other"])], 1);
+        assert_eq!(stacks[&s(&["main", "other", "x"])], 50);
+        assert_eq!(stacks[&s(&["main", "big"])], 100);
+        assert_eq!(stacks.values().sum::<i64>(), 151);
+    }
+
+    proptest! {
+        /// The tree bytes read back are the tree's stacks; with a budget, the total is kept and
+        /// at most the budget's nodes are written, besides `other` leaves.
+        #[test]
+        fn tree_bytes_round_trip(stacks in prop::collection::vec(
+            (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "d", "é"]), 1..6), 1i64..1000),
+            0..40), budget in 1usize..12)
+        {
+            let mut t = FlameTree::default();
+            for (s, v) in &stacks {
+                t.add_stack(s.iter().copied(), *v);
+            }
+            let (all, nodes) = read_tree(&t.to_tree_bytes(1 << 20));
+            prop_assert_eq!(&all, &t.stacks());
+            prop_assert_eq!(nodes, t.node_count());
+            let (cut, _) = read_tree(&t.to_tree_bytes(budget));
+            prop_assert_eq!(cut.values().sum::<i64>(), t.total());
+            let min = t.min_value(budget);
+            let above = t.nodes[1..].iter().filter(|n| n.total >= min).count();
+            let named = cut.keys().flat_map(|k| k.iter().enumerate().map(move |(i, _)| k[..=i].to_vec()))
+                .filter(|p| p.last().is_some_and(|n| n != OTHER_NAME))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            prop_assert!(named <= above, "{} named nodes, {} at or above the threshold", named, above);
+        }
     }
 
     #[test]
