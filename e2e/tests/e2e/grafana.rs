@@ -135,6 +135,7 @@ fn pprof_with_spans() -> Vec<u8> {
             "graf_search",
             "span_id",
             "00000000000000c1",
+            "/app/checkout",
         ]
         .map(String::from)
         .to_vec(),
@@ -147,9 +148,16 @@ fn pprof_with_spans() -> Vec<u8> {
                 ..Default::default()
             })
             .collect(),
+        mapping: vec![p::Mapping {
+            id: 1,
+            filename: 8,
+            has_functions: true,
+            ..Default::default()
+        }],
         location: (1..=3)
             .map(|i| p::Location {
                 id: i,
+                mapping_id: 1,
                 line: vec![p::Line {
                     function_id: i,
                     line: 1,
@@ -425,7 +433,7 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
 /// password = token), in the order its editor, health check and panels make them.
 #[test]
 fn builtin_pyroscope_datasource_calls() -> Result<()> {
-    let (kiln, keys) = kiln_with_data()?;
+    let (mut kiln, keys) = kiln_with_data()?;
     let token = hs256_token(&keys, "graf-a", &["read"])?;
     let b_token = hs256_token(&keys, "graf-b", &["read"])?;
     let post_as = |tenant: &str,
@@ -725,5 +733,92 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
         v["flamegraph"]["total"] == "80000000" && v["flamegraph"]["maxSelf"] == "50000000",
         "{v}"
     );
+
+    // Function details: the service's repository, ref and root path reach every mapping's
+    // build id as Pyroscope's JSON; a newer client's `frameFilter` is ignored.
+    let w = hs256_token(&keys, "graf-a", &["write"])?;
+    kiln.set_auth(bearer(&w));
+    let (s, b) = kiln.ingest(
+        "graf-a",
+        "name=src-svc%7Bservice_repository%3Dhttps%3A%2F%2Fgithub.com%2Facme%2Fshop%2Cservice_git_ref%3Dv1.2.3%2Cservice_root_path%3Dcmd%2Fshop%7D&format=pprof",
+        pprof_with_spans(),
+        &[],
+    )?;
+    ensure!(s == 200, "{s} {b}");
+    // The Drilldown's own calls through Grafana's datasource proxy (Connect JSON, Basic auth).
+    let json_as = |tenant: &str, token: &str, method: &str, body: serde_json::Value| {
+        let auth = format!(
+            "Basic {}",
+            crate::auth::b64std(format!("{tenant}:{token}").as_bytes())
+        );
+        let r = kiln
+            .http()
+            .post(kiln.url(&format!("/querier.v1.QuerierService/{method}")))
+            .header("Content-Type", "application/json")
+            .header("Authorization", auth)
+            .body(body.to_string())
+            .send()?;
+        ensure!(r.status().as_u16() == 200, "{method}: {}", r.status());
+        Ok::<serde_json::Value, anyhow::Error>(r.json()?)
+    };
+    // Span heatmap → Tempo traces: the span's point and its exemplar; graf-b sees none.
+    let span_heatmap = serde_json::json!({
+        "profileTypeID": CPU, "labelSelector": "{service_name=\"checkout-svc\"}",
+        "start": FROM_MS.to_string(), "end": TO_MS.to_string(),
+        "step": ((TO_MS - FROM_MS) / 1000 + 63) / 64, "groupBy": [],
+        "queryType": "HEATMAP_QUERY_TYPE_SPAN", "exemplarType": "EXEMPLAR_TYPE_SPAN",
+    });
+    let h = json_as("graf-a", &token, "SelectHeatmap", span_heatmap.clone())?;
+    let slots = h["series"][0]["slots"].as_array().context("slots")?;
+    let points: i64 = slots
+        .iter()
+        .flat_map(|s| s["counts"].as_array().cloned().unwrap_or_default())
+        .map(|c| c.as_i64().unwrap_or(0))
+        .sum();
+    let exemplar = &slots[0]["exemplars"][0];
+    ensure!(
+        points == 1 && exemplar["spanId"] == "00000000000000c1",
+        "{h}"
+    );
+    ensure!(json_int(&exemplar["value"]) == 30_000_000, "{h}");
+    let h = json_as("graf-b", &b_token, "SelectHeatmap", span_heatmap)?;
+    ensure!(h["series"].as_array().is_none_or(|s| s.is_empty()), "{h}");
+    // Function details: a newer client's `frameFilter` is ignored.
+    let details = serde_json::json!({
+        "profile_typeID": CPU, "label_selector": "{service_name=\"src-svc\"}",
+        "start": FROM_MS, "end": TO_MS, "maxNodes": 500,
+        "stackTraceSelector": {"call_site": [{"name": "main"}, {"name": "graf_checkout"}],
+                               "frameFilter": {"include": ["graf_.*"]}},
+    });
+    let pprof = json_as("graf-a", &token, "SelectMergeProfile", details.clone())?;
+    let strings = pprof["stringTable"].as_array().context("stringTable")?;
+    let build_id = &strings[json_int(&pprof["mapping"][0]["buildId"]) as usize];
+    let version: serde_json::Value = serde_json::from_str(build_id.as_str().context("build id")?)?;
+    ensure!(
+        version["repository"] == "https://github.com/acme/shop"
+            && version["git_ref"] == "v1.2.3"
+            && version["root_path"] == "cmd/shop",
+        "{version}"
+    );
+    let total: i64 = pprof["sample"]
+        .as_array()
+        .context("samples")?
+        .iter()
+        .map(|s| json_int(&s["value"][0]))
+        .sum();
+    ensure!(total == 30_000_000, "graf_checkout's stack only: {total}");
+    let other = json_as("graf-b", &b_token, "SelectMergeProfile", details)?;
+    ensure!(
+        other["sample"].as_array().is_none_or(|s| s.is_empty()),
+        "{other}"
+    );
     Ok(())
+}
+
+/// An int64 of Connect JSON (a string) or a number.
+fn json_int(v: &serde_json::Value) -> i64 {
+    v.as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| v.as_i64())
+        .unwrap_or(0)
 }
