@@ -213,6 +213,12 @@ pub struct StorageArgs {
     )]
     pub object_store_retry_timeout_secs: u64,
 
+    /// Bytes of acknowledged segments the spool (`<data-dir>/spool`) may hold while the object
+    /// store is unreachable; they go to the store when it answers again. Past it, writes are
+    /// refused with 503. 0: no spool.
+    #[arg(long, env = "KILN_SPOOL_MAX_BYTES", default_value_t = 1 << 30)]
+    pub spool_max_bytes: u64,
+
     /// Number of write shards.
     #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
     pub shards: u32,
@@ -377,6 +383,7 @@ impl ServeArgs {
         c.metastore = s.metastore.clone();
         c.object_store = s.object_store.clone();
         c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
+        c.spool_max_bytes = s.spool_max_bytes;
         c.writer.shards = s.shards;
         c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
         c.writer.flush_bytes = s.flush_bytes;

@@ -386,6 +386,8 @@ async fn a_failing_object_store_is_answered_503_and_ingest_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = StorageConfig::new(dir.path());
     config.writer.flush_interval = std::time::Duration::from_millis(10);
+    // Without a spool (with one, writes wait in it: `storage/tests/spool.rs`).
+    config.spool_max_bytes = 0;
     let (storage, faulty) = kiln_storage::testing::faulty_storage(config).await;
     let router = router(Arc::new(App::new(
         storage,

@@ -70,6 +70,15 @@ pub enum Error {
     Parquet(#[from] parquet::errors::ParquetError),
     #[error("arrow error: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
+    /// The object store is unreachable and the spool has no room for the segment.
+    #[error(
+        "the object store is unreachable and the spool is full ({bytes} of {max} bytes): \
+         the write is not stored; retry later"
+    )]
+    SpoolFull { bytes: u64, max: u64 },
+    /// A spool file does not read back.
+    #[error("spool file {path}: {reason}")]
+    Spool { path: String, reason: String },
     #[error("i/o error at {path}: {source}")]
     Io {
         path: String,
@@ -99,6 +108,7 @@ impl Error {
             Self::MetastoreUnavailable(_)
             | Self::MetastoreConflict(_)
             | Self::Io { .. }
+            | Self::SpoolFull { .. }
             | Self::BlockGone { .. } => ErrorKind::Unavailable,
             Self::Flush { kind, .. } => *kind,
             Self::ShuttingDown => ErrorKind::ShuttingDown,
@@ -110,6 +120,7 @@ impl Error {
             | Self::Parquet(_)
             | Self::Arrow(_)
             | Self::Config(_)
+            | Self::Spool { .. }
             | Self::Task(_) => ErrorKind::Internal,
         }
     }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod query;
 pub mod rollup;
 pub mod selector;
+pub mod spool;
 pub mod store;
 pub mod symbols;
 #[cfg(any(test, feature = "testing"))]

@@ -80,6 +80,8 @@ pub struct StorageMetrics {
     pub compaction_queued_blocks: Gauge,
     /// Blocks per level, all tenants (refreshed in the background).
     pub blocks: Family<LevelLabels, Gauge>,
+    /// Bytes of segments waiting in the spool for the object store.
+    pub spool_bytes: Gauge,
 }
 
 /// Every `op` label value.
@@ -124,6 +126,7 @@ impl StorageMetrics {
             compaction_output_rows: Counter::default(),
             compaction_queued_blocks: Gauge::default(),
             blocks: Family::default(),
+            spool_bytes: Gauge::default(),
         }
     }
 }
@@ -166,6 +169,11 @@ impl StorageMetrics {
             "storage_flush_duration_seconds",
             "Time to build, upload and register a segment",
             self.flush_duration.clone(),
+        );
+        r.register(
+            "storage_spool_bytes",
+            "Bytes of acknowledged segments waiting in the spool for the object store",
+            self.spool_bytes.clone(),
         );
         r.register(
             "storage_flush_rows",

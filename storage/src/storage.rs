@@ -14,6 +14,7 @@ use crate::metastore::embedded::Embedded;
 use crate::metastore::postgres;
 use crate::metastore::{BlockQuery, Metastore, Removed};
 use crate::query::{QueryEngine, now_ms};
+use crate::spool::{Spool, SpoolConfig};
 use crate::store::ObjectStorage;
 use crate::writer::{Writer, WriterConfig};
 use crate::{Error, Result};
@@ -44,6 +45,9 @@ pub struct StorageConfig {
     /// An object no metastore entry names is deleted once it is this old (a crash between the
     /// PUT and the metastore commit leaves such objects).
     pub orphan_grace: Duration,
+    /// Bytes of acknowledged segments the spool may hold while the object store is unreachable
+    /// (`{data_dir}/spool`); 0: no spool (writes are refused while the store is down).
+    pub spool_max_bytes: u64,
 }
 
 impl StorageConfig {
@@ -60,6 +64,7 @@ impl StorageConfig {
             compaction: CompactionConfig::default(),
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
+            spool_max_bytes: 1 << 30,
         }
     }
 
@@ -157,7 +162,17 @@ impl Storage {
     ) -> Result<Self> {
         config.validate()?;
         let store = store.instrumented(Arc::default());
-        let writer = Writer::start(&config.writer, store.clone(), Arc::clone(&metastore));
+        let spool = if config.spool_max_bytes > 0 {
+            let spool = Spool::open(SpoolConfig {
+                dir: config.data_dir.join("spool"),
+                max_bytes: config.spool_max_bytes,
+            })?;
+            store.metrics().spool_bytes.set(spool.bytes() as i64);
+            Some(Arc::new(spool))
+        } else {
+            None
+        };
+        let writer = Writer::start(&config.writer, store.clone(), Arc::clone(&metastore), spool);
         let query = QueryEngine::new(
             store.clone(),
             Arc::clone(&metastore),
@@ -200,6 +215,11 @@ impl Storage {
     /// Flushes every buffer now.
     pub async fn flush(&self) {
         self.writer.flush().await;
+    }
+
+    /// Drains the spool now, if the object store answers (a task does it every second).
+    pub async fn drain_spool(&self) {
+        self.writer.drain_spool().await;
     }
 
     /// Flushes every buffer and stops the writers (used on shutdown). Queries keep working.

@@ -4,7 +4,10 @@
 //! one segment object holding every tenant's dataset (one PUT per shard and flush). A write is answered only once the
 //! segment is in the object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
-//! (unavailable: the client may retry) and nothing of it is acknowledged.
+//! (unavailable: the client may retry) and nothing of it is acknowledged — unless the object
+//! store is what failed and the spool ([`crate::spool`]) has room: then the segment is spooled
+//! on local disk, the writes are acknowledged, and the spool's drainer (a task of this writer)
+//! puts and registers it once the store answers again.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,6 +21,7 @@ use crate::block::{DatasetBuilder, assemble_object};
 use crate::meta::{Clock, object_path};
 use crate::metastore::Metastore;
 use crate::metrics::OutcomeLabels;
+use crate::spool::Spool;
 use crate::store::ObjectStorage;
 use crate::{Error, ErrorKind, Result};
 
@@ -94,13 +98,44 @@ enum Command {
 pub struct Writer {
     shards: Vec<mpsc::Sender<Command>>,
     tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    drainer: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    ctx: Arc<FlushContext>,
+}
+
+impl std::fmt::Debug for FlushContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlushContext").finish_non_exhaustive()
+    }
+}
+
+/// Puts what the spool holds into the store, if anything; a store still down is tried again
+/// next time.
+async fn drain_spool(ctx: &FlushContext) {
+    let Some(spool) = &ctx.spool else {
+        return;
+    };
+    if spool.is_empty() {
+        return;
+    }
+    match spool.drain(&ctx.store, ctx.metastore.as_ref()).await {
+        Ok(n) if n > 0 => {
+            tracing::info!(segments = n, "spooled segments drained to the object store")
+        }
+        Ok(_) => {}
+        Err(e) => debug!(error = %e, "the spool waits: the object store is still unreachable"),
+    }
+    ctx.store.metrics().spool_bytes.set(spool.bytes() as i64);
 }
 
 struct FlushContext {
     store: ObjectStorage,
     metastore: Arc<dyn Metastore>,
     clock: Clock,
+    spool: Option<Arc<Spool>>,
 }
+
+/// How often the drainer looks at the spool.
+const DRAIN_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Writer {
     /// Starts the shard tasks.
@@ -108,13 +143,24 @@ impl Writer {
         config: &WriterConfig,
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
+        spool: Option<Arc<Spool>>,
     ) -> Self {
         let ctx = Arc::new(FlushContext {
             store,
             metastore,
             clock: config.clock.clone(),
+            spool,
         });
         let mut tasks = Vec::new();
+        let drainer = ctx.spool.as_ref().map(|_| {
+            let ctx = Arc::clone(&ctx);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(DRAIN_INTERVAL).await;
+                    drain_spool(&ctx).await;
+                }
+            })
+        });
         let shards = (0..config.shards.max(1))
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(1024);
@@ -130,7 +176,14 @@ impl Writer {
         Self {
             shards,
             tasks: Arc::new(std::sync::Mutex::new(tasks)),
+            drainer: Arc::new(std::sync::Mutex::new(drainer)),
+            ctx,
         }
+    }
+
+    /// Drains the spool now (tests; the drainer does it every second).
+    pub async fn drain_spool(&self) {
+        drain_spool(&self.ctx).await;
     }
 
     /// Writes profiles of one request and waits until all are durable. They land in the same
@@ -184,6 +237,13 @@ impl Writer {
         let tasks = std::mem::take(&mut *self.tasks.lock().expect("writer tasks lock"));
         for t in tasks {
             let _ = t.await;
+        }
+        // The spool stays on disk: the next process drains it.
+        let drainer = self.drainer.lock().expect("drainer lock").take();
+        if let Some(d) = drainer {
+            d.abort();
+            // Awaited, so its hold on the metastore is gone when `close` returns.
+            let _ = d.await;
         }
     }
 }
@@ -330,7 +390,12 @@ async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String,
     let result = flush_segment(shard, ctx, builders).await;
     let metrics = ctx.store.metrics();
     match &result {
-        Ok(Some((_, _, rows, bytes))) => {
+        Ok(Some(Flushed {
+            rows,
+            bytes,
+            spooled,
+            ..
+        })) => {
             span.record("rows", rows).record("bytes", bytes);
             metrics
                 .flush_duration
@@ -339,7 +404,9 @@ async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String,
             metrics.flush_rows.inc_by(*rows);
             metrics
                 .flushes
-                .get_or_create(&OutcomeLabels { outcome: "ok" })
+                .get_or_create(&OutcomeLabels {
+                    outcome: if *spooled { "spooled" } else { "ok" },
+                })
                 .inc();
         }
         Ok(None) => {}
@@ -351,8 +418,14 @@ async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String,
         }
     }
     match &result {
-        Ok(Some((id, tenants, rows, bytes))) => debug!(
-            shard, segment = %id, tenants, rows, bytes,
+        Ok(Some(Flushed {
+            id,
+            tenants,
+            rows,
+            bytes,
+            spooled,
+        })) => debug!(
+            shard, segment = %id, tenants, rows, bytes, spooled,
             elapsed_ms = started.elapsed().as_millis() as u64, "segment flushed"
         ),
         Ok(None) => {}
@@ -364,13 +437,23 @@ async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String,
     }
 }
 
+/// What a flush wrote.
+struct Flushed {
+    id: String,
+    tenants: usize,
+    rows: u64,
+    bytes: usize,
+    /// The object store was unreachable: the segment waits in the spool.
+    spooled: bool,
+}
+
 /// Writes every tenant's dataset of one flush as one segment object, then registers all of
-/// them in one metastore transaction. Returns (segment id, tenants, rows, bytes).
+/// them in one metastore transaction; or spools the segment when the store is unreachable.
 async fn flush_segment(
     shard: u32,
     ctx: &FlushContext,
     builders: Vec<DatasetBuilder>,
-) -> Result<Option<(String, usize, u64, usize)>> {
+) -> Result<Option<Flushed>> {
     let builders: Vec<DatasetBuilder> = builders.into_iter().filter(|b| !b.is_empty()).collect();
     if builders.is_empty() {
         return Ok(None);
@@ -389,9 +472,30 @@ async fn flush_segment(
     .map_err(|e| Error::Task(e.to_string()))??;
     let path = object_path(0, shard, "", &id);
     let bytes = object.len();
-    ctx.store.put_durable(&path, object).await?;
     let rows = metas.iter().map(|m| m.rows).sum();
     let tenants = metas.len();
+    let mut flushed = Flushed {
+        id,
+        tenants,
+        rows,
+        bytes,
+        spooled: false,
+    };
+    match ctx.store.put_durable(&path, object.clone()).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::Unavailable && ctx.spool.is_some() => {
+            let spool = ctx.spool.as_ref().expect("checked");
+            // Its datasets are registered when the drainer has put it in the store.
+            spool
+                .append(object)
+                .await
+                .inspect_err(|_| error!(error = %e, "the object store is unreachable"))?;
+            ctx.store.metrics().spool_bytes.set(spool.bytes() as i64);
+            flushed.spooled = true;
+            return Ok(Some(flushed));
+        }
+        Err(e) => return Err(e),
+    }
     ctx.metastore.add_blocks(metas).await?;
-    Ok(Some((id, tenants, rows, bytes)))
+    Ok(Some(flushed))
 }

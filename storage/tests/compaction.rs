@@ -236,7 +236,10 @@ async fn top_level_blocks_merge_with_each_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_store_is_unavailable_and_ingest_recovers_without_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, faulty) = faulty_storage(config(dir.path())).await;
+    // Without a spool (with one, writes wait in it: `tests/spool.rs`).
+    let mut c = config(dir.path());
+    c.spool_max_bytes = 0;
+    let (s, faulty) = faulty_storage(c).await;
     s.write("t", profile("api", &[(frames("main;ok"), 1)], T0))
         .await
         .unwrap();

@@ -20,4 +20,5 @@ mod restart;
 mod scale_out;
 mod self_profile;
 mod spans;
+mod spool;
 mod traces;

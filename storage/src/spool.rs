@@ -1,0 +1,346 @@
+//! The spool: where acknowledged segments wait while the object store is unreachable.
+//!
+//! A flush whose segment the object store refuses as unavailable appends the segment to a spool
+//! file on local disk, within a byte budget, and its writes are acknowledged once the record is
+//! on disk; past the budget they are refused (503) as they were before the spool. A drainer
+//! ([`Spool::drain`], run by the storage's upkeep) puts spooled segments into the store when it
+//! answers again and registers their datasets in the metastore; only then is a file deleted. The
+//! data becomes queryable once drained.
+//!
+//! A spool file is written as the Parca agent writes its offline files (the offline-mode seed):
+//!
+//! ```text
+//!  header:  b"KSPL" | u16 BE version (1) | u16 BE 0 | u32 BE records
+//!  records: u32 BE length | the segment object (its footer names its path and datasets)
+//! ```
+//!
+//! A record is appended and fsynced *before* the header's count is advanced (and fsynced), so a
+//! count never covers bytes that are not on disk; a reader trusts the count and ignores a torn
+//! tail. Draining a file twice (a crash between the put and the delete) puts the same object at
+//! the same path again and finds its datasets registered: it is idempotent.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+
+use crate::meta::{FOOTER_TRAILER_BYTES, decode_footer, footer_len};
+use crate::metastore::Metastore;
+use crate::store::ObjectStorage;
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 4] = b"KSPL";
+const VERSION: u16 = 1;
+const HEADER_BYTES: u64 = 12;
+const EXTENSION: &str = "kspool";
+
+/// Spool settings.
+#[derive(Debug, Clone)]
+pub struct SpoolConfig {
+    pub dir: PathBuf,
+    /// Bytes the spool's files may hold; 0 turns the spool off.
+    pub max_bytes: u64,
+}
+
+/// The spool of one storage.
+#[derive(Debug)]
+pub struct Spool {
+    config: SpoolConfig,
+    state: Mutex<State>,
+    /// One drain at a time.
+    draining: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The file appends go to (none until the first, and after each drain seals it).
+    current: Option<OpenFile>,
+    /// Bytes of every spool file.
+    bytes: u64,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    path: PathBuf,
+    file: std::fs::File,
+    records: u32,
+    len: u64,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl Spool {
+    /// Opens the spool in `config.dir` (creating it), counting the files a previous process left.
+    pub fn open(config: SpoolConfig) -> Result<Self> {
+        std::fs::create_dir_all(&config.dir).map_err(io(&config.dir))?;
+        let bytes = spool_files(&config.dir)?
+            .iter()
+            .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum();
+        Ok(Self {
+            config,
+            state: Mutex::new(State {
+                current: None,
+                bytes,
+            }),
+            draining: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Bytes the spool holds now.
+    pub fn bytes(&self) -> u64 {
+        self.state.lock().expect("spool lock").bytes
+    }
+
+    /// Appends a segment object durably. Refused (unavailable) when it would pass the budget.
+    pub async fn append(self: &std::sync::Arc<Self>, object: Bytes) -> Result<()> {
+        let spool = std::sync::Arc::clone(self);
+        tokio::task::spawn_blocking(move || spool.append_blocking(&object))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?
+    }
+
+    fn append_blocking(&self, object: &[u8]) -> Result<()> {
+        let mut state = self.state.lock().expect("spool lock");
+        let record = 4 + object.len() as u64;
+        let new_file = if state.current.is_none() {
+            HEADER_BYTES
+        } else {
+            0
+        };
+        if state.bytes + new_file + record > self.config.max_bytes {
+            return Err(Error::SpoolFull {
+                bytes: state.bytes,
+                max: self.config.max_bytes,
+            });
+        }
+        if state.current.is_none() {
+            state.current = Some(self.create_file()?);
+            state.bytes += HEADER_BYTES;
+        }
+        let f = state.current.as_mut().expect("opened above");
+        let len = u32::try_from(object.len()).map_err(|_| Error::SpoolFull {
+            bytes: object.len() as u64,
+            max: u64::from(u32::MAX),
+        })?;
+        let at = f.len;
+        let write = |f: &mut OpenFile| -> std::io::Result<()> {
+            f.file.seek(SeekFrom::Start(at))?;
+            f.file.write_all(&len.to_be_bytes())?;
+            f.file.write_all(object)?;
+            // The record is on disk before the count covers it.
+            f.file.sync_data()?;
+            f.file.seek(SeekFrom::Start(8))?;
+            f.file.write_all(&(f.records + 1).to_be_bytes())?;
+            f.file.sync_data()
+        };
+        if let Err(e) = write(f) {
+            // The file may be torn past its count: seal it, later appends start a new one.
+            let path = f.path.clone();
+            state.current = None;
+            return Err(io(&path)(e));
+        }
+        f.records += 1;
+        f.len += record;
+        state.bytes += record;
+        Ok(())
+    }
+
+    fn create_file(&self) -> Result<OpenFile> {
+        let name = format!("{}.{EXTENSION}", ulid::Ulid::generate());
+        let path = self.config.dir.join(name);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        let mut header = Vec::with_capacity(HEADER_BYTES as usize);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_be_bytes());
+        header.extend_from_slice(&0u16.to_be_bytes());
+        header.extend_from_slice(&0u32.to_be_bytes());
+        file.write_all(&header).map_err(io(&path))?;
+        file.sync_all().map_err(io(&path))?;
+        // The directory entry too, so the file outlives a crash.
+        if let Ok(dir) = std::fs::File::open(&self.config.dir) {
+            let _ = dir.sync_all();
+        }
+        Ok(OpenFile {
+            path,
+            file,
+            records: 0,
+            len: HEADER_BYTES,
+        })
+    }
+
+    /// True when spooled segments wait for the store.
+    pub fn is_empty(&self) -> bool {
+        self.bytes() == 0
+    }
+
+    /// Puts every spooled segment into the store and registers its datasets, oldest file first;
+    /// deletes each file once all its records are in. Stops at the first failure (the store is
+    /// still unreachable): what is left is drained next time. Returns the segments drained.
+    pub async fn drain(&self, store: &ObjectStorage, metastore: &dyn Metastore) -> Result<usize> {
+        let _one = self.draining.lock().await;
+        // Seal the current file: appends from now on go to a new one.
+        self.state.lock().expect("spool lock").current = None;
+        let mut drained = 0;
+        for path in spool_files(&self.config.dir)? {
+            let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            let p = path.clone();
+            let records = tokio::task::spawn_blocking(move || read_file(&p))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))??;
+            for object in records {
+                let metas = decode_object(&object, &path)?;
+                let Some(first) = metas.first() else {
+                    continue;
+                };
+                store.put_durable(&first.path(), object).await?;
+                for m in metas {
+                    match metastore.add_blocks(vec![m]).await {
+                        Ok(()) | Err(Error::BlockExists { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                drained += 1;
+            }
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            let mut state = self.state.lock().expect("spool lock");
+            state.bytes = state.bytes.saturating_sub(size);
+        }
+        Ok(drained)
+    }
+}
+
+/// The spool files of `dir`, oldest first (their names are ULIDs).
+fn spool_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == EXTENSION))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// The records of a spool file its header counts (a torn tail past them is ignored).
+fn read_file(path: &Path) -> Result<Vec<Bytes>> {
+    let corrupt = |reason: &str| Error::Spool {
+        path: path.display().to_string(),
+        reason: reason.to_owned(),
+    };
+    let mut data = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut data))
+        .map_err(io(path))?;
+    if data.len() < HEADER_BYTES as usize || &data[..4] != MAGIC {
+        return Err(corrupt("not a spool file"));
+    }
+    let version = u16::from_be_bytes([data[4], data[5]]);
+    if version != VERSION {
+        return Err(corrupt(&format!("unsupported spool version {version}")));
+    }
+    let count = u32::from_be_bytes(data[8..12].try_into().expect("4 bytes"));
+    let data = Bytes::from(data);
+    let mut at = HEADER_BYTES as usize;
+    let mut out = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let Some(len) = data.get(at..at + 4) else {
+            return Err(corrupt("a counted record is missing"));
+        };
+        let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
+        at += 4;
+        if data.len() < at + len {
+            return Err(corrupt("a counted record is truncated"));
+        }
+        out.push(data.slice(at..at + len));
+        at += len;
+    }
+    Ok(out)
+}
+
+/// The datasets of a spooled segment object, from its footer.
+fn decode_object(object: &[u8], path: &Path) -> Result<Vec<crate::meta::BlockMeta>> {
+    let corrupt = |e: crate::DecodeError| Error::Spool {
+        path: path.display().to_string(),
+        reason: format!("a spooled segment does not decode: {e}"),
+    };
+    if object.len() < FOOTER_TRAILER_BYTES {
+        return Err(Error::Spool {
+            path: path.display().to_string(),
+            reason: "a spooled segment is too short".into(),
+        });
+    }
+    let n = footer_len(&object[object.len() - FOOTER_TRAILER_BYTES..]).map_err(corrupt)?;
+    if n > object.len() {
+        return Err(Error::Spool {
+            path: path.display().to_string(),
+            reason: "a spooled segment's footer is longer than it".into(),
+        });
+    }
+    decode_footer(&object[object.len() - n..], object.len() as u64).map_err(corrupt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spool(dir: &Path, max_bytes: u64) -> std::sync::Arc<Spool> {
+        std::sync::Arc::new(
+            Spool::open(SpoolConfig {
+                dir: dir.to_owned(),
+                max_bytes,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn records_are_counted_and_a_torn_tail_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spool(dir.path(), 1 << 20);
+        s.append(Bytes::from_static(b"one")).await.unwrap();
+        s.append(Bytes::from_static(b"two!")).await.unwrap();
+        let files = spool_files(dir.path()).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(s.bytes(), HEADER_BYTES + 4 + 3 + 4 + 4);
+        // A crash mid-append: bytes past the count.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&files[0])
+            .unwrap()
+            .write_all(&[0, 0, 0, 9, 1, 2])
+            .unwrap();
+        let records = read_file(&files[0]).unwrap();
+        assert_eq!(
+            records,
+            [Bytes::from_static(b"one"), Bytes::from_static(b"two!")]
+        );
+        // A reopened spool counts what is on disk.
+        assert_eq!(spool(dir.path(), 1 << 20).bytes(), HEADER_BYTES + 15 + 6);
+    }
+
+    #[tokio::test]
+    async fn the_budget_refuses_what_does_not_fit() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spool(dir.path(), HEADER_BYTES + 4 + 10);
+        s.append(Bytes::from(vec![1u8; 10])).await.unwrap();
+        let err = s.append(Bytes::from(vec![1u8; 1])).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unavailable, "{err}");
+        assert_eq!(
+            read_file(&spool_files(dir.path()).unwrap()[0])
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}
