@@ -202,9 +202,10 @@ fn roles_share_postgres_and_s3() -> Result<()> {
     Ok(())
 }
 
-/// An object store that cannot be reached is retried for `--object-store-retry-timeout-secs`,
-/// then the write is refused with 503 and `Retry-After`, never acknowledged; reads of the same
-/// tenant find nothing.
+/// Without a spool (`--spool-max-bytes 0`), an object store that cannot be reached is retried
+/// for `--object-store-retry-timeout-secs`, then the write is refused with 503 and
+/// `Retry-After`, never acknowledged; reads of the same tenant find nothing. (With the spool,
+/// see `spool.rs`.)
 #[test]
 fn an_unreachable_bucket_is_answered_503() -> Result<()> {
     let pg = tokio::runtime::Builder::new_current_thread()
@@ -230,6 +231,8 @@ fn an_unreachable_bucket_is_answered_503() -> Result<()> {
             "s3://nowhere/kiln",
             "--object-store-retry-timeout-secs",
             "1",
+            "--spool-max-bytes",
+            "0",
         ],
         &env,
     )?;
