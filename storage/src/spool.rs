@@ -185,15 +185,22 @@ impl Spool {
         self.bytes() == 0
     }
 
+    /// Seals the current file and lists the spool's files under the lock appends take: every
+    /// file listed is sealed, and appends from now on go to a new file.
+    fn seal(&self) -> Result<Vec<PathBuf>> {
+        let mut state = self.state.lock().expect("spool lock");
+        state.current = None;
+        spool_files(&self.config.dir)
+    }
+
     /// Puts every spooled segment into the store and registers its datasets, oldest file first;
     /// deletes each file once all its records are in. Stops at the first failure (the store is
     /// still unreachable): what is left is drained next time. Returns the segments drained.
     pub async fn drain(&self, store: &ObjectStorage, metastore: &dyn Metastore) -> Result<usize> {
         let _one = self.draining.lock().await;
-        // Seal the current file: appends from now on go to a new one.
-        self.state.lock().expect("spool lock").current = None;
+        let files = self.seal()?;
         let mut drained = 0;
-        for path in spool_files(&self.config.dir)? {
+        for path in files {
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             let p = path.clone();
             let records = tokio::task::spawn_blocking(move || read_file(&p))
@@ -327,6 +334,20 @@ mod tests {
         );
         // A reopened spool counts what is on disk.
         assert_eq!(spool(dir.path(), 1 << 20).bytes(), HEADER_BYTES + 15 + 6);
+    }
+
+    #[tokio::test]
+    async fn a_drain_leaves_files_opened_after_it_sealed_the_spool() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = spool(dir.path(), 1 << 20);
+        s.append(Bytes::from_static(b"before")).await.unwrap();
+        // What a drain does first.
+        let sealed = s.seal().unwrap();
+        s.append(Bytes::from_static(b"after")).await.unwrap();
+        let all = spool_files(dir.path()).unwrap();
+        assert_eq!(sealed.len(), 1);
+        assert_eq!(all.len(), 2, "the append after sealing went to a new file");
+        assert_eq!(read_file(&all[1]).unwrap(), [Bytes::from_static(b"after")]);
     }
 
     #[tokio::test]
