@@ -70,15 +70,13 @@ pub async fn upload(
     let max_nodes = Querier::new(app.clone()).max_nodes(tenant, req.max_nodes)?;
     let data = decode_base64(&req.profile, limits.max_decompressed_bytes)?;
     let name = sanitize(&req.name);
-    let (parsed, data) = {
-        let (name, limits) = (name.clone(), limits.clone());
-        crate::ingest::blocking(move || Ok((parse(&name, &data, &limits)?, data))).await?
-    };
+    let (parsed, data) =
+        parse_bounded(app, tenant, name.clone(), Bytes::from(data), &limits).await?;
     make_room(app, tenant, limits.max_adhoc_profiles).await?;
     let ulid = Ulid::generate();
     let id = format!("{ulid}-{name}");
     app.storage
-        .put_tenant_document(tenant, &document(&id), Bytes::from(data))
+        .put_tenant_document(tenant, &document(&id), data)
         .await?;
     answer(id, name, ulid.timestamp_ms(), &parsed, None, max_nodes)
 }
@@ -232,11 +230,30 @@ async fn load(
         .ok_or_else(not_found)?;
     let limits = app.limits(tenant);
     let name = name.to_owned();
-    let parsed = {
-        let name = name.clone();
-        crate::ingest::blocking(move || parse(&name, &data, &limits)).await?
-    };
+    let (parsed, _) = parse_bounded(app, tenant, name.clone(), data, &limits).await?;
     Ok((name, ulid.timestamp_ms(), parsed))
+}
+
+/// [`parse`] on a blocking thread, within the tenant's query slots and the process's decode
+/// budget (an upload or a draw costs what a query and an ingest of its size cost). Gives the
+/// data back.
+async fn parse_bounded(
+    app: &AppRef,
+    tenant: &TenantId,
+    name: String,
+    data: Bytes,
+    limits: &TenantLimits,
+) -> Result<(Vec<Drawn>, Bytes), ApiError> {
+    let _slot = app.tenants.query_slot(tenant).await?;
+    let _share = app
+        .decode_budget
+        .take(crate::budget::decoded_size(
+            &data,
+            limits.max_decompressed_bytes,
+        ))
+        .await?;
+    let limits = limits.clone();
+    crate::ingest::blocking(move || Ok((parse(&name, &data, &limits)?, data))).await
 }
 
 /// An id's ULID (`None` when it has none: no upload has that id) and name. Ids are

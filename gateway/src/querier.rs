@@ -105,8 +105,17 @@ fn trace_ids(traces: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
         .collect()
 }
 
+/// Most profile ids one query may select (each row is checked against them).
+const MAX_PROFILE_IDS: usize = 1024;
+
 /// Parses profile ids (UUIDs, as exemplars give them).
 fn profile_ids(ids: &[String]) -> Result<Vec<[u8; 16]>, ApiError> {
+    if ids.len() > MAX_PROFILE_IDS {
+        return Err(ApiError::invalid(format!(
+            "profile_id_selector names {} profiles; at most {MAX_PROFILE_IDS}",
+            ids.len()
+        )));
+    }
     ids.iter()
         .map(|id| {
             uuid::Uuid::parse_str(id)

@@ -10,14 +10,19 @@
 //! A spool file is written as the Parca agent writes its offline files (the offline-mode seed):
 //!
 //! ```text
-//!  header:  b"KSPL" | u16 BE version (1) | u16 BE 0 | u32 BE records
+//!  header:  b"KSPL" | u16 BE version (1) | u16 BE 0 | u32 BE records | u32 BE drained
 //!  records: u32 BE length | the segment object (its footer names its path and datasets)
 //! ```
 //!
 //! A record is appended and fsynced *before* the header's count is advanced (and fsynced), so a
 //! count never covers bytes that are not on disk; a reader trusts the count and ignores a torn
-//! tail. Draining a file twice (a crash between the put and the delete) puts the same object at
-//! the same path again and finds its datasets registered: it is idempotent.
+//! tail. The drainer advances (and fsyncs) `drained` after each record is in the store and the
+//! metastore, so a drain that stops half way resumes after the last record it finished, never
+//! registering a segment twice (which, after compaction had consumed it, would count its samples
+//! twice); redoing the one record it was at puts the same object at the same path and finds its
+//! datasets registered. A file too short for its header (a crash while creating it) holds
+//! nothing acknowledged and is removed; a file that does not read back is set aside as
+//! `*.corrupt`, logged, and the drain goes on with the next.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -32,7 +37,10 @@ use crate::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"KSPL";
 const VERSION: u16 = 1;
-const HEADER_BYTES: u64 = 12;
+const HEADER_BYTES: u64 = 16;
+/// Offsets of the header's counts.
+const RECORDS_AT: u64 = 8;
+const DRAINED_AT: u64 = 12;
 const EXTENSION: &str = "kspool";
 
 /// Spool settings.
@@ -136,7 +144,7 @@ impl Spool {
             f.file.write_all(object)?;
             // The record is on disk before the count covers it.
             f.file.sync_data()?;
-            f.file.seek(SeekFrom::Start(8))?;
+            f.file.seek(SeekFrom::Start(RECORDS_AT))?;
             f.file.write_all(&(f.records + 1).to_be_bytes())?;
             f.file.sync_data()
         };
@@ -166,12 +174,11 @@ impl Spool {
         header.extend_from_slice(&VERSION.to_be_bytes());
         header.extend_from_slice(&0u16.to_be_bytes());
         header.extend_from_slice(&0u32.to_be_bytes());
+        header.extend_from_slice(&0u32.to_be_bytes());
         file.write_all(&header).map_err(io(&path))?;
         file.sync_all().map_err(io(&path))?;
         // The directory entry too, so the file outlives a crash.
-        if let Ok(dir) = std::fs::File::open(&self.config.dir) {
-            let _ = dir.sync_all();
-        }
+        sync_dir(&self.config.dir)?;
         Ok(OpenFile {
             path,
             file,
@@ -203,28 +210,67 @@ impl Spool {
         for path in files {
             let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             let p = path.clone();
-            let records = tokio::task::spawn_blocking(move || read_file(&p))
+            let file = tokio::task::spawn_blocking(move || read_file(&p))
                 .await
-                .map_err(|e| Error::Task(e.to_string()))??;
-            for object in records {
-                let metas = decode_object(&object, &path)?;
-                let Some(first) = metas.first() else {
+                .map_err(|e| Error::Task(e.to_string()))?;
+            let file = match file {
+                Ok(f) => f,
+                Err(e) => {
+                    self.set_aside(&path, size, &e)?;
                     continue;
-                };
-                store.put_durable(&first.path(), object).await?;
-                for m in metas {
-                    match metastore.add_blocks(vec![m]).await {
-                        Ok(()) | Err(Error::BlockExists { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
                 }
-                drained += 1;
+            };
+            for (i, object) in file
+                .records
+                .into_iter()
+                .enumerate()
+                .skip(file.drained as usize)
+            {
+                let metas = match decode_object(&object, &path) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), record = i, error = %e, "a spooled segment is skipped");
+                        Vec::new()
+                    }
+                };
+                if let Some(first) = metas.first() {
+                    store.put_durable(&first.path(), object).await?;
+                    for m in metas {
+                        match metastore.add_blocks(vec![m]).await {
+                            Ok(()) | Err(Error::BlockExists { .. }) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    drained += 1;
+                }
+                let p = path.clone();
+                tokio::task::spawn_blocking(move || mark_drained(&p, i as u32 + 1))
+                    .await
+                    .map_err(|e| Error::Task(e.to_string()))??;
             }
             std::fs::remove_file(&path).map_err(io(&path))?;
+            sync_dir(&self.config.dir)?;
             let mut state = self.state.lock().expect("spool lock");
             state.bytes = state.bytes.saturating_sub(size);
         }
         Ok(drained)
+    }
+
+    /// A file that does not read back: removed when it is too short to hold a record (a crash
+    /// while it was created, before anything was acknowledged into it), else renamed
+    /// `*.corrupt` and logged; either way the drain goes on.
+    fn set_aside(&self, path: &Path, size: u64, e: &Error) -> Result<()> {
+        if size < HEADER_BYTES {
+            std::fs::remove_file(path).map_err(io(path))?;
+        } else {
+            tracing::error!(path = %path.display(), error = %e, "a spool file does not read back: set aside as .corrupt");
+            let aside = path.with_extension("corrupt");
+            std::fs::rename(path, &aside).map_err(io(path))?;
+        }
+        sync_dir(&self.config.dir)?;
+        let mut state = self.state.lock().expect("spool lock");
+        state.bytes = state.bytes.saturating_sub(size);
+        Ok(())
     }
 }
 
@@ -239,8 +285,33 @@ fn spool_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The records of a spool file its header counts (a torn tail past them is ignored).
-fn read_file(path: &Path) -> Result<Vec<Bytes>> {
+/// Fsyncs a directory, so the files created or removed in it stay so after a crash.
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
+
+/// Records that the first `n` records of a sealed file are in the store.
+fn mark_drained(path: &Path, n: u32) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(io(path))?;
+    f.seek(SeekFrom::Start(DRAINED_AT))
+        .and_then(|_| f.write_all(&n.to_be_bytes()))
+        .and_then(|()| f.sync_data())
+        .map_err(io(path))
+}
+
+/// A spool file's records (as many as its header counts: a torn tail is ignored) and how many
+/// of them are drained.
+struct SpoolFile {
+    records: Vec<Bytes>,
+    drained: u32,
+}
+
+fn read_file(path: &Path) -> Result<SpoolFile> {
     let corrupt = |reason: &str| Error::Spool {
         path: path.display().to_string(),
         reason: reason.to_owned(),
@@ -257,6 +328,7 @@ fn read_file(path: &Path) -> Result<Vec<Bytes>> {
         return Err(corrupt(&format!("unsupported spool version {version}")));
     }
     let count = u32::from_be_bytes(data[8..12].try_into().expect("4 bytes"));
+    let drained = u32::from_be_bytes(data[12..16].try_into().expect("4 bytes"));
     let data = Bytes::from(data);
     let mut at = HEADER_BYTES as usize;
     let mut out = Vec::with_capacity(count as usize);
@@ -272,7 +344,10 @@ fn read_file(path: &Path) -> Result<Vec<Bytes>> {
         out.push(data.slice(at..at + len));
         at += len;
     }
-    Ok(out)
+    Ok(SpoolFile {
+        records: out,
+        drained: drained.min(count),
+    })
 }
 
 /// The datasets of a spooled segment object, from its footer.
@@ -327,7 +402,7 @@ mod tests {
             .unwrap()
             .write_all(&[0, 0, 0, 9, 1, 2])
             .unwrap();
-        let records = read_file(&files[0]).unwrap();
+        let records = read_file(&files[0]).unwrap().records;
         assert_eq!(
             records,
             [Bytes::from_static(b"one"), Bytes::from_static(b"two!")]
@@ -347,7 +422,67 @@ mod tests {
         let all = spool_files(dir.path()).unwrap();
         assert_eq!(sealed.len(), 1);
         assert_eq!(all.len(), 2, "the append after sealing went to a new file");
-        assert_eq!(read_file(&all[1]).unwrap(), [Bytes::from_static(b"after")]);
+        assert_eq!(
+            read_file(&all[1]).unwrap().records,
+            [Bytes::from_static(b"after")]
+        );
+    }
+
+    /// A segment object of one profile of `tenant`.
+    fn segment(tenant: &str, leaf: &str) -> (Bytes, String) {
+        use crate::testing::{frames, profile};
+        let mut b = crate::block::DatasetBuilder::new(tenant);
+        b.add(&profile(
+            "api",
+            &[(frames(&format!("main;{leaf}")), 1)],
+            1_700_000_000_000_000_000,
+        ));
+        let id = ulid::Ulid::generate().to_string();
+        let (object, metas) = crate::block::assemble_object(&id, 0, 0, vec![b.finish().unwrap()]);
+        (object, metas[0].path())
+    }
+
+    #[tokio::test]
+    async fn a_drain_resumes_after_its_last_record_and_sets_bad_files_aside() {
+        use crate::metastore::embedded::Embedded;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStorage::local(&dir.path().join("objects")).unwrap();
+        let metastore = Embedded::open(&dir.path().join("m.redb")).unwrap();
+        let spool_dir = dir.path().join("spool");
+        // A file left by a crash while it was created, and one whose counted record is torn.
+        std::fs::create_dir_all(&spool_dir).unwrap();
+        std::fs::write(
+            spool_dir.join(format!("{}.kspool", ulid::Ulid::generate())),
+            b"KSP",
+        )
+        .unwrap();
+        let mut torn = Vec::from(*MAGIC);
+        torn.extend_from_slice(&[0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 50, 1, 2]);
+        let torn_path = spool_dir.join(format!("{}.kspool", ulid::Ulid::generate()));
+        std::fs::write(&torn_path, torn).unwrap();
+        let s = spool(&spool_dir, 1 << 20);
+        let segments: Vec<(Bytes, String)> =
+            ["a", "b", "c"].iter().map(|l| segment("t", l)).collect();
+        for (object, _) in &segments {
+            s.append(object.clone()).await.unwrap();
+        }
+        // A drain that stopped after the first record.
+        let files = s.seal().unwrap();
+        mark_drained(files.last().unwrap(), 1).unwrap();
+        assert_eq!(s.drain(&store, &metastore).await.unwrap(), 2);
+        assert!(
+            store.get(&segments[0].1).await.is_err(),
+            "the drained record is not put again"
+        );
+        for (_, path) in &segments[1..] {
+            assert!(store.get(path).await.is_ok(), "{path}");
+        }
+        assert!(s.is_empty());
+        assert!(spool_files(&spool_dir).unwrap().is_empty());
+        assert!(
+            torn_path.with_extension("corrupt").exists(),
+            "set aside, not lost"
+        );
     }
 
     #[tokio::test]
@@ -360,6 +495,7 @@ mod tests {
         assert_eq!(
             read_file(&spool_files(dir.path()).unwrap()[0])
                 .unwrap()
+                .records
                 .len(),
             1
         );
