@@ -24,6 +24,8 @@ pub struct App {
     pub roles: Roles,
     /// Decoded bytes ingest requests may hold at once.
     pub decode_budget: DecodeBudget,
+    /// The stacks Parca agents sent, per tenant (`Write` asks only for the others).
+    pub stacks: crate::parca::StackCache,
 }
 
 /// The roles of a `kiln` process (`--roles`). Any number of processes of each role can share
@@ -111,6 +113,7 @@ impl App {
             grpc_max_message_bytes: 64 << 20,
             roles: Roles::ALL,
             decode_budget: DecodeBudget::new(256 << 20),
+            stacks: crate::parca::StackCache::new(crate::parca::DEFAULT_STACK_CACHE_BYTES),
         }
     }
 
