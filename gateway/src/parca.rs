@@ -23,6 +23,7 @@
 //! with ids still missing.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -100,6 +101,61 @@ impl StackCache {
     }
 }
 
+/// The header naming a batch of `kiln upload` (file, batch, content hash): a batch whose id was
+/// stored for the tenant before is answered OK without being stored again, so an upload resumed
+/// after an interruption (which resends the batch it was sending) never duplicates data.
+pub const UPLOAD_ID_HEADER: &str = "kiln-upload-id";
+
+/// Upload ids stored recently, per tenant (a day, at most a million). A batch sent again while
+/// its first sending is still being stored waits for it, then is answered as it was.
+#[derive(Debug, Clone)]
+pub struct UploadIds {
+    seen: moka::sync::Cache<(TenantId, String), Arc<tokio::sync::Mutex<bool>>>,
+}
+
+impl Default for UploadIds {
+    fn default() -> Self {
+        Self {
+            seen: moka::sync::Cache::builder()
+                .max_capacity(1_000_000)
+                .time_to_live(Duration::from_secs(24 * 3600))
+                .build(),
+        }
+    }
+}
+
+impl UploadIds {
+    fn of(headers: &HeaderMap) -> Option<String> {
+        headers
+            .get(UPLOAD_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .map(str::to_owned)
+    }
+
+    /// Runs `store` unless the batch `id` names was stored for `tenant` already.
+    async fn once(
+        &self,
+        tenant: &TenantId,
+        id: Option<String>,
+        store: impl std::future::Future<Output = Result<(), ApiError>>,
+    ) -> Result<(), ApiError> {
+        let Some(id) = id else {
+            return store.await;
+        };
+        let slot = self.seen.get_with((tenant.clone(), id), || {
+            Arc::new(tokio::sync::Mutex::new(false))
+        });
+        let mut stored = slot.lock().await;
+        if *stored {
+            return Ok(());
+        }
+        store.await?;
+        *stored = true;
+        Ok(())
+    }
+}
+
 /// Stores a `WriteRaw` request: each series' pprof profiles with its labels, as `push.v1` does
 /// (the deprecated `tenant` field is ignored: the tenant is the credentials'; executable info is
 /// for symbolization, which Kiln leaves to query time).
@@ -148,7 +204,18 @@ fn refuse_oversize(app: &AppRef, tenant: &TenantId, len: usize) -> Result<(), Ap
 
 /// Stores a `WriteArrow` request: every sample record of the IPC stream, v1 records resolving
 /// their stacks from the stream's locations records (and the cache).
-pub async fn write_arrow(app: &AppRef, tenant: &TenantId, ipc: Bytes) -> Result<(), ApiError> {
+pub async fn write_arrow(
+    app: &AppRef,
+    tenant: &TenantId,
+    ipc: Bytes,
+    upload_id: Option<String>,
+) -> Result<(), ApiError> {
+    app.upload_ids
+        .once(tenant, upload_id, store_arrow(app, tenant, ipc))
+        .await
+}
+
+async fn store_arrow(app: &AppRef, tenant: &TenantId, ipc: Bytes) -> Result<(), ApiError> {
     refuse_oversize(app, tenant, ipc.len())?;
     let _share = app.decode_budget.take(ipc.len()).await?;
     let limits = app.limits(tenant).normalize();
@@ -353,12 +420,13 @@ pub async fn connect_write_arrow(
     headers: HeaderMap,
     body: Body,
 ) -> axum::response::Response {
+    let upload_id = UploadIds::of(&headers);
     connect_unary(
         app,
         headers,
         body,
         |app, tenant, req: pb::WriteArrowRequest| async move {
-            write_arrow(&app, &tenant, req.ipc_buffer).await?;
+            write_arrow(&app, &tenant, req.ipc_buffer, upload_id).await?;
             Ok(pb::WriteArrowResponse {})
         },
     )
@@ -387,22 +455,29 @@ impl ProfileStoreService for Grpc {
         req: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<Self::WriteStream>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
+        let upload_id = UploadIds::of(&req.metadata().clone().into_headers());
         let app = self.app.clone();
         let inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(2);
         tokio::spawn(async move {
-            let result =
-                tokio::time::timeout(WRITE_TIMEOUT, write_stream(&app, &tenant, inbound, &tx))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(ApiError::new(
-                            crate::error::ErrorKind::InvalidInput,
-                            format!(
-                                "the Write stream took longer than {} s",
-                                WRITE_TIMEOUT.as_secs()
-                            ),
-                        ))
-                    });
+            let result = tokio::time::timeout(
+                WRITE_TIMEOUT,
+                app.upload_ids.once(
+                    &tenant,
+                    upload_id,
+                    write_stream(&app, &tenant, inbound, &tx),
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::new(
+                    crate::error::ErrorKind::InvalidInput,
+                    format!(
+                        "the Write stream took longer than {} s",
+                        WRITE_TIMEOUT.as_secs()
+                    ),
+                ))
+            });
             if let Err(e) = result {
                 app.metrics.refused(&tenant, e.reason());
                 let _ = tx.send(Err(Status::from(e))).await;
@@ -417,9 +492,10 @@ impl ProfileStoreService for Grpc {
         req: Request<pb::WriteArrowRequest>,
     ) -> Result<Response<pb::WriteArrowResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
+        let upload_id = UploadIds::of(&req.metadata().clone().into_headers());
         let body = req.into_inner().ipc_buffer;
         self.app.metrics.received(&tenant, body.len());
-        let result = write_arrow(&self.app, &tenant, body).await;
+        let result = write_arrow(&self.app, &tenant, body, upload_id).await;
         if let Err(e) = &result {
             self.app.metrics.refused(&tenant, e.reason());
         }
