@@ -17,6 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/kiln/storage/v1/block.proto",
         "proto/pluginv2/backend.proto",
         "proto/grpc/health/v1/health.proto",
+        "proto/parca/profilestore/v1alpha1/profilestore.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -27,7 +28,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     config.file_descriptor_set_path(&descriptors);
-    config.bytes([".push.v1.RawSample.raw_profile"]);
+    config.bytes([
+        ".push.v1.RawSample.raw_profile",
+        ".parca.profilestore.v1alpha1.RawSample.raw_profile",
+        ".parca.profilestore.v1alpha1.WriteRequest.record",
+        ".parca.profilestore.v1alpha1.WriteResponse.record",
+        ".parca.profilestore.v1alpha1.WriteArrowRequest.ipc_buffer",
+    ]);
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
@@ -47,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".settings.v1",
             ".capabilities.v1",
             ".adhocprofiles.v1",
+            ".parca.profilestore.v1alpha1",
         ])?;
     Ok(())
 }

@@ -208,6 +208,32 @@ pub fn endpoints() -> Vec<Endpoint> {
             One(OTLP_EXPORT),
             None,
         ),
+        // The Parca agent's write API: WriteRaw and WriteArrow over Connect and gRPC, the
+        // bidirectional Write over gRPC (its Connect path answers so).
+        Endpoint::new(
+            format!("/{}", crate::parca::WRITE_RAW),
+            Post,
+            Ingest,
+            Connect,
+            One(crate::parca::WRITE_RAW),
+            Some(|| post(crate::parca::connect_write_raw)),
+        ),
+        Endpoint::new(
+            format!("/{}", crate::parca::WRITE_ARROW),
+            Post,
+            Ingest,
+            Connect,
+            One(crate::parca::WRITE_ARROW),
+            Some(|| post(crate::parca::connect_write_arrow)),
+        ),
+        Endpoint::new(
+            format!("/{}", crate::parca::WRITE),
+            Post,
+            Ingest,
+            Grpc,
+            One(crate::parca::WRITE),
+            None,
+        ),
         // Query: querier.v1, the app's other services, the legacy HTTP API.
         Endpoint::new(
             "/querier.v1.QuerierService/{method}",

@@ -24,6 +24,10 @@ pub struct App {
     pub roles: Roles,
     /// Decoded bytes ingest requests may hold at once.
     pub decode_budget: DecodeBudget,
+    /// The stacks Parca agents sent, per tenant (`Write` asks only for the others).
+    pub stacks: crate::parca::StackCache,
+    /// `kiln upload` batches stored recently, so a resumed upload stores none twice.
+    pub upload_ids: crate::parca::UploadIds,
 }
 
 /// The roles of a `kiln` process (`--roles`). Any number of processes of each role can share
@@ -111,6 +115,8 @@ impl App {
             grpc_max_message_bytes: 64 << 20,
             roles: Roles::ALL,
             decode_budget: DecodeBudget::new(256 << 20),
+            stacks: crate::parca::StackCache::new(crate::parca::DEFAULT_STACK_CACHE_BYTES),
+            upload_ids: crate::parca::UploadIds::default(),
         }
     }
 

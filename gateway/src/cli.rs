@@ -34,6 +34,8 @@ pub enum Command {
     /// Benchmark the whole system under a deterministic workload, optionally side by side with
     /// DuckDB and ClickHouse (chDB) on the same rows.
     Bench(Box<crate::bench::BenchArgs>),
+    /// Upload the Parca agent's offline recordings (`.padata`, `.padata.zst`) to a Kiln.
+    Upload(crate::upload::UploadArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -315,6 +317,11 @@ pub struct LimitArgs {
     /// `Retry-After`. 0 = unbounded.
     #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
     pub max_inflight_decode_bytes: usize,
+
+    /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
+    /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
+    #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::parca::DEFAULT_STACK_CACHE_BYTES)]
+    pub parca_stack_cache_bytes: u64,
 }
 
 /// `kiln serve` flags: how Kiln observes itself: logs, traces, its own profiles.

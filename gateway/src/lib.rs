@@ -5,6 +5,7 @@
 //!                                                                     else → axum routes
 //!    /ingest, /pyroscope/ingest ─► ingest: body limit → gzip (bounded) → decode → normalize ┐
 //!    push.v1 (Connect, gRPC)    ─► ingest::push ───────────────────────────────────────────┤
+//!    Parca WriteRaw/WriteArrow/Write (Connect, gRPC) ─► parca (+ known-stack cache) ─────────┤
 //!                                                                   storage.write (durable) ┘
 //!    querier.v1 (Connect, gRPC) ─► querier ─► storage query engine ─► FlameGraph / pprof / series
 //!    /pyroscope/render[-diff], /pyroscope/label[s|-values] ─► legacy ─► querier ─► flamebearer / DOT
@@ -30,6 +31,7 @@ pub mod legacy;
 pub mod lifecycle;
 pub mod metrics;
 pub mod otlp;
+pub mod parca;
 pub mod push;
 pub mod querier;
 pub mod self_profile;
@@ -39,3 +41,4 @@ pub mod tenant;
 pub mod tenants;
 pub mod time;
 pub mod traces;
+pub mod upload;

@@ -27,6 +27,13 @@ async fn main() -> anyhow::Result<()> {
                 .init();
             return kiln_gateway::bench::run(*args).await;
         }
+        Some(Command::Upload(args)) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(EnvFilter::new("warn"))
+                .with_writer(std::io::stderr)
+                .init();
+            return kiln_gateway::upload::run(args).await;
+        }
         Some(Command::Metastore(cmd)) => {
             tracing_subscriber::fmt()
                 .with_env_filter(EnvFilter::new("warn"))

@@ -90,6 +90,11 @@ pub struct Metrics {
     pub memory_resident: Gauge,
     /// Bytes of the in-flight decode budget held by requests now.
     pub ingest_decode_budget_used: Gauge,
+    /// Stack ids of Parca `Write` streams found in the known-stack cache, and not found.
+    pub parca_stack_cache_hits: Counter,
+    pub parca_stack_cache_misses: Counter,
+    /// Bytes of stacks the known-stack cache holds (refreshed on each scrape).
+    pub parca_stack_cache_bytes: Gauge,
     seen: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -150,6 +155,9 @@ impl Default for Metrics {
             memory_allocated: Gauge::default(),
             memory_resident: Gauge::default(),
             ingest_decode_budget_used: Gauge::default(),
+            parca_stack_cache_hits: Counter::default(),
+            parca_stack_cache_misses: Counter::default(),
+            parca_stack_cache_bytes: Gauge::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
         };
         r.register(
@@ -251,6 +259,21 @@ impl Default for Metrics {
             "ingest_decode_budget_used_bytes",
             "Bytes of the in-flight decode budget (--max-inflight-decode-bytes) held now",
             m.ingest_decode_budget_used.clone(),
+        );
+        r.register(
+            "parca_stack_cache_hits",
+            "Stack ids of Parca Write streams the known-stack cache knew",
+            m.parca_stack_cache_hits.clone(),
+        );
+        r.register(
+            "parca_stack_cache_misses",
+            "Stack ids of Parca Write streams the known-stack cache did not know (asked of the agent)",
+            m.parca_stack_cache_misses.clone(),
+        );
+        r.register(
+            "parca_stack_cache_bytes",
+            "Bytes of stacks the known-stack cache holds",
+            m.parca_stack_cache_bytes.clone(),
         );
         *m.registry.lock().expect("metrics lock") = r;
         m

@@ -12,6 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_server::ProfileStoreServiceServer;
 use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
 use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
 use std::time::Duration;
@@ -97,7 +98,10 @@ fn grpc_router(app: AppRef) -> Router {
         .send_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max)
         .max_encoding_message_size(usize::MAX);
-    let pusher = PusherServiceServer::new(svc)
+    let pusher = PusherServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let parca = ProfileStoreServiceServer::new(svc)
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
     let mut routes = tonic::service::Routes::default();
@@ -107,6 +111,7 @@ fn grpc_router(app: AppRef) -> Router {
     if app.roles.ingest {
         routes = routes
             .add_service(pusher)
+            .add_service(parca)
             .add_service(crate::otlp::OtlpGrpc::new(app));
     }
     routes.prepare().into_axum_router()
@@ -271,6 +276,9 @@ async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
     app.metrics
         .ingest_decode_budget_used
         .set(app.decode_budget.in_use() as i64);
+    app.metrics
+        .parca_stack_cache_bytes
+        .set(app.stacks.weighted_size() as i64);
     // Stored bytes per tenant come from the background refresh
     // (`admin::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
     (

@@ -21,6 +21,7 @@ pub mod model;
 pub mod normalize;
 pub mod otlp;
 pub mod otlp_json;
+pub mod parca;
 pub mod pprof;
 pub mod speedscope;
 

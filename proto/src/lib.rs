@@ -1,5 +1,6 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
-//! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1` and `adhocprofiles.v1`, Grafana's plugin
+//! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1` and `adhocprofiles.v1`, Parca's write
+//! API (`parca.profilestore.v1alpha1`), Grafana's plugin
 //! protocol (`pluginv2`), gRPC health, and Kiln's
 //! own storage formats (`kiln.storage.v1`); and the one decoder of Pyroscope's flame graph
 //! levels ([`flamegraph`]).
@@ -67,6 +68,20 @@ pub mod adhocprofiles {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/adhocprofiles.v1.rs"));
         include!(concat!(env!("OUT_DIR"), "/adhocprofiles.v1.serde.rs"));
+    }
+}
+
+/// Parca's write API (what the Parca agent sends).
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod parca {
+    pub mod profilestore {
+        pub mod v1alpha1 {
+            include!(concat!(env!("OUT_DIR"), "/parca.profilestore.v1alpha1.rs"));
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/parca.profilestore.v1alpha1.serde.rs"
+            ));
+        }
     }
 }
 

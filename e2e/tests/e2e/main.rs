@@ -16,6 +16,7 @@ mod legacy;
 mod limits;
 mod memory;
 mod otlp;
+mod parca;
 mod restart;
 mod scale_out;
 mod self_profile;
