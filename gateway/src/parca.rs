@@ -210,9 +210,17 @@ pub async fn write_arrow(
     ipc: Bytes,
     upload_id: Option<String>,
 ) -> Result<(), ApiError> {
-    app.upload_ids
-        .once(tenant, upload_id, store_arrow(app, tenant, ipc))
-        .await
+    // On a task of its own: a client that goes away (an uploader killed mid-request) drops the
+    // request's future, and a store already handed to the writer would then complete without
+    // its upload id being marked stored; the resent batch would be stored twice.
+    let (app, tenant) = (app.clone(), tenant.clone());
+    tokio::spawn(async move {
+        app.upload_ids
+            .once(&tenant, upload_id, store_arrow(&app, &tenant, ipc))
+            .await
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 async fn store_arrow(app: &AppRef, tenant: &TenantId, ipc: Bytes) -> Result<(), ApiError> {

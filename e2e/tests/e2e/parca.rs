@@ -192,14 +192,6 @@ fn parca_interrupted_upload_resumes_without_duplicates() -> Result<()> {
         child.wait()?;
         ensure!(started.elapsed() < Duration::from_secs(5));
         let left = leftovers(dir.path())?;
-        eprintln!(
-            "DEBUG after {wait:?}: {left:?} {:?} {:?}",
-            totals(&kiln, "acme")?,
-            left.iter()
-                .filter(|n| n.ends_with(".progress"))
-                .map(|n| std::fs::read_to_string(dir.path().join(n)).unwrap())
-                .collect::<Vec<_>>()
-        );
         ensure!(
             left.iter().any(|n| n.ends_with(".progress")) || left.len() < 6,
             "no progress after {wait:?}: {left:?}"
