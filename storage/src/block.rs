@@ -90,6 +90,11 @@ pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> 
         .set_column_encoding(delta(columns::TIMESTAMP), Encoding::DELTA_BINARY_PACKED)
         .set_column_dictionary_enabled(delta(columns::STACK_ID), false)
         .set_column_encoding(delta(columns::STACK_ID), Encoding::DELTA_BINARY_PACKED)
+        // A profile's rows repeat its id, and v7 ids of one block share their time prefix:
+        // prefix-delta encoding stores each run's id once and shares prefixes, without the
+        // dictionary's hashing of every row.
+        .set_column_dictionary_enabled(delta(columns::PROFILE_ID), false)
+        .set_column_encoding(delta(columns::PROFILE_ID), Encoding::DELTA_BYTE_ARRAY)
         .set_sorting_columns(Some(vec![
             sort_col(col::SERIES_ID),
             sort_col(col::TIMESTAMP),

@@ -256,12 +256,10 @@ fn align<'a>(left: &Tree<'a>, right: &Tree<'a>) -> Vec<Pair<'a>> {
 /// The smallest total (the larger of a node's two) a node needs to be drawn so that about
 /// `max_nodes` nodes are; 0 when every node fits.
 fn min_value(pairs: &[Pair<'_>], max_nodes: usize) -> i64 {
-    if max_nodes == 0 || pairs.len() <= max_nodes {
-        return 0;
-    }
-    let mut totals: Vec<i64> = pairs.iter().map(|p| p.left.0.max(p.right.0)).collect();
-    let (_, nth, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
-    *nth
+    kiln_storage::query::tree::cutoff(
+        pairs.iter().map(|p| p.left.0.max(p.right.0)).collect(),
+        max_nodes,
+    )
 }
 
 /// A "double" profile: the two merged trees aligned, at most about `max_nodes` nodes drawn.

@@ -464,13 +464,8 @@ impl Trie {
         max_nodes: usize,
         names: &mut Names,
     ) -> q::SandwichNode {
-        let min_value = if max_nodes == 0 || self.nodes.len() <= max_nodes {
-            0
-        } else {
-            let mut totals: Vec<i64> = self.nodes.iter().map(|n| n.total).collect();
-            let (_, nth, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
-            *nth
-        };
+        let min_value =
+            super::tree::cutoff(self.nodes.iter().map(|n| n.total).collect(), max_nodes);
         let other = tree.find_name(OTHER_NAME);
         // The kept nodes in pre-order (so that the name table is too), then built from the
         // last one back, every child before its parent.

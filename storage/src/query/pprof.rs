@@ -273,12 +273,7 @@ pub fn truncate(profile: &mut pb::Profile, max_nodes: usize) {
         }
         paths.push(path);
     }
-    let nodes = parent.len() - 1;
-    if nodes <= max_nodes {
-        return;
-    }
-    let mut totals = total[1..].to_vec();
-    let (_, &mut min_value, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
+    let min_value = super::tree::cutoff(total[1..].to_vec(), max_nodes);
     if min_value == 0 {
         return;
     }

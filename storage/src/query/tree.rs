@@ -201,12 +201,7 @@ impl FlameTree {
 
     /// The smallest total a node needs to be drawn so that at most `max_nodes` nodes are.
     fn min_value(&self, max_nodes: usize) -> i64 {
-        if max_nodes == 0 || self.nodes.len() - 1 <= max_nodes {
-            return 0;
-        }
-        let mut totals: Vec<i64> = self.nodes[1..].iter().map(|n| n.total).collect();
-        let (_, nth, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
-        *nth
+        cutoff(self.nodes[1..].iter().map(|n| n.total).collect(), max_nodes)
     }
 
     /// Encodes the tree as Pyroscope's `FlameGraph`, drawing at most about `max_nodes` nodes.
@@ -389,18 +384,18 @@ impl FlameTree {
         let mut children: Vec<Item> = Vec::new();
         while let Some(item) = stack.pop() {
             let name = name_of(&item);
-            put_uvarint(&mut out, name.len() as u64);
+            prost::encoding::encode_varint(name.len() as u64, &mut out);
             out.extend_from_slice(name.as_bytes());
             let (n, extra) = match item {
                 Item::Node(n, extra) => (n, extra),
                 Item::Other(value) => {
-                    put_uvarint(&mut out, value as u64);
-                    put_uvarint(&mut out, 0);
+                    prost::encoding::encode_varint(value as u64, &mut out);
+                    prost::encoding::encode_varint(0, &mut out);
                     continue;
                 }
             };
             let node = &self.nodes[n as usize];
-            put_uvarint(&mut out, node.self_value.wrapping_add(extra) as u64);
+            prost::encoding::encode_varint(node.self_value.wrapping_add(extra) as u64, &mut out);
             children.clear();
             let mut cut = 0i64;
             let mut other_at = None;
@@ -426,20 +421,22 @@ impl FlameTree {
                 }
             }
             children.sort_by(|a, b| name_of(a).as_bytes().cmp(name_of(b).as_bytes()));
-            put_uvarint(&mut out, children.len() as u64);
+            prost::encoding::encode_varint(children.len() as u64, &mut out);
             stack.extend_from_slice(&children);
         }
         out
     }
 }
 
-/// Appends `v` as a protobuf / Go `binary.PutUvarint` varint.
-fn put_uvarint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+/// The `max_nodes`-th largest of `totals`: the smallest total a node needs to be kept so that
+/// about `max_nodes` are (ties kept); 0 when all fit or `max_nodes` is 0. The one cut-off of
+/// every `max_nodes` (flame graphs, TREE, pprof, projections, flamebearer).
+pub fn cutoff(mut totals: Vec<i64>, max_nodes: usize) -> i64 {
+    if max_nodes == 0 || totals.len() <= max_nodes {
+        return 0;
     }
-    out.push(v as u8);
+    let (_, nth, _) = totals.select_nth_unstable_by(max_nodes - 1, |a, b| b.cmp(a));
+    *nth
 }
 
 /// Decodes a `FlameGraph` back into root-first stacks (without the root) with their self values,
