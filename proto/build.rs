@@ -36,6 +36,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".parca.profilestore.v1alpha1.WriteArrowRequest.ipc_buffer",
     ]);
     tonic_prost_build::configure()
+        // Every service decodes through the depth check (src/wire.rs).
+        .codec_path("crate::wire::CheckedCodec")
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &protos, &["proto"])?;

@@ -62,7 +62,7 @@ impl Codec {
         body: &[u8],
     ) -> Result<M, ApiError> {
         match self {
-            Self::Proto => M::decode(body)
+            Self::Proto => kiln_proto::wire::decode(body)
                 .map_err(|e| ApiError::invalid(format!("invalid protobuf request: {e}"))),
             Self::Json if body.is_empty() => Ok(M::default()),
             Self::Json => serde_json::from_slice(body)

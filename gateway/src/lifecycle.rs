@@ -12,6 +12,20 @@ use crate::budget::DecodeBudget;
 use crate::cli::ServeArgs;
 use crate::tenants::Tenants;
 
+/// Stack of every runtime thread, async workers and the blocking pool alike: request bodies are
+/// decoded there, so the depth limits on what they decode ([`kiln_proto::wire::MAX_DEPTH`], the
+/// normalize limits) are sized against a stack this process chose, not the platform's default.
+/// The `decode_stack` test decodes the deepest input each format admits on a thread of this size.
+pub const THREAD_STACK_BYTES: usize = 8 << 20;
+
+/// The process's runtime: worker and blocking threads with [`THREAD_STACK_BYTES`] of stack.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .build()
+}
+
 /// Opens storage and builds the shared app.
 pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     args.validate()?;

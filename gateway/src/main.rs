@@ -11,8 +11,11 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    kiln_gateway::lifecycle::runtime()?.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     // Freed pages go back to the system from jemalloc's own thread, after its decay time (10 s),
     // whether or not the process allocates again: without it an idle server kept a burst's
     // memory (1.35 GB after four large profiles, measured; docs/operations.md).

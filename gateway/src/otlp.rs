@@ -64,9 +64,10 @@ pub fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Decodes a binary export request, naming the proto version when that is the likely cause.
+/// Decodes a binary export request (its nesting checked first: [`kiln_proto::wire`]), naming
+/// the proto version when that is the likely cause of a failure.
 pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiError> {
-    ExportProfilesServiceRequest::decode(body).map_err(|e| {
+    kiln_proto::wire::decode(body).map_err(|e| {
         let msg = e.to_string();
         if msg.contains("Sample.") {
             ApiError::invalid(format!("invalid OTLP profiles protobuf: {msg}; {V19_HINT}"))
@@ -76,17 +77,32 @@ pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiEr
     })
 }
 
-/// Converts and stores an export request; the response carries partial success.
-pub async fn export(
+/// How an export request's body is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+/// Decodes, converts and stores an export request (decoding and converting off the async
+/// workers); the response carries partial success.
+async fn export(
     app: &AppRef,
     tenant: &TenantId,
-    req: ExportProfilesServiceRequest,
-    decompressed_bytes: usize,
+    body: Bytes,
+    encoding: Encoding,
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
     let limits = app.limits(tenant).normalize();
-    let converted =
-        crate::ingest::blocking(move || Ok(kiln_otel::otlp::convert(&req, now_nanos(), &limits)?))
-            .await?;
+    let decompressed_bytes = body.len();
+    let converted = crate::ingest::blocking(move || {
+        let req = match encoding {
+            Encoding::Json => kiln_otel::otlp_json::parse_request(&body)?,
+            Encoding::Protobuf => decode_request(&body)?,
+        };
+        drop(body);
+        Ok(kiln_otel::otlp::convert(&req, now_nanos(), &limits)?)
+    })
+    .await?;
     let rejected = converted.rejected;
     if converted.profile.series.is_empty() {
         // Nothing to store, but the decoding work still counts against the rate.
@@ -162,13 +178,12 @@ async fn http_export(
             limits.max_decompressed_bytes
         )));
     }
-    let decompressed = body.len();
-    let req = if json {
-        kiln_otel::otlp_json::parse_request(&body)?
+    let encoding = if json {
+        Encoding::Json
     } else {
-        decode_request(&body)?
+        Encoding::Protobuf
     };
-    let resp = export(app, tenant, req, decompressed).await?;
+    let resp = export(app, tenant, body, encoding).await?;
     Ok(if json {
         (
             StatusCode::OK,
@@ -272,8 +287,7 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                     ));
                 }
                 let _share = app.decode_budget.take(body.len()).await?;
-                let req = decode_request(&body)?;
-                export(&app, &tenant, req, body.len()).await
+                export(&app, &tenant, body, Encoding::Protobuf).await
             }
             .await;
             if let Err(e) = &result {

@@ -226,12 +226,16 @@ pub async fn write_arrow(
 async fn store_arrow(app: &AppRef, tenant: &TenantId, ipc: Bytes) -> Result<(), ApiError> {
     refuse_oversize(app, tenant, ipc.len())?;
     let _share = app.decode_budget.take(ipc.len()).await?;
-    let limits = app.limits(tenant).normalize();
+    let tenant_limits = app.limits(tenant);
+    let (limits, max_bytes) = (
+        tenant_limits.normalize(),
+        tenant_limits.max_decompressed_bytes,
+    );
     let cache = app.stacks.clone();
     let owner = tenant.clone();
     let now = now_nanos();
     let (profiles, size) = blocking(move || {
-        let batches = format::read_ipc(&ipc)?;
+        let batches = format::read_ipc(&ipc, max_bytes)?;
         let size: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
         let mut stacks: kiln_otel::normalize::kernel::FastMap<StackId, Stack> = Default::default();
         let mut records = Vec::new();
@@ -281,8 +285,9 @@ async fn write_stream(
     app.metrics.received(tenant, first.record.len());
     refuse_oversize(app, tenant, first.record.len())?;
     let _share = app.decode_budget.take(first.record.len()).await?;
+    let max_bytes = app.limits(tenant).max_decompressed_bytes;
     let record = blocking(move || {
-        let batches = format::read_ipc(&first.record)?;
+        let batches = format::read_ipc(&first.record, max_bytes)?;
         let batch = match batches.as_slice() {
             [b] => b,
             _ => {
@@ -327,10 +332,11 @@ async fn write_stream(
             app.metrics.received(tenant, msg.record.len());
             refuse_oversize(app, tenant, msg.record.len())?;
             let _share = app.decode_budget.take(msg.record.len()).await?;
+            let max_bytes = app.limits(tenant).max_decompressed_bytes;
             let (stacks, bytes) = blocking(move || {
                 let mut out = Vec::new();
                 let mut bytes = 0;
-                for b in format::read_ipc(&msg.record)? {
+                for b in format::read_ipc(&msg.record, max_bytes)? {
                     if !format::is_locations_record(&b) {
                         return Err(ApiError::invalid(
                             "a Write stream's later messages are locations records",

@@ -1,7 +1,7 @@
 //! Kiln profiles itself (`--self-profile`): the process's CPU is sampled (the `pprof` crate:
 //! `SIGPROF` at 100 Hz, stacks unwound from the binary's unwind tables, named from its symbol
 //! table), and so is its heap (`--self-profile-heap`: jemalloc's own profiler, one allocation
-//! per 512 KiB on average, read with `jemalloc_pprof`). Every interval the samples become pprof
+//! per 512 KiB on average, its dumps read by [`heap`]). Every interval the samples become pprof
 //! profiles (CPU time; bytes in use) written through the same path as `/ingest`
 //! (normalization, the tenant's limits, a durable write) as `service_name="kiln"`, so Kiln's
 //! own flame graphs sit beside the services it serves. ADR 0008.
@@ -15,6 +15,8 @@ use kiln_proto::google::v1 as pb;
 use tracing::{debug, warn};
 
 use crate::app::AppRef;
+
+mod heap;
 
 /// The service name Kiln's own profiles carry.
 pub const SERVICE_NAME: &str = "kiln";
@@ -219,21 +221,23 @@ fn to_pprof<'a>(
 }
 
 /// jemalloc's heap profiler, active while Kiln runs with `--self-profile-heap`.
-struct Heap(std::sync::Arc<tokio::sync::Mutex<jemalloc_pprof::JemallocProfCtl>>);
+struct Heap(heap::HeapProfiler);
 
 impl Heap {
     /// Turns sampling on; `None` (and a warning) when this jemalloc was built without
     /// profiling or configured without it (`JEMALLOC_SYS_WITH_MALLOC_CONF`, `.cargo/config.toml`).
     fn start() -> Option<Self> {
-        let Some(ctl) = jemalloc_pprof::PROF_CTL.as_ref() else {
-            warn!("heap self-profiling off: jemalloc was not started with prof:true");
-            return None;
-        };
-        if let Err(e) = ctl.blocking_lock().activate() {
-            warn!(error = %e, "heap self-profiling off: jemalloc's profiler did not start");
-            return None;
+        match heap::HeapProfiler::start() {
+            Ok(Some(p)) => Some(Self(p)),
+            Ok(None) => {
+                warn!("heap self-profiling off: jemalloc was not started with prof:true");
+                None
+            }
+            Err(e) => {
+                warn!(error = %e, "heap self-profiling off: jemalloc's profiler did not start");
+                None
+            }
         }
-        Some(Self(std::sync::Arc::clone(ctl)))
     }
 
     /// The live allocations now, as bytes in use by allocating stack (an estimate from the
@@ -241,19 +245,18 @@ impl Heap {
     fn profile(&self, symbols: &Symbolizer) -> Result<pb::Profile, SelfProfileError> {
         let dump = self
             .0
-            .blocking_lock()
-            .dump_profile()
+            .dump()
             .map_err(|e| SelfProfileError::Heap(e.to_string()))?;
         let mut b = Builder::default();
         let mut ips = Vec::new();
-        for (stack, _) in &dump.stacks {
-            let bytes = stack.weight.round() as i64;
+        for stack in &dump {
+            let bytes = stack.bytes.round() as i64;
             if bytes <= 0 {
                 continue;
             }
-            // The parsed dump lists a stack root first; the profile wants the leaf first.
+            // Return addresses, leaf first as the profile wants them: look up the call itself.
             ips.clear();
-            ips.extend(stack.addrs.iter().rev().map(|&ip| ip.saturating_sub(1)));
+            ips.extend(stack.addrs.iter().map(|&ip| ip.saturating_sub(1)));
             let own = symbols.allocating_frames(&ips);
             if own.is_empty() {
                 continue;

@@ -66,6 +66,8 @@ const MAGIC: [u8; 4] = [0xA6, 0xE7, 0xCC, 0xCA];
 const DATA: &str = ".padata";
 const COMPRESSED: &str = ".padata.zst";
 const PROGRESS: &str = ".progress";
+/// Most bytes one record of an offline file may hold once its buffers are decompressed.
+const MAX_RECORD_BYTES: usize = 256 << 20;
 
 /// An offline file to upload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,7 +182,8 @@ fn parse(bytes: Bytes) -> anyhow::Result<Parsed> {
     let mut parsed = Parsed::default();
     for b in 0..count {
         let first = frame().with_context(|| format!("batch {b}"))?;
-        let batches = format::read_ipc(&first).with_context(|| format!("batch {b}"))?;
+        let batches =
+            format::read_ipc(&first, MAX_RECORD_BYTES).with_context(|| format!("batch {b}"))?;
         let Some(record) = batches.first() else {
             bail!("batch {b} has an empty record");
         };
@@ -190,7 +193,9 @@ fn parse(bytes: Bytes) -> anyhow::Result<Parsed> {
         }
         let locations = frame().with_context(|| format!("batch {b}'s locations"))?;
         let index = parsed.locations.len();
-        for batch in format::read_ipc(&locations).with_context(|| format!("batch {b}"))? {
+        for batch in
+            format::read_ipc(&locations, MAX_RECORD_BYTES).with_context(|| format!("batch {b}"))?
+        {
             for id in format::locations_record_ids(&batch)? {
                 parsed.location_of.entry(id).or_insert(index);
             }

@@ -63,7 +63,7 @@ pub struct Context {
 impl LabelsSnapshot {
     /// Decodes a snapshot (plain protobuf; inflate it first).
     pub fn decode(data: &[u8]) -> Result<Self> {
-        <Self as prost::Message>::decode(data)
+        kiln_proto::wire::decode(data)
             .map_err(|e| Error::Invalid(format!("invalid JFR labels (LabelsSnapshot): {e}")))
     }
 }

@@ -221,29 +221,42 @@ fn check_dictionary(d: &ProfilesDictionary) -> Result<()> {
     Ok(())
 }
 
+/// Deepest attribute value Kiln reads: arrays and key-value lists inside each other (OTLP/JSON
+/// and protobuf alike; real agents send flat values).
+pub(crate) const MAX_VALUE_DEPTH: usize = 16;
+
+/// Checks a value's string references, without recursion, and its depth.
 fn check_any_value(v: &AnyValue, n_str: usize, at: &str) -> Result<()> {
-    match &v.value {
-        Some(any_value::Value::StringValueStrindex(i)) => {
-            check(
-                *i,
-                n_str.max(1),
-                || format!("{at}.string_value_strindex"),
-                "string_table",
-            )?;
+    let mut todo = vec![(v, at.to_owned(), 0usize)];
+    while let Some((v, at, depth)) = todo.pop() {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(Error::Invalid(format!(
+                "{at}: attribute values nest deeper than {MAX_VALUE_DEPTH} levels"
+            )));
         }
-        Some(any_value::Value::ArrayValue(a)) => {
-            for (j, x) in a.values.iter().enumerate() {
-                check_any_value(x, n_str, &format!("{at}.array_value[{j}]"))?;
+        match &v.value {
+            Some(any_value::Value::StringValueStrindex(i)) => {
+                check(
+                    *i,
+                    n_str.max(1),
+                    || format!("{at}.string_value_strindex"),
+                    "string_table",
+                )?;
             }
-        }
-        Some(any_value::Value::KvlistValue(kv)) => {
-            for (j, x) in kv.values.iter().enumerate() {
-                if let Some(v) = &x.value {
-                    check_any_value(v, n_str, &format!("{at}.kvlist_value[{j}]"))?;
+            Some(any_value::Value::ArrayValue(a)) => {
+                for (j, x) in a.values.iter().enumerate() {
+                    todo.push((x, format!("{at}.array_value[{j}]"), depth + 1));
                 }
             }
+            Some(any_value::Value::KvlistValue(kv)) => {
+                for (j, x) in kv.values.iter().enumerate() {
+                    if let Some(v) = &x.value {
+                        todo.push((v, format!("{at}.kvlist_value[{j}]"), depth + 1));
+                    }
+                }
+            }
+            _ => {}
         }
-        _ => {}
     }
     Ok(())
 }
@@ -314,17 +327,21 @@ fn check_profile_indices(p: &otlp::Profile, d: &ProfilesDictionary, at: &str) ->
 }
 
 /// An attribute value as a label value; `None` for types that do not make labels.
-fn label_value(v: &AnyValue, strings: &[String]) -> Option<String> {
-    match v.value.as_ref()? {
-        any_value::Value::StringValue(s) => Some(s.clone()),
-        any_value::Value::StringValueStrindex(i) => strings.get(*i as usize).cloned(),
-        any_value::Value::IntValue(i) => Some(i.to_string()),
-        any_value::Value::BoolValue(b) => Some(b.to_string()),
-        any_value::Value::DoubleValue(d) => Some(d.to_string()),
-        any_value::Value::ArrayValue(a) if a.values.len() == 1 => {
-            label_value(&a.values[0], strings)
-        }
-        _ => None,
+fn label_value(mut v: &AnyValue, strings: &[String]) -> Option<String> {
+    // A one-element array is its element (without recursion: arrays may nest).
+    loop {
+        return match v.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            any_value::Value::StringValueStrindex(i) => strings.get(*i as usize).cloned(),
+            any_value::Value::IntValue(i) => Some(i.to_string()),
+            any_value::Value::BoolValue(b) => Some(b.to_string()),
+            any_value::Value::DoubleValue(d) => Some(d.to_string()),
+            any_value::Value::ArrayValue(a) if a.values.len() == 1 => {
+                v = &a.values[0];
+                continue;
+            }
+            _ => None,
+        };
     }
 }
 

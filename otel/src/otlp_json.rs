@@ -178,7 +178,18 @@ fn bytes_b64(v: &Value, key: &str, at: &Path) -> Result<Vec<u8>> {
 }
 
 fn any_value(v: &Value, at: &Path) -> Result<AnyValue> {
+    any_value_at(v, at, 0)
+}
+
+/// An attribute value `depth` arrays and key-value lists deep.
+fn any_value_at(v: &Value, at: &Path, depth: usize) -> Result<AnyValue> {
     use any_value::Value as V;
+    if depth > crate::otlp::MAX_VALUE_DEPTH {
+        return Err(at.err(&format!(
+            "attribute values nest deeper than {} levels",
+            crate::otlp::MAX_VALUE_DEPTH
+        )));
+    }
     let value = if let Some(x) = field(v, "stringValue") {
         Some(V::StringValue(
             x.as_str()
@@ -203,11 +214,15 @@ fn any_value(v: &Value, at: &Path) -> Result<AnyValue> {
         ))
     } else if let Some(x) = field(v, "arrayValue") {
         Some(V::ArrayValue(ArrayValue {
-            values: list(x, "values", &at.join("arrayValue"), any_value)?,
+            values: list(x, "values", &at.join("arrayValue"), |x, at| {
+                any_value_at(x, at, depth + 1)
+            })?,
         }))
     } else if let Some(x) = field(v, "kvlistValue") {
         Some(V::KvlistValue(KeyValueList {
-            values: list(x, "values", &at.join("kvlistValue"), key_value)?,
+            values: list(x, "values", &at.join("kvlistValue"), |x, at| {
+                key_value_at(x, at, depth + 1)
+            })?,
         }))
     } else if field(v, "bytesValue").is_some() {
         Some(V::BytesValue(bytes_b64(v, "bytesValue", at)?))
@@ -220,9 +235,13 @@ fn any_value(v: &Value, at: &Path) -> Result<AnyValue> {
 }
 
 fn key_value(v: &Value, at: &Path) -> Result<KeyValue> {
+    key_value_at(v, at, 0)
+}
+
+fn key_value_at(v: &Value, at: &Path, depth: usize) -> Result<KeyValue> {
     Ok(KeyValue {
         key: string(v, "key", at)?,
-        value: opt(v, "value", at, any_value)?,
+        value: opt(v, "value", at, |x, at| any_value_at(x, at, depth))?,
         key_strindex: num(v, "keyStrindex", at)?,
     })
 }
@@ -409,5 +428,32 @@ mod tests {
             "{err}"
         );
         assert!(parse_request(b"{not json").is_err());
+    }
+
+    /// Attribute values nested past the limit are refused by the JSON reader (within the
+    /// limit they are read), whatever serde_json's own depth allows.
+    #[test]
+    fn nested_attribute_values_are_bounded() {
+        let nested = |levels: usize| {
+            let mut v = r#"{"stringValue": "x"}"#.to_owned();
+            for i in 0..levels {
+                v = if i % 2 == 0 {
+                    format!(r#"{{"arrayValue": {{"values": [{v}]}}}}"#)
+                } else {
+                    format!(r#"{{"kvlistValue": {{"values": [{{"key": "k", "value": {v}}}]}}}}"#)
+                };
+            }
+            format!(
+                r#"{{"resourceProfiles": [{{"resource": {{"attributes": [{{"key": "deep", "value": {v}}}]}}}}]}}"#
+            )
+        };
+        let within = crate::otlp::MAX_VALUE_DEPTH;
+        assert!(parse_request(nested(within).as_bytes()).is_ok());
+        let err = parse_request(nested(within + 1).as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nest deeper than 16"), "{err}");
+        // serde_json itself stops at 128 levels of JSON.
+        assert!(parse_request(nested(60).as_bytes()).is_err());
     }
 }

@@ -176,8 +176,22 @@ impl SampleRecord {
     }
 }
 
-/// The record batches of an Arrow IPC stream (compressed buffers too).
-pub fn read_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
+/// The record batches of an Arrow IPC stream (compressed buffers too), after [`ipc::check`]:
+/// every buffer inside its message, at most `max_bytes` of them once decompressed.
+///
+/// arrow's reader asserts, rather than returning an error, on malformed layouts the check does
+/// not foresee; such a panic is contained here and answered as invalid input (the reader's
+/// state is local to this call, so nothing is left half-changed).
+pub fn read_ipc(bytes: &[u8], max_bytes: usize) -> Result<Vec<RecordBatch>> {
+    ipc::check(bytes, max_bytes)?;
+    std::panic::catch_unwind(|| read_ipc_unguarded(bytes)).unwrap_or_else(|_| {
+        Err(Error::Invalid(
+            "invalid Arrow IPC stream: a buffer lies outside its message".into(),
+        ))
+    })
+}
+
+fn read_ipc_unguarded(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     let reader = StreamReader::try_new(Cursor::new(bytes), None)
         .map_err(|e| Error::Invalid(format!("invalid Arrow IPC stream: {e}")))?;
     reader
@@ -262,14 +276,33 @@ fn unwrap_index(arr: &dyn Array, i: usize) -> Result<Unwrapped<'_>> {
     })
 }
 
+/// Dictionaries and run-end encodings inside each other that Kiln reads through (the agent
+/// uses two at most).
+const MAX_ENCODING_DEPTH: usize = 8;
+
+/// Row `i` of `arr` through its dictionaries and run-end encodings, without recursion: the
+/// plain array and the row in it, `None` for a null key.
+fn resolve(mut arr: &dyn Array, mut i: usize) -> Result<Option<(&dyn Array, usize)>> {
+    for _ in 0..=MAX_ENCODING_DEPTH {
+        match unwrap_index(arr, i)? {
+            None => return Ok(Some((arr, i))),
+            Some((_, None)) => return Ok(None),
+            Some((values, Some(j))) => {
+                arr = values.as_ref();
+                i = j;
+            }
+        }
+    }
+    Err(invalid(format!(
+        "a column nests more than {MAX_ENCODING_DEPTH} dictionary or run-end encodings"
+    )))
+}
+
 /// The bytes of a string or binary value at row `i` (`None` when null).
 fn bytes_at(arr: &dyn Array, i: usize) -> Result<Option<&[u8]>> {
-    if let Some((values, idx)) = unwrap_index(arr, i)? {
-        return match idx {
-            Some(j) => bytes_at(values.as_ref(), j),
-            None => Ok(None),
-        };
-    }
+    let Some((arr, i)) = resolve(arr, i)? else {
+        return Ok(None);
+    };
     check_row(arr, i)?;
     if arr.is_null(i) {
         return Ok(None);
@@ -294,12 +327,9 @@ fn str_at(arr: &dyn Array, i: usize) -> Result<String> {
 
 /// The integer at row `i` (`None` when null); unsigned values past `i64::MAX` are refused.
 fn int_at(arr: &dyn Array, i: usize) -> Result<Option<i64>> {
-    if let Some((values, idx)) = unwrap_index(arr, i)? {
-        return match idx {
-            Some(j) => int_at(values.as_ref(), j),
-            None => Ok(None),
-        };
-    }
+    let Some((arr, i)) = resolve(arr, i)? else {
+        return Ok(None);
+    };
     check_row(arr, i)?;
     if arr.is_null(i) {
         return Ok(None);
@@ -323,12 +353,9 @@ fn int_at(arr: &dyn Array, i: usize) -> Result<Option<i64>> {
 
 /// An address or mapping bound: a u64 column read without the 63-bit limit of [`int_at`].
 fn u64_at(arr: &dyn Array, i: usize) -> Result<u64> {
-    if let Some((values, idx)) = unwrap_index(arr, i)? {
-        return match idx {
-            Some(j) => u64_at(values.as_ref(), j),
-            None => Ok(0),
-        };
-    }
+    let Some((arr, i)) = resolve(arr, i)? else {
+        return Ok(0);
+    };
     check_row(arr, i)?;
     if arr.is_null(i) {
         return Ok(0);
@@ -380,12 +407,9 @@ fn list_range(arr: &dyn Array, i: usize) -> Result<Option<(&ArrayRef, usize, usi
 
 /// The struct (and its row) at row `i`, through dictionaries and run-end encoding.
 fn struct_at(arr: &dyn Array, i: usize) -> Result<Option<(&StructArray, usize)>> {
-    if let Some((values, idx)) = unwrap_index(arr, i)? {
-        return match idx {
-            Some(j) => struct_at(values.as_ref(), j),
-            None => Ok(None),
-        };
-    }
+    let Some((arr, i)) = resolve(arr, i)? else {
+        return Ok(None);
+    };
     check_row(arr, i)?;
     if arr.is_null(i) {
         return Ok(None);
@@ -719,7 +743,8 @@ pub fn read_unknown_ids(bytes: &[u8]) -> Result<Vec<StackId>> {
         return Ok(Vec::new());
     }
     let mut ids = Vec::new();
-    for batch in read_ipc(bytes)? {
+    // Kiln's own answer (to `kiln upload`), within the gRPC message limit.
+    for batch in read_ipc(bytes, 64 << 20)? {
         ids.extend(locations_record_ids(&batch)?);
     }
     Ok(ids)
@@ -876,6 +901,7 @@ pub fn hex(id: &StackId) -> String {
     id.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+pub mod ipc;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -216,7 +216,7 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
         }
     };
     let size = raw.len();
-    let profile = Profile::decode(raw).map_err(|e| Error::Protobuf(e.to_string()))?;
+    let profile = kiln_proto::wire::decode(raw).map_err(|e| Error::Protobuf(e.to_string()))?;
     Ok((profile, size))
 }
 

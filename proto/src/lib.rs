@@ -2,8 +2,9 @@
 //! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1` and `adhocprofiles.v1`, Parca's write
 //! API (`parca.profilestore.v1alpha1`), Grafana's plugin
 //! protocol (`pluginv2`), gRPC health, and Kiln's
-//! own storage formats (`kiln.storage.v1`); and the one decoder of Pyroscope's flame graph
-//! levels ([`flamegraph`]).
+//! own storage formats (`kiln.storage.v1`); the one decoder of Pyroscope's flame graph
+//! levels ([`flamegraph`]); and the depth check every untrusted protobuf passes before prost
+//! decodes it ([`wire`]: [`wire::decode`] for bodies, [`wire::CheckedCodec`] for gRPC).
 //!
 //! The `.proto` files under `proto/` are Kiln's own declarations with the packages, message names
 //! and field numbers of the originals; code is generated at build time and never committed.
@@ -11,6 +12,7 @@
 //! strings) for the Connect `application/json` codec.
 
 pub mod flamegraph;
+pub mod wire;
 
 #[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod google {

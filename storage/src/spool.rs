@@ -161,7 +161,7 @@ impl Spool {
     }
 
     fn create_file(&self) -> Result<OpenFile> {
-        let name = format!("{}.{EXTENSION}", ulid::Ulid::generate());
+        let name = format!("{}.{EXTENSION}", next_file_id());
         let path = self.config.dir.join(name);
         let mut file = std::fs::OpenOptions::new()
             .read(true)
@@ -275,6 +275,16 @@ impl Spool {
 }
 
 /// The spool files of `dir`, oldest first (their names are ULIDs).
+/// A file name that sorts after every earlier one of this process, within a millisecond too
+/// (plain ULIDs of one millisecond order at random): the drain replays files in name order.
+fn next_file_id() -> ulid::Ulid {
+    static GENERATOR: std::sync::Mutex<ulid::Generator> =
+        std::sync::Mutex::new(ulid::Generator::new());
+    let mut g = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    // The random part overflows only after 2^80 ids in one millisecond.
+    g.generate().unwrap_or_else(|_| ulid::Ulid::generate())
+}
+
 fn spool_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?

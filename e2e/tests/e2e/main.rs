@@ -9,6 +9,7 @@ mod corpus;
 mod crash;
 mod drilldown;
 mod formats;
+mod fuzz;
 mod grafana;
 mod grpc;
 mod jfr;

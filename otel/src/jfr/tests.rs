@@ -779,3 +779,21 @@ proptest! {
         let _ = run(&body[..n], &snapshot(), None);
     }
 }
+
+/// The shop recording through the fuzz entry, and seeded mutations of it: errors, never a panic
+/// (the corpus's real recording is mutated by `tests/fuzz_entries.rs` where it is present).
+#[test]
+fn mutated_recordings_are_refused_not_a_panic() {
+    use crate::mutate::{Rng, mutate};
+    let recording = shop();
+    assert!(run(&recording, &snapshot(), None).is_ok());
+    for seed in 0..3_000 {
+        let mut rng = Rng::new(seed);
+        let (bad, what) = mutate(&mut rng, &recording, &recording);
+        let result = std::panic::catch_unwind(|| {
+            let _ = run(&bad, &snapshot(), None);
+            crate::fuzz::jfr(&bad);
+        });
+        assert!(result.is_ok(), "seed {seed} ({what}) panicked");
+    }
+}

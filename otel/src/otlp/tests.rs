@@ -316,6 +316,54 @@ fn bad_indices_refuse_the_request_saying_which() {
 }
 
 #[test]
+fn nested_attribute_values_are_bounded_and_read_without_recursion() {
+    use opentelemetry_proto::tonic::common::v1::ArrayValue;
+    let nested = |levels: usize| {
+        let mut v = AnyValue {
+            value: Some(any_value::Value::StringValue("x".into())),
+        };
+        for _ in 0..levels {
+            v = AnyValue {
+                value: Some(any_value::Value::ArrayValue(ArrayValue { values: vec![v] })),
+            };
+        }
+        v
+    };
+    let mut d = Dict::new();
+    let stack = d.stack(&["a"]);
+    let st = d.vt("samples", "count");
+    let profile = Profile {
+        sample_type: Some(st),
+        samples: vec![OSample {
+            stack_index: stack,
+            values: vec![1],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let attrs = |levels| {
+        vec![KeyValue {
+            key: "service.name".into(),
+            value: Some(nested(levels)),
+            key_strindex: 0,
+        }]
+    };
+    // Within the limit: a one-element array is its element, however deep.
+    let req = request(
+        Dict { d: d.d.clone() },
+        attrs(MAX_VALUE_DEPTH),
+        vec![profile.clone()],
+    );
+    let c = convert(&req, NOW, &NormalizeLimits::default()).unwrap();
+    assert_eq!(c.profile.series[0].labels.get("service_name"), Some("x"));
+    let req = request(d, attrs(MAX_VALUE_DEPTH + 1), vec![profile]);
+    let err = convert(&req, NOW, &NormalizeLimits::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nest deeper than 16"), "{err}");
+}
+
+#[test]
 fn profile_problems_are_partial_success() {
     let mut d = Dict::new();
     let stack = d.stack(&["a"]);

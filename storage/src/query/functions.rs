@@ -470,9 +470,9 @@ impl Trie {
         // The kept nodes in pre-order (so that the name table is too), then built from the
         // last one back, every child before its parent.
         let mut out: Vec<(q::SandwichNode, Vec<usize>)> = Vec::new();
-        // (node, or the stand-in's total and self; parent in `out`)
-        let mut todo: Vec<(Result<u32, (i64, i64)>, Option<usize>)> = vec![(Ok(0), None)];
-        while let Some((item, parent)) = todo.pop() {
+        // (node, or the stand-in's total and self; parent in `out`; depth)
+        let mut todo: Vec<(Result<u32, (i64, i64)>, Option<usize>, usize)> = vec![(Ok(0), None, 0)];
+        while let Some((item, parent, depth)) = todo.pop() {
             let index = out.len();
             if let Some(p) = parent {
                 out[p].1.push(index);
@@ -505,7 +505,9 @@ impl Trie {
             let (mut cut, mut named_other) = (0i64, None);
             for c in self.sorted_children(tree, node) {
                 let child = &self.nodes[c as usize];
-                if Some(child.name) == other {
+                if depth >= MAX_SANDWICH_DEPTH {
+                    cut = cut.saturating_add(child.total);
+                } else if Some(child.name) == other {
                     named_other = Some(c);
                     kept.push(c);
                 } else if child.total < min_value {
@@ -522,9 +524,13 @@ impl Trie {
                     total = total.saturating_add(self.nodes[o as usize].total);
                 }
                 // Nothing is shown below it: all of it is its own.
-                todo.push((Err((total, total)), Some(index)));
+                todo.push((Err((total, total)), Some(index), depth + 1));
             }
-            todo.extend(kept.into_iter().rev().map(|c| (Ok(c), Some(index))));
+            todo.extend(
+                kept.into_iter()
+                    .rev()
+                    .map(|c| (Ok(c), Some(index), depth + 1)),
+            );
         }
         let mut built: Vec<Option<q::SandwichNode>> = vec![None; out.len()];
         for i in (0..out.len()).rev() {
@@ -538,6 +544,13 @@ impl Trie {
         built[0].take().unwrap_or_default()
     }
 }
+
+/// The deepest node of a sandwich half: a node this deep keeps its total but not its children
+/// (one `other` stand-in, marked truncated, carries their sum). A tree's depth counts lines, which
+/// a profile may have any number of per location, and a response of nested messages is
+/// encoded, serialized and dropped by recursion: the bound keeps that within a thread's stack
+/// (the gateway's `decode_stack` test encodes one this deep).
+pub const MAX_SANDWICH_DEPTH: usize = 1024;
 
 /// A sandwich's shared name table.
 #[derive(Default)]

@@ -254,6 +254,30 @@ fn sandwich_halves_are_cut_separately_with_a_stand_in() {
     assert_eq!(s.total, 1211);
 }
 
+#[test]
+fn sandwich_halves_stop_at_the_depth_limit() {
+    // One chain far deeper than the limit below `f` (as a location with thousands of inlined
+    // lines makes it): the half stops at the limit with a stand-in carrying the rest.
+    let deep: Vec<String> = std::iter::once("f".to_owned())
+        .chain((0..MAX_SANDWICH_DEPTH * 3).map(|i| format!("g{i}")))
+        .collect();
+    let mut t = FlameTree::default();
+    t.add_stack(deep.iter().map(String::as_str), 7);
+    let s = sandwich(&t, "f", 0);
+    let mut node = s.callees.as_ref().unwrap();
+    let mut depth = 0;
+    while let Some(child) = node.children.first() {
+        assert_eq!(node.children.len(), 1);
+        assert_eq!(child.total, 7, "every level keeps the whole value");
+        node = child;
+        depth += 1;
+    }
+    assert_eq!(depth, MAX_SANDWICH_DEPTH + 1);
+    assert!(node.truncated);
+    assert_eq!(s.names[node.name_index as usize], "other");
+    assert_eq!((node.total, node.self_), (7, 7));
+}
+
 /// Stacks over a small alphabet, so that recursion and shared callers are common.
 fn stacks() -> impl Strategy<Value = Vec<(Vec<String>, i64)>> {
     prop::collection::vec(

@@ -1,0 +1,252 @@
+//! Untrusted protobuf is checked before prost decodes it: [`check_depth`] walks the wire format
+//! without a schema and refuses input that nests deeper than [`MAX_DEPTH`], so no decoder
+//! recurses past a bound Kiln chose, whatever prost's own limit is (a dependency can switch
+//! prost's off with its `no-recursion-limit` feature: ADR 0012). [`decode`] is the one entry
+//! point for request bodies, and [`CheckedCodec`] the gRPC codec of every generated service.
+//!
+//! Without a schema, a length-delimited field may be a message or bytes. The walk reads each
+//! one as a message and, where its content is not valid protobuf, as bytes, so the depth it
+//! finds is at least the depth prost would reach: prost recurses only into fields whose content
+//! parses. Each byte is read once (an invalid field makes the walk jump to the end of the field
+//! it was read as), so the check is linear in the input.
+
+use std::marker::PhantomData;
+
+use bytes::Buf;
+use prost::Message;
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+
+/// Deepest nesting of messages and groups Kiln decodes. Real requests nest less than 12 deep
+/// (an OTLP request's attribute values inside key-value lists inside its dictionary); prost's
+/// own limit is 100.
+pub const MAX_DEPTH: usize = 32;
+
+/// Why untrusted protobuf was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error(
+        "the protobuf nests messages or groups deeper than {max} levels, which no Kiln API \
+         accepts"
+    )]
+    TooDeep { max: usize },
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// Decodes untrusted protobuf after [`check_depth`] with [`MAX_DEPTH`].
+pub fn decode<M: Message + Default, B: Buf + AsRef<[u8]>>(buf: B) -> Result<M, WireError> {
+    check_depth(buf.as_ref(), MAX_DEPTH)?;
+    Ok(M::decode(buf)?)
+}
+
+/// A frame of the walk: a length-delimited field read as a message (it ends at `end`), or a
+/// group (it ends at the end group tag of its field number).
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    end: usize,
+    group: Option<u64>,
+}
+
+/// Refuses `buf` when it holds messages or groups nested more than `max` deep (the top-level
+/// message is depth 0). Input that is not valid protobuf passes when its invalid part is not
+/// deep: decoding it is what reports that error.
+pub fn check_depth(buf: &[u8], max: usize) -> Result<(), WireError> {
+    let mut frames: Vec<Frame> = Vec::new();
+    let mut pos = 0usize;
+    loop {
+        let end = frames.last().map_or(buf.len(), |f| f.end);
+        if pos >= end {
+            match frames.last() {
+                None => return Ok(()),
+                // A group open at the end of its enclosing message: not a message after all.
+                Some(f) if f.group.is_some() => {
+                    match unwind_invalid(&mut frames) {
+                        Some(next) => pos = next,
+                        None => return Ok(()),
+                    }
+                    continue;
+                }
+                Some(_) => {
+                    frames.pop();
+                    continue;
+                }
+            }
+        }
+        match read_field(buf, pos, end) {
+            Some((next, Field::Scalar)) => pos = next,
+            Some((next, Field::Delimited { len })) => {
+                if len == 0 {
+                    pos = next;
+                } else if frames.len() >= max {
+                    // One level too deep if prost would enter it: it would when its first
+                    // field reads.
+                    if read_field(buf, next, next + len).is_some() {
+                        return Err(WireError::TooDeep { max });
+                    }
+                    pos = next + len;
+                } else {
+                    frames.push(Frame {
+                        end: next + len,
+                        group: None,
+                    });
+                    pos = next;
+                }
+            }
+            Some((next, Field::StartGroup { number })) => {
+                if frames.len() >= max {
+                    return Err(WireError::TooDeep { max });
+                }
+                frames.push(Frame {
+                    end,
+                    group: Some(number),
+                });
+                pos = next;
+            }
+            Some((next, Field::EndGroup { number }))
+                if frames.last().and_then(|f| f.group) == Some(number) =>
+            {
+                frames.pop();
+                pos = next;
+            }
+            Some((_, Field::EndGroup { .. })) | None => match unwind_invalid(&mut frames) {
+                Some(next) => pos = next,
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+/// Invalid wire data inside the innermost length-delimited frame: that field is bytes, not a
+/// message. Pops it (and the groups open inside it) and returns where its parent goes on; `None`
+/// when the invalid data is in the top-level message itself.
+fn unwind_invalid(frames: &mut Vec<Frame>) -> Option<usize> {
+    while let Some(f) = frames.pop() {
+        if f.group.is_none() {
+            return Some(f.end);
+        }
+    }
+    None
+}
+
+/// One field's wire shape.
+enum Field {
+    Scalar,
+    Delimited { len: usize },
+    StartGroup { number: u64 },
+    EndGroup { number: u64 },
+}
+
+/// Reads the field at `pos` that must end by `end`: where the next field starts and what this
+/// one is; `None` when it is not valid protobuf.
+fn read_field(buf: &[u8], pos: usize, end: usize) -> Option<(usize, Field)> {
+    let (tag, pos) = read_varint(buf, pos, end)?;
+    let number = tag >> 3;
+    if number == 0 || number > u64::from(u32::MAX >> 3) {
+        return None;
+    }
+    match tag & 7 {
+        0 => read_varint(buf, pos, end).map(|(_, next)| (next, Field::Scalar)),
+        1 => (end - pos >= 8).then_some((pos + 8, Field::Scalar)),
+        5 => (end - pos >= 4).then_some((pos + 4, Field::Scalar)),
+        2 => {
+            let (len, pos) = read_varint(buf, pos, end)?;
+            let len = usize::try_from(len).ok().filter(|&l| l <= end - pos)?;
+            Some((pos, Field::Delimited { len }))
+        }
+        3 => Some((pos, Field::StartGroup { number })),
+        4 => Some((pos, Field::EndGroup { number })),
+        _ => None,
+    }
+}
+
+/// A varint of at most 10 bytes at `pos`, before `end`: its value and the position after it.
+fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for shift in (0..70).step_by(7) {
+        if pos >= end {
+            return None;
+        }
+        let b = buf[pos];
+        pos += 1;
+        if shift == 63 && b > 1 {
+            return None;
+        }
+        value |= u64::from(b & 0x7f) << shift;
+        if b < 0x80 {
+            return Some((value, pos));
+        }
+    }
+    None
+}
+
+/// The gRPC codec of Kiln's generated services: prost, after [`check_depth`]. A message that
+/// does not decode is the client's error (`INVALID_ARGUMENT`), not Kiln's.
+#[derive(Debug, Clone)]
+pub struct CheckedCodec<T, U> {
+    _types: PhantomData<(T, U)>,
+}
+
+impl<T, U> Default for CheckedCodec<T, U> {
+    fn default() -> Self {
+        Self {
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<T, U> Codec for CheckedCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = CheckedDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(BufferSettings::default())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        CheckedDecoder { _type: PhantomData }
+    }
+}
+
+/// Decodes `U` after [`check_depth`].
+#[derive(Debug, Clone)]
+pub struct CheckedDecoder<U> {
+    _type: PhantomData<U>,
+}
+
+impl<U: Message + Default> Decoder for CheckedDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        let message = if buf.chunk().len() == buf.remaining() {
+            let result = check_depth(buf.chunk(), MAX_DEPTH).map(|()| U::decode(&mut *buf));
+            let decoded = match result {
+                Ok(Ok(m)) => Ok(m),
+                Ok(Err(e)) => Err(WireError::Decode(e)),
+                Err(e) => Err(e),
+            };
+            // A refused message is consumed all the same: the stream reads on from its end.
+            buf.advance(buf.remaining());
+            decoded
+        } else {
+            decode(buf.copy_to_bytes(buf.remaining()))
+        };
+        message
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+use proptest::prelude::*;
+use prost::Message;
+
+use super::*;
+use crate::google::v1 as pb;
+
+/// A field 1 start-group tag, `n` times, each closed when `closed`.
+fn nested_groups(n: usize, closed: bool) -> Vec<u8> {
+    let mut out = vec![0x0b; n]; // field 1, wire type 3
+    if closed {
+        out.extend(std::iter::repeat_n(0x0c, n)); // field 1, wire type 4
+    }
+    out
+}
+
+/// Field 1 messages nested `n` deep around `inner`.
+fn nested_messages(n: usize, inner: &[u8]) -> Vec<u8> {
+    let mut out = inner.to_vec();
+    for _ in 0..n {
+        let mut outer = vec![0x0a];
+        prost::encoding::encode_varint(out.len() as u64, &mut outer);
+        outer.extend_from_slice(&out);
+        out = outer;
+    }
+    out
+}
+
+#[test]
+fn groups_deeper_than_the_limit_are_refused() {
+    assert!(check_depth(&nested_groups(MAX_DEPTH, true), MAX_DEPTH).is_ok());
+    for (n, closed) in [(MAX_DEPTH + 1, true), (100_000, true), (100_000, false)] {
+        let err = check_depth(&nested_groups(n, closed), MAX_DEPTH).unwrap_err();
+        assert!(
+            matches!(err, WireError::TooDeep { max: MAX_DEPTH }),
+            "{n}: {err}"
+        );
+    }
+}
+
+#[test]
+fn messages_deeper_than_the_limit_are_refused() {
+    let leaf = [0x08, 0x01]; // field 1 = 1
+    assert!(check_depth(&nested_messages(MAX_DEPTH, &leaf), MAX_DEPTH).is_ok());
+    assert!(check_depth(&nested_messages(MAX_DEPTH + 1, &leaf), MAX_DEPTH).is_err());
+    assert!(check_depth(&nested_messages(5_000, &leaf), MAX_DEPTH).is_err());
+    // Groups inside messages count as one nesting.
+    let mixed = nested_messages(MAX_DEPTH - 2, &nested_groups(3, true));
+    assert!(check_depth(&mixed, MAX_DEPTH).is_err());
+}
+
+#[test]
+fn bytes_that_are_not_protobuf_do_not_count() {
+    // A string whose content is not valid protobuf, inside messages at the limit.
+    let text = b"hello world \xff\xff";
+    let mut field = vec![0x12];
+    prost::encoding::encode_varint(text.len() as u64, &mut field);
+    field.extend_from_slice(text);
+    assert!(check_depth(&nested_messages(MAX_DEPTH - 1, &field), MAX_DEPTH).is_ok());
+    // An empty field is depth 0 whatever it is.
+    assert!(check_depth(&nested_messages(MAX_DEPTH, &[0x12, 0x00]), MAX_DEPTH).is_ok());
+}
+
+#[test]
+fn real_messages_pass_and_decode() {
+    let profile = pb::Profile {
+        sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+        sample: (0..100)
+            .map(|i| pb::Sample {
+                location_id: vec![1, 2, i],
+                value: vec![i as i64 * 1_000_003],
+                label: vec![pb::Label {
+                    key: 3,
+                    str: 4,
+                    ..Default::default()
+                }],
+            })
+            .collect(),
+        string_table: ["", "cpu", "nanoseconds", "span_id", "\n\u{1}x"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    };
+    let bytes = profile.encode_to_vec();
+    assert!(check_depth(&bytes, MAX_DEPTH).is_ok());
+    let back: pb::Profile = decode(bytes.as_slice()).unwrap();
+    assert_eq!(back, profile);
+}
+
+#[test]
+fn decode_refuses_deep_input_before_prost_sees_it() {
+    // Groups after a valid profile's fields: prost would skip them, one recursion a level.
+    let mut bytes = pb::Profile::default().encode_to_vec();
+    bytes.extend(nested_groups(10_000, true));
+    let err = decode::<pb::Profile, _>(bytes.as_slice()).unwrap_err();
+    assert!(err.to_string().contains("deeper than 32"), "{err}");
+}
+
+#[test]
+fn malformed_input_is_left_to_prost() {
+    // Not protobuf at the top level: the check lets it through and prost reports it.
+    for bad in [
+        &[0xff_u8; 11][..],
+        &[0x0a, 0x7f][..],
+        &[0x00][..],
+        &[0x0c][..],
+    ] {
+        assert!(check_depth(bad, MAX_DEPTH).is_ok());
+        assert!(decode::<pb::Profile, _>(bad).is_err());
+    }
+}
+
+proptest! {
+    /// Any bytes: the check ends (it reads each byte once) and never panics; what it accepts
+    /// prost decodes without recursing past the limit.
+    #[test]
+    fn any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = check_depth(&bytes, 4);
+        let _ = decode::<pb::Profile, _>(bytes.as_slice());
+    }
+
+    /// Deep nesting hidden after valid fields is found.
+    #[test]
+    fn depth_is_found_anywhere(prefix in 0usize..20, depth in 0usize..80) {
+        let mut bytes = Vec::new();
+        for i in 0..prefix {
+            bytes.extend([0x08, i as u8 & 0x7f]);
+        }
+        bytes.extend(nested_messages(depth, &[0x08, 0x01]));
+        prop_assert_eq!(check_depth(&bytes, MAX_DEPTH).is_ok(), depth <= MAX_DEPTH);
+    }
+}
