@@ -1,0 +1,285 @@
+//! One debug file opened for lookups: DWARF through `addr2line` (functions, files, lines and
+//! inlined frames; compressed sections, split DWARF), Go's `.gopclntab` where there is no DWARF,
+//! and the symbol tables last. The file is memory-mapped by `addr2line`'s loader, so a 1 GiB
+//! file costs the pages a lookup touches, not its size in heap.
+
+use std::path::Path;
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+
+use crate::gopclntab::GoLineTable;
+use crate::{Error, Result};
+
+/// One frame of a resolved address: a function, and where in it when known.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub function: String,
+    pub file: Option<String>,
+    /// 0 when unknown.
+    pub line: u32,
+}
+
+/// A loadable segment: file offset, virtual address and size in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    offset: u64,
+    vaddr: u64,
+    memsz: u64,
+    executable: bool,
+}
+
+/// A debug file open for lookups. `addr2line`'s loader parses lazily and caches what it parsed
+/// inside itself, so lookups in one file take turns; lookups in different files do not.
+pub struct DebugFile {
+    loader: std::sync::Mutex<addr2line::Loader>,
+    go: Option<GoLineTable>,
+    segments: Vec<Segment>,
+    elf_type: u16,
+    has_dwarf: bool,
+    dwarf_broken: std::sync::atomic::AtomicBool,
+    /// Bytes this file costs a cache: the Go table it holds (the mapping is the kernel's).
+    heap_bytes: usize,
+}
+
+impl std::fmt::Debug for DebugFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DebugFile")
+            .field("elf_type", &self.elf_type)
+            .field("has_dwarf", &self.has_dwarf)
+            .field("go", &self.go.is_some())
+            .finish()
+    }
+}
+
+/// `ET_EXEC`, `ET_DYN` and `ET_REL` (`e_type`).
+const ET_REL: u16 = 1;
+
+/// Where a profile says a frame was: the mapping it fell in (process addresses, or the file's
+/// own as the OpenTelemetry eBPF profiler reports them) and the address.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MappingRange {
+    pub start: u64,
+    pub limit: u64,
+    pub offset: u64,
+}
+
+impl DebugFile {
+    /// Opens a file for lookups (memory-mapped).
+    pub fn open(path: &Path) -> Result<Self> {
+        let loader = std::panic::catch_unwind(|| addr2line::Loader::new(path))
+            .map_err(|_| Error::Damaged("its sections cannot be read".into()))?
+            .map_err(|e| Error::Damaged(e.to_string()))?;
+        // The headers and Go's table are read through a second, lazy view of the file.
+        let file = std::fs::File::open(path).map_err(Error::Io)?;
+        let cache = object::ReadCache::new(file);
+        let obj = object::File::parse(&cache).map_err(|e| Error::NotElf(e.to_string()))?;
+        let elf_type = match &obj {
+            object::File::Elf32(f) => f.elf_header().e_type.get(f.endian()).0,
+            object::File::Elf64(f) => f.elf_header().e_type.get(f.endian()).0,
+            _ => return Err(Error::NotElf(format!("a {:?} file", obj.format()))),
+        };
+        let segments = load_segments(&obj);
+        let has_dwarf = obj
+            .section_by_name(".debug_info")
+            .is_some_and(|s| s.size() > 0);
+        let go = go_table(&obj)?;
+        let heap_bytes = go.as_ref().map_or(0, GoLineTable::size);
+        Ok(Self {
+            loader: std::sync::Mutex::new(loader),
+            go,
+            segments,
+            elf_type,
+            has_dwarf,
+            dwarf_broken: std::sync::atomic::AtomicBool::new(false),
+            heap_bytes,
+        })
+    }
+
+    /// What this file costs in memory besides its mapping.
+    pub fn heap_bytes(&self) -> usize {
+        self.heap_bytes
+    }
+
+    /// The address in the file's own address space of `address` in `mapping`, as pprof reads
+    /// a mapping (google/pprof's `GetBase`): `start - offset + p_offset - p_vaddr` of the
+    /// loadable segment the mapping's file offset falls in. Addresses the OpenTelemetry eBPF
+    /// profiler reports are already the file's own, and this leaves them as they are.
+    pub fn file_address(&self, mapping: MappingRange, address: u64) -> u64 {
+        // No mapping, or one that spans everything (a kernel, a profile without mappings).
+        let whole = mapping.start == 0
+            && mapping.offset == 0
+            && (mapping.limit == 0 || mapping.limit == u64::MAX);
+        if whole || self.segments.is_empty() || mapping.limit <= mapping.start {
+            return address;
+        }
+        if self.elf_type == ET_REL {
+            return address.wrapping_sub(mapping.start);
+        }
+        // The segment the address's file offset lies in, executable ones first.
+        let file_offset = address
+            .wrapping_sub(mapping.start)
+            .wrapping_add(mapping.offset);
+        let page = |v: u64| v & !0xfff;
+        let segment = self
+            .segments
+            .iter()
+            .filter(|s| s.executable)
+            .chain(self.segments.iter().filter(|s| !s.executable))
+            .find(|s| {
+                page(s.offset) <= file_offset && file_offset < s.offset.saturating_add(s.memsz)
+            });
+        let Some(s) = segment else {
+            return address;
+        };
+        let base = mapping
+            .start
+            .wrapping_sub(mapping.offset)
+            .wrapping_add(s.offset)
+            .wrapping_sub(s.vaddr);
+        address.wrapping_sub(base)
+    }
+
+    /// The frames at `address` (in the file's own address space), innermost first: DWARF's
+    /// (with inlined frames), else Go's line table, else the symbol table's function. Empty
+    /// when nothing names it.
+    ///
+    /// The file is a client's: `addr2line` and `gimli` may panic on a damaged one (an
+    /// arithmetic overflow, in debug builds). A panic is contained here: the file's DWARF is
+    /// not read again, and the Go table and symbol table still answer.
+    pub fn resolve(&self, address: u64) -> Vec<Frame> {
+        use std::sync::atomic::Ordering;
+        let loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
+        if self.has_dwarf && !self.dwarf_broken.load(Ordering::Relaxed) {
+            let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dwarf_frames(&loader, address)
+            }));
+            match found {
+                Ok(frames) if !frames.is_empty() => return frames,
+                Ok(_) => {}
+                Err(_) => self.dwarf_broken.store(true, Ordering::Relaxed),
+            }
+        }
+        if let Some(g) = self.go.as_ref().and_then(|g| g.lookup(address)) {
+            return vec![Frame {
+                function: g.function,
+                file: g.file,
+                line: g.line,
+            }];
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            loader.find_symbol(address).map(|name| Frame {
+                function: demangle(name),
+                file: None,
+                line: 0,
+            })
+        }))
+        .ok()
+        .flatten()
+        .into_iter()
+        .collect()
+    }
+
+    /// Whether reading this file's DWARF panicked (it is damaged; see [`Self::resolve`]).
+    pub fn dwarf_broken(&self) -> bool {
+        self.dwarf_broken.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+fn dwarf_frames(loader: &addr2line::Loader, address: u64) -> Vec<Frame> {
+    {
+        let Ok(mut frames) = loader.find_frames(address) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        // A frame without a function name (DWARF that covers the address only by its line
+        // table) takes the symbol table's name.
+        while let Ok(Some(frame)) = frames.next() {
+            let function = frame
+                .function
+                .as_ref()
+                .and_then(|f| f.demangle().ok().map(|n| n.into_owned()))
+                .or_else(|| loader.find_symbol(address).map(demangle));
+            let Some(function) = function else {
+                continue;
+            };
+            let (file, line) = frame
+                .location
+                .map(|l| (l.file.map(str::to_owned), l.line.unwrap_or(0)))
+                .unwrap_or((None, 0));
+            out.push(Frame {
+                function,
+                file,
+                line,
+            });
+        }
+        out
+    }
+}
+
+/// The loadable segments of a file. A debug-only file (`objcopy --only-keep-debug`) keeps the
+/// program headers but zeroes the file offsets of the segments whose bytes it dropped; those are
+/// laid out again as linkers lay them out (offset = address - the image's base, the first
+/// segment's address less its offset), which holds for the code segments mappings point at.
+fn load_segments<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<Segment> {
+    let mut segments: Vec<(Segment, u64)> = obj
+        .segments()
+        .map(|s| {
+            let (offset, file_size) = s.file_range();
+            let segment = Segment {
+                offset,
+                vaddr: s.address(),
+                memsz: s.size(),
+                executable: matches!(
+                    s.flags(),
+                    object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0
+                ),
+            };
+            (segment, file_size)
+        })
+        .collect();
+    segments.sort_by_key(|(s, _)| s.vaddr);
+    let base = segments
+        .first()
+        .map_or(0, |(s, _)| s.vaddr.wrapping_sub(s.offset));
+    segments
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut s, file_size))| {
+            if i > 0 && file_size == 0 && s.offset == 0 {
+                s.offset = s.vaddr.wrapping_sub(base);
+            }
+            s
+        })
+        .collect()
+}
+
+/// A symbol's name demangled (Rust legacy and v0, C++), or as it is.
+pub fn demangle(name: &str) -> String {
+    addr2line::demangle_auto(name.into(), None).into_owned()
+}
+
+/// Go's line table, when the file has one (its own section, the PIE one, or between the
+/// `runtime.pclntab` and `runtime.epclntab` symbols).
+fn go_table<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<Option<GoLineTable>> {
+    let section = obj
+        .section_by_name(".gopclntab")
+        .or_else(|| obj.section_by_name(".data.rel.ro.gopclntab"))
+        .filter(|s| s.kind() != object::SectionKind::UninitializedData);
+    let Some(section) = section else {
+        return Ok(None);
+    };
+    let data = section
+        .uncompressed_data()
+        .map_err(|e| Error::Damaged(format!("the Go line table: {e}")))?
+        .into_owned();
+    if data.is_empty() {
+        return Ok(None);
+    }
+    let text_start = obj
+        .symbols()
+        .find(|s| s.name() == Ok("runtime.text"))
+        .map(|s| s.address())
+        .or_else(|| obj.section_by_name(".text").map(|s| s.address()))
+        .unwrap_or(0);
+    GoLineTable::parse(data, obj.is_little_endian(), text_start).map(Some)
+}

@@ -1,0 +1,436 @@
+//! Real binaries for tests, built at test time with the machine's compilers (gcc, g++, rustc, go)
+//! and split as distributions split them (`objcopy --only-keep-debug`, `strip`), and the
+//! independent oracles that name their addresses: binutils' `addr2line -f -i -C` and
+//! `go tool addr2line`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::Frame;
+
+/// A program as built, and its split halves.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The program with its debug information.
+    pub full: PathBuf,
+    /// `objcopy --only-keep-debug` of it.
+    pub debug: PathBuf,
+    /// `strip` of it: what runs on a host.
+    pub stripped: PathBuf,
+    /// Functions of the program's own source (names as the symbol table has them).
+    pub functions: Vec<String>,
+}
+
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .output()
+        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether a tool is on the PATH.
+pub fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+        || Command::new(tool)
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+/// Splits `full` into a debug-only file and a stripped program beside it.
+pub fn split(full: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let debug = full.with_extension("debug");
+    let stripped = full.with_extension("stripped");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(full)
+        .arg(&debug))?;
+    run(Command::new("strip").arg("-o").arg(&stripped).arg(full))?;
+    Ok((debug, stripped))
+}
+
+/// A C program whose hot loop inlines two levels of static functions at -O2.
+pub const C_SOURCE: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+
+static inline long leaf(long x) {
+    long y = x * 2654435761u;
+    return y ^ (y >> 13);
+}
+
+static inline long middle(long x) {
+    long s = 0;
+    for (int i = 0; i < 4; i++) {
+        s += leaf(x + i);
+    }
+    return s;
+}
+
+__attribute__((noinline)) long work(long n) {
+    long acc = 0;
+    for (long i = 0; i < n; i++) {
+        acc += middle(acc + i);
+    }
+    return acc;
+}
+
+__attribute__((noinline)) long other(long n) {
+    return work(n / 2) + 1;
+}
+
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 1000;
+    printf("%ld\n", work(n) + other(n));
+    return 0;
+}
+"#;
+
+/// A C library (position-independent, shared).
+pub const LIB_SOURCE: &str = r#"
+static inline int twice(int x) { return x * 2 + (x >> 3); }
+
+__attribute__((noinline)) int lib_sum(const int *v, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++) {
+        s += twice(v[i]);
+    }
+    return s;
+}
+
+__attribute__((noinline)) int lib_max(const int *v, int n) {
+    int m = v[0];
+    for (int i = 1; i < n; i++) {
+        if (v[i] > m) m = v[i];
+    }
+    return m;
+}
+"#;
+
+/// A C++ program: templates, a namespace, a method, inlined at -O2.
+pub const CPP_SOURCE: &str = r#"
+#include <cstdio>
+#include <vector>
+
+namespace shop {
+template <typename T>
+struct Basket {
+    std::vector<T> items;
+    T total() const {
+        T s = 0;
+        for (const auto &x : items) s += x * 3 / 2;
+        return s;
+    }
+};
+
+__attribute__((noinline)) long checkout(int n) {
+    Basket<long> b;
+    for (int i = 0; i < n; i++) b.items.push_back(i);
+    return b.total();
+}
+}
+
+int main(int argc, char **) {
+    std::printf("%ld\n", shop::checkout(1000 + argc));
+    return 0;
+}
+"#;
+
+/// A Rust program with a generic and an inlined closure.
+pub const RUST_SOURCE: &str = r#"
+#[inline(never)]
+fn crunch(n: u64) -> u64 {
+    (0..n).map(|i| mix(i)).fold(0, |a, b| a.wrapping_add(b))
+}
+
+#[inline(always)]
+fn mix(x: u64) -> u64 {
+    let y = x.wrapping_mul(0x9e3779b97f4a7c15);
+    y ^ (y >> 29)
+}
+
+#[inline(never)]
+fn outer(n: u64) -> u64 {
+    crunch(n) ^ crunch(n / 3)
+}
+
+fn main() {
+    let n = std::env::args().count() as u64 * 1000;
+    println!("{}", outer(n));
+}
+"#;
+
+/// A Go program.
+pub const GO_SOURCE: &str = r#"
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+//go:noinline
+func work(n int) int {
+	s := 0
+	for i := 0; i < n; i++ {
+		s += mix(i)
+	}
+	return s
+}
+
+func mix(x int) int {
+	y := x * 2654435761
+	return y ^ (y >> 13)
+}
+
+//go:noinline
+func other(n int) int {
+	return work(n/2) + len(os.Args)
+}
+
+func main() {
+	fmt.Println(work(1000) + other(1000))
+}
+"#;
+
+/// The function of a Go source (as `main.<name>`) whose body holds `line` (1-based): the
+/// oracle for the names of inlined Go frames, which binutils gets wrong (it names an inlined
+/// call by its caller at some addresses).
+pub fn go_function_at_line(source: &str, line: u32) -> Option<String> {
+    let mut current = None;
+    for (i, text) in source.lines().enumerate() {
+        if let Some(rest) = text.strip_prefix("func ") {
+            current = rest.split('(').next().map(|n| format!("main.{n}"));
+        }
+        if i as u32 + 1 == line {
+            return current;
+        }
+    }
+    None
+}
+
+/// The kinds of program the tests build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// C at -O2, position-dependent.
+    C,
+    /// C at -O2, a position-independent executable.
+    CPie,
+    /// A C shared library.
+    CShared,
+    Cpp,
+    Rust,
+    /// Go with DWARF.
+    Go,
+    /// Go built with `-ldflags=-w`: no DWARF, only `.gopclntab` and the symbol table.
+    GoNoDwarf,
+}
+
+impl Program {
+    /// The functions of the program's own source, as `nm -C` names them.
+    fn functions(self) -> Vec<&'static str> {
+        match self {
+            Self::C | Self::CPie => vec!["work", "other", "main"],
+            Self::CShared => vec!["lib_sum", "lib_max"],
+            Self::Cpp => vec!["shop::checkout(int)", "main"],
+            Self::Rust => vec!["rust::crunch", "rust::outer"],
+            Self::Go | Self::GoNoDwarf => vec!["main.work", "main.other", "main.main"],
+        }
+    }
+}
+
+/// Builds `program` in `dir` and splits it.
+pub fn build(program: Program, dir: &Path) -> Result<Built, String> {
+    let name = format!("{program:?}").to_lowercase();
+    let full = dir.join(&name);
+    match program {
+        Program::C | Program::CPie | Program::CShared => {
+            let (src, flags): (&str, &[&str]) = match program {
+                Program::C => (C_SOURCE, &["-no-pie"]),
+                Program::CPie => (C_SOURCE, &["-pie", "-fPIE"]),
+                _ => (LIB_SOURCE, &["-shared", "-fPIC"]),
+            };
+            let source = dir.join(format!("{name}.c"));
+            std::fs::write(&source, src).map_err(|e| e.to_string())?;
+            run(Command::new("gcc")
+                .args(["-O2", "-g"])
+                .args(flags)
+                .arg("-o")
+                .arg(&full)
+                .arg(&source))?;
+        }
+        Program::Cpp => {
+            let source = dir.join("cpp.cpp");
+            std::fs::write(&source, CPP_SOURCE).map_err(|e| e.to_string())?;
+            run(Command::new("g++")
+                .args(["-O2", "-g", "-o"])
+                .arg(&full)
+                .arg(&source))?;
+        }
+        Program::Rust => {
+            let source = dir.join("rust.rs");
+            std::fs::write(&source, RUST_SOURCE).map_err(|e| e.to_string())?;
+            run(Command::new("rustc")
+                .args(["-C", "opt-level=2", "-C", "debuginfo=2", "-o"])
+                .arg(&full)
+                .arg(&source))?;
+        }
+        Program::Go | Program::GoNoDwarf => {
+            let module = dir.join(format!("{name}-src"));
+            std::fs::create_dir_all(&module).map_err(|e| e.to_string())?;
+            std::fs::write(module.join("main.go"), GO_SOURCE).map_err(|e| e.to_string())?;
+            std::fs::write(module.join("go.mod"), "module kilntest\n\ngo 1.18\n")
+                .map_err(|e| e.to_string())?;
+            let mut cmd = Command::new("go");
+            cmd.current_dir(&module)
+                .env("GOCACHE", dir.join("gocache"))
+                .env("GOPATH", dir.join("gopath"))
+                .env("GOFLAGS", "-mod=mod")
+                .env("CGO_ENABLED", "0")
+                .args(["build", "-o"])
+                .arg(&full);
+            if program == Program::GoNoDwarf {
+                cmd.arg("-ldflags=-w");
+            }
+            run(cmd.arg("."))?;
+        }
+    }
+    let (debug, stripped) = split(&full)?;
+    Ok(Built {
+        full,
+        debug,
+        stripped,
+        functions: program.functions().into_iter().map(String::from).collect(),
+    })
+}
+
+/// Addresses inside the named functions of a file (from `nm -S -C`): each function's start
+/// and points through it, `per_function` of them.
+pub fn addresses_in(path: &Path, functions: &[String], per_function: u64) -> Vec<u64> {
+    let out = run(Command::new("nm")
+        .args(["-S", "-C", "--defined-only"])
+        .arg(path))
+    .unwrap_or_default();
+    let mut addrs = Vec::new();
+    for line in out.lines() {
+        let parts: Vec<&str> = line.splitn(4, ' ').collect();
+        let [addr, size, kind, name] = parts[..] else {
+            continue;
+        };
+        if !matches!(kind, "T" | "t") || !functions.iter().any(|f| f == name) {
+            continue;
+        }
+        let (Ok(addr), Ok(size)) = (u64::from_str_radix(addr, 16), u64::from_str_radix(size, 16))
+        else {
+            continue;
+        };
+        for i in 0..per_function {
+            addrs.push(addr + size * i / per_function);
+        }
+    }
+    addrs.sort_unstable();
+    addrs.dedup();
+    addrs
+}
+
+/// What binutils' `addr2line -f -i -C -e path` says of each address: frames innermost first,
+/// `??` and `?` read as unknown (no frames, no file, line 0), discriminators dropped.
+pub fn addr2line(path: &Path, addrs: &[u64]) -> Result<Vec<Vec<Frame>>, String> {
+    let mut cmd = Command::new("addr2line");
+    cmd.args(["-a", "-f", "-i", "-C", "-e"]).arg(path);
+    for a in addrs {
+        cmd.arg(format!("{a:#x}"));
+    }
+    let out = run(&mut cmd)?;
+    let mut result: Vec<Vec<Frame>> = Vec::new();
+    let mut lines = out.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line.starts_with("0x") {
+            result.push(Vec::new());
+            continue;
+        }
+        let function = line.to_owned();
+        let location = lines.next().unwrap_or("??:0");
+        let location = location.split(" (discriminator").next().unwrap_or(location);
+        let (file, number) = location.rsplit_once(':').unwrap_or((location, "0"));
+        let frames = result.last_mut().ok_or("output before an address")?;
+        if function == "??" {
+            continue;
+        }
+        frames.push(Frame {
+            function,
+            file: (file != "??").then(|| file.to_owned()),
+            line: number.parse().unwrap_or(0),
+        });
+    }
+    Ok(result)
+}
+
+/// What `go tool addr2line` says of each address (one frame: function, file, line).
+pub fn go_addr2line(path: &Path, addrs: &[u64]) -> Result<Vec<Vec<Frame>>, String> {
+    use std::io::Write;
+    let mut child = Command::new("go")
+        .args(["tool", "addr2line"])
+        .arg(path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    {
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        for a in addrs {
+            writeln!(stdin, "{a:#x}").map_err(|e| e.to_string())?;
+        }
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    Ok(lines
+        .chunks(2)
+        .map(|pair| {
+            let function = pair[0];
+            let (file, line) = pair
+                .get(1)
+                .and_then(|l| l.rsplit_once(':'))
+                .unwrap_or(("?", "0"));
+            if function == "?" {
+                Vec::new()
+            } else {
+                vec![Frame {
+                    function: function.to_owned(),
+                    file: (file != "?").then(|| file.to_owned()),
+                    line: line.parse().unwrap_or(0),
+                }]
+            }
+        })
+        .collect())
+}
+
+/// The first executable `LOAD` segment of a file (from `readelf -lW`): file offset, virtual
+/// address and size in memory.
+pub fn executable_segment(path: &Path) -> Result<(u64, u64, u64), String> {
+    let out = run(Command::new("readelf").arg("-lW").arg(path))?;
+    for line in out.lines() {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.first() != Some(&"LOAD") || !parts.iter().any(|p| p.contains('E')) {
+            continue;
+        }
+        let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+        let (Some(offset), Some(vaddr), Some(memsz)) =
+            (num(parts[1]), num(parts[2]), num(parts[5]))
+        else {
+            continue;
+        };
+        return Ok((offset, vaddr, memsz));
+    }
+    Err(format!("{}: no executable LOAD segment", path.display()))
+}
