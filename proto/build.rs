@@ -18,6 +18,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/pluginv2/backend.proto",
         "proto/grpc/health/v1/health.proto",
         "proto/parca/profilestore/v1alpha1/profilestore.proto",
+        "proto/parca/debuginfo/v1alpha1/debuginfo.proto",
+        "proto/debuginfo/v1alpha1/debuginfo.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -28,19 +30,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     config.file_descriptor_set_path(&descriptors);
+    // google.protobuf.Timestamp (debuginfo.v1alpha1) from pbjson-types, with its JSON form.
+    config.compile_well_known_types();
+    config.extern_path(".google.protobuf", "::pbjson_types");
     config.bytes([
         ".push.v1.RawSample.raw_profile",
         ".parca.profilestore.v1alpha1.RawSample.raw_profile",
         ".parca.profilestore.v1alpha1.WriteRequest.record",
         ".parca.profilestore.v1alpha1.WriteResponse.record",
         ".parca.profilestore.v1alpha1.WriteArrowRequest.ipc_buffer",
+        ".parca.debuginfo.v1alpha1.UploadRequest.data.chunk_data",
+        ".debuginfo.v1alpha1.UploadChunk.chunk",
     ]);
     tonic_prost_build::configure()
         // Every service decodes through the depth check (src/wire.rs).
         .codec_path("crate::wire::CheckedCodec")
         .build_client(true)
         .build_server(true)
-        .compile_with_config(config, &protos, &["proto"])?;
+        .compile_with_config(
+            config,
+            &protos.map(PathBuf::from),
+            &[PathBuf::from("proto"), protoc_bin_vendored::include_path()?],
+        )?;
 
     let set = std::fs::read(&descriptors)?;
     pbjson_build::Builder::new()
@@ -48,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Clients send fields Kiln does not know (newer protocol versions, a frame filter put
         // "as an unknown field" on purpose by the datasource): ignored, as protobuf does.
         .ignore_unknown_fields()
+        .extern_path(".google.protobuf", "::pbjson_types")
         .build(&[
             ".google.v1",
             ".types.v1",
@@ -57,6 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".capabilities.v1",
             ".adhocprofiles.v1",
             ".parca.profilestore.v1alpha1",
+            ".parca.debuginfo.v1alpha1",
+            ".debuginfo.v1alpha1",
         ])?;
     Ok(())
 }

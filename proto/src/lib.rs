@@ -1,6 +1,7 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
-//! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1` and `adhocprofiles.v1`, Parca's write
-//! API (`parca.profilestore.v1alpha1`), Grafana's plugin
+//! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1`, `adhocprofiles.v1` and
+//! `debuginfo.v1alpha1`, Parca's write API (`parca.profilestore.v1alpha1`) and debug information
+//! uploads (`parca.debuginfo.v1alpha1`), Grafana's plugin
 //! protocol (`pluginv2`), gRPC health, and Kiln's
 //! own storage formats (`kiln.storage.v1`); the one decoder of Pyroscope's flame graph
 //! levels ([`flamegraph`]); and the depth check every untrusted protobuf passes before prost
@@ -73,9 +74,18 @@ pub mod adhocprofiles {
     }
 }
 
-/// Parca's write API (what the Parca agent sends).
+/// Parca's write API (what the Parca agent sends) and its debug information uploads.
 #[allow(clippy::all, missing_docs, unreachable_pub)]
 pub mod parca {
+    pub mod debuginfo {
+        pub mod v1alpha1 {
+            include!(concat!(env!("OUT_DIR"), "/parca.debuginfo.v1alpha1.rs"));
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/parca.debuginfo.v1alpha1.serde.rs"
+            ));
+        }
+    }
     pub mod profilestore {
         pub mod v1alpha1 {
             include!(concat!(env!("OUT_DIR"), "/parca.profilestore.v1alpha1.rs"));
@@ -84,6 +94,15 @@ pub mod parca {
                 "/parca.profilestore.v1alpha1.serde.rs"
             ));
         }
+    }
+}
+
+/// Grafana Pyroscope's debug information uploads.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod debuginfo {
+    pub mod v1alpha1 {
+        include!(concat!(env!("OUT_DIR"), "/debuginfo.v1alpha1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/debuginfo.v1alpha1.serde.rs"));
     }
 }
 

@@ -285,6 +285,25 @@ impl Storage {
             .collect())
     }
 
+    /// Writes a tenant's document from a local file of any size, a part at a time
+    /// ([`Storage::tenant_document`]; debug files are gigabytes).
+    pub async fn put_tenant_document_file(
+        &self,
+        tenant: &str,
+        name: &str,
+        file: &Path,
+    ) -> Result<()> {
+        self.store
+            .put_file_durable(&tenant_document(tenant, name), file)
+            .await
+    }
+
+    /// The object path of a tenant's document, for [`ObjectStorage::get_to_file`] and
+    /// [`ObjectStorage::local_file`].
+    pub fn tenant_document_path(&self, tenant: &str, name: &str) -> String {
+        tenant_document(tenant, name)
+    }
+
     /// Deletes a tenant's document; a missing one is not an error.
     pub async fn delete_tenant_document(&self, tenant: &str, name: &str) -> Result<()> {
         self.store.delete(&tenant_document(tenant, name)).await

@@ -299,6 +299,43 @@ impl ObjectStorage {
         }
     }
 
+    /// Copies an object into a local file, a part at a time (memory does not grow with its
+    /// size): written to `<file>.part`, synced, then renamed, so `file` is whole or absent.
+    /// Returns the bytes written.
+    pub async fn get_to_file(&self, path: &str, file: &Path) -> Result<u64> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let os = |source| Error::ObjectStore {
+            path: path.to_owned(),
+            source,
+        };
+        let io = |source| Error::Io {
+            path: file.display().to_string(),
+            source,
+        };
+        let result = self.store.get(&ObjectPath::from(path)).await.map_err(os)?;
+        let part = file.with_extension("part");
+        let mut out = tokio::fs::File::create(&part).await.map_err(io)?;
+        let mut stream = result.into_stream();
+        let mut written = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(os)?;
+            out.write_all(&chunk).await.map_err(io)?;
+            written += chunk.len() as u64;
+        }
+        out.sync_all().await.map_err(io)?;
+        drop(out);
+        tokio::fs::rename(&part, file).await.map_err(io)?;
+        Ok(written)
+    }
+
+    /// Where an object lives on disk when this is the local file system store (`None` for a
+    /// remote store): readers may map it in place rather than copy it.
+    pub fn local_file(&self, path: &str) -> Option<PathBuf> {
+        let (local, _) = self.local.as_ref()?;
+        local.path_to_filesystem(&ObjectPath::from(path)).ok()
+    }
+
     /// Reads a whole object.
     pub async fn get(&self, path: &str) -> Result<Bytes> {
         let location = ObjectPath::from(path);

@@ -37,6 +37,10 @@ pub struct DebugFile {
     elf_type: u16,
     has_dwarf: bool,
     dwarf_broken: std::sync::atomic::AtomicBool,
+    /// Addresses of a few of its functions, to check that its DWARF reads.
+    probes: Vec<u64>,
+    /// The file's size: what its mapping may take of the page cache.
+    size: u64,
     /// Bytes this file costs a cache: the Go table it holds (the mapping is the kernel's).
     heap_bytes: usize,
 }
@@ -56,7 +60,7 @@ const ET_REL: u16 = 1;
 
 /// Where a profile says a frame was: the mapping it fell in (process addresses, or the file's
 /// own as the OpenTelemetry eBPF profiler reports them) and the address.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct MappingRange {
     pub start: u64,
     pub limit: u64,
@@ -71,6 +75,7 @@ impl DebugFile {
             .map_err(|e| Error::Damaged(e.to_string()))?;
         // The headers and Go's table are read through a second, lazy view of the file.
         let file = std::fs::File::open(path).map_err(Error::Io)?;
+        let size = file.metadata().map_err(Error::Io)?.len();
         let cache = object::ReadCache::new(file);
         let obj = object::File::parse(&cache).map_err(|e| Error::NotElf(e.to_string()))?;
         let elf_type = match &obj {
@@ -83,6 +88,7 @@ impl DebugFile {
             .section_by_name(".debug_info")
             .is_some_and(|s| s.size() > 0);
         let go = go_table(&obj)?;
+        let probes = probe_addresses(&obj);
         let heap_bytes = go.as_ref().map_or(0, GoLineTable::size);
         Ok(Self {
             loader: std::sync::Mutex::new(loader),
@@ -91,8 +97,20 @@ impl DebugFile {
             elf_type,
             has_dwarf,
             dwarf_broken: std::sync::atomic::AtomicBool::new(false),
+            probes,
+            size,
             heap_bytes,
         })
+    }
+
+    /// Addresses of up to 32 of the file's functions, spread over its symbol table.
+    pub fn probe_addresses(&self) -> &[u64] {
+        &self.probes
+    }
+
+    /// The file's size (its mapping's).
+    pub fn mapped_bytes(&self) -> u64 {
+        self.size
     }
 
     /// What this file costs in memory besides its mapping.
@@ -251,6 +269,16 @@ fn load_segments<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<S
             s
         })
         .collect()
+}
+
+fn probe_addresses<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<u64> {
+    let functions: Vec<u64> = obj
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.address() != 0)
+        .map(|s| s.address())
+        .collect();
+    let step = (functions.len() / 32).max(1);
+    functions.into_iter().step_by(step).take(32).collect()
 }
 
 /// A symbol's name demangled (Rust legacy and v0, C++), or as it is.

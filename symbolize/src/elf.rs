@@ -4,7 +4,7 @@
 
 use std::io::{Read, Seek, SeekFrom};
 
-use object::{Object, ObjectSection, ObjectSymbolTable, ReadRef, SectionKind};
+use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, ReadRef, SectionKind};
 use sha2::{Digest, Sha256};
 
 use crate::{Error, Result};
@@ -135,7 +135,14 @@ pub fn identify(data: &[u8]) -> Result<ElfInfo> {
 }
 
 fn identify_with<'d, R: ReadRef<'d>>(data: R, file_id: String, size: u64) -> Result<ElfInfo> {
-    let file = object::File::parse(data).map_err(|e| Error::NotElf(e.to_string()))?;
+    let elf_magic = data.read_bytes_at(0, 4).is_ok_and(|m| m == b"\x7fELF");
+    let file = object::File::parse(data).map_err(|e| {
+        if elf_magic {
+            Error::Damaged(format!("{e} (a truncated or damaged file)"))
+        } else {
+            Error::NotElf(e.to_string())
+        }
+    })?;
     let elf_type = match &file {
         object::File::Elf32(f) => f.elf_header().e_type.get(f.endian()).0,
         object::File::Elf64(f) => f.elf_header().e_type.get(f.endian()).0,
@@ -149,12 +156,15 @@ fn identify_with<'d, R: ReadRef<'d>>(data: R, file_id: String, size: u64) -> Res
     let go_build_id = go_build_id(&file)?;
     let section = |name: &str| file.section_by_name(name);
     let has_dwarf = section(".debug_info").is_some_and(|s| s.size() > 0);
-    let has_symtab = file
-        .symbol_table()
-        .is_some_and(|t| t.symbols().next().is_some());
-    let has_dynsym = file
-        .dynamic_symbol_table()
-        .is_some_and(|t| t.symbols().next().is_some());
+    // Symbols that name code: defined functions (imports name nothing).
+    let names_code = |t: Option<object::SymbolTable<'d, '_, R>>| {
+        t.is_some_and(|t| {
+            t.symbols()
+                .any(|s| s.kind() == object::SymbolKind::Text && !s.is_undefined())
+        })
+    };
+    let has_symtab = names_code(file.symbol_table());
+    let has_dynsym = names_code(file.dynamic_symbol_table());
     let has_gopclntab = section(".gopclntab")
         .or_else(|| section(".data.rel.ro.gopclntab"))
         .is_some_and(|s| s.kind() != SectionKind::UninitializedData && s.size() > 0);
@@ -255,6 +265,7 @@ mod tests {
             identify(b"not an elf file"),
             Err(Error::NotElf(_))
         ));
-        assert!(matches!(identify(b"\x7fELF"), Err(Error::NotElf(_))));
+        // ELF's magic, and nothing after it: a truncated file.
+        assert!(matches!(identify(b"\x7fELF"), Err(Error::Damaged(_))));
     }
 }

@@ -9,17 +9,25 @@
 //!        ──► frames, innermost first, as pprof's location lines carry them
 //! ```
 //!
-//! Files are memory-mapped (`addr2line`'s loader), never read whole. Where the files come from,
-//! and the caches, are the gateway's (ADR 0013).
+//! Files are memory-mapped (`addr2line`'s loader), never read whole. [`store`] keeps a tenant's
+//! uploads, [`debuginfod`] fetches what no upload covers, and [`Symbolizer`] answers a batch of
+//! frames within a deadline with its caches (ADR 0013).
 
 pub mod debug_file;
+pub mod debuginfod;
 pub mod elf;
 pub mod error;
+pub mod files;
 pub mod fuzz;
 pub mod gopclntab;
+pub mod metrics;
+pub mod service;
+pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use debug_file::{DebugFile, Frame, MappingRange};
 pub use elf::{ElfInfo, FileKind, identify, identify_file};
 pub use error::{Error, Result};
+pub use metrics::Metrics;
+pub use service::{Request, Resolution, Symbolizer, SymbolizerConfig};

@@ -434,3 +434,93 @@ pub fn executable_segment(path: &Path) -> Result<(u64, u64, u64), String> {
     }
     Err(format!("{}: no executable LOAD segment", path.display()))
 }
+
+/// Debian's `debuginfod` serving the ELF files of a directory on a free loopback port.
+pub struct DebuginfodServer {
+    child: Option<std::process::Child>,
+    pub port: u16,
+    dir: PathBuf,
+    db: PathBuf,
+}
+
+impl DebuginfodServer {
+    /// Starts the server over `dir` (its files scanned at start and every second).
+    pub fn start(dir: &Path, scratch: &Path) -> Result<Self, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| e.to_string())?;
+        let mut s = Self {
+            child: None,
+            port,
+            dir: dir.to_owned(),
+            db: scratch.join(format!("debuginfod-{port}.sqlite")),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new("debuginfod")
+            .args(["-F", "-t", "1", "-g", "0", "-p"])
+            .arg(self.port.to_string())
+            .arg("-d")
+            .arg(&self.db)
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("debuginfod: {e}"))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits until the server serves `build_id`'s debug information (it scans first).
+    pub fn wait_for(&self, build_id: &str) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let path = format!("/buildid/{build_id}/debuginfo");
+        while std::time::Instant::now() < deadline {
+            if http_status(self.port, &path) == Some(200) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        Err(format!("debuginfod did not serve {build_id} within 60 s"))
+    }
+
+    /// Stops the server (its port refuses connections until [`Self::restart`]).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        self.spawn()
+    }
+}
+
+impl Drop for DebuginfodServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The status of a plain HTTP/1.0 GET to 127.0.0.1 (`None` when nothing answers).
+fn http_status(port: u16, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}

@@ -1,0 +1,95 @@
+//! The symbolizer's metrics (names in `docs/instrumentation.md`); the process registers them with
+//! [`Metrics::register`].
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A debuginfod fetch's outcome: `found`, `missing`, `failed`, `timeout`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
+}
+
+/// Where a frame's name came from: `upload`, `debuginfod`, or `none` (no file names it).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: &'static str,
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub debuginfod_fetches: Family<OutcomeLabels, Counter>,
+    pub debuginfod_fetch_seconds: Histogram,
+    /// Lookups that answered before their fetch ended (the query's deadline came first).
+    pub debuginfod_deadline: Counter,
+    /// Addresses resolved, by where the file came from.
+    pub addresses: Family<SourceLabels, Counter>,
+    pub resolved_cache_hits: Counter,
+    pub resolved_cache_misses: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            debuginfod_fetches: Family::default(),
+            // 10 ms to about 5.5 min.
+            debuginfod_fetch_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            debuginfod_deadline: Counter::default(),
+            addresses: Family::default(),
+            resolved_cache_hits: Counter::default(),
+            resolved_cache_misses: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    pub(crate) fn debuginfod_fetch(&self, outcome: &'static str) {
+        self.debuginfod_fetches
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub(crate) fn addresses(&self, source: &'static str, n: u64) {
+        self.addresses
+            .get_or_create(&SourceLabels { source })
+            .inc_by(n);
+    }
+
+    /// Registers every metric under `kiln_symbolizer_…`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("kiln_symbolizer");
+        r.register(
+            "debuginfod_fetches",
+            "Fetches from debuginfod servers, by outcome",
+            self.debuginfod_fetches.clone(),
+        );
+        r.register(
+            "debuginfod_fetch_seconds",
+            "Time of a fetch from debuginfod servers, retries included",
+            self.debuginfod_fetch_seconds.clone(),
+        );
+        r.register(
+            "debuginfod_deadline_hits",
+            "Queries that answered before a debuginfod fetch they waited for ended",
+            self.debuginfod_deadline.clone(),
+        );
+        r.register(
+            "addresses",
+            "Native addresses looked up, by where their debug file came from",
+            self.addresses.clone(),
+        );
+        r.register(
+            "resolved_cache_hits",
+            "Addresses answered from the resolved-location cache",
+            self.resolved_cache_hits.clone(),
+        );
+        r.register(
+            "resolved_cache_misses",
+            "Addresses looked up in a debug file",
+            self.resolved_cache_misses.clone(),
+        );
+    }
+}
