@@ -18,7 +18,7 @@ const LIMITS: UploadLimits = UploadLimits {
 
 async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolizer {
     let storage = Arc::new(
-        Storage::open(StorageConfig::new(&dir.join("data")))
+        Storage::open(StorageConfig::new(dir.join("data")))
             .await
             .unwrap(),
     );
