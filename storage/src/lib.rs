@@ -20,6 +20,7 @@ pub mod error;
 pub mod meta;
 pub mod metastore;
 pub mod metrics;
+pub mod names;
 pub mod query;
 pub mod rollup;
 pub mod selector;

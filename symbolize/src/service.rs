@@ -209,11 +209,11 @@ impl Symbolizer {
         requests: &[Request],
         deadline: Instant,
     ) -> Resolution {
-        let mut by_id: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_id: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, r) in requests.iter().enumerate() {
             let id = build_id_of(&r.build_id);
             if !id.is_empty() {
-                by_id.entry(id).or_default().push(i);
+                by_id.entry(id.to_owned()).or_default().push(i);
             }
         }
         let mut out = Resolution {
@@ -222,16 +222,19 @@ impl Symbolizer {
         };
         let generation = self.generation(tenant);
         let results: Vec<_> = futures::stream::iter(by_id)
-            .map(|(id, indices)| async move {
-                let found = self.source(tenant, id, generation, deadline).await;
-                (id, indices, found)
+            .map(|(id, indices)| {
+                let (this, tenant) = (self.clone(), tenant.to_owned());
+                async move {
+                    let found = this.source(&tenant, &id, generation, deadline).await;
+                    (indices, found)
+                }
             })
             .buffer_unordered(8)
             .collect()
             .await;
         let (mut pending, mut failed) = (0usize, Vec::new());
         let mut work = Vec::new();
-        for (_, indices, found) in results {
+        for (indices, found) in results {
             match found {
                 Ok(Some(source)) => work.push((source, indices)),
                 Ok(None) => {
@@ -363,5 +366,59 @@ impl Symbolizer {
         let file = Arc::new(file);
         self.inner.open.insert(object.to_owned(), Arc::clone(&file));
         Ok(file)
+    }
+}
+
+#[async_trait::async_trait]
+impl kiln_storage::names::FrameNamer for Symbolizer {
+    fn generation(&self, tenant: &str) -> u64 {
+        Symbolizer::generation(self, tenant)
+    }
+
+    async fn name(
+        &self,
+        tenant: &str,
+        frames: Vec<kiln_storage::names::NativeFrame>,
+        deadline: Instant,
+    ) -> kiln_storage::names::Named {
+        let requests: Vec<Request> = frames
+            .into_iter()
+            .map(|f| Request {
+                build_id: f.build_id,
+                mapping: MappingRange {
+                    start: f.memory_start,
+                    limit: f.memory_limit,
+                    offset: f.file_offset,
+                },
+                address: f.address,
+            })
+            .collect();
+        let resolution = self.resolve(tenant, &requests, deadline).await;
+        // One conversion per distinct answer: frames of a file share theirs.
+        let mut converted: HashMap<*const Frame, Arc<[kiln_storage::names::NamedLine]>> =
+            HashMap::new();
+        let lines = resolution
+            .frames
+            .iter()
+            .map(|f| {
+                f.as_ref().map(|frames| {
+                    Arc::clone(converted.entry(frames.as_ptr()).or_insert_with(|| {
+                        frames
+                            .iter()
+                            .map(|f| kiln_storage::names::NamedLine {
+                                function: f.function.clone(),
+                                file: f.file.clone().unwrap_or_default(),
+                                line: i64::from(f.line),
+                            })
+                            .collect()
+                    }))
+                })
+            })
+            .collect();
+        kiln_storage::names::Named {
+            lines,
+            incomplete: resolution.incomplete,
+            warnings: resolution.warnings,
+        }
     }
 }
