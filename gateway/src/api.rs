@@ -11,6 +11,16 @@
 //! `tests/router.rs::every_endpoint_is_routed` requests every endpoint of the table, with every
 //! role and with none, and checks none falls through to the router's fallback.
 
+pub mod adhoc;
+pub mod admin;
+pub mod ingest;
+pub mod legacy;
+pub mod otlp;
+pub mod parca;
+pub mod push;
+pub mod querier;
+pub mod settings;
+
 use axum::routing::{MethodRouter, delete, get, post};
 
 use crate::app::{AppRef, Roles};

@@ -1,5 +1,7 @@
 //! Shared server state.
 
+pub mod budget;
+
 use std::sync::Arc;
 
 use axum::http::HeaderMap;

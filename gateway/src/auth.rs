@@ -22,6 +22,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::tenant::{ANONYMOUS, ORG_ID_HEADER, validate_tenant};
 
 mod keys;
+pub mod tenant;
 mod tokens;
 
 pub use keys::{KeyStore, VerifyKey};
