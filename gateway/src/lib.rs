@@ -1,17 +1,32 @@
-//! Kiln's gateway: the `kiln` binary's server.
+//! Kiln's gateway: the `kiln` binary, its server and its commands.
+//!
+//! The crate is cut into rooms by role. A room uses the rooms above it in this list, never one
+//! below it:
+//!
+//! | room | what |
+//! |---|---|
+//! | [`error`], [`time`], [`metrics`] | the one error type, times, Kiln's own metrics |
+//! | [`auth`] | who is calling, as which tenant, allowed to do what |
+//! | [`tenants`] | per-tenant limits |
+//! | [`app`] | the state every handler reads, and what every API shares below its transport |
+//! | [`transport`] | Connect, gRPC and plain HTTP framing, error mapping, the telemetry layer |
+//! | [`api`] | one module per API family, and the one table that routes them all |
+//! | [`server`] | `kiln serve`: flags, start-up, the listener, upkeep, self-profiling, traces |
+//! | [`cli`] | the command line, and the commands that are not the server |
 //!
 //! ```text
 //!  SDKs, collectors, Grafana ── HTTP/1.1 + h2c, one port ──►  steer: application/grpc* → tonic
 //!                                                                     else → axum routes
-//!    /ingest, /pyroscope/ingest ─► ingest: body limit → gzip (bounded) → decode → normalize ┐
-//!    push.v1 (Connect, gRPC)    ─► ingest::push ───────────────────────────────────────────┤
-//!    Parca WriteRaw/WriteArrow/Write (Connect, gRPC) ─► parca (+ known-stack cache) ─────────┤
-//!                                                                   storage.write (durable) ┘
-//!    querier.v1 (Connect, gRPC) ─► querier ─► storage query engine ─► FlameGraph / pprof / series
-//!    /pyroscope/render[-diff], /pyroscope/label[s|-values] ─► legacy ─► querier ─► flamebearer / DOT
+//!    /ingest, /pyroscope/ingest ─► api::ingest: body limit → gzip (bounded) → decode → normalize ┐
+//!    push.v1 (Connect, gRPC)    ─► api::push ───────────────────────────────────────────────────┤
+//!    Parca WriteRaw/WriteArrow/Write (Connect, gRPC) ─► api::parca (+ known-stack cache) ───────┤
+//!    OTLP profiles (HTTP, gRPC) ─► api::otlp ────────────────────────────────────────────────────┤
+//!                                                  app::write ─► storage.write (durable) ┘
+//!    querier.v1 (Connect, gRPC) ─► api::querier ─► storage query engine ─► FlameGraph / pprof / series
+//!    /pyroscope/render[-diff], /pyroscope/label[s|-values] ─► api::legacy ─► api::querier ─► flamebearer / DOT
 //! ```
 //!
-//! Every request is mapped to a tenant first ([`tenant`]); errors of every protocol come from one
+//! Every request is mapped to a tenant first ([`auth`]); errors of every protocol come from one
 //! [`error::ApiError`].
 
 pub mod api;
@@ -22,26 +37,9 @@ pub mod metrics;
 pub mod tenants;
 pub mod time;
 
-pub mod transport {
-    pub mod connect;
-    pub mod grpc;
-    pub mod telemetry;
-}
-
-pub mod server {
-    pub mod config;
-    pub mod lifecycle;
-    pub mod listener;
-    pub mod self_profile;
-    pub mod traces;
-    pub use listener::*;
-}
-
-pub mod cli {
-    pub mod bench;
-    pub mod upload;
-    pub use crate::server::config::*;
-}
+pub mod cli;
+pub mod server;
+pub mod transport;
 
 // The modules' paths before the re-cut into rooms, while their files still use them.
 pub use api::{adhoc, admin, ingest, legacy, otlp, parca, push, querier, settings as app_services};
