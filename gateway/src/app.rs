@@ -1,6 +1,7 @@
 //! Shared server state.
 
 pub mod budget;
+pub mod write;
 
 use std::sync::Arc;
 

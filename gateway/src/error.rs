@@ -136,6 +136,12 @@ impl ApiError {
         self.detail.as_deref().unwrap_or(&self.message)
     }
 
+    /// Prefixes the message with where the error is.
+    pub fn context(mut self, at: String) -> Self {
+        self.message = format!("{at}: {}", self.message);
+        self
+    }
+
     fn error_detail(&self) -> Option<ErrorDetail> {
         self.detail.as_ref().map(|detail| ErrorDetail {
             kind: self.kind,

@@ -5,4 +5,5 @@
 
 pub mod connect;
 pub mod grpc;
+pub mod http;
 pub mod telemetry;

@@ -253,7 +253,7 @@ async fn parse_bounded(
         ))
         .await?;
     let limits = limits.clone();
-    crate::ingest::blocking(move || Ok((parse(&name, &data, &limits)?, data))).await
+    crate::app::write::blocking(move || Ok((parse(&name, &data, &limits)?, data))).await
 }
 
 /// An id's ULID (`None` when it has none: no upload has that id) and name. Ids are

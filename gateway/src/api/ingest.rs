@@ -1,6 +1,6 @@
 //! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, JFR raw or multipart, speedscope,
-//! folded, lines), and what every write API shares (bodies, the decode budget, [`store`]).
-//! Every path ends in [`store`], which answers only once the data is durable.
+//! folded, lines). Every format ends in [`store`], the write path every write API shares,
+//! which answers only once the data is durable.
 
 use std::collections::HashMap;
 
@@ -8,127 +8,21 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
-use kiln_otel::compress::{gunzip_limited, maybe_gunzip};
+use kiln_otel::compress::maybe_gunzip;
 use kiln_otel::labels::{AppName, parse_app_name};
-use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
+use kiln_otel::model::{LABEL_SERVICE_NAME, Labels};
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
 
 use crate::app::AppRef;
+use crate::app::budget;
+use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
-use crate::budget;
 use crate::error::ApiError;
 use crate::time::{now_nanos, parse_time};
+use crate::transport::http::{admit, decode_content_encoding, read_body};
 
 /// Labels Pyroscope adds to every `/ingest` series.
 const LABEL_SPY: &str = "pyroscope_spy";
-
-/// Reads a request body, refusing more than `limit` bytes with 413.
-pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // The cause sits some layers down (axum's error, the length limit's, the timeout's).
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
-        let (mut too_large, mut timed_out) = (false, false);
-        while let Some(c) = cause {
-            too_large |= c.is::<http_body_util::LengthLimitError>();
-            timed_out |= c.is::<tower_http::timeout::TimeoutError>();
-            cause = c.source();
-        }
-        if too_large {
-            ApiError::too_large(format!("request body exceeds the limit of {limit} bytes"))
-        } else if timed_out {
-            ApiError::new(
-                crate::error::ErrorKind::Timeout,
-                "the request body stopped arriving (nothing for the body read timeout)",
-            )
-        } else {
-            ApiError::invalid(format!("cannot read the request body: {e}"))
-        }
-    })
-}
-
-/// Longest time a refused request's body is read and thrown away.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// The tenant's ingest rate admits another request; when it does not, the body is read and
-/// thrown away (up to `limit` bytes, for at most [`DRAIN_TIMEOUT`]) before the 429 is answered.
-/// Closing a connection with unread request bytes resets it, so an HTTP/1.1 client that writes
-/// its whole body before reading (most do) would see a reset instead of the 429 and its
-/// `Retry-After`, and never learn to back off.
-pub async fn admit(
-    app: &AppRef,
-    tenant: &TenantId,
-    body: Body,
-    limit: usize,
-) -> Result<Body, ApiError> {
-    match app.tenants.check_ingest(tenant) {
-        Ok(()) => Ok(body),
-        Err(e) => {
-            let mut frames = body.into_data_stream();
-            let mut read = 0usize;
-            let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
-                while let Some(Ok(chunk)) = futures::StreamExt::next(&mut frames).await {
-                    read += chunk.len();
-                    if read > limit {
-                        break;
-                    }
-                }
-            })
-            .await;
-            Err(e)
-        }
-    }
-}
-
-/// Undoes `Content-Encoding: gzip` (bounded), if the request says so.
-pub fn decode_content_encoding(
-    headers: &HeaderMap,
-    body: Bytes,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
-    match headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .as_deref()
-    {
-        None | Some("") | Some("identity") => Ok(body),
-        Some("gzip") | Some("x-gzip") => Ok(Bytes::from(gunzip_limited(&body, limit)?)),
-        Some(other) => Err(ApiError::unsupported_media_type(format!(
-            "content encoding {other:?} is not supported; use gzip or none"
-        ))),
-    }
-}
-
-/// Writes normalized profiles for a tenant after its rate and series limits, the service's
-/// source version written into their mappings' build ids; returns once all are durable. `decompressed_bytes` is what the rate limit charges.
-pub async fn store(
-    app: &AppRef,
-    tenant: &TenantId,
-    mut profiles: Vec<NormalizedProfile>,
-    decompressed_bytes: usize,
-) -> Result<(), ApiError> {
-    app.tenants
-        .charge_ingest(tenant, decompressed_bytes as u64)?;
-    if !app.tenants.series_loaded(tenant) {
-        let known = app.storage.series_hashes(tenant).await?;
-        app.tenants.seed_series(tenant, known);
-    }
-    let hashes: Vec<u64> = profiles
-        .iter()
-        .flat_map(|p| p.series.iter())
-        .map(|s| kiln_storage::series_hash(&s.profile_type.id(), s.labels.iter()))
-        .collect();
-    app.tenants.admit_series(tenant, &hashes)?;
-    for p in &mut profiles {
-        p.inject_service_version();
-    }
-    let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
-    let series: usize = profiles.iter().map(|p| p.series.len()).sum();
-    app.storage.write_all(tenant, profiles).await?;
-    app.metrics.decompressed(tenant, decompressed_bytes);
-    app.metrics.stored(tenant, series, samples);
-    Ok(())
-}
 
 /// Decodes the query string strictly: percent-decoded values must be UTF-8.
 fn query_params(uri: &Uri) -> Result<HashMap<String, String>, ApiError> {
@@ -411,16 +305,6 @@ fn apply_jfr_app_labels(meta: &mut IngestMeta, name: &AppName) {
     }
 }
 
-/// Runs CPU-heavy decoding off the async workers, in an `ingest.decode` span of the request.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let span = tracing::info_span!("ingest.decode");
-    tokio::task::spawn_blocking(move || span.in_scope(f))
-        .await
-        .map_err(ApiError::internal)?
-}
-
 /// The parts of a multipart upload by name (the last of a name wins).
 async fn read_multipart_parts(
     content_type: &str,
@@ -475,12 +359,4 @@ fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiE
                 .map(|d| (k, d.to_owned()))
         })
         .collect())
-}
-
-impl ApiError {
-    /// Prefixes the message with where the error is.
-    pub fn context(mut self, at: String) -> Self {
-        self.message = format!("{at}: {}", self.message);
-        self
-    }
 }

@@ -37,9 +37,9 @@ use kiln_storage::selector::{MatchOp, Matcher, Selector, parse_selector};
 
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
-use crate::connect::{query_options, report_headers};
 use crate::error::ApiError;
 use crate::querier::Querier;
+use crate::transport::http::{query_options, report_headers};
 
 /// A legacy endpoint: its path, the API method name the telemetry layer gives it, its handler.
 pub struct Route {

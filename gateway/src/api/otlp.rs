@@ -27,10 +27,11 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, server::NamedService};
 
 use crate::app::AppRef;
+use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
-use crate::ingest::{decode_content_encoding, read_body, store};
 use crate::time::now_nanos;
+use crate::transport::http::{admit, decode_content_encoding, read_body};
 
 /// The gRPC method path.
 pub const EXPORT_PATH: &str =
@@ -94,7 +95,7 @@ async fn export(
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
     let limits = app.limits(tenant).normalize();
     let decompressed_bytes = body.len();
-    let converted = crate::ingest::blocking(move || {
+    let converted = blocking(move || {
         let req = match encoding {
             Encoding::Json => kiln_otel::otlp_json::parse_request(&body)?,
             Encoding::Protobuf => decode_request(&body)?,
@@ -139,7 +140,7 @@ async fn http_export(
     body: Body,
 ) -> Result<Response, ApiError> {
     let limits = app.limits(tenant);
-    let body = crate::ingest::admit(app, tenant, body, limits.max_body_bytes).await?;
+    let body = admit(app, tenant, body, limits.max_body_bytes).await?;
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -40,11 +40,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::app::AppRef;
+use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
 use crate::connect::{connect_error, connect_ok};
 use crate::error::ApiError;
 use crate::grpc::Grpc;
-use crate::ingest::{blocking, store};
 use crate::time::now_nanos;
 
 /// `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`.
@@ -392,9 +392,10 @@ where
 {
     let result = async {
         let tenant = app.authenticate(&headers, Scope::Write)?;
-        let body = crate::ingest::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        let body =
+            crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
+                .await
+                .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         let call = crate::connect::prepare(&app, &headers, body, tenant.clone())
             .await
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;

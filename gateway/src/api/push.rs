@@ -12,12 +12,12 @@ use kiln_proto::push::v1::{PushRequest, PushResponse};
 use tonic::{Request, Response, Status};
 
 use crate::app::AppRef;
+use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
 use crate::budget;
 use crate::connect::{connect_error, connect_ok};
 use crate::error::ApiError;
 use crate::grpc::Grpc;
-use crate::ingest::{blocking, store};
 use crate::tenants::TenantLimits;
 use crate::time::now_nanos;
 
@@ -83,9 +83,10 @@ pub async fn connect_handler(
 ) -> axum::response::Response {
     let result = async {
         let tenant = app.authenticate(&headers, Scope::Write)?;
-        let body = crate::ingest::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        let body =
+            crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
+                .await
+                .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         let call = crate::connect::prepare(&app, &headers, body, tenant.clone())
             .await
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;

@@ -19,7 +19,7 @@ use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
 use crate::connect::{Codec, connect_error, connect_ok};
 use crate::error::{ApiError, ErrorKind};
-use crate::ingest::{decode_content_encoding, read_body};
+use crate::transport::http::{decode_content_encoding, read_body};
 
 /// A Connect service the app calls: its methods, or why Kiln does not offer it.
 pub struct Service {

@@ -487,7 +487,7 @@ async fn bench_kiln(
             let status = resp.status();
             let read = resp
                 .headers()
-                .get(crate::connect::STATS_HEADER)
+                .get(crate::transport::http::STATS_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
                 .map_or(0, |s| s.bytes_read);

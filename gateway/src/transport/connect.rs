@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use crate::app::AppRef;
 use crate::auth::Scope;
 use crate::error::{ApiError, ErrorKind};
-use crate::ingest::{decode_content_encoding, read_body};
 use crate::querier::Querier;
+use crate::transport::http::{decode_content_encoding, query_options, read_body, report_headers};
 
 /// A Connect codec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,44 +163,6 @@ pub async fn querier_handler(
     }
     resp
 }
-
-/// A query's options from its request headers: `Cache-Control: no-store` (or `no-cache`)
-/// answers without the partial-result cache, as HTTP caches and Cortex's query frontend do.
-pub fn query_options(headers: &HeaderMap) -> kiln_storage::query::QueryOptions {
-    let no_cache = headers
-        .get_all(header::CACHE_CONTROL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|d| {
-            matches!(
-                d.trim().to_ascii_lowercase().as_str(),
-                "no-store" | "no-cache"
-            )
-        });
-    kiln_storage::query::QueryOptions {
-        results_cache: !no_cache,
-    }
-}
-
-/// Puts a query's report in response headers any client sees: its warnings (partial answers
-/// say so: blocks quarantined while answering) and what it read.
-pub fn report_headers(headers: &mut HeaderMap, report: &kiln_storage::query::QueryReport) {
-    if !report.warnings.is_empty()
-        && let Ok(v) = header::HeaderValue::from_str(&report.warnings.join("; "))
-    {
-        headers.insert(WARNING_HEADER, v);
-    }
-    if let Ok(v) = header::HeaderValue::from_str(&report.stats.to_string()) {
-        headers.insert(STATS_HEADER, v);
-    }
-}
-
-/// Response header carrying what a query read ([`kiln_storage::query::QueryStats`]).
-pub const STATS_HEADER: &str = "kiln-query-stats";
-
-/// Response header carrying a query's warnings.
-pub const WARNING_HEADER: &str = "kiln-warning";
 
 macro_rules! unary {
     ($querier:expr, $call:expr, $method:ident) => {{

@@ -42,17 +42,19 @@ fn report_metadata<T>(resp: &mut Response<T>, report: &kiln_storage::query::Quer
         && let Ok(v) = MetadataValue::try_from(report.warnings.join("; "))
     {
         resp.metadata_mut()
-            .insert(crate::connect::WARNING_HEADER, v);
+            .insert(crate::transport::http::WARNING_HEADER, v);
     }
     if let Ok(v) = MetadataValue::try_from(report.stats.to_string()) {
-        resp.metadata_mut().insert(crate::connect::STATS_HEADER, v);
+        resp.metadata_mut()
+            .insert(crate::transport::http::STATS_HEADER, v);
     }
 }
 
 macro_rules! grpc_unary {
     ($self:ident, $req:ident, $method:ident, $name:literal) => {{
         let tenant = $self.tenant(&$req, Scope::Read)?;
-        let options = crate::connect::query_options(&$req.metadata().clone().into_headers());
+        let options =
+            crate::transport::http::query_options(&$req.metadata().clone().into_headers());
         let (result, report) = kiln_storage::query::with_options(options, async {
             let _slot = $self.app.tenants.query_slot(&tenant).await?;
             Querier::new($self.app.clone())
