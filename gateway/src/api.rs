@@ -254,7 +254,7 @@ pub fn endpoints() -> Vec<Endpoint> {
                 methods: crate::querier::QUERIER_METHODS,
                 unknown: "querier.v1.QuerierService/unknown",
             },
-            Some(|| post(crate::connect::querier_handler)),
+            Some(|| post(crate::querier::connect_handler)),
         ),
     ];
     for s in &crate::app_services::SERVICES {
