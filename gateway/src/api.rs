@@ -1,6 +1,6 @@
 //! Every API the port serves, in one table ([`endpoints`]): its path, HTTP method, role,
 //! transport, the names the telemetry layer gives its calls, and its handler. The router
-//! (`crate::server::router`) is built from it — an endpoint of a role this process does not run
+//! ([`router`]) is built from it — an endpoint of a role this process does not run
 //! answers 404 naming the roles it runs — and so are the telemetry layer's method and transport
 //! labels (`crate::telemetry`). Each API's own methods are listed once, in its module:
 //! `querier.v1` in [`crate::querier`] (`querier_methods!`), the Drilldown app's other services in
@@ -15,15 +15,27 @@ pub mod adhoc;
 pub mod admin;
 pub mod ingest;
 pub mod legacy;
+pub mod ops;
 pub mod otlp;
 pub mod parca;
 pub mod push;
 pub mod querier;
 pub mod settings;
 
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
+use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_server::ProfileStoreServiceServer;
+use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
+use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
+use tonic::codec::CompressionEncoding;
 
 use crate::app::{AppRef, Roles};
+use crate::auth::Scope;
+use crate::transport::grpc::{Grpc, Steer, steer};
 
 /// The role that serves an endpoint (`--roles`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,7 +355,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("ready"),
-            Some(|| get(crate::server::ready)),
+            Some(|| get(ops::ready)),
         ),
         Endpoint::new(
             "/metrics",
@@ -351,7 +363,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("metrics"),
-            Some(|| get(crate::server::guarded_metrics)),
+            Some(|| get(ops::guarded_metrics)),
         ),
     ]);
     all
@@ -391,6 +403,120 @@ pub fn transport_of(path: &str) -> Transport {
         Transport::Grpc => Transport::Http,
         t => t,
     })
+}
+
+/// The whole HTTP + gRPC application: every endpoint of the table, those of roles this process
+/// does not run answering 404 with the roles it runs.
+pub fn router(app: AppRef) -> Router {
+    let grpc = grpc_routes(app.clone());
+    let roles = app.roles;
+    let mut routes = Router::new();
+    for e in endpoints() {
+        let Some(handler) = e.handler else {
+            continue;
+        };
+        routes = routes.route(
+            &e.path,
+            if e.role.served_by(roles) {
+                handler()
+            } else {
+                match e.verb {
+                    Verb::Get => get(role_missing),
+                    Verb::Post => post(role_missing),
+                    Verb::Delete => axum::routing::delete(role_missing),
+                }
+            },
+        );
+    }
+    routes
+        .fallback(no_api)
+        // Bodies are limited by each handler with a clear 413 of its own.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app.clone())
+        .layer(middleware::from_fn_with_state(
+            Steer {
+                grpc,
+                app: app.clone(),
+                scope_of: grpc_scope,
+            },
+            steer,
+        ))
+        // A bug must cost one request a 500, never the connection or the process.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            crate::transport::http::panic_response,
+        ))
+        // Outermost: every request is counted and timed, a panic's 500 too.
+        .layer(middleware::from_fn_with_state(app, crate::telemetry::track))
+}
+
+/// A path of no API (the API table's fallback): 404 saying so.
+async fn no_api(uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("{} is not an API of Kiln\n", uri.path()),
+    )
+        .into_response()
+}
+
+/// An API of a role this process does not run (`--roles`): 404, naming the roles it runs, so a
+/// misrouted request is plain to see.
+async fn role_missing(State(app): State<AppRef>, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "{} is not served here: this kiln runs the roles {}\n",
+            uri.path(),
+            app.roles
+        ),
+    )
+        .into_response()
+}
+
+/// The gRPC services of this process's roles (tonic's), served when a request has a gRPC
+/// content type.
+fn grpc_routes(app: AppRef) -> Router {
+    let max = app.grpc_max_message_bytes;
+    let svc = Grpc::new(app.clone());
+    let querier = QuerierServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(usize::MAX);
+    let pusher = PusherServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let parca = ProfileStoreServiceServer::new(svc)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let mut routes = tonic::service::Routes::default();
+    if app.roles.query {
+        routes = routes.add_service(querier);
+    }
+    if app.roles.ingest {
+        routes = routes
+            .add_service(pusher)
+            .add_service(parca)
+            .add_service(otlp::OtlpGrpc::new(app));
+    }
+    routes.prepare().into_axum_router()
+}
+
+/// The scope a gRPC call needs, from its path: `querier.v1` reads; push, Parca and OTLP write.
+fn grpc_scope(path: &str) -> Scope {
+    if path.starts_with("/querier.v1.") {
+        Scope::Read
+    } else {
+        Scope::Write
+    }
+}
+
+/// The admin listener (`--admin-listen`): `/metrics` and `/ready` without credentials, for a
+/// network only operators and their Prometheus reach.
+pub fn admin_router(app: AppRef) -> Router {
+    Router::new()
+        .route("/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .with_state(app)
 }
 
 #[cfg(test)]

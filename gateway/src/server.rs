@@ -8,4 +8,5 @@ pub mod listener;
 pub mod self_profile;
 pub mod traces;
 
-pub use listener::*;
+/// The router the listener serves (the API table's, `crate::api::router`).
+pub use crate::api::router;

@@ -267,7 +267,10 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
     fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
         let app = Arc::clone(&self.0);
         Box::pin(async move {
-            let tenant = match req.extensions().get::<crate::server::Authenticated>() {
+            let tenant = match req
+                .extensions()
+                .get::<crate::transport::grpc::Authenticated>()
+            {
                 Some(a) => a.0.clone(),
                 None => app.authenticate(&req.metadata().clone().into_headers(), Scope::Write)?,
             };

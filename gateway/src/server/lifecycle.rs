@@ -126,7 +126,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--admin-listen): {e}"))?;
         info!(%addr, "admin listener (/metrics, /ready) is listening");
-        let router = crate::server::admin_router(Arc::clone(&app));
+        let router = crate::api::admin_router(Arc::clone(&app));
         tokio::spawn(async move {
             if let Err(e) = axum::serve(admin, router).await {
                 tracing::error!(error = %e, "the admin listener stopped");
@@ -158,12 +158,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
         );
     }
-    let limits = crate::server::ConnectionLimits {
+    let limits = super::listener::ConnectionLimits {
         header_read_timeout: Duration::from_secs(args.network.header_read_timeout_secs.max(1)),
         body_read_timeout: Duration::from_secs(args.network.body_read_timeout_secs.max(1)),
         idle_timeout: Duration::from_secs(args.network.idle_timeout_secs.max(1)),
         max_connections: args.network.max_connections.max(1),
     };
-    crate::server::serve(app, listener, limits, crate::server::shutdown_signal()).await?;
+    super::listener::serve(app, listener, limits, super::listener::shutdown_signal()).await?;
     Ok(())
 }

@@ -2,7 +2,12 @@
 //! its tonic trait on (`crate::api::querier`, `crate::api::push`, `crate::api::parca`), with the
 //! tenant the request was authenticated as, and a query's report in response metadata.
 
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::middleware::Next;
 use tonic::{Request, Response, Status};
+use tower::ServiceExt;
 
 use crate::app::AppRef;
 use crate::auth::Scope;
@@ -23,7 +28,7 @@ impl Grpc {
         req: &Request<T>,
         scope: Scope,
     ) -> Result<crate::auth::TenantId, Status> {
-        if let Some(crate::server::Authenticated(tenant)) = req.extensions().get() {
+        if let Some(Authenticated(tenant)) = req.extensions().get() {
             return Ok(tenant.clone());
         }
         let headers = req.metadata().clone().into_headers();
@@ -46,5 +51,80 @@ pub(crate) fn report_metadata<T>(
     if let Ok(v) = MetadataValue::try_from(report.stats.to_string()) {
         resp.metadata_mut()
             .insert(crate::transport::http::STATS_HEADER, v);
+    }
+}
+
+/// The tenant a gRPC request was authenticated as, before tonic decoded anything.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub crate::auth::TenantId);
+
+/// What [`steer`] needs: tonic's routes, the app, and the scope each gRPC path needs (the API
+/// table's knowledge, handed in by `crate::api::router`).
+#[derive(Clone)]
+pub(crate) struct Steer {
+    pub grpc: Router,
+    pub app: AppRef,
+    pub scope_of: fn(&str) -> Scope,
+}
+
+/// Sends gRPC requests to tonic, the rest on through axum. gRPC requests are authenticated here,
+/// before tonic reads and decompresses their message, so an unauthenticated caller costs nothing;
+/// the tenant travels to the services as a request extension.
+pub(crate) async fn steer(
+    State(Steer {
+        grpc,
+        app,
+        scope_of,
+    }): State<Steer>,
+    mut req: axum::extract::Request,
+    next: Next,
+) -> axum::response::Response {
+    let is_grpc = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"));
+    if is_grpc {
+        let scope = scope_of(req.uri().path());
+        let tenant = match app.authenticate(req.headers(), scope) {
+            Ok(t) => t,
+            Err(e) => return grpc_refusal(e),
+        };
+        if scope == Scope::Write
+            && let Err(e) = app.tenants.check_ingest(&tenant)
+        {
+            app.metrics.refused(&tenant, e.reason());
+            return grpc_refusal(e);
+        }
+        req.extensions_mut().insert(Authenticated(tenant));
+        let mut resp = match grpc.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        };
+        oversize_is_resource_exhausted(&mut resp);
+        return resp;
+    }
+    next.run(req).await
+}
+
+/// A gRPC refusal (trailers-only response) for an error found before tonic runs.
+fn grpc_refusal(e: crate::error::ApiError) -> axum::response::Response {
+    tonic::Status::from(e).into_http::<axum::body::Body>()
+}
+
+/// tonic answers a message over the size limit with `OutOfRange`; gRPC servers elsewhere (and
+/// OTLP exporters' retry logic) expect `ResourceExhausted`.
+fn oversize_is_resource_exhausted(resp: &mut axum::response::Response) {
+    let headers = resp.headers_mut();
+    let too_large = headers.get("grpc-status").is_some_and(|s| s == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .is_some_and(|m| {
+                m.contains("message%20length%20too%20large")
+                    || m.contains("message length too large")
+            });
+    if too_large {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
 }

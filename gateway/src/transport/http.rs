@@ -4,6 +4,7 @@
 
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use kiln_otel::compress::gunzip_limited;
 
@@ -125,3 +126,14 @@ pub const STATS_HEADER: &str = "kiln-query-stats";
 
 /// Response header carrying a query's warnings.
 pub const WARNING_HEADER: &str = "kiln-warning";
+
+/// The 500 a handler's panic is answered with (the router catches it, so a bug costs one
+/// request, never the connection or the process).
+pub(crate) fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    crate::error::ApiError::internal(format!("handler panicked: {detail}")).into_response()
+}
