@@ -2,7 +2,7 @@
 //! transport, the names the telemetry layer gives its calls, and its handler. The router
 //! ([`router`]) is built from it — an endpoint of a role this process does not run
 //! answers 404 naming the roles it runs — and so are the telemetry layer's method and transport
-//! labels (`crate::telemetry`). Each API's own methods are listed once, in its module:
+//! labels ([`api_method`], [`transport`], handed to the layer in `crate::transport::telemetry`). Each API's own methods are listed once, in its module:
 //! `querier.v1` in [`crate::querier`] (`querier_methods!`), the Drilldown app's other services in
 //! [`crate::app_services::SERVICES`], the legacy query API in [`crate::legacy::ROUTES`]. gRPC
 //! services are tonic's (`crate::server`), on the same paths as their Connect twins; the table
@@ -24,7 +24,7 @@ pub mod settings;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
@@ -35,7 +35,9 @@ use tonic::codec::CompressionEncoding;
 
 use crate::app::{AppRef, Roles};
 use crate::auth::Scope;
+pub use crate::transport::Transport;
 use crate::transport::grpc::{Grpc, Steer, steer};
+use crate::transport::telemetry::{Classify, track};
 
 /// The role that serves an endpoint (`--roles`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,29 +55,6 @@ impl Role {
             Self::Ingest => roles.ingest,
             Self::Query => roles.query,
             Self::Any => true,
-        }
-    }
-}
-
-/// How an endpoint is reached (the telemetry layer's `transport` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// Plain HTTP (Pyroscope's ingest and legacy query API, OTLP/HTTP, admin).
-    Http,
-    /// Connect, protobuf or JSON; the same paths with an `application/grpc` content type are
-    /// gRPC, served by tonic.
-    Connect,
-    /// gRPC only.
-    Grpc,
-}
-
-impl Transport {
-    /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Connect => "connect",
-            Self::Grpc => "grpc",
         }
     }
 }
@@ -405,6 +384,27 @@ pub fn transport_of(path: &str) -> Transport {
     })
 }
 
+/// Every API method name the telemetry layer gives (the `method` label's values).
+pub fn api_methods() -> Vec<String> {
+    method_names().into_iter().map(str::to_owned).collect()
+}
+
+/// The API method a request calls, as the telemetry layer names it: a bounded name, from the
+/// path alone.
+pub fn api_method(path: &str) -> &'static str {
+    method_name(path)
+}
+
+/// The transport a request came by, as the telemetry layer names it: `grpc` (by its content
+/// type), `connect` (Connect's protobuf or JSON over HTTP) or `http` (by its path).
+pub fn transport(path: &str, headers: &HeaderMap) -> &'static str {
+    if crate::transport::grpc::is_grpc(headers) {
+        "grpc"
+    } else {
+        transport_of(path).label()
+    }
+}
+
 /// The whole HTTP + gRPC application: every endpoint of the table, those of roles this process
 /// does not run answering 404 with the roles it runs.
 pub fn router(app: AppRef) -> Router {
@@ -446,7 +446,16 @@ pub fn router(app: AppRef) -> Router {
             crate::transport::http::panic_response,
         ))
         // Outermost: every request is counted and timed, a panic's 500 too.
-        .layer(middleware::from_fn_with_state(app, crate::telemetry::track))
+        .layer(middleware::from_fn_with_state(
+            (
+                app,
+                Classify {
+                    method: api_method,
+                    transport,
+                },
+            ),
+            track,
+        ))
 }
 
 /// A path of no API (the API table's fallback): 404 saying so.
@@ -520,40 +529,4 @@ pub fn admin_router(app: AppRef) -> Router {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_match_by_segment() {
-        let (e, last) = endpoint_of("/api/v1/tenants/acme/usage").unwrap();
-        assert_eq!(e.path, "/api/v1/tenants/{id}/usage");
-        assert_eq!(last, "usage");
-        assert!(endpoint_of("/api/v1/tenants/a/b/c").is_none());
-        assert!(endpoint_of("/api/v1/tenants//usage").is_none());
-        assert_eq!(
-            method_name("/querier.v1.QuerierService/SelectSeries"),
-            "querier.v1.QuerierService/SelectSeries"
-        );
-        assert_eq!(
-            method_name("/querier.v1.QuerierService/Nope"),
-            "querier.v1.QuerierService/unknown"
-        );
-        assert_eq!(
-            method_name("/vcs.v1.VCSService/GithubApp"),
-            "vcs.v1.VCSService"
-        );
-        assert_eq!(method_name("/nothing/here"), "other");
-    }
-
-    #[test]
-    fn every_path_is_listed_once() {
-        let mut seen = std::collections::HashSet::new();
-        for e in table() {
-            assert!(
-                seen.insert((e.path.clone(), e.verb as u8)),
-                "{} twice",
-                e.path
-            );
-        }
-    }
-}
+mod tests;

@@ -134,7 +134,7 @@ impl App {
             .authenticate(headers, scope)
             .map(|p| p.tenant)
             .inspect(|tenant| {
-                // The request's span (`telemetry::track`) carries its tenant from here on.
+                // The request's span (`transport::telemetry::track`) carries its tenant from here on.
                 tracing::Span::current().record("tenant", tenant.as_str());
             })
             .inspect_err(|e| self.metrics.auth_refused(e.reason()))

@@ -79,12 +79,7 @@ pub(crate) async fn steer(
     mut req: axum::extract::Request,
     next: Next,
 ) -> axum::response::Response {
-    let is_grpc = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/grpc"));
-    if is_grpc {
+    if is_grpc(req.headers()) {
         let scope = scope_of(req.uri().path());
         let tenant = match app.authenticate(req.headers(), scope) {
             Ok(t) => t,
@@ -127,4 +122,12 @@ fn oversize_is_resource_exhausted(resp: &mut axum::response::Response) {
     if too_large {
         headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
+}
+
+/// Whether a request is gRPC: its content type is `application/grpc`, `application/grpc+proto`, …
+pub(crate) fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"))
 }
