@@ -5,7 +5,7 @@
 //!   sample record with its locations record);
 //! - `Write`, the bidirectional stream of schema v1: the agent sends a sample record naming its
 //!   stacks by 16-byte id, Kiln answers with the ids it does not know, the agent sends their
-//!   stacks in a locations record. Kiln remembers stacks per tenant in a [`StackCache`], so a
+//!   stacks in a locations record. Kiln remembers stacks per tenant in a [`StackCache`](crate::app::StackCache), so a
 //!   steady agent sends each stack once (Parca's own server asks for every id every time).
 //!
 //! `WriteRaw` and `WriteArrow` are served over gRPC and Connect (binary and JSON); `Write` over
@@ -23,7 +23,6 @@
 //! with ids still missing.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -57,103 +56,18 @@ pub const WRITE_ARROW: &str = "parca.profilestore.v1alpha1.ProfileStoreService/W
 /// How long a `Write` stream may take from its first message to its last.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The default bound of the known-stack cache (`--parca-stack-cache-bytes`).
-pub const DEFAULT_STACK_CACHE_BYTES: u64 = 128 << 20;
-
-/// The stacks each tenant's agents sent, by id, bounded by their bytes
-/// ([`format::stack_weight`]); the least recently used go first (moka's TinyLFU admission).
-#[derive(Debug, Clone)]
-pub struct StackCache {
-    cache: moka::sync::Cache<(TenantId, StackId), Stack>,
-}
-
-impl StackCache {
-    /// A cache of at most `max_bytes` of stacks (0 keeps none: every id is asked for).
-    pub fn new(max_bytes: u64) -> Self {
-        Self {
-            cache: moka::sync::Cache::builder()
-                .max_capacity(max_bytes)
-                .weigher(|_, stack: &Stack| {
-                    u32::try_from(format::stack_weight(stack)).unwrap_or(u32::MAX)
-                })
-                .build(),
-        }
-    }
-
-    pub fn get(&self, tenant: &TenantId, id: &StackId) -> Option<Stack> {
-        self.cache.get(&(tenant.clone(), *id))
-    }
-
-    pub fn insert(&self, tenant: &TenantId, id: StackId, stack: Stack) {
-        self.cache.insert((tenant.clone(), id), stack);
-    }
-
-    /// Forgets every stack (as a restart would).
-    pub fn clear(&self) {
-        self.cache.invalidate_all();
-        self.cache.run_pending_tasks();
-    }
-
-    /// Bytes of stacks held now.
-    pub fn weighted_size(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.weighted_size()
-    }
-}
-
 /// The header naming a batch of `kiln upload` (file, batch, content hash): a batch whose id was
 /// stored for the tenant before is answered OK without being stored again, so an upload resumed
 /// after an interruption (which resends the batch it was sending) never duplicates data.
 pub const UPLOAD_ID_HEADER: &str = "kiln-upload-id";
 
-/// Upload ids stored recently, per tenant (a day, at most a million). A batch sent again while
-/// its first sending is still being stored waits for it, then is answered as it was.
-#[derive(Debug, Clone)]
-pub struct UploadIds {
-    seen: moka::sync::Cache<(TenantId, String), Arc<tokio::sync::Mutex<bool>>>,
-}
-
-impl Default for UploadIds {
-    fn default() -> Self {
-        Self {
-            seen: moka::sync::Cache::builder()
-                .max_capacity(1_000_000)
-                .time_to_live(Duration::from_secs(24 * 3600))
-                .build(),
-        }
-    }
-}
-
-impl UploadIds {
-    fn of(headers: &HeaderMap) -> Option<String> {
-        headers
-            .get(UPLOAD_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-            .map(str::to_owned)
-    }
-
-    /// Runs `store` unless the batch `id` names was stored for `tenant` already.
-    async fn once(
-        &self,
-        tenant: &TenantId,
-        id: Option<String>,
-        store: impl std::future::Future<Output = Result<(), ApiError>>,
-    ) -> Result<(), ApiError> {
-        let Some(id) = id else {
-            return store.await;
-        };
-        let slot = self.seen.get_with((tenant.clone(), id), || {
-            Arc::new(tokio::sync::Mutex::new(false))
-        });
-        let mut stored = slot.lock().await;
-        if *stored {
-            return Ok(());
-        }
-        store.await?;
-        *stored = true;
-        Ok(())
-    }
+/// The batch a request names in [`UPLOAD_ID_HEADER`], if any.
+fn upload_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(UPLOAD_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .map(str::to_owned)
 }
 
 /// Stores a `WriteRaw` request: each series' pprof profiles with its labels, as `push.v1` does
@@ -435,7 +349,7 @@ pub async fn connect_write_arrow(
     headers: HeaderMap,
     body: Body,
 ) -> axum::response::Response {
-    let upload_id = UploadIds::of(&headers);
+    let upload_id = upload_id(&headers);
     connect_unary(
         app,
         headers,
@@ -470,7 +384,7 @@ impl ProfileStoreService for Grpc {
         req: Request<Streaming<pb::WriteRequest>>,
     ) -> Result<Response<Self::WriteStream>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
-        let upload_id = UploadIds::of(&req.metadata().clone().into_headers());
+        let upload_id = upload_id(&req.metadata().clone().into_headers());
         let app = self.app.clone();
         let inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(2);
@@ -507,7 +421,7 @@ impl ProfileStoreService for Grpc {
         req: Request<pb::WriteArrowRequest>,
     ) -> Result<Response<pb::WriteArrowResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
-        let upload_id = UploadIds::of(&req.metadata().clone().into_headers());
+        let upload_id = upload_id(&req.metadata().clone().into_headers());
         let body = req.into_inner().ipc_buffer;
         self.app.metrics.received(&tenant, body.len());
         let result = write_arrow(&self.app, &tenant, body, upload_id).await;

@@ -320,7 +320,7 @@ pub struct LimitArgs {
 
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
-    #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::parca::DEFAULT_STACK_CACHE_BYTES)]
+    #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
     pub parca_stack_cache_bytes: u64,
 }
 

@@ -35,7 +35,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     let mut app = App::new(storage, auth, tenants);
     app.roles = args.roles()?;
     app.decode_budget = DecodeBudget::new(args.limits.max_inflight_decode_bytes);
-    app.stacks = crate::parca::StackCache::new(args.limits.parca_stack_cache_bytes);
+    app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);
     Ok(Arc::new(app))
 }
 
