@@ -20,6 +20,7 @@ pub mod otlp;
 pub mod parca;
 pub mod push;
 pub mod querier;
+pub mod render;
 pub mod settings;
 
 use axum::Router;

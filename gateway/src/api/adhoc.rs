@@ -34,10 +34,10 @@ use kiln_storage::query::FlameTree;
 use serde::Deserialize;
 use ulid::Ulid;
 
+use crate::api::render::flamebearer as fb;
 use crate::app::AppRef;
 use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
-use crate::legacy::flamebearer as fb;
 use crate::querier::Querier;
 use crate::tenants::TenantLimits;
 

@@ -3,7 +3,7 @@
 //!
 //! - `GET /pyroscope/render?query=<profile type>{selector}&from&until&format=json|dot&max-nodes`
 //!   (`name=` as older clients send it): a flamebearer ([`flamebearer`]) with a timeline, or with
-//!   `format=dot` pprof's Graphviz call graph ([`dot`]).
+//!   `format=dot` pprof's Graphviz call graph ([`dot`](super::render::dot)).
 //! - `GET /pyroscope/render-diff?leftQuery&leftFrom&leftUntil&rightQuery&rightFrom&rightUntil`:
 //!   a "double" flamebearer of two merged trees.
 //! - `GET /pyroscope/labels?query&from&until` and `GET /pyroscope/label-values?label&query&from&until`:
@@ -19,8 +19,6 @@
 //! `M`/`mon`, `y`, combinable: `now-1h30m`), `YYYYMMDD`, or Unix seconds, milliseconds,
 //! microseconds or nanoseconds told apart by their number of digits (13, 16, 19; else seconds).
 
-pub mod dot;
-pub mod flamebearer;
 #[cfg(test)]
 mod tests;
 
@@ -35,6 +33,7 @@ use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
 use kiln_storage::selector::{MatchOp, Matcher, Selector, parse_selector};
 
+use super::render::{DOT_SOURCE_NODES, dot_text, flamebearer};
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
@@ -75,8 +74,7 @@ pub const ROUTES: [Route; 4] = [
 
 /// The nodes Pyroscope's DOT renderer draws when `max-nodes` is absent or 0.
 const DOT_DEFAULT_NODES: usize = 100;
-/// The nodes of the merged tree the DOT graph is drawn from, at least.
-pub(crate) const DOT_SOURCE_NODES: usize = 512;
+
 /// The sample rate the first HTTP API's application names (`myapp.cpu`) are read with: `/ingest`'s
 /// default, which gives CPU profiles their nanosecond type.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
@@ -214,30 +212,6 @@ fn dot_response(
     }
     let text = dot_text(tree, source_nodes, max_nodes, profile_type, start, end)?;
     Ok((text_plain, text).into_response())
-}
-
-/// The DOT text of a merged tree: at most `max_nodes` nodes, drawn from its `source_nodes`
-/// largest (the rest folded into `other`), as Pyroscope draws from a merged profile.
-pub(crate) fn dot_text(
-    tree: &kiln_storage::query::FlameTree,
-    source_nodes: usize,
-    max_nodes: usize,
-    profile_type: &ProfileType,
-    start: i64,
-    end: i64,
-) -> Result<String, ApiError> {
-    let stacks = kiln_storage::query::tree::flamegraph_stacks(&tree.to_flamegraph(source_nodes))
-        .map_err(ApiError::internal)?;
-    Ok(dot::render(
-        &stacks,
-        max_nodes,
-        &dot::Meta {
-            sample_type: &profile_type.sample_type,
-            sample_unit: &profile_type.sample_unit,
-            start_ms: start,
-            end_ms: end,
-        },
-    ))
 }
 
 /// `GET /pyroscope/render-diff`.

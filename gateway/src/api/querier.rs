@@ -363,7 +363,7 @@ impl Querier {
     }
 
     /// The merged stack tree of a profile type and label selector over `[start, end]` (Unix ms):
-    /// what the legacy render APIs (`crate::legacy`) encode in formats of their own.
+    /// what the legacy render APIs (`crate::api::legacy`) encode in formats of their own.
     pub async fn merge_tree(
         &self,
         tenant: &TenantId,
@@ -462,7 +462,7 @@ impl Querier {
                 let source = self.max_nodes(
                     tenant,
                     Some(
-                        i64::try_from(max_nodes.max(crate::legacy::DOT_SOURCE_NODES))
+                        i64::try_from(max_nodes.max(crate::api::render::DOT_SOURCE_NODES))
                             .unwrap_or(i64::MAX),
                     ),
                 )?;
@@ -476,7 +476,14 @@ impl Querier {
                 let dot = if tree.total() == 0 {
                     String::new()
                 } else {
-                    crate::legacy::dot_text(&tree, source, max_nodes, &profile_type, start, end)?
+                    crate::api::render::dot_text(
+                        &tree,
+                        source,
+                        max_nodes,
+                        &profile_type,
+                        start,
+                        end,
+                    )?
                 };
                 Ok(q::SelectMergeStacktracesResponse {
                     dot,
@@ -689,8 +696,13 @@ impl Querier {
             self.focused_tree(tenant, &lm),
             self.focused_tree(tenant, &rm)
         )?;
-        let p = crate::legacy::flamebearer::diff(&left_tree, &right_tree, max_nodes, &profile_type)
-            .map_err(ApiError::internal)?;
+        let p = crate::api::render::flamebearer::diff(
+            &left_tree,
+            &right_tree,
+            max_nodes,
+            &profile_type,
+        )
+        .map_err(ApiError::internal)?;
         Ok(q::DiffResponse {
             flamegraph: Some(q::FlameGraphDiff {
                 names: p.flamebearer.names,
