@@ -1,12 +1,32 @@
-//! Every API the port serves, in one table ([`endpoints`]): its path, HTTP method, role,
-//! transport, the names the telemetry layer gives its calls, and its handler. The router
-//! ([`router`]) is built from it — an endpoint of a role this process does not run
-//! answers 404 naming the roles it runs — and so are the telemetry layer's method and transport
-//! labels ([`api_method`], [`transport`], handed to the layer in `crate::transport::telemetry`). Each API's own methods are listed once, in its module:
-//! `querier.v1` in [`crate::querier`] (`querier_methods!`), the Drilldown app's other services in
-//! [`crate::app_services::SERVICES`], the legacy query API in [`crate::legacy::ROUTES`]. gRPC
-//! services are tonic's (`crate::server`), on the same paths as their Connect twins; the table
-//! lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
+//! The APIs, one module per API family, and the one table that routes them all.
+//!
+//! | module | API |
+//! |---|---|
+//! | [`ingest`] | Pyroscope's `/ingest` and `/pyroscope/ingest`, every format it takes |
+//! | [`push`] | `push.v1` (Grafana Alloy), Connect and gRPC |
+//! | [`otlp`] | OTLP profiles, HTTP and gRPC |
+//! | [`parca`] | the Parca agent's `ProfileStoreService`: `WriteRaw`, `WriteArrow`, `Write` |
+//! | [`querier`] | `querier.v1`, Connect and gRPC, with the function projections and heatmaps |
+//! | [`legacy`] | Pyroscope's legacy HTTP query API: `/pyroscope/render`, labels |
+//! | [`adhoc`] | `adhocprofiles.v1`, the Drilldown app's upload tab |
+//! | [`settings`] | `settings.v1`, `capabilities.v1`, and the services Kiln does not offer |
+//! | [`admin`] | `/api/v1/tenants…`, `/api/v1/quarantine` |
+//! | [`ops`] | `/ready`, `/metrics` |
+//! | [`render`] | no API: the flamebearer and DOT formats the query APIs draw in |
+//!
+//! An API module owns its handlers and lists its own methods once: `querier.v1` in [`querier`]
+//! (`querier_methods!`), the Drilldown app's other services in [`settings::SERVICES`] and
+//! [`adhoc::SERVICE`], the legacy query API in [`legacy::ROUTES`]. It uses the app's state
+//! (`crate::app`) and the transports (`crate::transport`); neither knows it. A new API is a
+//! module here and its rows in the table.
+//!
+//! This file is the only one that knows every API. [`endpoints`] lists each endpoint: its path,
+//! HTTP method, role, transport, the names the telemetry layer gives its calls, and its handler.
+//! The router ([`router`]) is built from it (an endpoint of a role this process does not run
+//! answers 404 naming the roles it runs), and so are the telemetry layer's method and transport
+//! labels ([`api_method`], [`transport`], handed to the layer of `crate::transport::telemetry`).
+//! gRPC services are tonic's ([`grpc_routes`]), on the same paths as their Connect twins; the
+//! table lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
 //!
 //! `tests/router.rs::every_endpoint_is_routed` requests every endpoint of the table, with every
 //! role and with none, and checks none falls through to the router's fallback.
@@ -37,6 +57,7 @@ use tonic::codec::CompressionEncoding;
 use crate::app::{AppRef, Roles};
 use crate::auth::Scope;
 pub use crate::transport::Transport;
+use crate::transport::connect::Service;
 use crate::transport::grpc::{Grpc, Steer, steer};
 use crate::transport::telemetry::{Classify, track};
 
@@ -249,26 +270,10 @@ pub fn endpoints() -> Vec<Endpoint> {
             Some(|| post(crate::querier::connect_handler)),
         ),
     ];
-    for s in &crate::app_services::SERVICES {
-        all.push(Endpoint::new(
-            format!("/{}/{{method}}", s.name),
-            Post,
-            Query,
-            Connect,
-            match s.absent {
-                // Every call of a service Kiln does not offer has the service's name.
-                Some(_) => Names::Methods {
-                    methods: &[],
-                    unknown: s.methods[0],
-                },
-                None => Names::Methods {
-                    methods: s.methods,
-                    unknown: "other",
-                },
-            },
-            Some(|| post(crate::app_services::handler)),
-        ));
+    for s in &settings::SERVICES {
+        all.push(service_endpoint(s, || post(settings::handler)));
     }
+    all.push(service_endpoint(&adhoc::SERVICE, || post(adhoc::handler)));
     for r in &crate::legacy::ROUTES {
         all.push(Endpoint::new(
             r.path,
@@ -347,6 +352,28 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
     ]);
     all
+}
+
+/// The endpoint of a Connect service's calls: `/{service}/{method}`, named by its method list.
+fn service_endpoint(s: &Service, handler: fn() -> MethodRouter<AppRef>) -> Endpoint {
+    Endpoint::new(
+        format!("/{}/{{method}}", s.name),
+        Verb::Post,
+        Role::Query,
+        Transport::Connect,
+        match s.absent {
+            // Every call of a service Kiln does not offer has the service's name.
+            Some(_) => Names::Methods {
+                methods: &[],
+                unknown: s.methods[0],
+            },
+            None => Names::Methods {
+                methods: s.methods,
+                unknown: "other",
+            },
+        },
+        Some(handler),
+    )
 }
 
 /// The table, built once.

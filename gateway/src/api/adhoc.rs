@@ -23,6 +23,10 @@
 
 use std::collections::HashMap;
 
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
 use bytes::Bytes;
 use kiln_otel::compress::maybe_gunzip;
 use kiln_otel::labels::AppName;
@@ -36,10 +40,71 @@ use ulid::Ulid;
 
 use crate::api::render::flamebearer as fb;
 use crate::app::AppRef;
-use crate::auth::TenantId;
+use crate::auth::{Scope, TenantId};
 use crate::error::{ApiError, ErrorKind};
 use crate::querier::Querier;
 use crate::tenants::TenantLimits;
+use crate::transport::connect::{Call, Service, connect_error, connect_ok, prepare};
+
+/// The service, its methods named as the telemetry layer names them.
+pub const SERVICE: Service = Service {
+    name: "adhocprofiles.v1.AdHocProfileService",
+    methods: &[
+        "adhocprofiles.v1.AdHocProfileService/Upload",
+        "adhocprofiles.v1.AdHocProfileService/Get",
+        "adhocprofiles.v1.AdHocProfileService/List",
+        "adhocprofiles.v1.AdHocProfileService/Diff",
+    ],
+    absent: None,
+};
+
+/// `POST /adhocprofiles.v1.AdHocProfileService/{method}`.
+pub async fn handler(
+    State(app): State<AppRef>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        // Credentials first, as for every API: an anonymous caller learns nothing else.
+        let tenant = app.authenticate(&headers, Scope::Read)?;
+        let Call {
+            codec,
+            tenant,
+            body,
+        } = prepare(&app, &headers, body, tenant).await?;
+        let out = match method.as_str() {
+            "Upload" => {
+                let req: pb::AdHocProfilesUploadRequest = codec.decode(&body)?;
+                codec.encode(&upload(&app, &tenant, req).await?)?
+            }
+            "Get" => {
+                let req: pb::AdHocProfilesGetRequest = codec.decode(&body)?;
+                codec.encode(&get(&app, &tenant, req).await?)?
+            }
+            "List" => {
+                let _: pb::AdHocProfilesListRequest = codec.decode(&body)?;
+                codec.encode(&list(&app, &tenant).await?)?
+            }
+            "Diff" => {
+                let req: pb::AdHocProfilesDiffRequest = codec.decode(&body)?;
+                codec.encode(&diff(&app, &tenant, req).await?)?
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::Unimplemented,
+                    format!("{} has no method {method:?} in Kiln", SERVICE.name),
+                ));
+            }
+        };
+        Ok::<_, ApiError>((codec, out))
+    }
+    .await;
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}
 
 /// The tenant-document folder of the uploads.
 const FOLDER: &str = "adhoc";

@@ -1,37 +1,26 @@
-//! The services Grafana's Profiles Drilldown app calls besides the querier, over Connect
-//! (proto or JSON): `settings.v1.SettingsService` (its plugin settings, kept per tenant),
-//! `capabilities.v1.FeatureFlagsService` (what this server can do),
-//! `adhocprofiles.v1.AdHocProfileService` (its upload tab, [`crate::adhoc`]), and the services
-//! Kiln does not offer, answered Connect `unimplemented` with a message so the app hides the
-//! feature (`vcs.v1.VCSService`, `settings.v1.RecordingRulesService`). One table
-//! ([`SERVICES`]) names every method; the API table (`crate::api`) routes and names them from it.
+//! The services Grafana's Profiles Drilldown app calls besides the querier and its upload tab
+//! (`crate::api::adhoc`), over Connect (proto or JSON): `settings.v1.SettingsService` (its
+//! plugin settings, kept per tenant), `capabilities.v1.FeatureFlagsService` (what this server
+//! can do), and the services Kiln does not offer, answered Connect `unimplemented` with a
+//! message so the app hides the feature (`vcs.v1.VCSService`,
+//! `settings.v1.RecordingRulesService`). One table ([`SERVICES`]) names every method; the API
+//! table (`crate::api`) routes and names them from it.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
-use kiln_proto::adhocprofiles::v1 as adhoc;
 use kiln_proto::capabilities::v1 as caps;
 use kiln_proto::settings::v1 as settings;
 
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
-use crate::connect::{Codec, connect_error, connect_ok};
 use crate::error::{ApiError, ErrorKind};
-use crate::transport::http::{decode_content_encoding, read_body};
-
-/// A Connect service the app calls: its methods, or why Kiln does not offer it.
-pub struct Service {
-    pub name: &'static str,
-    /// Every method as `service/method`, the telemetry layer's names.
-    pub methods: &'static [&'static str],
-    /// Kiln does not offer this service: every call is answered `unimplemented` with this.
-    pub absent: Option<&'static str>,
-}
+use crate::transport::connect::{Call, Codec, Service, connect_error, connect_ok, prepare};
 
 /// The services of this module.
-pub const SERVICES: [Service; 5] = [
+pub const SERVICES: [Service; 4] = [
     Service {
         name: "settings.v1.SettingsService",
         methods: &[
@@ -55,16 +44,6 @@ pub const SERVICES: [Service; 5] = [
         name: "settings.v1.RecordingRulesService",
         methods: &["settings.v1.RecordingRulesService"],
         absent: Some("Kiln has no recording rules (metrics from profiles)"),
-    },
-    Service {
-        name: "adhocprofiles.v1.AdHocProfileService",
-        methods: &[
-            "adhocprofiles.v1.AdHocProfileService/Upload",
-            "adhocprofiles.v1.AdHocProfileService/Get",
-            "adhocprofiles.v1.AdHocProfileService/List",
-            "adhocprofiles.v1.AdHocProfileService/Diff",
-        ],
-        absent: None,
     },
 ];
 
@@ -98,10 +77,11 @@ pub async fn handler(
         if let Some(why) = s.absent {
             return Err(ApiError::new(ErrorKind::Unimplemented, why));
         }
-        let codec = Codec::from_headers(&headers)?;
-        let limits = app.limits(&tenant);
-        let body = read_body(body, limits.max_body_bytes).await?;
-        let body = decode_content_encoding(&headers, body, limits.max_decompressed_bytes)?;
+        let Call {
+            codec,
+            tenant,
+            body,
+        } = prepare(&app, &headers, body, tenant).await?;
         let out = match (service.as_str(), method.as_str()) {
             ("settings.v1.SettingsService", "Get") => {
                 let _: settings::GetSettingsRequest = codec.decode(&body)?;
@@ -115,22 +95,6 @@ pub async fn handler(
                 let req: settings::DeleteSettingsRequest = codec.decode(&body)?;
                 delete_setting(&app, &tenant, &req.name).await?;
                 codec.encode(&settings::DeleteSettingsResponse {})?
-            }
-            ("adhocprofiles.v1.AdHocProfileService", "Upload") => {
-                let req: adhoc::AdHocProfilesUploadRequest = codec.decode(&body)?;
-                codec.encode(&crate::adhoc::upload(&app, &tenant, req).await?)?
-            }
-            ("adhocprofiles.v1.AdHocProfileService", "Get") => {
-                let req: adhoc::AdHocProfilesGetRequest = codec.decode(&body)?;
-                codec.encode(&crate::adhoc::get(&app, &tenant, req).await?)?
-            }
-            ("adhocprofiles.v1.AdHocProfileService", "List") => {
-                let _: adhoc::AdHocProfilesListRequest = codec.decode(&body)?;
-                codec.encode(&crate::adhoc::list(&app, &tenant).await?)?
-            }
-            ("adhocprofiles.v1.AdHocProfileService", "Diff") => {
-                let req: adhoc::AdHocProfilesDiffRequest = codec.decode(&body)?;
-                codec.encode(&crate::adhoc::diff(&app, &tenant, req).await?)?
             }
             ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
                 let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;

@@ -98,6 +98,16 @@ pub(crate) fn connect_ok(codec: Codec, body: Bytes) -> Response {
         .into_response()
 }
 
+/// A Connect service an API answers: its methods, or why Kiln does not offer it (the API table
+/// routes and names its calls from this).
+pub struct Service {
+    pub name: &'static str,
+    /// Every method as `service/method`, the telemetry layer's names.
+    pub methods: &'static [&'static str],
+    /// Kiln does not offer this service: every call is answered `unimplemented` with this.
+    pub absent: Option<&'static str>,
+}
+
 pub(crate) struct Call {
     pub codec: Codec,
     pub tenant: crate::auth::TenantId,
