@@ -1,97 +1,18 @@
-//! The `kiln` command line: `kiln serve` (the default; its flags in blocks by concern, run by
-//! [`crate::lifecycle`]), `kiln token`, `kiln metastore` and `kiln bench`.
+//! `kiln serve`'s flags, in blocks by concern (network, authentication, storage, compaction,
+//! limits, telemetry), checked and turned into the storage's and the app's settings; the server
+//! runs them (`super::lifecycle`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 use kiln_storage::StorageConfig;
 use kiln_storage::compaction::LevelPolicy;
 use tracing::info;
 
 use crate::app::Roles;
-use crate::auth::{AuthMode, Authenticator, KeyStore, Scope, parse_duration_secs};
-
-/// Kiln: a multi-tenant continuous-profiling backend.
-#[derive(Debug, Parser)]
-#[command(name = "kiln", version, about)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the server (the default).
-    Serve(Box<ServeArgs>),
-    /// Mint and inspect JSON Web Tokens for `--auth jwt`.
-    #[command(subcommand)]
-    Token(TokenCommand),
-    /// Metastore maintenance.
-    #[command(subcommand)]
-    Metastore(MetastoreCommand),
-    /// Benchmark the whole system under a deterministic workload, optionally side by side with
-    /// DuckDB and ClickHouse (chDB) on the same rows.
-    Bench(Box<crate::bench::BenchArgs>),
-    /// Upload the Parca agent's offline recordings (`.padata`, `.padata.zst`) to a Kiln.
-    Upload(crate::upload::UploadArgs),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum MetastoreCommand {
-    /// Recreate the index from the objects' footers (stop `kiln serve` first). Every dataset of
-    /// every segment and block is registered, less those a compacted block replaced.
-    Rebuild {
-        /// The data directory `kiln serve` uses.
-        #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
-        data_dir: PathBuf,
-        /// The metastore `kiln serve` uses (a PostgreSQL database must be empty; an embedded
-        /// one is set aside first). Default: embedded, under the data directory.
-        #[arg(long, env = "KILN_METASTORE")]
-        metastore: Option<String>,
-        /// The object store `kiln serve` uses. Default: the data directory.
-        #[arg(long, env = "KILN_OBJECT_STORE")]
-        object_store: Option<String>,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TokenCommand {
-    /// Mint a token: `kiln token create --tenant T --scope read,write --ttl 30d --key FILE`.
-    Create(TokenCreate),
-    /// Show a token's header and claims (without verifying it).
-    Inspect {
-        /// The token.
-        token: String,
-    },
-}
-
-#[derive(Debug, Args)]
-pub struct TokenCreate {
-    /// The tenant the token acts for.
-    #[arg(long)]
-    pub tenant: String,
-    /// Comma-separated scopes: read, write, admin.
-    #[arg(long, default_value = "read,write")]
-    pub scope: String,
-    /// Lifetime: 30d, 12h, 90s.
-    #[arg(long, default_value = "30d")]
-    pub ttl: String,
-    /// Signing key: an HMAC secret file, or an RSA, ECDSA P-256 or Ed25519 private key (PEM).
-    #[arg(long)]
-    pub key: PathBuf,
-    /// Key id (`kid`); defaults to the key file's name without extension, which is the `kid`
-    /// Kiln gives the matching key file in `--jwt-keys`.
-    #[arg(long)]
-    pub kid: Option<String>,
-    /// Issuer claim.
-    #[arg(long)]
-    pub issuer: Option<String>,
-    /// Audience claim.
-    #[arg(long)]
-    pub audience: Option<String>,
-}
+use crate::auth::{AuthMode, Authenticator, KeyStore, parse_duration_secs};
 
 /// `kiln serve` flags, in blocks by concern. Every flag also reads a `KILN_…` environment
 /// variable; `docs/configuration.md` lists them all (a test checks it).
@@ -518,89 +439,6 @@ impl TelemetryArgs {
         }
         Ok(())
     }
-}
-
-/// Runs `kiln metastore …`.
-pub async fn metastore(cmd: MetastoreCommand) -> anyhow::Result<()> {
-    match cmd {
-        MetastoreCommand::Rebuild {
-            data_dir,
-            metastore,
-            object_store,
-        } => {
-            let mut config = StorageConfig::new(&data_dir);
-            config.metastore = metastore;
-            config.object_store = object_store;
-            let store = config.open_object_store()?;
-            let embedded = match &config.metastore {
-                None => Some(config.embedded_metastore_path()),
-                Some(url) if !url.contains("://") => Some(PathBuf::from(url)),
-                Some(_) => None,
-            };
-            if let Some(path) = embedded.as_ref().filter(|p| p.exists()) {
-                let aside = path.with_extension(format!(
-                    "redb.before-rebuild-{}",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs())
-                ));
-                std::fs::rename(path, &aside)?;
-                println!("the old metastore is kept as {}", aside.display());
-            }
-            let metastore = config.open_metastore().await?;
-            anyhow::ensure!(
-                metastore.tenants().await?.is_empty(),
-                "the metastore already holds entries: rebuild into an empty database"
-            );
-            let (added, bad) = kiln_storage::rebuild_metastore(&store, metastore.as_ref()).await?;
-            for b in &bad {
-                eprintln!("unreadable object left out: {b}");
-            }
-            println!(
-                "metastore rebuilt: {added} entries, {} unreadable objects",
-                bad.len()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Runs `kiln token …`, printing to stdout.
-pub fn token(cmd: TokenCommand) -> anyhow::Result<()> {
-    match cmd {
-        TokenCommand::Create(c) => {
-            let scopes = c
-                .scope
-                .split(',')
-                .map(|s| {
-                    Scope::parse(s.trim()).ok_or_else(|| {
-                        anyhow::anyhow!("unknown scope {s:?}: use read, write, admin")
-                    })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let ttl = parse_duration_secs(&c.ttl)
-                .ok_or_else(|| anyhow::anyhow!("invalid --ttl {:?}", c.ttl))?;
-            let kid = match c.kid {
-                Some(k) => k,
-                None => c
-                    .key
-                    .file_stem()
-                    .and_then(|s| s.to_str())
-                    .ok_or_else(|| anyhow::anyhow!("give --kid"))?
-                    .to_owned(),
-            };
-            let token =
-                crate::auth::mint(&c.key, &kid, &c.tenant, &scopes, ttl, c.issuer, c.audience)?;
-            println!("{token}");
-        }
-        TokenCommand::Inspect { token } => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&crate::auth::inspect(&token)?)?
-            );
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -7,9 +7,9 @@ use std::time::Duration;
 use kiln_storage::Storage;
 use tracing::{info, warn};
 
+use super::config::ServeArgs;
 use crate::app::App;
 use crate::budget::DecodeBudget;
-use crate::cli::ServeArgs;
 use crate::tenants::Tenants;
 
 /// Stack of every runtime thread, async workers and the blocking pool alike: request bodies are
