@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod self_profile;
 pub mod traces;
+pub mod upkeep;
 
 /// The router the listener serves (the API table's, `crate::api::router`).
 pub use crate::api::router;

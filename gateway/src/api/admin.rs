@@ -1,4 +1,5 @@
-//! The admin API (scope `admin`): tenants, their usage, erasing a tenant; and retention.
+//! The admin API (scope `admin`): tenants, their usage, erasing a tenant, quarantined blocks.
+//! (Retention and the stored-bytes refresh are background upkeep: `crate::server::upkeep`.)
 //!
 //! - `GET /api/v1/tenants`: every tenant with data, limits or traffic, with its usage.
 //! - `GET /api/v1/tenants/{id}/usage`: one tenant's usage.
@@ -22,17 +23,6 @@ async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
     let stored = app.storage.stored_bytes(tenant).await?;
     app.metrics.set_stored_bytes(tenant, stored);
     Ok(app.metrics.usage(tenant, stored))
-}
-
-/// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
-/// the background (`cli`), so a `/metrics` scrape costs the same whatever the tenant count.
-pub async fn refresh_stored_bytes(app: &AppRef) -> Result<(), ApiError> {
-    for t in app.storage.metastore().tenants().await? {
-        let bytes = app.storage.stored_bytes(&t).await?;
-        app.metrics.set_stored_bytes(&t, bytes);
-    }
-    app.storage.refresh_block_gauges().await?;
-    Ok(())
 }
 
 async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {
@@ -156,26 +146,5 @@ async fn quarantine(
     Ok(Json(json!({ "blocks": blocks })))
 }
 
-/// Drops, for every tenant, the partitions wholly older than its retention (data time).
-/// Returns index entries removed.
-pub async fn apply_retention(app: &AppRef) -> Result<usize, ApiError> {
-    let now_nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
-    let mut total = 0;
-    for tenant in app.storage.metastore().tenants().await? {
-        let retention = app.limits(&tenant).retention.0;
-        if retention == 0 {
-            continue;
-        }
-        let before = now_nanos.saturating_sub((retention as i64).saturating_mul(1_000_000_000));
-        let n = app.storage.apply_retention(&tenant, before).await?;
-        if n > 0 {
-            tracing::info!(tenant = %tenant, blocks = n, "retention deleted old blocks");
-            app.tenants.forget(&tenant);
-        }
-        total += n;
-    }
-    Ok(total)
-}
+// The stored-bytes refresh's old path, until the tests import it from the upkeep.
+pub use crate::server::upkeep::refresh_stored_bytes;

@@ -88,7 +88,7 @@ pub(crate) async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
         .parca_stack_cache_bytes
         .set(app.stacks.weighted_size() as i64);
     // Stored bytes per tenant come from the background refresh
-    // (`admin::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
+    // (`server::upkeep::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
     (
         [(
             header::CONTENT_TYPE,

@@ -244,7 +244,7 @@ impl Querier {
     }
 
     /// The query's time range within the tenant's maximum query range. (Retention works on
-    /// whole blocks by ingestion time: see `crate::admin::apply_retention`.)
+    /// whole blocks by ingestion time: see `crate::server::upkeep::apply_retention`.)
     fn range(&self, tenant: &TenantId, start_ms: i64, end_ms: i64) -> Result<(i64, i64), ApiError> {
         let limits = self.app.limits(tenant);
         let (mut start, end) = time_range(start_ms, end_ms)?;

@@ -1,11 +1,12 @@
-//! The server's life: open storage and build the app, start the background upkeep, the admin
-//! listener and the self-profiler, serve until SIGTERM, then stop in order.
+//! The server's life: open storage and build the app, start the background upkeep
+//! ([`super::upkeep`]), the admin listener and the self-profiler, serve until SIGTERM, then stop
+//! in order.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kiln_storage::Storage;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::config::ServeArgs;
 use crate::app::App;
@@ -39,81 +40,6 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     Ok(Arc::new(app))
 }
 
-/// How often the `kiln_tenant_stored_bytes` gauges are refreshed from the metastore.
-const STORED_BYTES_REFRESH: Duration = Duration::from_secs(30);
-
-/// Background upkeep: reload keys and tenant limits on change or SIGHUP, refresh stored bytes,
-/// run retention.
-fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
-    let reload = {
-        let app = Arc::clone(&app);
-        move |why: &str, force: bool| {
-            if let Some(keys) = &app.auth.keys {
-                let result = if force {
-                    keys.reload().map(|_| true)
-                } else {
-                    keys.reload_if_changed()
-                };
-                match result {
-                    Ok(true) => info!(why, keys = keys.keys().len(), "JWT keys reloaded"),
-                    Ok(false) => {}
-                    Err(e) => warn!(error = %e, "JWT keys not reloaded; the old keys stay"),
-                }
-            }
-            let result = if force {
-                app.tenants.reload().map(|_| true)
-            } else {
-                app.tenants.reload_if_changed()
-            };
-            match result {
-                Ok(true) => info!(why, "tenant limits reloaded"),
-                Ok(false) => {}
-                Err(e) => warn!(error = %e, "tenant limits not reloaded; the old limits stay"),
-            }
-        }
-    };
-    let poll = reload.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            poll("changed on disk", false);
-        }
-    });
-    #[cfg(unix)]
-    tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
-        while hup.recv().await.is_some() {
-            reload("SIGHUP", true);
-        }
-    });
-    let metered = Arc::clone(&app);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
-        loop {
-            tick.tick().await;
-            if let Err(e) = crate::admin::refresh_stored_bytes(&metered).await {
-                warn!(error = %e.log_text(), "stored bytes not refreshed; retrying at the next interval");
-            }
-        }
-    });
-    if !app.roles.compact {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(retention_every);
-        loop {
-            tick.tick().await;
-            if let Err(e) = crate::admin::apply_retention(&app).await {
-                warn!(error = %e.log_text(), "retention failed; retrying at the next interval");
-            }
-        }
-    });
-}
-
 /// Runs `kiln serve` until SIGTERM.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let app = build_app(&args).await?;
@@ -133,7 +59,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         });
     }
-    spawn_upkeep(
+    super::upkeep::spawn_upkeep(
         Arc::clone(&app),
         Duration::from_secs(args.compaction.retention_interval_secs.max(1)),
     );
