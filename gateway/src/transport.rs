@@ -7,6 +7,7 @@
 //! API table hands it.
 
 pub mod connect;
+pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod telemetry;

@@ -12,8 +12,9 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use crate::app::AppRef;
-use crate::error::{ErrorDetail, ErrorKind};
+use crate::error::ErrorKind;
 use crate::metrics::{ApiLabels, ApiRequestLabels};
+use crate::transport::error::ErrorDetail;
 
 /// `2xx`, `3xx`, `4xx` or `5xx`; a gRPC answer by its `grpc-status` (errors come trailers-only,
 /// in the headers; a status in trailers is a success), mapped as the HTTP status would be.
