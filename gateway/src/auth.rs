@@ -26,7 +26,7 @@ pub mod tenant;
 mod tokens;
 
 pub use keys::{KeyStore, VerifyKey};
-pub use tokens::{Audience, Claims, inspect, mint, parse_duration_secs};
+pub use tokens::{Audience, Claims, inspect, mint};
 
 /// A tenant id that authentication vouched for: a request's tenant, or the tenant the operator
 /// configured for Kiln's own profiles. Its field is private and only this module makes one, so

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
-use crate::auth::{Scope, parse_duration_secs};
+use crate::auth::Scope;
+use crate::time::parse_duration_secs;
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {

@@ -12,7 +12,8 @@ use kiln_storage::compaction::LevelPolicy;
 use tracing::info;
 
 use crate::app::Roles;
-use crate::auth::{AuthMode, Authenticator, KeyStore, parse_duration_secs};
+use crate::auth::{AuthMode, Authenticator, KeyStore};
+use crate::time::parse_duration_secs;
 
 /// `kiln serve` flags, in blocks by concern. Every flag also reads a `KILN_…` environment
 /// variable; `docs/configuration.md` lists them all (a test checks it).

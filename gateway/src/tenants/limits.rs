@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::auth::parse_duration_secs;
+use crate::time::parse_duration_secs;
 
 /// A duration written as `"31d"`, `"24h"`, `"90s"` or a number of seconds; 0 means none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
