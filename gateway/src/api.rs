@@ -197,7 +197,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One("ingest"),
-            Some(|| post(crate::ingest::ingest_handler)),
+            Some(|| post(ingest::ingest_handler)),
         ),
         Endpoint::new(
             "/pyroscope/ingest",
@@ -205,7 +205,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One("ingest"),
-            Some(|| post(crate::ingest::ingest_handler)),
+            Some(|| post(ingest::ingest_handler)),
         ),
         Endpoint::new(
             format!("/{PUSH}"),
@@ -213,7 +213,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Connect,
             One(PUSH),
-            Some(|| post(crate::push::connect_handler)),
+            Some(|| post(push::connect_handler)),
         ),
         Endpoint::new(
             "/v1development/profiles",
@@ -221,7 +221,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One(OTLP_EXPORT),
-            Some(|| post(crate::otlp::http_handler)),
+            Some(|| post(otlp::http_handler)),
         ),
         Endpoint::new(
             format!("/{OTLP_EXPORT}"),
@@ -234,27 +234,27 @@ pub fn endpoints() -> Vec<Endpoint> {
         // The Parca agent's write API: WriteRaw and WriteArrow over Connect and gRPC, the
         // bidirectional Write over gRPC (its Connect path answers so).
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE_RAW),
+            format!("/{}", parca::WRITE_RAW),
             Post,
             Ingest,
             Connect,
-            One(crate::parca::WRITE_RAW),
-            Some(|| post(crate::parca::connect_write_raw)),
+            One(parca::WRITE_RAW),
+            Some(|| post(parca::connect_write_raw)),
         ),
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE_ARROW),
+            format!("/{}", parca::WRITE_ARROW),
             Post,
             Ingest,
             Connect,
-            One(crate::parca::WRITE_ARROW),
-            Some(|| post(crate::parca::connect_write_arrow)),
+            One(parca::WRITE_ARROW),
+            Some(|| post(parca::connect_write_arrow)),
         ),
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE),
+            format!("/{}", parca::WRITE),
             Post,
             Ingest,
             Grpc,
-            One(crate::parca::WRITE),
+            One(parca::WRITE),
             None,
         ),
         // Query: querier.v1, the app's other services, the legacy HTTP API.
@@ -264,17 +264,17 @@ pub fn endpoints() -> Vec<Endpoint> {
             Query,
             Connect,
             Names::Methods {
-                methods: crate::querier::QUERIER_METHODS,
+                methods: querier::QUERIER_METHODS,
                 unknown: "querier.v1.QuerierService/unknown",
             },
-            Some(|| post(crate::querier::connect_handler)),
+            Some(|| post(querier::connect_handler)),
         ),
     ];
     for s in &settings::SERVICES {
         all.push(service_endpoint(s, || post(settings::handler)));
     }
     all.push(service_endpoint(&adhoc::SERVICE, || post(adhoc::handler)));
-    for r in &crate::legacy::ROUTES {
+    for r in &legacy::ROUTES {
         all.push(Endpoint::new(
             r.path,
             Get,
@@ -292,7 +292,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenants"),
-            Some(|| get(crate::admin::list)),
+            Some(|| get(admin::list)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}",
@@ -300,7 +300,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant"),
-            Some(|| delete(crate::admin::delete)),
+            Some(|| delete(admin::delete)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/usage",
@@ -308,7 +308,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.usage"),
-            Some(|| get(crate::admin::usage)),
+            Some(|| get(admin::usage)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/blocks",
@@ -316,7 +316,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.blocks"),
-            Some(|| get(crate::admin::blocks)),
+            Some(|| get(admin::blocks)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/quarantine",
@@ -324,7 +324,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.quarantine"),
-            Some(|| get(crate::admin::quarantine_of)),
+            Some(|| get(admin::quarantine_of)),
         ),
         Endpoint::new(
             "/api/v1/quarantine",
@@ -332,7 +332,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.quarantine"),
-            Some(|| get(crate::admin::quarantine_all)),
+            Some(|| get(admin::quarantine_all)),
         ),
         Endpoint::new(
             "/ready",

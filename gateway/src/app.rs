@@ -15,10 +15,10 @@ use axum::http::HeaderMap;
 use kiln_storage::Storage;
 
 use crate::auth::{Authenticator, Scope, TenantId};
-use crate::budget::DecodeBudget;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::tenants::{TenantLimits, Tenants};
+use budget::DecodeBudget;
 
 pub use roles::{Roles, RolesError};
 pub use stacks::{DEFAULT_STACK_CACHE_BYTES, StackCache};
@@ -72,7 +72,8 @@ impl App {
             .authenticate(headers, scope)
             .map(|p| p.tenant)
             .inspect(|tenant| {
-                // The request's span (`transport::telemetry::track`) carries its tenant from here on.
+                // The request's span (`transport::telemetry::track`) carries its tenant from
+                // here on.
                 tracing::Span::current().record("tenant", tenant.as_str());
             })
             .inspect_err(|e| self.metrics.auth_refused(e.reason()))

@@ -32,19 +32,10 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod error;
 pub mod metrics;
+pub mod server;
 pub mod tenants;
 pub mod time;
-
-pub mod cli;
-pub mod server;
 pub mod transport;
-
-// The modules' paths before the re-cut into rooms, while their files still use them.
-pub use api::{adhoc, admin, ingest, legacy, otlp, parca, push, querier, settings as app_services};
-pub use app::budget;
-pub use auth::tenant;
-pub use cli::{bench, upload};
-pub use server::{lifecycle, self_profile, traces};
-pub use transport::{connect, grpc, telemetry};

@@ -38,11 +38,11 @@ use kiln_storage::query::FlameTree;
 use serde::Deserialize;
 use ulid::Ulid;
 
+use crate::api::querier::Querier;
 use crate::api::render::flamebearer as fb;
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
 use crate::error::{ApiError, ErrorKind};
-use crate::querier::Querier;
 use crate::tenants::TenantLimits;
 use crate::transport::connect::{Call, Service, connect_error, connect_ok, prepare};
 
@@ -312,7 +312,7 @@ async fn parse_bounded(
     let _slot = app.tenants.query_slot(tenant).await?;
     let _share = app
         .decode_budget
-        .take(crate::budget::decoded_size(
+        .take(crate::app::budget::decoded_size(
             &data,
             limits.max_decompressed_bytes,
         ))

@@ -15,9 +15,9 @@ use axum::http::HeaderMap;
 use serde_json::json;
 
 use crate::app::AppRef;
+use crate::auth::validate_tenant;
 use crate::error::ApiError;
 use crate::metrics::Usage;
-use crate::tenant::validate_tenant;
 
 async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
     let stored = app.storage.stored_bytes(tenant).await?;
@@ -145,6 +145,3 @@ async fn quarantine(
         .await?;
     Ok(Json(json!({ "blocks": blocks })))
 }
-
-// The stored-bytes refresh's old path, until the tests import it from the upkeep.
-pub use crate::server::upkeep::refresh_stored_bytes;

@@ -34,10 +34,10 @@ use kiln_proto::types::v1 as t;
 use kiln_storage::selector::{MatchOp, Matcher, Selector, parse_selector};
 
 use super::render::{DOT_SOURCE_NODES, dot_text, flamebearer};
+use crate::api::querier::Querier;
 use crate::app::AppRef;
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
-use crate::querier::Querier;
 use crate::transport::http::{query_options, report_headers};
 
 /// A legacy endpoint: its path, the API method name the telemetry layer gives it, its handler.

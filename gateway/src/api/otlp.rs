@@ -167,7 +167,7 @@ async fn http_export(
     check_version(headers)?;
     let _share = app
         .decode_budget
-        .take(crate::budget::decoded_size(
+        .take(crate::app::budget::decoded_size(
             &body,
             limits.max_decompressed_bytes,
         ))

@@ -1,6 +1,6 @@
 //! `parca.profilestore.v1alpha1.ProfileStoreService`, the Parca agent's write API:
 //!
-//! - `WriteRaw` (pprof series): the push API's handling ([`crate::push::push`]);
+//! - `WriteRaw` (pprof series): the push API's handling ([`crate::api::push::push`]);
 //! - `WriteArrow` (an Arrow IPC stream, LZ4 buffers allowed, stacks inline: schema v2, or a v1
 //!   sample record with its locations record);
 //! - `Write`, the bidirectional stream of schema v1: the agent sends a sample record naming its
@@ -41,10 +41,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::app::AppRef;
 use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
-use crate::connect::{connect_error, connect_ok};
 use crate::error::ApiError;
-use crate::grpc::Grpc;
 use crate::time::now_nanos;
+use crate::transport::connect::{connect_error, connect_ok};
+use crate::transport::grpc::Grpc;
 
 /// `parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`.
 pub const WRITE_RAW: &str = "parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw";
@@ -103,7 +103,7 @@ pub async fn write_raw(
             annotations: Vec::new(),
         })
         .collect();
-    crate::push::push(app, tenant, push::PushRequest { series }).await
+    crate::api::push::push(app, tenant, push::PushRequest { series }).await
 }
 
 fn refuse_oversize(app: &AppRef, tenant: &TenantId, len: usize) -> Result<(), ApiError> {
@@ -310,7 +310,7 @@ where
             crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
                 .await
                 .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let call = crate::connect::prepare(&app, &headers, body, tenant.clone())
+        let call = crate::transport::connect::prepare(&app, &headers, body, tenant.clone())
             .await
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         app.metrics.received(&tenant, call.body.len());

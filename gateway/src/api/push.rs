@@ -1,6 +1,6 @@
 //! `push.v1.PusherService/Push`, Pyroscope's push API (what Grafana Alloy sends): the request's
 //! handling ([`push`]) and its two front ends, Connect ([`connect_handler`]) and gRPC (the
-//! [`PusherService`] of [`crate::grpc::Grpc`]).
+//! [`PusherService`] of [`crate::transport::grpc::Grpc`]).
 
 use axum::body::Body;
 use axum::extract::State;
@@ -12,14 +12,14 @@ use kiln_proto::push::v1::{PushRequest, PushResponse};
 use tonic::{Request, Response, Status};
 
 use crate::app::AppRef;
+use crate::app::budget;
 use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
-use crate::budget;
-use crate::connect::{connect_error, connect_ok};
 use crate::error::ApiError;
-use crate::grpc::Grpc;
 use crate::tenants::TenantLimits;
 use crate::time::now_nanos;
+use crate::transport::connect::{connect_error, connect_ok};
+use crate::transport::grpc::Grpc;
 
 /// Stores a push request: every sample is decoded and normalized before anything is
 /// written, so a bad sample refuses the whole request and nothing of it is stored.
@@ -87,7 +87,7 @@ pub async fn connect_handler(
             crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
                 .await
                 .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let call = crate::connect::prepare(&app, &headers, body, tenant.clone())
+        let call = crate::transport::connect::prepare(&app, &headers, body, tenant.clone())
             .await
             .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
         app.metrics.received(&tenant, call.body.len());

@@ -117,7 +117,7 @@ pub async fn handler(
 }
 
 /// What this server can do. `functionProjections`: exact function tables, call trees and
-/// sandwiches computed by the server from the whole profile (`crate::querier`'s projections), so
+/// sandwiches computed by the server from the whole profile (`crate::api::querier`'s projections), so
 /// the app stops computing them from a truncated flame graph.
 fn feature_flags() -> caps::GetFeatureFlagsResponse {
     caps::GetFeatureFlagsResponse {

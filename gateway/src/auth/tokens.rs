@@ -8,9 +8,9 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::keys::{VerifyKey, key_err};
+use super::tenant::{ORG_ID_HEADER, validate_tenant};
 use super::{Authenticator, Principal, Scope, TenantId, forbidden, now_secs, unauthenticated};
 use crate::error::ApiError;
-use crate::tenant::{ORG_ID_HEADER, validate_tenant};
 
 /// The claims Kiln reads and writes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_client::Pro
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use crate::parca::UPLOAD_ID_HEADER;
+use crate::api::parca::UPLOAD_ID_HEADER;
 
 /// `kiln upload` flags.
 #[derive(Debug, Clone, clap::Args)]

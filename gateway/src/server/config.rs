@@ -260,7 +260,7 @@ pub struct TelemetryArgs {
     pub self_profile: bool,
 
     /// The tenant Kiln's own profiles go to (by default the one `--auth none` serves).
-    #[arg(long, env = "KILN_SELF_PROFILE_TENANT", default_value = crate::tenant::ANONYMOUS)]
+    #[arg(long, env = "KILN_SELF_PROFILE_TENANT", default_value = crate::auth::ANONYMOUS)]
     pub self_profile_tenant: String,
 
     /// Seconds of samples in each of Kiln's own profiles.

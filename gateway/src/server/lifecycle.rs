@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::config::ServeArgs;
 use crate::app::App;
-use crate::budget::DecodeBudget;
+use crate::app::budget::DecodeBudget;
 use crate::tenants::Tenants;
 
 /// Stack of every runtime thread, async workers and the blocking pool alike: request bodies are
@@ -71,9 +71,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Profiles are written through this process's own writer, which runs with the ingest role.
     if args.telemetry.self_profile && app.roles.ingest {
-        crate::self_profile::spawn(
+        crate::server::self_profile::spawn(
             Arc::clone(&app),
-            crate::self_profile::SelfProfile {
+            crate::server::self_profile::SelfProfile {
                 tenant: app
                     .auth
                     .configured_tenant(&args.telemetry.self_profile_tenant)

@@ -73,7 +73,7 @@ pub fn init(filter: &str, otlp_endpoint: Option<&str>) -> Result<Traces, TracesE
                     .with_batch_exporter(exporter)
                     .with_resource(
                         Resource::builder()
-                            .with_service_name(crate::self_profile::SERVICE_NAME)
+                            .with_service_name(crate::server::self_profile::SERVICE_NAME)
                             .build(),
                     )
                     .build(),

@@ -132,7 +132,7 @@ impl TenantConfig {
         let mut tenants = HashMap::new();
         if let Some(toml::Value::Table(ts)) = doc.remove("tenants") {
             for (id, v) in ts {
-                crate::tenant::validate_tenant(&id)
+                crate::auth::validate_tenant(&id)
                     .map_err(|e| anyhow::anyhow!("[tenants.{id}]: {}", e.message))?;
                 let toml::Value::Table(over) = v else {
                     anyhow::bail!("[tenants.{id}] must be a table");

@@ -98,6 +98,3 @@ pub async fn track(
         .observe(started.elapsed().as_secs_f64());
     resp
 }
-
-// The names' old path, until the tests import them from the table.
-pub use crate::api::{api_method, api_methods};
