@@ -25,7 +25,7 @@
 //! The router ([`router`]) is built from it (an endpoint of a role this process does not run
 //! answers 404 naming the roles it runs), and so are the telemetry layer's method and transport
 //! labels ([`api_method`], [`transport`], handed to the layer of `crate::transport::telemetry`).
-//! gRPC services are tonic's ([`grpc_routes`]), on the same paths as their Connect twins; the
+//! gRPC services are tonic's (`grpc_routes`), on the same paths as their Connect twins; the
 //! table lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
 //!
 //! `tests/router.rs::every_endpoint_is_routed` requests every endpoint of the table, with every

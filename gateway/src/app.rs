@@ -1,7 +1,7 @@
 //! The state every handler reads ([`App`]: storage, tenants' limits, authentication, metrics,
 //! roles, the Parca agents' stacks, `kiln upload`'s batch ids), and what the APIs share below
 //! their transports: the decode budget ([`budget`]) and the write path every write API ends in
-//! ([`write`]).
+//! ([`write`](mod@write)).
 
 pub mod budget;
 mod roles;

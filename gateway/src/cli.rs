@@ -1,7 +1,7 @@
 //! The `kiln` command line ([`Cli`]: `kiln serve`, the default, and the other commands), and
 //! the commands that are clients or tools, not the server ([`Tool`], run by [`run`]):
 //! `kiln token` ([`token`]), `kiln metastore` ([`metastore`]), `kiln bench` with its workload
-//! ([`bench`]) and `kiln upload` ([`upload`]). `kiln serve`'s flags are the server's
+//! ([`bench`](mod@bench)) and `kiln upload` ([`upload`]). `kiln serve`'s flags are the server's
 //! (`crate::server::config`).
 
 pub mod bench;

@@ -1,6 +1,6 @@
-//! `querier.v1.QuerierService`: the logic shared by its Connect front end ([`connect`]) and its
-//! gRPC one ([`grpc`]); the function projections in [`projections`], heatmap slots in
-//! [`heatmap`]. Times on the wire are Unix milliseconds; `step` is seconds.
+//! `querier.v1.QuerierService`: the logic shared by its Connect front end (`connect`) and its
+//! gRPC one (`grpc`); the function projections in `projections`, heatmap slots in
+//! `heatmap`. Times on the wire are Unix milliseconds; `step` is seconds.
 
 use kiln_proto::google::v1::Profile;
 use kiln_proto::querier::v1 as q;
@@ -23,7 +23,7 @@ pub use connect::connect_handler;
 const NANOS_PER_MS: i64 = 1_000_000;
 
 /// Every `querier.v1` method Kiln answers, with the [`Querier`] function answering it: the one
-/// list the Connect dispatch ([`connect`]) and the telemetry layer's names
+/// list the Connect dispatch (`connect`) and the telemetry layer's names
 /// ([`QUERIER_METHODS`]) are made from. (gRPC's come from the service trait, which the compiler
 /// checks against the `.proto`.) Invokes `$callback! { "Name" => function, … }`.
 macro_rules! querier_methods {

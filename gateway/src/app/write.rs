@@ -1,4 +1,4 @@
-//! The write path every write API ends in: decoding off the async workers ([`blocking`]) and
+//! The write path every write API ends in: decoding off the async workers (`blocking`) and
 //! [`store`], which charges the tenant's rate and series limits and answers only once the
 //! profiles are durable.
 

@@ -85,7 +85,7 @@ pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
 }
 
 /// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
-/// the background ([`spawn_upkeep`]), so a `/metrics` scrape costs the same whatever the
+/// the background (`spawn_upkeep`), so a `/metrics` scrape costs the same whatever the
 /// tenant count.
 pub async fn refresh_stored_bytes(app: &AppRef) -> Result<(), ApiError> {
     for t in app.storage.metastore().tenants().await? {
