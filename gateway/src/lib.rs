@@ -15,15 +15,16 @@
 //! | [`cli`] | the command line, and the commands that are not the server |
 //!
 //! ```text
-//!  SDKs, collectors, Grafana ── HTTP/1.1 + h2c, one port ──►  steer: application/grpc* → tonic
-//!                                                                     else → axum routes
-//!    /ingest, /pyroscope/ingest ─► api::ingest: body limit → gzip (bounded) → decode → normalize ┐
-//!    push.v1 (Connect, gRPC)    ─► api::push ───────────────────────────────────────────────────┤
-//!    Parca WriteRaw/WriteArrow/Write (Connect, gRPC) ─► api::parca (+ known-stack cache) ───────┤
-//!    OTLP profiles (HTTP, gRPC) ─► api::otlp ────────────────────────────────────────────────────┤
-//!                                                  app::write ─► storage.write (durable) ┘
-//!    querier.v1 (Connect, gRPC) ─► api::querier ─► storage query engine ─► FlameGraph / pprof / series
-//!    /pyroscope/render[-diff], /pyroscope/label[s|-values] ─► api::legacy ─► api::querier ─► flamebearer / DOT
+//!  SDKs, collectors, Grafana ── HTTP/1.1 + h2c, one port ──► api::router, its layers:
+//!    transport::telemetry (count, time, trace) → transport::grpc::steer
+//!    (application/grpc* → tonic, authenticated first; else → the axum route of the table)
+//!
+//!    /ingest, /pyroscope/ingest ───► api::ingest ─┐ decode, normalize
+//!    push.v1 (Connect, gRPC) ──────► api::push ───┤ (app::write::blocking)
+//!    Parca Write* (Connect, gRPC) ─► api::parca ──┤ → app::write::store
+//!    OTLP profiles (HTTP, gRPC) ───► api::otlp ───┘ → storage write (durable)
+//!    querier.v1 (Connect, gRPC) ─► api::querier ─► the storage query engine ─► flame graph, …
+//!    /pyroscope/render, labels ─► api::legacy ─► api::querier ─► api::render: flamebearer, DOT
 //! ```
 //!
 //! Every request is mapped to a tenant first ([`auth`]); errors of every protocol come from one

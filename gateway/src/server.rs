@@ -1,6 +1,8 @@
 //! The server: `kiln serve`'s flags ([`config`]), its life from start-up to shutdown
-//! ([`lifecycle`]), the listener with its per-connection limits ([`listener`]), Kiln's own
-//! profiles ([`self_profile`]) and its logs and traces ([`traces`]).
+//! ([`lifecycle`]), the listener with its per-connection limits ([`listener`]), its background
+//! upkeep ([`upkeep`]), Kiln's own profiles ([`self_profile`]) and its logs and traces
+//! ([`traces`]). It starts what the rooms below it define: the APIs' router (`crate::api`)
+//! over the app's state (`crate::app`).
 
 pub mod config;
 pub mod lifecycle;
