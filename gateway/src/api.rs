@@ -1,19 +1,65 @@
-//! Every API the port serves, in one table ([`endpoints`]): its path, HTTP method, role,
-//! transport, the names the telemetry layer gives its calls, and its handler. The router
-//! (`crate::server::router`) is built from it — an endpoint of a role this process does not run
-//! answers 404 naming the roles it runs — and so are the telemetry layer's method and transport
-//! labels (`crate::telemetry`). Each API's own methods are listed once, in its module:
-//! `querier.v1` in [`crate::querier`] (`querier_methods!`), the Drilldown app's other services in
-//! [`crate::app_services::SERVICES`], the legacy query API in [`crate::legacy::ROUTES`]. gRPC
-//! services are tonic's (`crate::server`), on the same paths as their Connect twins; the table
-//! lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
+//! The APIs, one module per API family, and the one table that routes them all.
+//!
+//! | module | API |
+//! |---|---|
+//! | [`ingest`] | Pyroscope's `/ingest` and `/pyroscope/ingest`, every format it takes |
+//! | [`push`] | `push.v1` (Grafana Alloy), Connect and gRPC |
+//! | [`otlp`] | OTLP profiles, HTTP and gRPC |
+//! | [`parca`] | the Parca agent's `ProfileStoreService`: `WriteRaw`, `WriteArrow`, `Write` |
+//! | [`querier`] | `querier.v1`, Connect and gRPC, with the function projections and heatmaps |
+//! | [`legacy`] | Pyroscope's legacy HTTP query API: `/pyroscope/render`, labels |
+//! | [`adhoc`] | `adhocprofiles.v1`, the Drilldown app's upload tab |
+//! | [`settings`] | `settings.v1`, `capabilities.v1`, and the services Kiln does not offer |
+//! | [`admin`] | `/api/v1/tenants…`, `/api/v1/quarantine` |
+//! | [`ops`] | `/ready`, `/metrics` |
+//! | [`render`] | no API: the flamebearer and DOT formats the query APIs draw in |
+//!
+//! An API module owns its handlers and lists its own methods once: `querier.v1` in [`querier`]
+//! (`querier_methods!`), the Drilldown app's other services in [`settings::SERVICES`] and
+//! [`adhoc::SERVICE`], the legacy query API in [`legacy::ROUTES`]. It uses the app's state
+//! (`crate::app`) and the transports (`crate::transport`); neither knows it. A new API is a
+//! module here and its rows in the table.
+//!
+//! This file is the only one that knows every API. [`endpoints`] lists each endpoint: its path,
+//! HTTP method, role, transport, the names the telemetry layer gives its calls, and its handler.
+//! The router ([`router`]) is built from it (an endpoint of a role this process does not run
+//! answers 404 naming the roles it runs), and so are the telemetry layer's method and transport
+//! labels ([`api_method`], [`transport`], handed to the layer of `crate::transport::telemetry`).
+//! gRPC services are tonic's (`grpc_routes`), on the same paths as their Connect twins; the
+//! table lists the one that has no Connect twin (OTLP's `Export`) so it is named too.
 //!
 //! `tests/router.rs::every_endpoint_is_routed` requests every endpoint of the table, with every
 //! role and with none, and checks none falls through to the router's fallback.
 
+pub mod adhoc;
+pub mod admin;
+pub mod ingest;
+pub mod legacy;
+pub mod ops;
+pub mod otlp;
+pub mod parca;
+pub mod push;
+pub mod querier;
+pub mod render;
+pub mod settings;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
+use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_server::ProfileStoreServiceServer;
+use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
+use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
+use tonic::codec::CompressionEncoding;
 
 use crate::app::{AppRef, Roles};
+use crate::auth::Scope;
+pub use crate::transport::Transport;
+use crate::transport::connect::Service;
+use crate::transport::grpc::{Grpc, Steer, steer};
+use crate::transport::telemetry::{Classify, track};
 
 /// The role that serves an endpoint (`--roles`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,29 +77,6 @@ impl Role {
             Self::Ingest => roles.ingest,
             Self::Query => roles.query,
             Self::Any => true,
-        }
-    }
-}
-
-/// How an endpoint is reached (the telemetry layer's `transport` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// Plain HTTP (Pyroscope's ingest and legacy query API, OTLP/HTTP, admin).
-    Http,
-    /// Connect, protobuf or JSON; the same paths with an `application/grpc` content type are
-    /// gRPC, served by tonic.
-    Connect,
-    /// gRPC only.
-    Grpc,
-}
-
-impl Transport {
-    /// The label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Connect => "connect",
-            Self::Grpc => "grpc",
         }
     }
 }
@@ -174,7 +197,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One("ingest"),
-            Some(|| post(crate::ingest::ingest_handler)),
+            Some(|| post(ingest::ingest_handler)),
         ),
         Endpoint::new(
             "/pyroscope/ingest",
@@ -182,7 +205,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One("ingest"),
-            Some(|| post(crate::ingest::ingest_handler)),
+            Some(|| post(ingest::ingest_handler)),
         ),
         Endpoint::new(
             format!("/{PUSH}"),
@@ -190,7 +213,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Connect,
             One(PUSH),
-            Some(|| post(crate::push::connect_handler)),
+            Some(|| post(push::connect_handler)),
         ),
         Endpoint::new(
             "/v1development/profiles",
@@ -198,7 +221,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Ingest,
             Http,
             One(OTLP_EXPORT),
-            Some(|| post(crate::otlp::http_handler)),
+            Some(|| post(otlp::http_handler)),
         ),
         Endpoint::new(
             format!("/{OTLP_EXPORT}"),
@@ -211,27 +234,27 @@ pub fn endpoints() -> Vec<Endpoint> {
         // The Parca agent's write API: WriteRaw and WriteArrow over Connect and gRPC, the
         // bidirectional Write over gRPC (its Connect path answers so).
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE_RAW),
+            format!("/{}", parca::WRITE_RAW),
             Post,
             Ingest,
             Connect,
-            One(crate::parca::WRITE_RAW),
-            Some(|| post(crate::parca::connect_write_raw)),
+            One(parca::WRITE_RAW),
+            Some(|| post(parca::connect_write_raw)),
         ),
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE_ARROW),
+            format!("/{}", parca::WRITE_ARROW),
             Post,
             Ingest,
             Connect,
-            One(crate::parca::WRITE_ARROW),
-            Some(|| post(crate::parca::connect_write_arrow)),
+            One(parca::WRITE_ARROW),
+            Some(|| post(parca::connect_write_arrow)),
         ),
         Endpoint::new(
-            format!("/{}", crate::parca::WRITE),
+            format!("/{}", parca::WRITE),
             Post,
             Ingest,
             Grpc,
-            One(crate::parca::WRITE),
+            One(parca::WRITE),
             None,
         ),
         // Query: querier.v1, the app's other services, the legacy HTTP API.
@@ -241,33 +264,17 @@ pub fn endpoints() -> Vec<Endpoint> {
             Query,
             Connect,
             Names::Methods {
-                methods: crate::querier::QUERIER_METHODS,
+                methods: querier::QUERIER_METHODS,
                 unknown: "querier.v1.QuerierService/unknown",
             },
-            Some(|| post(crate::connect::querier_handler)),
+            Some(|| post(querier::connect_handler)),
         ),
     ];
-    for s in &crate::app_services::SERVICES {
-        all.push(Endpoint::new(
-            format!("/{}/{{method}}", s.name),
-            Post,
-            Query,
-            Connect,
-            match s.absent {
-                // Every call of a service Kiln does not offer has the service's name.
-                Some(_) => Names::Methods {
-                    methods: &[],
-                    unknown: s.methods[0],
-                },
-                None => Names::Methods {
-                    methods: s.methods,
-                    unknown: "other",
-                },
-            },
-            Some(|| post(crate::app_services::handler)),
-        ));
+    for s in &settings::SERVICES {
+        all.push(service_endpoint(s, || post(settings::handler)));
     }
-    for r in &crate::legacy::ROUTES {
+    all.push(service_endpoint(&adhoc::SERVICE, || post(adhoc::handler)));
+    for r in &legacy::ROUTES {
         all.push(Endpoint::new(
             r.path,
             Get,
@@ -285,7 +292,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenants"),
-            Some(|| get(crate::admin::list)),
+            Some(|| get(admin::list)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}",
@@ -293,7 +300,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant"),
-            Some(|| delete(crate::admin::delete)),
+            Some(|| delete(admin::delete)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/usage",
@@ -301,7 +308,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.usage"),
-            Some(|| get(crate::admin::usage)),
+            Some(|| get(admin::usage)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/blocks",
@@ -309,7 +316,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.blocks"),
-            Some(|| get(crate::admin::blocks)),
+            Some(|| get(admin::blocks)),
         ),
         Endpoint::new(
             "/api/v1/tenants/{id}/quarantine",
@@ -317,7 +324,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.tenant.quarantine"),
-            Some(|| get(crate::admin::quarantine_of)),
+            Some(|| get(admin::quarantine_of)),
         ),
         Endpoint::new(
             "/api/v1/quarantine",
@@ -325,7 +332,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("admin.quarantine"),
-            Some(|| get(crate::admin::quarantine_all)),
+            Some(|| get(admin::quarantine_all)),
         ),
         Endpoint::new(
             "/ready",
@@ -333,7 +340,7 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("ready"),
-            Some(|| get(crate::server::ready)),
+            Some(|| get(ops::ready)),
         ),
         Endpoint::new(
             "/metrics",
@@ -341,10 +348,32 @@ pub fn endpoints() -> Vec<Endpoint> {
             Any,
             Http,
             One("metrics"),
-            Some(|| get(crate::server::guarded_metrics)),
+            Some(|| get(ops::guarded_metrics)),
         ),
     ]);
     all
+}
+
+/// The endpoint of a Connect service's calls: `/{service}/{method}`, named by its method list.
+fn service_endpoint(s: &Service, handler: fn() -> MethodRouter<AppRef>) -> Endpoint {
+    Endpoint::new(
+        format!("/{}/{{method}}", s.name),
+        Verb::Post,
+        Role::Query,
+        Transport::Connect,
+        match s.absent {
+            // Every call of a service Kiln does not offer has the service's name.
+            Some(_) => Names::Methods {
+                methods: &[],
+                unknown: s.methods[0],
+            },
+            None => Names::Methods {
+                methods: s.methods,
+                unknown: "other",
+            },
+        },
+        Some(handler),
+    )
 }
 
 /// The table, built once.
@@ -383,41 +412,149 @@ pub fn transport_of(path: &str) -> Transport {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Every API method name the telemetry layer gives (the `method` label's values).
+pub fn api_methods() -> Vec<String> {
+    method_names().into_iter().map(str::to_owned).collect()
+}
 
-    #[test]
-    fn paths_match_by_segment() {
-        let (e, last) = endpoint_of("/api/v1/tenants/acme/usage").unwrap();
-        assert_eq!(e.path, "/api/v1/tenants/{id}/usage");
-        assert_eq!(last, "usage");
-        assert!(endpoint_of("/api/v1/tenants/a/b/c").is_none());
-        assert!(endpoint_of("/api/v1/tenants//usage").is_none());
-        assert_eq!(
-            method_name("/querier.v1.QuerierService/SelectSeries"),
-            "querier.v1.QuerierService/SelectSeries"
-        );
-        assert_eq!(
-            method_name("/querier.v1.QuerierService/Nope"),
-            "querier.v1.QuerierService/unknown"
-        );
-        assert_eq!(
-            method_name("/vcs.v1.VCSService/GithubApp"),
-            "vcs.v1.VCSService"
-        );
-        assert_eq!(method_name("/nothing/here"), "other");
-    }
+/// The API method a request calls, as the telemetry layer names it: a bounded name, from the
+/// path alone.
+pub fn api_method(path: &str) -> &'static str {
+    method_name(path)
+}
 
-    #[test]
-    fn every_path_is_listed_once() {
-        let mut seen = std::collections::HashSet::new();
-        for e in table() {
-            assert!(
-                seen.insert((e.path.clone(), e.verb as u8)),
-                "{} twice",
-                e.path
-            );
-        }
+/// The transport a request came by, as the telemetry layer names it: `grpc` (by its content
+/// type), `connect` (Connect's protobuf or JSON over HTTP) or `http` (by its path).
+pub fn transport(path: &str, headers: &HeaderMap) -> &'static str {
+    if crate::transport::grpc::is_grpc(headers) {
+        "grpc"
+    } else {
+        transport_of(path).label()
     }
 }
+
+/// The whole HTTP + gRPC application: every endpoint of the table, those of roles this process
+/// does not run answering 404 with the roles it runs.
+pub fn router(app: AppRef) -> Router {
+    let grpc = grpc_routes(app.clone());
+    let roles = app.roles;
+    let mut routes = Router::new();
+    for e in endpoints() {
+        let Some(handler) = e.handler else {
+            continue;
+        };
+        routes = routes.route(
+            &e.path,
+            if e.role.served_by(roles) {
+                handler()
+            } else {
+                match e.verb {
+                    Verb::Get => get(role_missing),
+                    Verb::Post => post(role_missing),
+                    Verb::Delete => axum::routing::delete(role_missing),
+                }
+            },
+        );
+    }
+    routes
+        .fallback(no_api)
+        // Bodies are limited by each handler with a clear 413 of its own.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(app.clone())
+        .layer(middleware::from_fn_with_state(
+            Steer {
+                grpc,
+                app: app.clone(),
+                scope_of: grpc_scope,
+            },
+            steer,
+        ))
+        // A bug must cost one request a 500, never the connection or the process.
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            crate::transport::http::panic_response,
+        ))
+        // Outermost: every request is counted and timed, a panic's 500 too.
+        .layer(middleware::from_fn_with_state(
+            (
+                app,
+                Classify {
+                    method: api_method,
+                    transport,
+                },
+            ),
+            track,
+        ))
+}
+
+/// A path of no API (the API table's fallback): 404 saying so.
+async fn no_api(uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("{} is not an API of Kiln\n", uri.path()),
+    )
+        .into_response()
+}
+
+/// An API of a role this process does not run (`--roles`): 404, naming the roles it runs, so a
+/// misrouted request is plain to see.
+async fn role_missing(State(app): State<AppRef>, uri: axum::http::Uri) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!(
+            "{} is not served here: this kiln runs the roles {}\n",
+            uri.path(),
+            app.roles
+        ),
+    )
+        .into_response()
+}
+
+/// The gRPC services of this process's roles (tonic's), served when a request has a gRPC
+/// content type.
+fn grpc_routes(app: AppRef) -> Router {
+    let max = app.grpc_max_message_bytes;
+    let svc = Grpc::new(app.clone());
+    let querier = QuerierServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(usize::MAX);
+    let pusher = PusherServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let parca = ProfileStoreServiceServer::new(svc)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let mut routes = tonic::service::Routes::default();
+    if app.roles.query {
+        routes = routes.add_service(querier);
+    }
+    if app.roles.ingest {
+        routes = routes
+            .add_service(pusher)
+            .add_service(parca)
+            .add_service(otlp::OtlpGrpc::new(app));
+    }
+    routes.prepare().into_axum_router()
+}
+
+/// The scope a gRPC call needs, from its path: `querier.v1` reads; push, Parca and OTLP write.
+fn grpc_scope(path: &str) -> Scope {
+    if path.starts_with("/querier.v1.") {
+        Scope::Read
+    } else {
+        Scope::Write
+    }
+}
+
+/// The admin listener (`--admin-listen`): `/metrics` and `/ready` without credentials, for a
+/// network only operators and their Prometheus reach.
+pub fn admin_router(app: AppRef) -> Router {
+    Router::new()
+        .route("/ready", get(ops::ready))
+        .route("/metrics", get(ops::metrics))
+        .with_state(app)
+}
+
+#[cfg(test)]
+mod tests;

@@ -19,13 +19,14 @@ use std::time::SystemTime;
 use axum::http::HeaderMap;
 
 use crate::error::{ApiError, ErrorKind};
-use crate::tenant::{ANONYMOUS, ORG_ID_HEADER, validate_tenant};
 
 mod keys;
+mod tenant;
 mod tokens;
 
 pub use keys::{KeyStore, VerifyKey};
-pub use tokens::{Audience, Claims, inspect, mint, parse_duration_secs};
+pub use tenant::{ANONYMOUS, ORG_ID_HEADER, validate_tenant};
+pub use tokens::{Audience, Claims, inspect, mint};
 
 /// A tenant id that authentication vouched for: a request's tenant, or the tenant the operator
 /// configured for Kiln's own profiles. Its field is private and only this module makes one, so

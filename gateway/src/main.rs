@@ -1,9 +1,10 @@
-//! The `kiln` binary.
+//! The `kiln` binary: the allocator and the runtime, then `kiln serve` (the default, run by
+//! `kiln_gateway::server`) or one of the other commands (`kiln_gateway::cli`).
 
 use clap::Parser;
-use kiln_gateway::cli::{Cli, Command, ServeArgs};
-use kiln_gateway::traces;
-use tracing_subscriber::EnvFilter;
+use kiln_gateway::cli::{Cli, Command};
+use kiln_gateway::server::config::ServeArgs;
+use kiln_gateway::server::{lifecycle, traces};
 
 /// jemalloc instead of glibc's allocator: the ingest path allocates and frees many small
 /// objects per request, and glibc's malloc (consolidating and searching its free lists) took
@@ -12,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> anyhow::Result<()> {
-    kiln_gateway::lifecycle::runtime()?.block_on(run())
+    lifecycle::runtime()?.block_on(run())
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -20,30 +21,10 @@ async fn run() -> anyhow::Result<()> {
     // whether or not the process allocates again: without it an idle server kept a burst's
     // memory (1.35 GB after four large profiles, measured; docs/operations.md).
     let background_purge = tikv_jemalloc_ctl::background_thread::write(true);
-    let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Token(cmd)) => return kiln_gateway::cli::token(cmd),
-        Some(Command::Serve(args)) => *args,
-        Some(Command::Bench(args)) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::new("warn"))
-                .init();
-            return kiln_gateway::bench::run(*args).await;
-        }
-        Some(Command::Upload(args)) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::new("warn"))
-                .with_writer(std::io::stderr)
-                .init();
-            return kiln_gateway::upload::run(args).await;
-        }
-        Some(Command::Metastore(cmd)) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(EnvFilter::new("warn"))
-                .init();
-            return kiln_gateway::cli::metastore(cmd).await;
-        }
+    let args = match Cli::parse().command {
         None => ServeArgs::default(),
+        Some(Command::Serve(args)) => *args,
+        Some(Command::Tool(tool)) => return kiln_gateway::cli::run(tool).await,
     };
     // The self-profiler logs each start and stop at info; a filter that names `pprof` decides.
     let telemetry = &args.telemetry;
@@ -56,7 +37,7 @@ async fn run() -> anyhow::Result<()> {
     if let Err(e) = background_purge {
         tracing::warn!(error = %e, "jemalloc's background purge thread could not start");
     }
-    let served = kiln_gateway::lifecycle::serve(args).await;
+    let served = lifecycle::serve(args).await;
     traces.shutdown();
     served
 }

@@ -12,7 +12,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
-/// An API method and its transport (`telemetry::api_method`, `telemetry::transport`).
+/// An API method and its transport (`api::api_method`, `api::transport`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
     pub method: &'static str,

@@ -148,8 +148,8 @@ impl Tenants {
     }
 
     /// Refuses at once, before the body is decoded, a tenant whose bucket is already empty: a
-    /// flood over the rate then costs reading its bytes, nothing more (`ingest::admit`). The
-    /// exact charge comes after decoding.
+    /// flood over the rate then costs reading its bytes, nothing more
+    /// (`transport::http::admit`). The exact charge comes after decoding.
     pub fn check_ingest(&self, tenant: &str) -> Result<(), ApiError> {
         let limits = self.limits(tenant);
         if limits.ingest_rate_bytes == 0 {

@@ -1,5 +1,6 @@
 //! Times in the `/ingest` query string: Unix seconds, milliseconds, microseconds or nanoseconds
-//! (told apart by magnitude), or `now`, `now-1h` style offsets.
+//! (told apart by magnitude), or `now`, `now-1h` style offsets; and durations (`30d`, `12h`:
+//! tokens' lifetimes, the tenant file's, compaction levels' ages).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -42,6 +43,22 @@ pub fn parse_time(s: &str, now: i64) -> Option<i64> {
     }
 }
 
+/// Parses `30d`, `12h`, `15m`, `90s` or plain seconds.
+pub fn parse_duration_secs(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().ok()?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        "w" => 604_800,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +80,12 @@ mod tests {
         assert_eq!(parse_time("-5", 0), None);
         assert_eq!(parse_time("10000000000", 0), None, "overflows as seconds");
         assert_eq!(parse_time("now-999999999999d", 0), None);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_secs("30d"), Some(30 * 86_400));
+        assert_eq!(parse_duration_secs("90"), Some(90));
+        assert_eq!(parse_duration_secs("3x"), None);
     }
 }

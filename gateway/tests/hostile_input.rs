@@ -10,7 +10,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use kiln_gateway::app::App;
 use kiln_gateway::auth::Authenticator;
-use kiln_gateway::lifecycle::THREAD_STACK_BYTES;
+use kiln_gateway::server::lifecycle::THREAD_STACK_BYTES;
 use kiln_gateway::server::router;
 use kiln_gateway::tenants::Tenants;
 use kiln_proto::google::v1 as pb;
@@ -238,7 +238,8 @@ fn the_deepest_admitted_input_fits_the_runtime_stack() {
                 })
                 .unwrap();
             assert!(levels >= 10, "{levels}");
-            let req = kiln_gateway::otlp::decode_request(&otlp_nested_any_value(levels)).unwrap();
+            let req =
+                kiln_gateway::api::otlp::decode_request(&otlp_nested_any_value(levels)).unwrap();
             let limits = kiln_otel::normalize::NormalizeLimits::default();
             kiln_otel::otlp::convert(&req, 1_700_000_000_000_000_000, &limits).unwrap();
             drop(req);

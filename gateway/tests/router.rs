@@ -665,7 +665,7 @@ async fn a_scrape_does_not_scan_storage() {
         assert_eq!(stored(&scrape().await, "team-a"), None);
     }
     assert_eq!(counting.calls(), before, "a scrape called the metastore");
-    kiln_gateway::admin::refresh_stored_bytes(&app)
+    kiln_gateway::server::upkeep::refresh_stored_bytes(&app)
         .await
         .unwrap();
     assert!(counting.calls() > before, "the refresh reads the metastore");
@@ -945,7 +945,7 @@ async fn the_metrics_spec_holds() {
         .compact_all(u64::MAX / 2)
         .await
         .unwrap();
-    kiln_gateway::admin::refresh_stored_bytes(&app)
+    kiln_gateway::server::upkeep::refresh_stored_bytes(&app)
         .await
         .unwrap();
 
@@ -1046,7 +1046,7 @@ async fn the_metrics_spec_holds() {
             }
         }
     }
-    let methods = kiln_gateway::telemetry::api_methods();
+    let methods = kiln_gateway::api::api_methods();
     for m in &values["method"] {
         assert!(
             methods.contains(m) || !m.contains('/') && !m.contains('.'),
@@ -1057,7 +1057,7 @@ async fn the_metrics_spec_holds() {
     assert!(values["method"].contains("settings.v1.SettingsService/Set"));
     assert!(values["method"].contains("adhocprofiles.v1.AdHocProfileService/List"));
     assert!(values["method"].contains("vcs.v1.VCSService"));
-    for r in &kiln_gateway::legacy::ROUTES {
+    for r in &kiln_gateway::api::legacy::ROUTES {
         assert!(
             values["method"].contains(r.method),
             "{} was not counted",
@@ -1622,7 +1622,7 @@ async fn legacy_api_follows_the_query_role_and_tenants() {
     );
     ingest_app.roles = kiln_gateway::app::Roles::parse("ingest,compact").unwrap();
     let ingest_only = router(Arc::new(ingest_app));
-    for path in kiln_gateway::legacy::ROUTES.map(|r| r.path) {
+    for path in kiln_gateway::api::legacy::ROUTES.map(|r| r.path) {
         let req = Request::get(path)
             .header("x-scope-orgid", "a")
             .body(Body::empty())
@@ -2047,7 +2047,7 @@ async fn every_endpoint_is_routed() {
         })
     });
     for (e, path) in paths {
-        let method = kiln_gateway::telemetry::api_method(&path);
+        let method = kiln_gateway::api::api_method(&path);
         assert_ne!(method, "other", "{path} has no name of its own");
         assert!(!method.ends_with("/unknown"), "{path}: {method}");
         let request = |content_type: &str| {

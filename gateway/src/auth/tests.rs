@@ -127,13 +127,6 @@ fn rotation_and_revocation_follow_the_key_directory() {
 }
 
 #[test]
-fn durations() {
-    assert_eq!(parse_duration_secs("30d"), Some(30 * 86_400));
-    assert_eq!(parse_duration_secs("90"), Some(90));
-    assert_eq!(parse_duration_secs("3x"), None);
-}
-
-#[test]
 fn only_secret_files_are_hmac_secrets() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

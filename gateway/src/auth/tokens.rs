@@ -8,9 +8,9 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::keys::{VerifyKey, key_err};
+use super::tenant::{ORG_ID_HEADER, validate_tenant};
 use super::{Authenticator, Principal, Scope, TenantId, forbidden, now_secs, unauthenticated};
 use crate::error::ApiError;
-use crate::tenant::{ORG_ID_HEADER, validate_tenant};
 
 /// The claims Kiln reads and writes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -243,20 +243,4 @@ pub fn inspect(token: &str) -> anyhow::Result<serde_json::Value> {
         "header": { "alg": format!("{:?}", header.alg), "kid": header.kid, "typ": header.typ },
         "claims": claims,
     }))
-}
-
-/// Parses `30d`, `12h`, `15m`, `90s` or plain seconds.
-pub fn parse_duration_secs(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().ok()?;
-    let mult = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 604_800,
-        _ => return None,
-    };
-    n.checked_mul(mult)
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::auth::parse_duration_secs;
+use crate::time::parse_duration_secs;
 
 /// A duration written as `"31d"`, `"24h"`, `"90s"` or a number of seconds; 0 means none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
@@ -132,7 +132,7 @@ impl TenantConfig {
         let mut tenants = HashMap::new();
         if let Some(toml::Value::Table(ts)) = doc.remove("tenants") {
             for (id, v) in ts {
-                crate::tenant::validate_tenant(&id)
+                crate::auth::validate_tenant(&id)
                     .map_err(|e| anyhow::anyhow!("[tenants.{id}]: {}", e.message))?;
                 let toml::Value::Table(over) = v else {
                     anyhow::bail!("[tenants.{id}] must be a table");

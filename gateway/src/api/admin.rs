@@ -1,0 +1,147 @@
+//! The admin API (scope `admin`): tenants, their usage, erasing a tenant, quarantined blocks.
+//! (Retention and the stored-bytes refresh are background upkeep: `crate::server::upkeep`.)
+//!
+//! - `GET /api/v1/tenants`: every tenant with data, limits or traffic, with its usage.
+//! - `GET /api/v1/tenants/{id}/usage`: one tenant's usage.
+//! - `DELETE /api/v1/tenants/{id}`: erases the tenant's blocks.
+//! - `GET /api/v1/tenants/{id}/blocks`: blocks by compaction level, rows, bytes, jobs.
+//! - `GET /api/v1/quarantine`, `GET /api/v1/tenants/{id}/quarantine`: unreadable blocks.
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use serde_json::json;
+
+use crate::app::AppRef;
+use crate::auth::validate_tenant;
+use crate::error::ApiError;
+use crate::metrics::Usage;
+
+async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
+    let stored = app.storage.stored_bytes(tenant).await?;
+    app.metrics.set_stored_bytes(tenant, stored);
+    Ok(app.metrics.usage(tenant, stored))
+}
+
+async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {
+    let mut all: BTreeSet<String> = app
+        .storage
+        .metastore()
+        .tenants()
+        .await?
+        .into_iter()
+        .collect();
+    all.extend(app.metrics.tenants());
+    all.extend(app.tenants.configured());
+    Ok(all.into_iter().collect())
+}
+
+/// `GET /api/v1/tenants`.
+pub async fn list(
+    State(app): State<AppRef>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    app.auth.authorize_admin(&headers, None)?;
+    let mut tenants = Vec::new();
+    for t in all_tenants(&app).await? {
+        tenants.push(usage_of(&app, &t).await?);
+    }
+    Ok(Json(json!({ "tenants": tenants })))
+}
+
+/// `GET /api/v1/tenants/{id}/usage`.
+pub async fn usage(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Usage>, ApiError> {
+    validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
+    Ok(Json(usage_of(&app, &id).await?))
+}
+
+/// `DELETE /api/v1/tenants/{id}`.
+pub async fn delete(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
+    let deleted = app.storage.delete_tenant(&id).await?;
+    app.tenants.forget(&id);
+    app.metrics.set_stored_bytes(&id, 0);
+    tracing::info!(tenant = %id, blocks = deleted, "tenant erased");
+    Ok(Json(json!({ "tenant": id, "deleted_blocks": deleted })))
+}
+
+/// `GET /api/v1/tenants/{id}/blocks`: the tenant's blocks by compaction level, with rows, bytes
+/// and compaction jobs waiting or running (how far compaction is behind).
+pub async fn blocks(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    validate_tenant(&id)?;
+    app.auth.authorize_admin(&headers, Some(&id))?;
+    let metastore = app.storage.metastore();
+    let blocks = metastore
+        .query_blocks(kiln_storage::metastore::BlockQuery::all(&id))
+        .await?;
+    let mut levels: std::collections::BTreeMap<u32, u64> = Default::default();
+    for b in &blocks {
+        *levels.entry(b.level).or_default() += 1;
+    }
+    let jobs = metastore
+        .jobs()
+        .await?
+        .iter()
+        .filter(|j| j.tenant == id)
+        .count();
+    Ok(Json(json!({
+        "tenant": id,
+        "blocks": blocks.len(),
+        "levels": levels,
+        "top_level": kiln_storage::meta::TOP_LEVEL,
+        "rows": blocks.iter().map(|b| b.rows).sum::<u64>(),
+        "bytes": blocks.iter().map(|b| b.dataset_bytes()).sum::<u64>(),
+        "jobs": jobs,
+    })))
+}
+
+/// `GET /api/v1/quarantine` (every tenant's, for the operator): blocks taken out of the index
+/// because they could not be read.
+pub async fn quarantine_all(
+    State(app): State<AppRef>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    quarantine(app, None, headers).await
+}
+
+/// `GET /api/v1/tenants/{id}/quarantine`.
+pub async fn quarantine_of(
+    State(app): State<AppRef>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    quarantine(app, Some(id), headers).await
+}
+
+async fn quarantine(
+    app: AppRef,
+    tenant: Option<String>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if let Some(t) = &tenant {
+        validate_tenant(t)?;
+    }
+    app.auth.authorize_admin(&headers, tenant.as_deref())?;
+    let blocks = app
+        .storage
+        .metastore()
+        .quarantined(tenant.as_deref())
+        .await?;
+    Ok(Json(json!({ "blocks": blocks })))
+}

@@ -1,0 +1,99 @@
+//! What every process answers its operators, whatever its roles: `/ready` and `/metrics` (on the
+//! API port, and on the admin listener without credentials).
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::app::AppRef;
+
+/// `/ready`: the process is up and serving.
+pub(crate) async fn ready() -> impl IntoResponse {
+    (StatusCode::OK, "ready\n")
+}
+
+/// `/metrics` on the API port. Its label values name every tenant, so with `--auth jwt` it needs
+/// an admin token of the operator tenant (`--admin-tenant`); Prometheus scrapes it with that
+/// token, or scrapes the admin listener instead. The other modes serve it as they serve all else
+/// (loopback, or behind the proxy that authenticates).
+pub(crate) async fn guarded_metrics(
+    State(app): State<AppRef>,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    if app.auth.mode == crate::auth::AuthMode::Jwt
+        && let Err(e) = app.auth.authorize_admin(&headers, None)
+    {
+        return e.into_response();
+    }
+    metrics(State(app)).await.into_response()
+}
+
+/// `/metrics`: Kiln's own metrics, with the storage counters and memory figures read now.
+pub(crate) async fn metrics(State(app): State<AppRef>) -> impl IntoResponse {
+    let counters = app.storage.query().counters();
+    let get = |c: &std::sync::atomic::AtomicU64| {
+        i64::try_from(c.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX)
+    };
+    app.metrics
+        .storage_quarantined_blocks
+        .set(get(&counters.quarantined));
+    app.metrics
+        .storage_query_read_bytes
+        .set(get(&counters.bytes_read));
+    app.metrics
+        .storage_query_rollup_reads
+        .set(get(&counters.rollup_reads));
+    for (cache, lookups, misses) in [
+        (
+            "symbols",
+            &counters.symbols_lookups,
+            &counters.symbols_misses,
+        ),
+        (
+            "parquet_metadata",
+            &counters.parquet_lookups,
+            &counters.parquet_misses,
+        ),
+        (
+            "partial_results",
+            &counters.results_lookups,
+            &counters.results_misses,
+        ),
+    ] {
+        let labels = crate::metrics::CacheLabels {
+            cache: cache.into(),
+        };
+        app.metrics
+            .storage_cache_lookups
+            .get_or_create(&labels)
+            .set(get(lookups));
+        app.metrics
+            .storage_cache_misses
+            .get_or_create(&labels)
+            .set(get(misses));
+    }
+    if tikv_jemalloc_ctl::epoch::advance().is_ok() {
+        let read = |r: tikv_jemalloc_ctl::Result<usize>| r.map_or(0, |b| b as i64);
+        app.metrics
+            .memory_allocated
+            .set(read(tikv_jemalloc_ctl::stats::allocated::read()));
+        app.metrics
+            .memory_resident
+            .set(read(tikv_jemalloc_ctl::stats::resident::read()));
+    }
+    app.metrics
+        .ingest_decode_budget_used
+        .set(app.decode_budget.in_use() as i64);
+    app.metrics
+        .parca_stack_cache_bytes
+        .set(app.stacks.weighted_size() as i64);
+    // Stored bytes per tenant come from the background refresh
+    // (`server::upkeep::refresh_stored_bytes`): a scrape reads gauges, never the metastore.
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+}

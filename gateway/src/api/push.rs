@@ -1,0 +1,124 @@
+//! `push.v1.PusherService/Push`, Pyroscope's push API (what Grafana Alloy sends): the request's
+//! handling ([`push`]) and its two front ends, Connect ([`connect_handler`]) and gRPC (the
+//! [`PusherService`] of [`crate::transport::grpc::Grpc`]).
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use kiln_otel::model::{LABEL_SERVICE_NAME, Labels};
+use kiln_otel::{IngestMeta, normalize, pprof};
+use kiln_proto::push::v1::pusher_service_server::PusherService;
+use kiln_proto::push::v1::{PushRequest, PushResponse};
+use tonic::{Request, Response, Status};
+
+use crate::app::AppRef;
+use crate::app::budget;
+use crate::app::write::{blocking, store};
+use crate::auth::{Scope, TenantId};
+use crate::error::ApiError;
+use crate::tenants::TenantLimits;
+use crate::time::now_nanos;
+use crate::transport::connect::{connect_error, connect_ok};
+use crate::transport::grpc::Grpc;
+
+/// Stores a push request: every sample is decoded and normalized before anything is
+/// written, so a bad sample refuses the whole request and nothing of it is stored.
+pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(), ApiError> {
+    let limits: TenantLimits = app.limits(tenant);
+    let normalize_limits = limits.normalize();
+    let now = now_nanos();
+    let decoded: usize = req
+        .series
+        .iter()
+        .flat_map(|s| &s.samples)
+        .map(|s| budget::decoded_size(&s.raw_profile, limits.max_decompressed_bytes))
+        .sum();
+    let _share = app.decode_budget.take(decoded).await?;
+    let profiles = blocking(move || {
+        let mut total = 0usize;
+        let mut out = Vec::new();
+        for (i, series) in req.series.into_iter().enumerate() {
+            let mut labels = Labels::default();
+            for pair in series.labels {
+                if pair.name.is_empty() {
+                    return Err(ApiError::invalid(format!(
+                        "series {i} has a label with no name"
+                    )));
+                }
+                labels.set(pair.name, pair.value);
+            }
+            labels.set_default(LABEL_SERVICE_NAME, kiln_otel::model::UNKNOWN_SERVICE);
+            let meta = IngestMeta {
+                labels,
+                time_nanos: now,
+                ..Default::default()
+            };
+            for (j, sample) in series.samples.into_iter().enumerate() {
+                let (profile, size) =
+                    pprof::decode_sized(sample.raw_profile.clone(), limits.max_decompressed_bytes)
+                        .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
+                total += size;
+                if total > limits.max_decompressed_bytes {
+                    return Err(ApiError::too_large(format!(
+                        "the push request decompresses to more than {} bytes",
+                        limits.max_decompressed_bytes
+                    )));
+                }
+                let n = normalize::normalize_pprof(&profile, &meta, &normalize_limits)
+                    .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
+                out.push(n);
+            }
+        }
+        Ok((out, total))
+    })
+    .await?;
+    store(app, tenant, profiles.0, profiles.1).await
+}
+
+/// `POST /push.v1.PusherService/Push`.
+pub async fn connect_handler(
+    State(app): State<AppRef>,
+    headers: HeaderMap,
+    body: Body,
+) -> axum::response::Response {
+    let result = async {
+        let tenant = app.authenticate(&headers, Scope::Write)?;
+        let body =
+            crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
+                .await
+                .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        let call = crate::transport::connect::prepare(&app, &headers, body, tenant.clone())
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        app.metrics.received(&tenant, call.body.len());
+        let req: kiln_proto::push::v1::PushRequest = call
+            .codec
+            .decode(&call.body)
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        push(&app, &call.tenant, req)
+            .await
+            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+        Ok::<_, ApiError>((
+            call.codec,
+            call.codec.encode(&kiln_proto::push::v1::PushResponse {})?,
+        ))
+    }
+    .await;
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}
+
+#[tonic::async_trait]
+impl PusherService for Grpc {
+    async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let tenant = self.tenant(&req, Scope::Write)?;
+        let result = push(&self.app, &tenant, req.into_inner()).await;
+        if let Err(e) = &result {
+            self.app.metrics.refused(&tenant, e.reason());
+        }
+        result?;
+        Ok(Response::new(PushResponse {}))
+    }
+}

@@ -1,0 +1,88 @@
+//! `querier.v1`'s Connect front end: `POST /querier.v1.QuerierService/{method}`, each method
+//! dispatched by its name to the [`Querier`] function of the method list
+//! ([`querier_methods!`](super::querier_methods)).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::Querier;
+use crate::app::AppRef;
+use crate::auth::Scope;
+use crate::error::{ApiError, ErrorKind};
+use crate::transport::connect::{Call, Codec, connect_error, connect_ok, prepare};
+use crate::transport::http::{query_options, report_headers};
+
+/// `POST /querier.v1.QuerierService/{method}`.
+pub async fn connect_handler(
+    State(app): State<AppRef>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let querier = Querier::new(app.clone());
+    let mut report = None;
+    let (name, result) = match app.authenticate(&headers, Scope::Read) {
+        Err(e) => ("auth", Err(e)),
+        Ok(tenant) => {
+            let (result, r) = kiln_storage::query::with_options(query_options(&headers), async {
+                let _slot = app.tenants.query_slot(&tenant).await?;
+                let call = prepare(&app, &headers, body, tenant.clone()).await?;
+                Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
+            })
+            .await;
+            report = Some(r);
+            let (name, result) = match result {
+                Ok((name, r)) => (name, r),
+                Err(e) => ("prepare", Err(e)),
+            };
+            if let Err(e) = &result {
+                app.metrics.refused(&tenant, e.reason());
+            }
+            (name, result)
+        }
+    };
+    let mut resp = match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    };
+    if let Some(report) = report {
+        app.metrics.query_read(name, &report.stats);
+        report_headers(resp.headers_mut(), &report);
+    }
+    resp
+}
+
+macro_rules! unary {
+    ($querier:expr, $call:expr, $method:ident) => {{
+        let req = $call.codec.decode(&$call.body)?;
+        let resp = $querier.$method(&$call.tenant, req).await?;
+        Ok(($call.codec, $call.codec.encode(&resp)?))
+    }};
+}
+
+/// Runs one querier method; returns its name (for metrics; `unknown` when there is no such
+/// method) with the result.
+async fn dispatch(
+    querier: &Querier,
+    method: &str,
+    call: Call,
+) -> (&'static str, Result<(Codec, Bytes), ApiError>) {
+    macro_rules! route {
+        ($($name:literal => $fn:ident),* $(,)?) => {
+            match method {
+                $($name => ($name, async { unary!(querier, call, $fn) }.await),)*
+                other => (
+                    "unknown",
+                    Err(ApiError::new(
+                        ErrorKind::NotFound,
+                        format!("querier.v1.QuerierService has no method {other:?} in Kiln"),
+                    )),
+                ),
+            }
+        };
+    }
+    super::querier_methods!(route)
+}

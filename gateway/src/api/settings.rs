@@ -1,0 +1,211 @@
+//! The services Grafana's Profiles Drilldown app calls besides the querier and its upload tab
+//! (`crate::api::adhoc`), over Connect (proto or JSON): `settings.v1.SettingsService` (its
+//! plugin settings, kept per tenant), `capabilities.v1.FeatureFlagsService` (what this server
+//! can do), and the services Kiln does not offer, answered Connect `unimplemented` with a
+//! message so the app hides the feature (`vcs.v1.VCSService`,
+//! `settings.v1.RecordingRulesService`). One table ([`SERVICES`]) names every method; the API
+//! table (`crate::api`) routes and names them from it.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use kiln_proto::capabilities::v1 as caps;
+use kiln_proto::settings::v1 as settings;
+
+use crate::app::AppRef;
+use crate::auth::{Scope, TenantId};
+use crate::error::{ApiError, ErrorKind};
+use crate::transport::connect::{Call, Codec, Service, connect_error, connect_ok, prepare};
+
+/// The services of this module.
+pub const SERVICES: [Service; 4] = [
+    Service {
+        name: "settings.v1.SettingsService",
+        methods: &[
+            "settings.v1.SettingsService/Get",
+            "settings.v1.SettingsService/Set",
+            "settings.v1.SettingsService/Delete",
+        ],
+        absent: None,
+    },
+    Service {
+        name: "capabilities.v1.FeatureFlagsService",
+        methods: &["capabilities.v1.FeatureFlagsService/GetFeatureFlags"],
+        absent: None,
+    },
+    Service {
+        name: "vcs.v1.VCSService",
+        methods: &["vcs.v1.VCSService"],
+        absent: Some("Kiln has no source-code integration (vcs.v1); function details show no code"),
+    },
+    Service {
+        name: "settings.v1.RecordingRulesService",
+        methods: &["settings.v1.RecordingRulesService"],
+        absent: Some("Kiln has no recording rules (metrics from profiles)"),
+    },
+];
+
+/// The name of the tenant document holding the settings.
+const SETTINGS_DOCUMENT: &str = "settings.json";
+
+/// `POST /{service}/{method}` for the services above.
+pub async fn handler(
+    State(app): State<AppRef>,
+    Path(method): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let service = uri
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let result = async {
+        let Some(s) = SERVICES.iter().find(|s| s.name == service) else {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("no service {service:?}"),
+            ));
+        };
+        // Credentials first, as for every API: an anonymous caller learns nothing else.
+        let tenant = app.authenticate(&headers, Scope::Read)?;
+        if let Some(why) = s.absent {
+            return Err(ApiError::new(ErrorKind::Unimplemented, why));
+        }
+        let Call {
+            codec,
+            tenant,
+            body,
+        } = prepare(&app, &headers, body, tenant).await?;
+        let out = match (service.as_str(), method.as_str()) {
+            ("settings.v1.SettingsService", "Get") => {
+                let _: settings::GetSettingsRequest = codec.decode(&body)?;
+                codec.encode(&get_settings(&app, &tenant).await?)?
+            }
+            ("settings.v1.SettingsService", "Set") => {
+                let req: settings::SetSettingsRequest = codec.decode(&body)?;
+                codec.encode(&set_setting(&app, &tenant, req).await?)?
+            }
+            ("settings.v1.SettingsService", "Delete") => {
+                let req: settings::DeleteSettingsRequest = codec.decode(&body)?;
+                delete_setting(&app, &tenant, &req.name).await?;
+                codec.encode(&settings::DeleteSettingsResponse {})?
+            }
+            ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
+                let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;
+                codec.encode(&feature_flags())?
+            }
+            _ => {
+                return Err(ApiError::new(
+                    ErrorKind::Unimplemented,
+                    format!("{service} has no method {method:?} in Kiln"),
+                ));
+            }
+        };
+        Ok::<(Codec, Bytes), ApiError>((codec, out))
+    }
+    .await;
+    match result {
+        Ok((codec, body)) => connect_ok(codec, body),
+        Err(e) => connect_error(&e),
+    }
+}
+
+/// What this server can do. `functionProjections`: exact function tables, call trees and
+/// sandwiches computed by the server from the whole profile (`crate::api::querier`'s projections), so
+/// the app stops computing them from a truncated flame graph.
+fn feature_flags() -> caps::GetFeatureFlagsResponse {
+    caps::GetFeatureFlagsResponse {
+        feature_flags: vec![caps::FeatureFlag {
+            name: "functionProjections".into(),
+            enabled: true,
+            description: Some(
+                "PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH in SelectMergeStacktraces; \
+                 FUNCTIONS and FUNCTION_TREE in Diff"
+                    .into(),
+            ),
+            documentation_url: None,
+        }],
+    }
+}
+
+/// The tenant's settings, by name.
+async fn get_settings(
+    app: &AppRef,
+    tenant: &TenantId,
+) -> Result<settings::GetSettingsResponse, ApiError> {
+    let Some(doc) = app
+        .storage
+        .tenant_document(tenant, SETTINGS_DOCUMENT)
+        .await?
+    else {
+        return Ok(settings::GetSettingsResponse::default());
+    };
+    serde_json::from_slice(&doc)
+        .map_err(|e| ApiError::internal(format!("the settings of {tenant} are unreadable: {e}")))
+}
+
+async fn put_settings(
+    app: &AppRef,
+    tenant: &TenantId,
+    mut all: settings::GetSettingsResponse,
+) -> Result<(), ApiError> {
+    all.settings.sort_by(|a, b| a.name.cmp(&b.name));
+    let doc = serde_json::to_vec(&all).map_err(ApiError::internal)?;
+    Ok(app
+        .storage
+        .put_tenant_document(tenant, SETTINGS_DOCUMENT, Bytes::from(doc))
+        .await?)
+}
+
+/// Largest value of one setting: the app stores its plugin settings as one small JSON string.
+const MAX_SETTING_BYTES: usize = 64 << 10;
+
+/// Stores one setting (replacing the one of its name), stamped with the time of the change.
+async fn set_setting(
+    app: &AppRef,
+    tenant: &TenantId,
+    req: settings::SetSettingsRequest,
+) -> Result<settings::SetSettingsResponse, ApiError> {
+    let Some(mut setting) = req.setting else {
+        return Err(ApiError::invalid("SetSettingsRequest needs a setting"));
+    };
+    if setting.name.is_empty() {
+        return Err(ApiError::invalid("a setting needs a name"));
+    }
+    if setting.name.len() + setting.value.len() > MAX_SETTING_BYTES {
+        return Err(ApiError::too_large(format!(
+            "setting {:?} is larger than {MAX_SETTING_BYTES} bytes",
+            setting.name
+        )));
+    }
+    setting.modified_at = crate::time::now_nanos() / 1_000_000;
+    let _one_writer = SETTINGS_LOCK.lock().await;
+    let mut all = get_settings(app, tenant).await?;
+    all.settings.retain(|s| s.name != setting.name);
+    all.settings.push(setting.clone());
+    put_settings(app, tenant, all).await?;
+    Ok(settings::SetSettingsResponse {
+        setting: Some(setting),
+    })
+}
+
+async fn delete_setting(app: &AppRef, tenant: &TenantId, name: &str) -> Result<(), ApiError> {
+    let _one_writer = SETTINGS_LOCK.lock().await;
+    let mut all = get_settings(app, tenant).await?;
+    let before = all.settings.len();
+    all.settings.retain(|s| s.name != name);
+    if all.settings.len() != before {
+        put_settings(app, tenant, all).await?;
+    }
+    Ok(())
+}
+
+/// Changes of settings in this process one at a time (each reads, changes and writes the
+/// tenant's document); processes sharing a store race, and the last write wins.
+static SETTINGS_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -1,0 +1,50 @@
+//! The write path every write API ends in: decoding off the async workers (`blocking`) and
+//! [`store`], which charges the tenant's rate and series limits and answers only once the
+//! profiles are durable.
+
+use kiln_otel::model::NormalizedProfile;
+
+use crate::app::AppRef;
+use crate::auth::TenantId;
+use crate::error::ApiError;
+
+/// Writes normalized profiles for a tenant after its rate and series limits, the service's
+/// source version written into their mappings' build ids; returns once all are durable. `decompressed_bytes` is what the rate limit charges.
+pub async fn store(
+    app: &AppRef,
+    tenant: &TenantId,
+    mut profiles: Vec<NormalizedProfile>,
+    decompressed_bytes: usize,
+) -> Result<(), ApiError> {
+    app.tenants
+        .charge_ingest(tenant, decompressed_bytes as u64)?;
+    if !app.tenants.series_loaded(tenant) {
+        let known = app.storage.series_hashes(tenant).await?;
+        app.tenants.seed_series(tenant, known);
+    }
+    let hashes: Vec<u64> = profiles
+        .iter()
+        .flat_map(|p| p.series.iter())
+        .map(|s| kiln_storage::series_hash(&s.profile_type.id(), s.labels.iter()))
+        .collect();
+    app.tenants.admit_series(tenant, &hashes)?;
+    for p in &mut profiles {
+        p.inject_service_version();
+    }
+    let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
+    let series: usize = profiles.iter().map(|p| p.series.len()).sum();
+    app.storage.write_all(tenant, profiles).await?;
+    app.metrics.decompressed(tenant, decompressed_bytes);
+    app.metrics.stored(tenant, series, samples);
+    Ok(())
+}
+
+/// Runs CPU-heavy decoding off the async workers, in an `ingest.decode` span of the request.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let span = tracing::info_span!("ingest.decode");
+    tokio::task::spawn_blocking(move || span.in_scope(f))
+        .await
+        .map_err(ApiError::internal)?
+}

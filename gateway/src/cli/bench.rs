@@ -1,0 +1,801 @@
+//! `kiln bench`: the whole system under a deterministic workload, side by side with DuckDB and
+//! ClickHouse (chDB) on the same rows.
+//!
+//! It starts a real `kiln serve` (this binary) on a free loopback port, sends the workload's
+//! profiles over HTTP as agents do (uncompressed pprof to `/ingest`, one step's profiles in
+//! flight at once, up to `--concurrency`), waits until compaction has caught up, then times
+//! flame graphs, series and label values over Connect, each repeated `--runs` times. With
+//! `--peers` it writes the same rows as Parquet and runs `bench/peers.py` (DuckDB and chDB, in
+//! the test venv) on them. One table on stdout (a progress bar on stderr while it runs), and
+//! JSON with `--json`.
+
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use clap::{Args, ValueEnum};
+use futures::StreamExt;
+use kiln_proto::querier::v1 as q;
+use kiln_proto::types::v1 as t;
+use prost::Message;
+use serde::Serialize;
+use serde_json::json;
+
+use workload::{PeerRows, Shape, Workload, service_name};
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+const HOUR_NANOS: i64 = 3_600_000_000_000;
+/// How far the unaligned 1 h window ends before the data's end: Grafana's "last hour" ends
+/// now, not on a bucket boundary, so the rollups' edges are read from samples.
+const UNALIGNED_SHIFT_NANOS: i64 = 433_000_000_000;
+/// The service the queries look at (the last one when there are fewer).
+fn queried_service(shape: &Shape) -> usize {
+    3.min(shape.services.saturating_sub(1))
+}
+/// Grafana's default `max_nodes` for a flame graph.
+const MAX_NODES: i64 = 16_384;
+
+/// Workload sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Preset {
+    /// 2 services × 2 pods × 10 min (240 profiles): the test suite's smoke test.
+    Tiny,
+    /// 20 services × 8 pods × 40 min (38,400 profiles, about 3 M rows).
+    Small,
+    /// 20 services × 8 pods × 12 h (691,200 profiles, about 50 M rows): the issue's workload.
+    Day,
+}
+
+impl Preset {
+    fn shape(self) -> Shape {
+        match self {
+            Self::Tiny => Shape {
+                services: 2,
+                pods: 2,
+                minutes: 10,
+            },
+            Self::Small => Shape {
+                services: 20,
+                pods: 8,
+                minutes: 40,
+            },
+            Self::Day => Shape {
+                services: 20,
+                pods: 8,
+                minutes: 12 * 60,
+            },
+        }
+    }
+}
+
+/// `kiln bench` flags.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Workload size.
+    #[arg(long, value_enum, default_value = "small")]
+    pub preset: Preset,
+    /// Minutes of profiles instead of the preset's.
+    #[arg(long)]
+    pub minutes: Option<i64>,
+    /// Requests in flight at once while ingesting.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// How often each query is repeated (p50 and p99 over the runs).
+    #[arg(long, default_value_t = 20)]
+    pub runs: usize,
+    /// Also load the same rows into DuckDB and chDB and run the same queries there.
+    #[arg(long)]
+    pub peers: bool,
+    /// Python with `duckdb` and `chdb` for `--peers` (default: the test venv's, else python3).
+    #[arg(long, env = "KILN_BENCH_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Directory of pprof files whose stacks make the workload (default: the repository's
+    /// `../shared/corpus/pprof`; synthetic stacks when absent).
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Working directory (Kiln's data, the peers' files); default: a temporary one, removed.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// p50 and p99 of repeated measurements, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Timing {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+fn timing(mut ms: Vec<f64>) -> Timing {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: usize| ms[(ms.len() * q / 100).min(ms.len() - 1)];
+    Timing {
+        p50_ms: at(50),
+        p99_ms: at(99),
+    }
+}
+
+/// Bytes a query read from the object store (its `kiln-query-stats`): on its first run (cold
+/// caches), the median of later runs without the partial-result cache, and with it.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct QueryRead {
+    pub cold: u64,
+    pub warm: u64,
+    pub cached: u64,
+}
+
+/// What `kiln bench` measured of Kiln.
+#[derive(Debug, Clone, Serialize)]
+pub struct KilnResults {
+    pub profiles: u64,
+    pub rows: u64,
+    pub pprof_bytes: u64,
+    pub ingest_seconds: f64,
+    pub server_cpu_seconds: f64,
+    pub ingest_mb_per_busy_core_s: f64,
+    pub profiles_per_s: f64,
+    pub samples_per_s: f64,
+    pub ack: Timing,
+    pub peak_rss_mib: f64,
+    pub compaction_seconds: f64,
+    pub blocks: u64,
+    pub bytes_at_rest: u64,
+    pub bytes_per_row: f64,
+    pub flame_1h: Timing,
+    /// 1 h ending 7 min 13 s before the data's end (not on a bucket boundary).
+    pub flame_1h_unaligned: Timing,
+    pub flame_12h: Timing,
+    pub flame_30d: Timing,
+    pub series_12h: Timing,
+    pub label_values: Timing,
+    /// The same queries answered with the partial-result cache, by query.
+    pub cached: BTreeMap<String, Timing>,
+    /// Bytes each query read from the object store, by query.
+    pub reads: BTreeMap<String, QueryRead>,
+    /// Flame graph totals (1 h, 12 h, 1 h unaligned) and what the workload sent for the same
+    /// windows.
+    pub totals: [(i64, i64); 3],
+}
+
+/// Runs `kiln bench`.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let mut shape = args.preset.shape();
+    if let Some(m) = args.minutes {
+        ensure!(m > 0, "--minutes must be positive");
+        shape.minutes = m;
+    }
+    ensure!(args.runs > 0, "--runs must be at least 1");
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            temp = tempfile::tempdir()?;
+            temp.path().to_owned()
+        }
+    };
+    let corpus = args
+        .corpus
+        .clone()
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/pprof"));
+    let mut workload = Workload::new(shape, corpus.is_dir().then_some(corpus.as_path()));
+    eprintln!(
+        "kiln bench: {} services × {} pods × {} min = {} profiles, stacks from {}",
+        shape.services,
+        shape.pods,
+        shape.minutes,
+        shape.profiles(),
+        if workload.from_corpus {
+            corpus.display().to_string()
+        } else {
+            "synthetic pools (no corpus)".into()
+        }
+    );
+    let peers_dir = dir.join("peers");
+    let mut peer_rows = if args.peers {
+        std::fs::create_dir_all(&peers_dir)?;
+        Some(PeerRows::create(&peers_dir)?)
+    } else {
+        None
+    };
+
+    let server = Server::start(&dir.join("data"))?;
+    let kiln = bench_kiln(&args, &server, &mut workload, peer_rows.as_mut()).await?;
+    let peers = match peer_rows {
+        Some(rows) => {
+            rows.finish(&peers_dir, &workload.stacks)?;
+            Some(run_peers(&args, &peers_dir, &shape)?)
+        }
+        None => None,
+    };
+    drop(server);
+    if let Some(p) = &peers {
+        for peer in ["duckdb", "chdb"] {
+            for (i, key) in [
+                "flame_1h_total",
+                "flame_12h_total",
+                "flame_1h_unaligned_total",
+            ]
+            .iter()
+            .enumerate()
+            {
+                let got = p[peer][key].as_i64();
+                ensure!(
+                    got == Some(kiln.totals[i].1),
+                    "{peer}'s {key} is {got:?}, the workload sent {}",
+                    kiln.totals[i].1
+                );
+            }
+            ensure!(
+                p[peer]["rows"].as_u64() == Some(kiln.rows),
+                "{peer} holds {} rows, Kiln {}",
+                p[peer]["rows"],
+                kiln.rows
+            );
+        }
+    }
+    print_table(&kiln, peers.as_ref());
+    if let Some(path) = &args.json {
+        let out = json!({
+            "preset": format!("{:?}", args.preset).to_lowercase(),
+            "shape": {"services": shape.services, "pods": shape.pods, "minutes": shape.minutes},
+            "kiln": kiln,
+            "peers": peers,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A `kiln serve` child process on a free loopback port.
+struct Server {
+    child: Child,
+    url: String,
+    data: PathBuf,
+}
+
+impl Server {
+    fn start(data: &Path) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let exe = std::env::current_exe()?;
+        // Compaction policies that let a short run reach the state a long-running server is
+        // in: merged by age within seconds rather than minutes and hours.
+        let child = Command::new(exe)
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .args([
+                "--auth",
+                "none",
+                "--compaction-levels",
+                "20:2s,10:4s,10:8s",
+                "--upkeep-interval-ms",
+                "200",
+                "--delete-delay-secs",
+                "0",
+                // The bench measures the engine, not the tenant's rate limit.
+                "--ingest-rate-bytes",
+                "0",
+                // Its own profiles would add rows to the tenant the bench counts.
+                "--self-profile=false",
+                "--log",
+                "warn",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting kiln serve")?;
+        let s = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data: data.to_owned(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(s);
+            }
+            ensure!(Instant::now() < deadline, "kiln serve did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// CPU seconds the server has used (user + system, all threads).
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; Linux
+        // reports them in USER_HZ = 100 ticks per second.
+        (ticks(11) + ticks(12)) / 100.0
+    }
+
+    /// The server's peak resident memory, MiB.
+    fn peak_rss_mib(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            })
+            .unwrap_or(0.0)
+            / 1024.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg:>12} [{bar:40}] {pos}/{len} {per_sec} eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}
+
+async fn bench_kiln(
+    args: &BenchArgs,
+    server: &Server,
+    workload: &mut Workload,
+    mut peer_rows: Option<&mut PeerRows>,
+) -> anyhow::Result<KilnResults> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(args.concurrency)
+        .build()?;
+    let shape = workload.shape;
+    let end = shape.end_nanos();
+    let windows = [
+        (end - HOUR_NANOS, end),
+        (end - 12 * HOUR_NANOS, end),
+        (
+            end - HOUR_NANOS - UNALIGNED_SHIFT_NANOS,
+            end - UNALIGNED_SHIFT_NANOS,
+        ),
+    ];
+    let mut sent_totals = [0i64; 3];
+    let (mut rows, mut bytes, mut latencies) = (0u64, 0u64, Vec::new());
+    let mut peer_error = None;
+    let cpu_before = server.cpu_seconds();
+    let started = Instant::now();
+    let bar = progress(shape.profiles(), "ingest");
+    // Requests are generated step by step and sent with up to `concurrency` in flight, so
+    // steps overlap as they do when many agents send at once.
+    let requests = futures::stream::iter(0..shape.steps()).flat_map(|step| {
+        let profiles = workload.step(step);
+        let mut batch = Vec::with_capacity(profiles.len());
+        for p in &profiles {
+            rows += p.samples.len() as u64;
+            if p.service == queried_service(&shape) {
+                for (i, (from, to)) in windows.iter().enumerate() {
+                    if p.time_nanos >= *from && p.time_nanos < *to {
+                        sent_totals[i] += p.samples.iter().map(|s| s.1).sum::<i64>();
+                    }
+                }
+            }
+            let body = workload.pprof(p);
+            bytes += body.len() as u64;
+            batch.push((
+                format!("{}/ingest?{}", server.url, workload.ingest_query(p)),
+                body,
+            ));
+        }
+        if let Some(r) = peer_rows.as_deref_mut()
+            && let Err(e) = r.add(&profiles)
+        {
+            peer_error.get_or_insert(e);
+        }
+        futures::stream::iter(batch)
+    });
+    let mut acks = requests
+        .map(|(url, body)| {
+            let http = http.clone();
+            async move {
+                let t = Instant::now();
+                let resp = http.post(url).body(body).send().await?;
+                let status = resp.status();
+                if !status.is_success() {
+                    bail!(
+                        "ingest: {status}: {}",
+                        resp.text().await.unwrap_or_default()
+                    );
+                }
+                Ok::<_, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1));
+    while let Some(ack) = acks.next().await {
+        latencies.push(ack?);
+        bar.inc(1);
+    }
+    drop(acks);
+    if let Some(e) = peer_error {
+        return Err(e.context("writing the peers' rows"));
+    }
+    bar.finish_and_clear();
+    let ingest_seconds = started.elapsed().as_secs_f64();
+    let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
+
+    // Compaction has caught up when no L0 segment and no job is left and the blocks stayed the
+    // same for longer than the largest merge age (a lone block waits at its level).
+    let started = Instant::now();
+    let blocks_url = format!("{}/api/v1/tenants/anonymous/blocks", server.url);
+    let (mut last, mut since) = (serde_json::Value::Null, Instant::now());
+    let blocks = loop {
+        let b: serde_json::Value = http.get(&blocks_url).send().await?.json().await?;
+        if b["levels"] != last["levels"] {
+            (last, since) = (b.clone(), Instant::now());
+        }
+        let l0 = b["levels"]["0"].as_u64().unwrap_or(0);
+        if l0 == 0 && b["jobs"].as_u64() == Some(0) && since.elapsed() > Duration::from_secs(10) {
+            break b;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "compaction did not catch up in 30 min: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let compaction_seconds = started.elapsed().as_secs_f64();
+    let bytes_at_rest = dir_bytes(&server.data.join("objects"));
+
+    // Returns the answer and the bytes the server read for it (its `kiln-query-stats`).
+    let call = |path: &'static str, body: Vec<u8>, cache: bool| {
+        let (http, url) = (http.clone(), format!("{}{path}", server.url));
+        async move {
+            let mut req = http.post(url).header("content-type", "application/proto");
+            if !cache {
+                req = req.header("cache-control", "no-store");
+            }
+            let resp = req.body(body).send().await?;
+            let status = resp.status();
+            let read = resp
+                .headers()
+                .get(crate::transport::http::STATS_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
+                .map_or(0, |s| s.bytes_read);
+            let body = resp.bytes().await?;
+            ensure!(
+                status.is_success(),
+                "{path}: {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            Ok::<_, anyhow::Error>((body, read))
+        }
+    };
+    let ms = |ns: i64| ns / 1_000_000;
+    let selector = format!(
+        r#"{{service_name="{}"}}"#,
+        service_name(queried_service(&shape))
+    );
+    let flame = |(start, end): (i64, i64)| {
+        q::SelectMergeStacktracesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: selector.clone(),
+            start: ms(start),
+            end: ms(end),
+            max_nodes: Some(MAX_NODES),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let queries: Vec<(&str, &'static str, Vec<u8>)> = vec![
+        (
+            "flame 1h",
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            flame(windows[0]),
+        ),
+        (
+            "flame 12h",
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            flame(windows[1]),
+        ),
+        (
+            "flame 1h unaligned",
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            flame(windows[2]),
+        ),
+        (
+            "flame 30d",
+            "/querier.v1.QuerierService/SelectMergeStacktraces",
+            flame((end - 30 * 24 * HOUR_NANOS, end)),
+        ),
+        (
+            "series 12h",
+            "/querier.v1.QuerierService/SelectSeries",
+            q::SelectSeriesRequest {
+                profile_type_id: CPU.into(),
+                label_selector: selector.clone(),
+                start: ms(end - 12 * HOUR_NANOS),
+                end: ms(end),
+                group_by: vec!["pod".into()],
+                step: 60.0,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "label values",
+            "/querier.v1.QuerierService/LabelValues",
+            t::LabelValuesRequest {
+                name: "pod".into(),
+                matchers: vec![selector.clone()],
+                start: ms(end - 12 * HOUR_NANOS),
+                end: ms(end),
+            }
+            .encode_to_vec(),
+        ),
+    ];
+    // Each query `runs` times without the partial-result cache (the engine against the peers,
+    // which keep no results either; the first run is cold), then `runs` times with it (a
+    // dashboard refreshing the same range).
+    let bar = progress((2 * queries.len() * args.runs) as u64, "queries");
+    let mut timings = Vec::new();
+    let mut cached = Vec::new();
+    let mut reads = BTreeMap::new();
+    let mut totals = [(0i64, 0i64); 3];
+    for (i, (name, path, body)) in queries.iter().enumerate() {
+        let mut read = QueryRead::default();
+        for cache in [false, true] {
+            let mut runs = Vec::with_capacity(args.runs);
+            let mut bytes = Vec::with_capacity(args.runs);
+            for _ in 0..args.runs {
+                let t = Instant::now();
+                let (answer, n) = call(path, body.clone(), cache).await?;
+                runs.push(t.elapsed().as_secs_f64() * 1000.0);
+                bytes.push(n);
+                if i < 3 {
+                    let fg = q::SelectMergeStacktracesResponse::decode(answer)?
+                        .flamegraph
+                        .unwrap_or_default();
+                    ensure!(
+                        totals[i].0 == 0 || totals[i].0 == fg.total,
+                        "{name}: the total changed between runs"
+                    );
+                    totals[i] = (fg.total, sent_totals[i]);
+                }
+                bar.inc(1);
+            }
+            if cache {
+                cached.push(timing(runs));
+                bytes.sort_unstable();
+                read.cached = bytes[bytes.len() / 2];
+            } else {
+                timings.push(timing(runs));
+                read.cold = bytes[0];
+                bytes.sort_unstable();
+                read.warm = bytes[bytes.len() / 2];
+            }
+        }
+        reads.insert((*name).to_owned(), read);
+    }
+    bar.finish_and_clear();
+    for (name, (got, sent)) in ["1 h", "12 h", "1 h unaligned"].iter().zip(totals) {
+        ensure!(sent > 0, "the workload sent nothing for the {name} window");
+        ensure!(
+            got == sent,
+            "the {name} flame graph's total is {got}, the workload sent {sent}"
+        );
+    }
+    let rows_stored = blocks["rows"].as_u64().unwrap_or(0);
+    ensure!(
+        rows_stored == rows,
+        "Kiln holds {rows_stored} sample rows, the workload sent {rows}"
+    );
+    let mb = bytes as f64 / 1e6;
+    Ok(KilnResults {
+        profiles: shape.profiles(),
+        rows,
+        pprof_bytes: bytes,
+        ingest_seconds,
+        server_cpu_seconds,
+        ingest_mb_per_busy_core_s: mb / server_cpu_seconds,
+        profiles_per_s: shape.profiles() as f64 / ingest_seconds,
+        samples_per_s: rows as f64 / ingest_seconds,
+        ack: timing(latencies),
+        peak_rss_mib: server.peak_rss_mib(),
+        compaction_seconds,
+        blocks: blocks["blocks"].as_u64().unwrap_or(0),
+        bytes_at_rest,
+        bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
+        flame_1h: timings[0],
+        flame_12h: timings[1],
+        flame_1h_unaligned: timings[2],
+        flame_30d: timings[3],
+        series_12h: timings[4],
+        label_values: timings[5],
+        cached: queries
+            .iter()
+            .zip(cached)
+            .map(|((name, _, _), t)| ((*name).to_owned(), t))
+            .collect(),
+        reads,
+        totals,
+    })
+}
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => e.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Runs `bench/peers.py` on the rows in `dir`; returns its JSON.
+fn run_peers(args: &BenchArgs, dir: &Path, shape: &Shape) -> anyhow::Result<serde_json::Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let script = root.join("bench/peers.py");
+    ensure!(script.exists(), "{} is missing", script.display());
+    let python = args.python.clone().unwrap_or_else(|| {
+        let venv = std::env::var_os("KILN_TEST_VENV")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target/test-venv"));
+        let p = venv.join("bin/python");
+        if p.exists() {
+            p
+        } else {
+            PathBuf::from("python3")
+        }
+    });
+    eprintln!("kiln bench: peers (DuckDB, chDB) with {}", python.display());
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg("--dir")
+        .arg(dir)
+        .args([
+            "--end-ns",
+            &shape.end_nanos().to_string(),
+            "--service",
+            &service_name(queried_service(shape)),
+            "--runs",
+            &args.runs.to_string(),
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    ensure!(
+        out.status.success(),
+        "bench/peers.py failed ({})",
+        out.status
+    );
+    serde_json::from_slice(&out.stdout).context("bench/peers.py printed no JSON")
+}
+
+fn fmt_bytes(n: u64) -> String {
+    match n {
+        0..1_000 => format!("{n} B"),
+        1_000..1_000_000 => format!("{:.1} kB", n as f64 / 1e3),
+        _ => format!("{:.1} MB", n as f64 / 1e6),
+    }
+}
+
+fn fmt_ms(t: Timing) -> String {
+    format!("{:.1} / {:.1} ms", t.p50_ms, t.p99_ms)
+}
+
+fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
+    let peer = |name: &str, key: &str| -> Option<f64> {
+        peers?.get(name)?.get(key)?.get("p50_ms")?.as_f64()
+    };
+    let peer_value =
+        |name: &str, key: &str| -> Option<f64> { peers?.get(name)?.get(key)?.as_f64() };
+    let cell = |v: Option<f64>, unit: &str| v.map_or("—".to_owned(), |v| format!("{v:.1}{unit}"));
+    println!("| measure | Kiln | DuckDB | ClickHouse (chDB) | Kiln ÷ faster peer |");
+    println!("|---|---|---|---|---|");
+    let ratio = |kiln: f64, a: Option<f64>, b: Option<f64>| match (a, b) {
+        (None, None) => "—".to_owned(),
+        (a, b) => {
+            let best = a.unwrap_or(f64::MAX).min(b.unwrap_or(f64::MAX));
+            format!("{:.2}×", kiln / best)
+        }
+    };
+    for (name, key, t) in [
+        ("flame graph, 1 service, 1 h", "flame_1h", k.flame_1h),
+        ("flame graph, 1 service, 12 h", "flame_12h", k.flame_12h),
+        (
+            "flame graph, 1 service, 1 h unaligned",
+            "flame_1h_unaligned",
+            k.flame_1h_unaligned,
+        ),
+        ("flame graph, 1 service, 30 d", "flame_30d", k.flame_30d),
+        ("per-minute series by pod, 12 h", "series_12h", k.series_12h),
+        ("label values (pod), 12 h", "label_values", k.label_values),
+    ] {
+        let (d, c) = (peer("duckdb", key), peer("chdb", key));
+        println!(
+            "| {name} (p50 / p99) | {} | {} | {} | {} |",
+            fmt_ms(t),
+            cell(d, " ms"),
+            cell(c, " ms"),
+            ratio(t.p50_ms, d, c)
+        );
+    }
+    let (d, c) = (
+        peer_value("duckdb", "bytes_per_row"),
+        peer_value("chdb", "bytes_per_row"),
+    );
+    println!(
+        "| bytes at rest per sample row | {:.2} B | {} | {} | {} |",
+        k.bytes_per_row,
+        cell(d, " B"),
+        cell(c, " B"),
+        ratio(k.bytes_per_row, d, c)
+    );
+    println!(
+        "| ingest, uncompressed pprof | {:.1} MB/s per busy core ({:.0} profiles/s, {:.0} samples/s) | — | — | |",
+        k.ingest_mb_per_busy_core_s, k.profiles_per_s, k.samples_per_s
+    );
+    println!("| ack latency p50 / p99 | {} | — | — | |", fmt_ms(k.ack));
+    println!("| server peak RSS | {:.0} MiB | — | — | |", k.peak_rss_mib);
+    println!(
+        "\n| query | read from the store: first run / later runs | with the partial-result cache (p50 / p99) | read |"
+    );
+    println!("|---|---|---|---|");
+    for (name, read) in &k.reads {
+        println!(
+            "| {name} | {} / {} | {} | {} |",
+            fmt_bytes(read.cold),
+            fmt_bytes(read.warm),
+            k.cached.get(name).map_or("—".to_owned(), |t| fmt_ms(*t)),
+            fmt_bytes(read.cached),
+        );
+    }
+    println!(
+        "\n{} profiles, {} sample rows, {:.1} MB of pprof in {:.1} s ({:.1} s of server CPU); \
+         compaction caught up {:.1} s later: {} blocks, {} bytes at rest. Flame graphs with \
+         max_nodes {MAX_NODES}; totals checked against what was sent.",
+        k.profiles,
+        k.rows,
+        k.pprof_bytes as f64 / 1e6,
+        k.ingest_seconds,
+        k.server_cpu_seconds,
+        k.compaction_seconds,
+        k.blocks,
+        k.bytes_at_rest
+    );
+}

@@ -1,0 +1,508 @@
+//! `kiln serve`'s flags, in blocks by concern (network, authentication, storage, compaction,
+//! limits, telemetry), checked and turned into the storage's and the app's settings; the server
+//! runs them (`super::lifecycle`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use kiln_storage::StorageConfig;
+use kiln_storage::compaction::LevelPolicy;
+use tracing::info;
+
+use crate::app::Roles;
+use crate::auth::{AuthMode, Authenticator, KeyStore};
+use crate::time::parse_duration_secs;
+
+/// `kiln serve` flags, in blocks by concern. Every flag also reads a `KILN_…` environment
+/// variable; `docs/configuration.md` lists them all (a test checks it).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// What this process does: `ingest`, `query`, `compact`, comma-separated (default all).
+    /// Processes of any roles can share one `--metastore` (PostgreSQL) and `--object-store`.
+    #[arg(long, env = "KILN_ROLES", default_value = "ingest,query,compact")]
+    pub roles: String,
+
+    #[command(flatten)]
+    pub network: NetworkArgs,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    pub storage: StorageArgs,
+
+    #[command(flatten)]
+    pub compaction: CompactionArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
+}
+
+/// `kiln serve` flags: where Kiln listens and how long it waits for clients.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Network")]
+pub struct NetworkArgs {
+    /// Address to listen on, HTTP/1.1 and h2c (gRPC) on one port.
+    #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:4040")]
+    pub listen: SocketAddr,
+
+    /// A second address serving only `/metrics` and `/ready`, without credentials, for a
+    /// network only operators reach. With `--auth jwt`, `/metrics` on `--listen` needs an admin
+    /// token of `--admin-tenant`, as its label values name every tenant.
+    #[arg(long, env = "KILN_ADMIN_LISTEN")]
+    pub admin_listen: Option<std::net::SocketAddr>,
+
+    /// Seconds a client has to send a request's headers (HTTP/1.1); a kept-alive connection
+    /// with no next request is closed after as long.
+    #[arg(long, env = "KILN_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub header_read_timeout_secs: u64,
+
+    /// Longest pause, in seconds, while a request body arrives; then 408.
+    #[arg(long, env = "KILN_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    pub body_read_timeout_secs: u64,
+
+    /// Seconds after which a connection that moves no byte either way is closed.
+    #[arg(long, env = "KILN_IDLE_TIMEOUT_SECS", default_value_t = 90)]
+    pub idle_timeout_secs: u64,
+
+    /// Connections open at once; further ones are closed as soon as they are accepted.
+    #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+}
+
+/// `kiln serve` flags: who may call Kiln, and as which tenant.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Authentication")]
+pub struct AuthArgs {
+    /// Authentication: `none` (one tenant, `anonymous`; loopback only), `jwt` (Bearer or Basic
+    /// tokens, keys from --jwt-keys), or `trusted-header` (`X-Scope-OrgID` from a proxy).
+    #[arg(long = "auth", env = "KILN_AUTH", value_enum, default_value = "none")]
+    pub mode: AuthMode,
+
+    /// Allow `--auth none` on a non-loopback address (anyone who can connect is `anonymous`).
+    #[arg(long, env = "KILN_INSECURE_ALLOW_ANONYMOUS")]
+    pub insecure_allow_anonymous: bool,
+
+    /// JWT verification keys: a key file, a directory of key files, or a JWKS file. Reloaded on
+    /// change and on SIGHUP.
+    #[arg(long, env = "KILN_JWT_KEYS")]
+    pub jwt_keys: Option<PathBuf>,
+
+    /// Required `iss` claim, when set.
+    #[arg(long, env = "KILN_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// Required `aud` claim, when set.
+    #[arg(long, env = "KILN_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// The operator tenant: its admin tokens administer every tenant (others only their own).
+    #[arg(long, env = "KILN_ADMIN_TENANT")]
+    pub admin_tenant: Option<String>,
+}
+
+/// `kiln serve` flags: where data lives and how writes reach it.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Storage")]
+pub struct StorageArgs {
+    /// Directory for the local object store and the embedded metastore (when they are not
+    /// elsewhere) and for compaction's scratch files.
+    #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// The metastore: `postgres://user:password@host:port/database` (shared by several
+    /// processes; the schema is migrated at start-up), or a path for the embedded one.
+    /// Default: embedded, under the data directory.
+    #[arg(long, env = "KILN_METASTORE")]
+    pub metastore: Option<String>,
+
+    /// The object store: `s3://bucket/prefix` (any S3-compatible endpoint), `gs://bucket/prefix`,
+    /// `az://container/prefix`, or a path. Credentials and endpoints come from `object_store`'s
+    /// environment variables (`AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `AWS_ACCESS_KEY_ID`, …),
+    /// each also settable as `KILN_…`. Default: the data directory.
+    #[arg(long, env = "KILN_OBJECT_STORE")]
+    pub object_store: Option<String>,
+
+    /// Seconds a failing request to a remote object store is retried (with backoff) before the
+    /// write or query fails with 503.
+    #[arg(
+        long,
+        env = "KILN_OBJECT_STORE_RETRY_TIMEOUT_SECS",
+        default_value_t = 10
+    )]
+    pub object_store_retry_timeout_secs: u64,
+
+    /// Bytes of acknowledged segments the spool (`<data-dir>/spool`) may hold while the object
+    /// store is unreachable; they go to the store when it answers again. Past it, writes are
+    /// refused with 503. 0: no spool.
+    #[arg(long, env = "KILN_SPOOL_MAX_BYTES", default_value_t = 1 << 30)]
+    pub spool_max_bytes: u64,
+
+    /// Number of write shards.
+    #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
+    pub shards: u32,
+
+    /// Longest time, in milliseconds, a write waits for others to share its segment; writes
+    /// that arrive during a flush are flushed together right after it (group commit).
+    #[arg(long, env = "KILN_FLUSH_INTERVAL_MS", default_value_t = 50)]
+    pub flush_interval_ms: u64,
+
+    /// A shard flushes as soon as its buffer passes this many bytes.
+    #[arg(long, env = "KILN_FLUSH_BYTES", default_value_t = 32 << 20)]
+    pub flush_bytes: usize,
+
+    /// Memory for cached symbol tables, in bytes.
+    #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
+    pub symbols_cache_bytes: u64,
+
+    /// Memory for cached partial results (the stack totals of blocks a query's range covers
+    /// whole), in bytes; 0 keeps none.
+    #[arg(long, env = "KILN_RESULTS_CACHE_BYTES", default_value_t = 64 << 20)]
+    pub results_cache_bytes: u64,
+}
+
+/// `kiln serve` flags: background upkeep of the stored blocks.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Compaction and retention")]
+pub struct CompactionArgs {
+    /// Compact blocks in the background (levels merged by count and age).
+    #[arg(
+        long = "compaction", env = "KILN_COMPACTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+
+    /// When each level is merged into the next, as `blocks:age` per level from L0: merge as soon
+    /// as `blocks` wait, or what waits once the oldest is `age` old (`s`, `m`, `h`, `d`).
+    #[arg(
+        long,
+        env = "KILN_COMPACTION_LEVELS",
+        default_value = "20:30s,10:12m,10:3h"
+    )]
+    pub compaction_levels: String,
+
+    /// Size, in MiB, up to which top-level blocks of a tenant's partition and shard keep
+    /// merging with each other (four of a size tier at a time).
+    #[arg(long, env = "KILN_COMPACTION_TARGET_MIB", default_value_t = 256)]
+    pub compaction_target_mib: u64,
+
+    /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
+    #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
+    pub upkeep_interval_ms: u64,
+
+    /// Seconds an object that lost its last index entry stays readable before deletion.
+    #[arg(long, env = "KILN_DELETE_DELAY_SECS", default_value_t = 60)]
+    pub delete_delay_secs: u64,
+
+    /// Seconds before an object no index entry names (left by a crash) is deleted.
+    #[arg(long, env = "KILN_ORPHAN_GRACE_SECS", default_value_t = 3600)]
+    pub orphan_grace_secs: u64,
+
+    /// How often the orphan sweep runs, in seconds (also once at start-up).
+    #[arg(long, env = "KILN_ORPHAN_SWEEP_INTERVAL_SECS", default_value_t = 600)]
+    pub orphan_sweep_interval_secs: u64,
+
+    /// How often retention runs, in seconds.
+    #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
+    pub retention_interval_secs: u64,
+}
+
+/// `kiln serve` flags: defaults of the per-tenant limits, and process-wide bounds.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Per-tenant limits (TOML: [defaults] and [tenants.<id>]). Reloaded on change and on SIGHUP.
+    #[arg(long, env = "KILN_TENANTS")]
+    pub tenants: Option<PathBuf>,
+
+    /// Default largest request body, as sent (413 above it); overrides the tenant file's [defaults].
+    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+
+    /// Default largest profile once decompressed (413 above it); overrides [defaults].
+    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    pub max_decompressed_bytes: Option<usize>,
+
+    /// Default stack depth: deeper stacks are truncated, keeping the root side; overrides [defaults].
+    #[arg(long, env = "KILN_MAX_STACK_DEPTH")]
+    pub max_stack_depth: Option<usize>,
+
+    /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
+    #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
+    pub ingest_rate_bytes: Option<u64>,
+
+    /// Decoded bytes all ingest requests may hold at once (inflated and decoded profiles until
+    /// they are stored); a request that finds it spent waits 2 s, then is answered 503 with
+    /// `Retry-After`. 0 = unbounded.
+    #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
+    pub max_inflight_decode_bytes: usize,
+
+    /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
+    /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
+    #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
+    pub parca_stack_cache_bytes: u64,
+}
+
+/// `kiln serve` flags: how Kiln observes itself: logs, traces, its own profiles.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Telemetry")]
+pub struct TelemetryArgs {
+    /// Log filter (tracing `EnvFilter` syntax).
+    #[arg(long, env = "KILN_LOG", default_value = "info")]
+    pub log: String,
+
+    /// Kiln samples its own CPU and writes it, every `--self-profile-interval-secs`, as
+    /// `service_name="kiln"` into `--self-profile-tenant` (`false` turns it off).
+    #[arg(long, env = "KILN_SELF_PROFILE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub self_profile: bool,
+
+    /// The tenant Kiln's own profiles go to (by default the one `--auth none` serves).
+    #[arg(long, env = "KILN_SELF_PROFILE_TENANT", default_value = crate::auth::ANONYMOUS)]
+    pub self_profile_tenant: String,
+
+    /// Seconds of samples in each of Kiln's own profiles.
+    #[arg(long, env = "KILN_SELF_PROFILE_INTERVAL_SECS", default_value_t = 10)]
+    pub self_profile_interval_secs: u64,
+
+    /// Kiln's own profiles also sample its heap (jemalloc's profiler: in-use bytes and objects
+    /// of live allocations, one in every 512 KiB allocated on average).
+    #[arg(long, env = "KILN_SELF_PROFILE_HEAP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub self_profile_heap: bool,
+
+    /// Export Kiln's own tracing spans (requests, flushes, compactions, queries) over OTLP/gRPC
+    /// to this collector, e.g. `http://127.0.0.1:4317`, as `service.name=kiln`.
+    #[arg(long, env = "KILN_OTLP_TRACES_ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        Wrapper::parse_from(["kiln"]).args
+    }
+}
+
+impl ServeArgs {
+    /// Checks values clap cannot.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.roles()?;
+        self.compaction.levels()?;
+        self.storage_config().validate()?;
+        self.storage.validate()?;
+        self.auth.validate(self.network.listen)?;
+        self.telemetry.validate()
+    }
+
+    /// The roles of `--roles`.
+    pub fn roles(&self) -> anyhow::Result<Roles> {
+        Roles::parse(&self.roles).map_err(|e| anyhow::anyhow!("--roles: {e}"))
+    }
+
+    /// Storage settings from these flags.
+    pub fn storage_config(&self) -> StorageConfig {
+        let s = &self.storage;
+        let mut c = StorageConfig::new(&s.data_dir);
+        c.metastore = s.metastore.clone();
+        c.object_store = s.object_store.clone();
+        c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
+        c.spool_max_bytes = s.spool_max_bytes;
+        c.writer.shards = s.shards;
+        c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
+        c.writer.flush_bytes = s.flush_bytes;
+        c.symbols_cache_bytes = s.symbols_cache_bytes;
+        c.results_cache_bytes = s.results_cache_bytes;
+        let compaction = &self.compaction;
+        c.compaction.enabled = compaction.enabled && self.roles().is_ok_and(|r| r.compact);
+        if let Ok(levels) = compaction.levels() {
+            c.compaction.levels = levels;
+        }
+        c.compaction.top.target_bytes = compaction.compaction_target_mib.saturating_mul(1 << 20);
+        c.delete_delay = Duration::from_secs(compaction.delete_delay_secs);
+        c.orphan_grace = Duration::from_secs(compaction.orphan_grace_secs);
+        c
+    }
+}
+
+impl StorageArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
+        anyhow::ensure!(
+            self.flush_interval_ms > 0,
+            "--flush-interval-ms must be positive"
+        );
+        Ok(())
+    }
+}
+
+impl CompactionArgs {
+    /// The compaction policies of `--compaction-levels`.
+    pub fn levels(&self) -> anyhow::Result<Vec<LevelPolicy>> {
+        self.compaction_levels
+            .split(',')
+            .map(|level| {
+                let (blocks, age) = level.trim().split_once(':').ok_or_else(|| {
+                    anyhow::anyhow!("--compaction-levels: {level:?} is not blocks:age")
+                })?;
+                let blocks: usize = blocks.parse().map_err(|_| {
+                    anyhow::anyhow!("--compaction-levels: {blocks:?} is not a block count")
+                })?;
+                let age = parse_duration_secs(age).ok_or_else(|| {
+                    anyhow::anyhow!("--compaction-levels: {age:?} is not a duration")
+                })?;
+                Ok(LevelPolicy {
+                    blocks,
+                    age: Duration::from_secs(age),
+                })
+            })
+            .collect()
+    }
+}
+
+impl AuthArgs {
+    fn validate(&self, listen: SocketAddr) -> anyhow::Result<()> {
+        if self.mode == AuthMode::None
+            && !listen.ip().is_loopback()
+            && !self.insecure_allow_anonymous
+        {
+            anyhow::bail!(
+                "--auth none on {listen}: anyone who can reach it would read and write as \
+                 `anonymous`; listen on a loopback address, use --auth jwt or trusted-header, or \
+                 pass --insecure-allow-anonymous"
+            );
+        }
+        if self.mode == AuthMode::Jwt {
+            anyhow::ensure!(
+                self.jwt_keys.is_some(),
+                "--auth jwt needs --jwt-keys (a key file, a directory or a JWKS file)"
+            );
+        }
+        Ok(())
+    }
+
+    /// The authenticator these flags describe (JWT keys are read now).
+    pub fn authenticator(&self) -> anyhow::Result<Authenticator> {
+        Ok(match self.mode {
+            AuthMode::None => Authenticator::none(),
+            AuthMode::TrustedHeader => Authenticator::trusted_header(),
+            AuthMode::Jwt => {
+                let path = self
+                    .jwt_keys
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("--auth jwt needs --jwt-keys"))?;
+                let keys = KeyStore::open(path)?;
+                info!(keys = keys.keys().len(), path = %path.display(), "JWT keys loaded");
+                Authenticator {
+                    mode: AuthMode::Jwt,
+                    keys: Some(keys),
+                    issuer: self.jwt_issuer.clone(),
+                    audience: self.jwt_audience.clone(),
+                    admin_tenant: self.admin_tenant.clone(),
+                }
+            }
+        })
+    }
+}
+
+impl LimitArgs {
+    /// Command-line limits, which override the tenant file's [defaults].
+    pub fn overrides(&self) -> toml::Table {
+        let mut t = toml::Table::new();
+        let mut set = |k: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                t.insert(k.into(), toml::Value::Integer(v as i64));
+            }
+        };
+        set("max_body_bytes", self.max_body_bytes.map(|v| v as u64));
+        set(
+            "max_decompressed_bytes",
+            self.max_decompressed_bytes.map(|v| v as u64),
+        );
+        set("max_stack_depth", self.max_stack_depth.map(|v| v as u64));
+        set("ingest_rate_bytes", self.ingest_rate_bytes);
+        t
+    }
+}
+
+impl TelemetryArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if let Some(endpoint) = &self.otlp_traces_endpoint {
+            anyhow::ensure!(
+                endpoint.starts_with("http://") || endpoint.starts_with("https://"),
+                "--otlp-traces-endpoint {endpoint:?}: give a URL, e.g. http://127.0.0.1:4317"
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    #[test]
+    fn every_serve_flag_is_documented_with_its_environment_variable() {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/configuration.md"),
+        )
+        .expect("docs/configuration.md");
+        let command = Wrapper::command();
+        let mut flags = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            flags += 1;
+            assert!(
+                doc.contains(&format!("| `--{long}")),
+                "--{long} is missing from docs/configuration.md"
+            );
+            let env = arg
+                .get_env()
+                .expect("every flag reads an environment variable");
+            assert!(
+                doc.contains(&format!("`{}`", env.to_string_lossy())),
+                "{env:?} (--{long}) is missing from docs/configuration.md"
+            );
+        }
+        assert!(flags > 40, "only {flags} flags found");
+    }
+
+    #[test]
+    fn flags_land_in_their_blocks() {
+        let args = Wrapper::parse_from([
+            "kiln",
+            "--auth",
+            "trusted-header",
+            "--compaction",
+            "false",
+            "--shards",
+            "3",
+            "--otlp-traces-endpoint",
+            "http://127.0.0.1:4317",
+        ])
+        .args;
+        assert_eq!(args.auth.mode, AuthMode::TrustedHeader);
+        assert!(!args.compaction.enabled);
+        assert_eq!(args.storage_config().writer.shards, 3);
+        assert!(!args.storage_config().compaction.enabled);
+        args.validate().expect("valid");
+        let bad = Wrapper::parse_from(["kiln", "--otlp-traces-endpoint", "127.0.0.1:4317"]).args;
+        assert!(bad.validate().is_err(), "an endpoint without a scheme");
+    }
+}

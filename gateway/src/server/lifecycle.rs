@@ -1,0 +1,95 @@
+//! The server's life: open storage and build the app, start the background upkeep
+//! ([`super::upkeep`]), the admin listener and the self-profiler, serve until SIGTERM, then stop
+//! in order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kiln_storage::Storage;
+use tracing::info;
+
+use super::config::ServeArgs;
+use crate::app::App;
+use crate::app::budget::DecodeBudget;
+use crate::tenants::Tenants;
+
+/// Stack of every runtime thread, async workers and the blocking pool alike: request bodies are
+/// decoded there, so the depth limits on what they decode ([`kiln_proto::wire::MAX_DEPTH`], the
+/// normalize limits) are sized against a stack this process chose, not the platform's default.
+/// The `decode_stack` test decodes the deepest input each format admits on a thread of this size.
+pub const THREAD_STACK_BYTES: usize = 8 << 20;
+
+/// The process's runtime: worker and blocking threads with [`THREAD_STACK_BYTES`] of stack.
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .build()
+}
+
+/// Opens storage and builds the shared app.
+pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
+    args.validate()?;
+    let auth = args.auth.authenticator()?;
+    let tenants = Tenants::load(args.limits.tenants.as_deref(), args.limits.overrides())?;
+    let storage = Storage::open(args.storage_config()).await?;
+    let mut app = App::new(storage, auth, tenants);
+    app.roles = args.roles()?;
+    app.decode_budget = DecodeBudget::new(args.limits.max_inflight_decode_bytes);
+    app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);
+    Ok(Arc::new(app))
+}
+
+/// Runs `kiln serve` until SIGTERM.
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let app = build_app(&args).await?;
+    let listener = tokio::net::TcpListener::bind(args.network.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.network.listen))?;
+    info!(roles = %app.roles, "kiln starting");
+    if let Some(addr) = args.network.admin_listen {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--admin-listen): {e}"))?;
+        info!(%addr, "admin listener (/metrics, /ready) is listening");
+        let router = crate::api::admin_router(Arc::clone(&app));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(admin, router).await {
+                tracing::error!(error = %e, "the admin listener stopped");
+            }
+        });
+    }
+    super::upkeep::spawn_upkeep(
+        Arc::clone(&app),
+        Duration::from_secs(args.compaction.retention_interval_secs.max(1)),
+    );
+    if app.roles.compact {
+        app.storage.spawn_upkeep(
+            Duration::from_millis(args.compaction.upkeep_interval_ms.max(10)),
+            Duration::from_secs(args.compaction.orphan_sweep_interval_secs.max(1)),
+        );
+    }
+    // Profiles are written through this process's own writer, which runs with the ingest role.
+    if args.telemetry.self_profile && app.roles.ingest {
+        crate::server::self_profile::spawn(
+            Arc::clone(&app),
+            crate::server::self_profile::SelfProfile {
+                tenant: app
+                    .auth
+                    .configured_tenant(&args.telemetry.self_profile_tenant)
+                    .map_err(|e| anyhow::anyhow!("--self-profile-tenant: {}", e.message))?,
+                interval: Duration::from_secs(args.telemetry.self_profile_interval_secs.max(1)),
+                heap: args.telemetry.self_profile_heap,
+                labels: vec![("instance".into(), args.network.listen.to_string())],
+            },
+        );
+    }
+    let limits = super::listener::ConnectionLimits {
+        header_read_timeout: Duration::from_secs(args.network.header_read_timeout_secs.max(1)),
+        body_read_timeout: Duration::from_secs(args.network.body_read_timeout_secs.max(1)),
+        idle_timeout: Duration::from_secs(args.network.idle_timeout_secs.max(1)),
+        max_connections: args.network.max_connections.max(1),
+    };
+    super::listener::serve(app, listener, limits, super::listener::shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! The server's background upkeep: JWT keys and tenant limits reloaded on change or SIGHUP, the
+//! stored-bytes gauges refreshed from the metastore, and (with the compact role) retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::app::{App, AppRef};
+use crate::error::ApiError;
+
+/// How often the `kiln_tenant_stored_bytes` gauges are refreshed from the metastore.
+const STORED_BYTES_REFRESH: Duration = Duration::from_secs(30);
+
+/// Background upkeep: reload keys and tenant limits on change or SIGHUP, refresh stored bytes,
+/// run retention.
+pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
+    let reload = {
+        let app = Arc::clone(&app);
+        move |why: &str, force: bool| {
+            if let Some(keys) = &app.auth.keys {
+                let result = if force {
+                    keys.reload().map(|_| true)
+                } else {
+                    keys.reload_if_changed()
+                };
+                match result {
+                    Ok(true) => info!(why, keys = keys.keys().len(), "JWT keys reloaded"),
+                    Ok(false) => {}
+                    Err(e) => warn!(error = %e, "JWT keys not reloaded; the old keys stay"),
+                }
+            }
+            let result = if force {
+                app.tenants.reload().map(|_| true)
+            } else {
+                app.tenants.reload_if_changed()
+            };
+            match result {
+                Ok(true) => info!(why, "tenant limits reloaded"),
+                Ok(false) => {}
+                Err(e) => warn!(error = %e, "tenant limits not reloaded; the old limits stay"),
+            }
+        }
+    };
+    let poll = reload.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            poll("changed on disk", false);
+        }
+    });
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            reload("SIGHUP", true);
+        }
+    });
+    let metered = Arc::clone(&app);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
+        loop {
+            tick.tick().await;
+            if let Err(e) = refresh_stored_bytes(&metered).await {
+                warn!(error = %e.log_text(), "stored bytes not refreshed; retrying at the next interval");
+            }
+        }
+    });
+    if !app.roles.compact {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(retention_every);
+        loop {
+            tick.tick().await;
+            if let Err(e) = apply_retention(&app).await {
+                warn!(error = %e.log_text(), "retention failed; retrying at the next interval");
+            }
+        }
+    });
+}
+
+/// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
+/// the background (`spawn_upkeep`), so a `/metrics` scrape costs the same whatever the
+/// tenant count.
+pub async fn refresh_stored_bytes(app: &AppRef) -> Result<(), ApiError> {
+    for t in app.storage.metastore().tenants().await? {
+        let bytes = app.storage.stored_bytes(&t).await?;
+        app.metrics.set_stored_bytes(&t, bytes);
+    }
+    app.storage.refresh_block_gauges().await?;
+    Ok(())
+}
+
+/// Drops, for every tenant, the partitions wholly older than its retention (data time).
+/// Returns index entries removed.
+pub async fn apply_retention(app: &AppRef) -> Result<usize, ApiError> {
+    let now_nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let mut total = 0;
+    for tenant in app.storage.metastore().tenants().await? {
+        let retention = app.limits(&tenant).retention.0;
+        if retention == 0 {
+            continue;
+        }
+        let before = now_nanos.saturating_sub((retention as i64).saturating_mul(1_000_000_000));
+        let n = app.storage.apply_retention(&tenant, before).await?;
+        if n > 0 {
+            tracing::info!(tenant = %tenant, blocks = n, "retention deleted old blocks");
+            app.tenants.forget(&tenant);
+        }
+        total += n;
+    }
+    Ok(total)
+}

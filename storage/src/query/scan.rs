@@ -1,0 +1,511 @@
+//! Stage 2, block scans: a dataset's samples (or one of its rollups) read as a Parquet file by
+//! ranges of its object ([`SectionReader`]): only the row ranges of the selected series, only
+//! the pages whose times the query reaches. A block that fails its checks is quarantined and
+//! the query answers without it; a block compacted away under a query sends it back to the
+//! metastore ([`retrying`]).
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatch;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderOptions, RowSelection, RowSelector};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
+
+use super::report::{QueryCounters, count, read_bytes, warn};
+use super::{QueryEngine, now_ms};
+use crate::block::col;
+use crate::metastore::BlockMeta;
+use crate::rollup::Source;
+use crate::store::ObjectStorage;
+use crate::{Error, Result};
+
+/// Rows per decoded batch.
+const BATCH_ROWS: usize = 8192;
+
+/// A dataset's samples section as a Parquet file, read by ranges from its object.
+pub(crate) struct SectionReader {
+    store: ObjectStorage,
+    path: String,
+    section: Range<u64>,
+    counters: Arc<QueryCounters>,
+}
+
+impl SectionReader {
+    /// A reader of `block`'s samples or one of its rollups.
+    pub(super) fn new(engine: &QueryEngine, block: &BlockMeta, source: Source) -> Self {
+        let section = match source {
+            Source::Samples => block.samples.range(),
+            Source::Rollup(i) => block.rollups[i].section.range(),
+        };
+        Self {
+            store: engine.store.clone(),
+            path: block.path(),
+            section,
+            counters: Arc::clone(&engine.counters),
+        }
+    }
+
+    fn shift(&self, r: Range<u64>) -> Range<u64> {
+        self.section.start + r.start..self.section.start + r.end
+    }
+}
+
+fn external(e: Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for SectionReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        let r = self.shift(range);
+        async move {
+            let b = self
+                .store
+                .get_range(&self.path, r)
+                .await
+                .map_err(external)?;
+            read_bytes(&self.counters, b.len() as u64);
+            Ok(b)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
+        async move {
+            let location = object_store::path::Path::from(self.path.as_str());
+            let out = self
+                .store
+                .inner()
+                .get_ranges(&location, &ranges)
+                .await
+                .map_err(|source| {
+                    external(Error::ObjectStore {
+                        path: self.path.clone(),
+                        source,
+                    })
+                })?;
+            let n: usize = out.iter().map(Bytes::len).sum();
+            read_bytes(&self.counters, n as u64);
+            Ok(out)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.section.end - self.section.start;
+            let metadata = ParquetMetaDataReader::new()
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .with_prefetch_hint(Some(64 * 1024))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}
+
+/// The reader type of a block's samples, for the compactor.
+pub(crate) type SectionReaderHandle = SectionReader;
+
+/// Whether an error means the block itself is bad (as opposed to the store being unreachable).
+pub(crate) fn is_corruption(e: &Error) -> bool {
+    match e {
+        Error::Corrupt { .. } | Error::Decode { .. } => true,
+        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+        Error::Parquet(ParquetError::External(inner)) => {
+            inner.downcast_ref::<Error>().is_some_and(is_corruption)
+        }
+        Error::Parquet(_) | Error::Arrow(_) => true,
+        _ => false,
+    }
+}
+
+/// The row groups of `meta` that meet `ranges` (sorted, disjoint) and the selection of exactly
+/// those rows within them.
+fn row_selection(meta: &ParquetMetaData, ranges: &[Range<u64>]) -> (Vec<usize>, RowSelection) {
+    let mut groups = Vec::new();
+    let mut selectors = Vec::new();
+    let mut group_start = 0u64;
+    let mut next = 0usize;
+    for (i, rg) in meta.row_groups().iter().enumerate() {
+        let group_end = group_start + rg.num_rows() as u64;
+        let mut pos = group_start;
+        let mut any = false;
+        let mut j = next;
+        while j < ranges.len() && ranges[j].start < group_end {
+            let r = &ranges[j];
+            let (s, e) = (r.start.max(group_start), r.end.min(group_end));
+            if s < e {
+                if !any {
+                    any = true;
+                }
+                if s > pos {
+                    selectors.push(RowSelector::skip((s - pos) as usize));
+                }
+                selectors.push(RowSelector::select((e - s) as usize));
+                pos = e;
+            }
+            if r.end <= group_end {
+                j += 1;
+            } else {
+                break;
+            }
+        }
+        next = j;
+        if any {
+            if pos < group_end {
+                selectors.push(RowSelector::skip((group_end - pos) as usize));
+            }
+            groups.push(i);
+        }
+        group_start = group_end;
+    }
+    (groups, RowSelection::from(selectors))
+}
+
+/// The parts of `rows` (one series' rows, in time order) on pages of the timestamp column whose
+/// bounds meet one of `times`, from the page index; all of `rows` where there is none. Pages
+/// hold other series' rows too, so their bounds may be wider than this series' times: never
+/// narrower, so no row in `times` is left out.
+fn rows_in_times(
+    meta: &ParquetMetaData,
+    rows: Range<u64>,
+    times: &[Range<i64>],
+) -> Vec<Range<u64>> {
+    let (Some(column_index), Some(offset_index)) = (meta.column_index(), meta.offset_index())
+    else {
+        return vec![rows];
+    };
+    let mut out = Vec::new();
+    let mut group_start = 0u64;
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        let group_end = group_start + rg.num_rows() as u64;
+        let (start, end) = (rows.start.max(group_start), rows.end.min(group_end));
+        if start < end {
+            let index = column_index.get(g).and_then(|c| c.get(col::TIMESTAMP));
+            let pages = offset_index.get(g).and_then(|o| o.get(col::TIMESTAMP));
+            match (index, pages) {
+                (Some(ColumnIndexMetaData::INT64(index)), Some(pages)) => {
+                    let pages = pages.page_locations();
+                    for (p, page) in pages.iter().enumerate() {
+                        let page_start = group_start + page.first_row_index as u64;
+                        let page_end = pages
+                            .get(p + 1)
+                            .map_or(group_end, |n| group_start + n.first_row_index as u64);
+                        let (s, e) = (page_start.max(start), page_end.min(end));
+                        if s >= e {
+                            continue;
+                        }
+                        let meets = match (index.min_value(p), index.max_value(p)) {
+                            (Some(&lo), Some(&hi)) => {
+                                times.iter().any(|t| lo < t.end && hi >= t.start)
+                            }
+                            _ => true,
+                        };
+                        if meets {
+                            out.push(s..e);
+                        }
+                    }
+                }
+                _ => out.push(start..end),
+            }
+        }
+        group_start = group_end;
+    }
+    out
+}
+
+/// Merges sorted row ranges that touch.
+fn coalesce(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    ranges.sort_by_key(|r| r.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(ranges.len());
+    for r in ranges.into_iter().filter(|r| r.start < r.end) {
+        match out.last_mut() {
+            Some(last) if last.end >= r.start => last.end = last.end.max(r.end),
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+impl QueryEngine {
+    /// Reads the given columns of the rows of `series` (indices into the block's series list)
+    /// in the samples or a rollup, calling `f` with each batch; columns come in schema order.
+    ///
+    /// Only pages whose timestamps may fall in `times` are read (the Parquet page index of the
+    /// timestamp column; rows of a series are in time order), so a short range over a block
+    /// holding hours of a series reads a few pages of it.
+    pub(super) async fn read_series(
+        &self,
+        block: &BlockMeta,
+        source: Source,
+        series: &[u32],
+        times: &[Range<i64>],
+        columns: &[usize],
+        mut f: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let ranges: Vec<Range<u64>> = series
+            .iter()
+            .map(|&i| match source {
+                Source::Samples => block.series[i as usize].row_range(),
+                Source::Rollup(r) => block.rollups[r].series_rows[i as usize].clone(),
+            })
+            .filter(|r| r.start < r.end)
+            .collect();
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        if source != Source::Samples {
+            let n = ranges.len() as u64;
+            self.counters.rollup_reads.fetch_add(n, Ordering::Relaxed);
+            count(|s| s.rollup_ranges += n);
+        }
+        let metadata = self.parquet_metadata(block, source).await?;
+        let ranges = coalesce(
+            ranges
+                .into_iter()
+                .flat_map(|r| rows_in_times(metadata.metadata(), r, times))
+                .collect(),
+        );
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let (groups, selection) = row_selection(metadata.metadata(), &ranges);
+        if groups.is_empty() {
+            return Ok(());
+        }
+        // Columns newer than the block's format (`profile_id` of version 2 blocks) are read as
+        // nulls; they are the last ones, so the others keep their positions in a batch.
+        let present = metadata.schema().fields().len();
+        let missing: Vec<usize> = columns.iter().copied().filter(|&c| c >= present).collect();
+        let mask = ProjectionMask::roots(
+            metadata.parquet_schema(),
+            columns.iter().copied().filter(|&c| c < present),
+        );
+        let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            SectionReader::new(self, block, source),
+            metadata,
+        )
+        .with_row_groups(groups)
+        .with_row_selection(selection)
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()?;
+        while let Some(batch) = stream.try_next().await? {
+            count(|s| s.rows_read += batch.num_rows() as u64);
+            if missing.is_empty() {
+                f(&batch)?;
+            } else {
+                f(&with_null_columns(batch, &missing)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every row of a block, every column, in its sort order (the compactor's input).
+    pub(crate) async fn read_all(
+        &self,
+        block: &BlockMeta,
+        batch_rows: usize,
+    ) -> Result<parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>> {
+        let metadata = self.parquet_metadata(block, Source::Samples).await?;
+        Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
+            SectionReader::new(self, block, Source::Samples),
+            metadata,
+        )
+        .with_batch_size(batch_rows)
+        .build()?)
+    }
+
+    /// Quarantines a block that failed to read; other errors pass through.
+    pub(super) async fn quarantine_or_fail(&self, block: &BlockMeta, e: Error) -> Result<()> {
+        if !is_corruption(&e) {
+            return Err(e);
+        }
+        // A block compacted away (and deleted) after this query looked it up is not corrupt:
+        // the query starts again from a fresh lookup.
+        if is_missing(&e) {
+            let live = self
+                .metastore
+                .get_blocks(&block.tenant, std::slice::from_ref(&block.id))
+                .await?;
+            if !live.iter().any(|b| b.key() == block.key()) {
+                return Err(Error::BlockGone {
+                    tenant: block.tenant.clone(),
+                    block: block.id.clone(),
+                });
+            }
+        }
+        let reason = e.to_string();
+        tracing::error!(tenant = %block.tenant, block = %block.id, path = %block.path(),
+            reason = %reason, "block quarantined: it cannot be read; queries answer without it");
+        self.counters.quarantined.fetch_add(1, Ordering::Relaxed);
+        warn(format!(
+            "block {} is unreadable and was quarantined; the answer leaves its data out",
+            block.id
+        ));
+        let now = now_ms();
+        self.metastore
+            .quarantine(&block.tenant, &block.id, &reason, now)
+            .await?;
+        self.symbols.invalidate(&block.key()).await;
+        let key = block.key();
+        // Partial results of the block name it by key; it is out of the index now, so they are
+        // never looked up again and age out.
+        self.parquet
+            .invalidate(&(key.clone(), Source::Samples))
+            .await;
+        for i in 0..block.rollups.len() {
+            self.parquet
+                .invalidate(&(key.clone(), Source::Rollup(i)))
+                .await;
+        }
+        Ok(())
+    }
+}
+
+/// `batch` with null columns of the samples schema's `missing` columns appended.
+fn with_null_columns(batch: RecordBatch, missing: &[usize]) -> Result<RecordBatch> {
+    let schema = crate::block::samples_schema();
+    let (mut fields, mut arrays): (Vec<_>, Vec<_>) = batch
+        .schema()
+        .fields()
+        .iter()
+        .cloned()
+        .zip(batch.columns().iter().cloned())
+        .unzip();
+    for &c in missing {
+        let field = schema.field(c);
+        arrays.push(arrow::array::new_null_array(
+            field.data_type(),
+            batch.num_rows(),
+        ));
+        fields.push(Arc::new(field.clone()));
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(arrow::datatypes::Schema::new(fields)),
+        arrays,
+    )?)
+}
+
+/// Whether an error says the object is not there.
+fn is_missing(e: &Error) -> bool {
+    match e {
+        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+        Error::Parquet(ParquetError::External(inner)) => {
+            inner.downcast_ref::<Error>().is_some_and(is_missing)
+        }
+        Error::Corrupt { reason, .. } => reason.contains("not found"),
+        _ => false,
+    }
+}
+
+/// Runs a read up to three times while the blocks it looked up are compacted away under it.
+pub(super) async fn retrying<T, F, Fut>(mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        match f().await {
+            Err(Error::BlockGone { .. }) if attempt < 2 => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesce_merges_touching_ranges() {
+        assert_eq!(
+            coalesce(vec![5..7, 0..2, 2..3, 7..7, 6..9]),
+            vec![0..3, 5..9]
+        );
+    }
+
+    /// 1,000 rows of two series (times 0, 10, 20, … per series) in pages of 10 rows.
+    fn paged_metadata() -> ParquetMetaData {
+        use crate::block::{Row, RowBatchBuilder, samples_schema};
+        let mut batch = RowBatchBuilder::default();
+        for series in 0..2u32 {
+            for i in 0..500i64 {
+                batch.push(&Row {
+                    series,
+                    timestamp: i * 10,
+                    stack: 1,
+                    value: 1,
+                    span_id: 0,
+                    trace_id: None,
+                    labels: None,
+                    profile_id: None,
+                });
+            }
+        }
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
+            .set_write_batch_size(10)
+            .set_data_page_row_count_limit(10)
+            .set_max_row_group_row_count(Some(300))
+            .build();
+        let mut out = Vec::new();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(&mut out, samples_schema(), Some(props)).unwrap();
+        w.write(&batch.finish().unwrap()).unwrap();
+        w.close().unwrap();
+        ParquetMetaDataReader::new()
+            .with_page_index_policy(PageIndexPolicy::Required)
+            .parse_and_finish(&Bytes::from(out))
+            .unwrap()
+    }
+
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one time range among the list the reader takes
+    fn page_index_narrows_a_series_to_the_pages_of_its_times() {
+        let meta = paged_metadata();
+        let rows_of =
+            |ranges: &[Range<u64>]| -> u64 { ranges.iter().map(|r| r.end - r.start).sum() };
+        // Series 1 is rows 500..1000 with times (row - 500) × 10.
+        let got = rows_in_times(&meta, 500..1000, &[2500..2600]);
+        assert!(got.iter().any(|r| r.contains(&750)) && got.iter().any(|r| r.contains(&759)));
+        assert!(rows_of(&got) <= 30, "{got:?}");
+        // Two ranges, one of them past the data.
+        let got = rows_in_times(&meta, 500..1000, &[0..15, 4990..9000]);
+        assert!(got.iter().any(|r| r.contains(&500)) && got.iter().any(|r| r.contains(&999)));
+        assert!(rows_of(&got) <= 40, "{got:?}");
+        // Every row whose time is in range is kept, whatever the range.
+        for (lo, hi) in [(0, 1), (333, 1777), (4995, 5000), (-50, 10_000), (123, 124)] {
+            let got = rows_in_times(&meta, 500..1000, &[lo..hi]);
+            for row in 500..1000u64 {
+                let t = (row as i64 - 500) * 10;
+                if (lo..hi).contains(&t) {
+                    assert!(
+                        got.iter().any(|r| r.contains(&row)),
+                        "row {row} of {lo}..{hi}"
+                    );
+                }
+            }
+            assert!(got.iter().all(|r| r.start >= 500 && r.end <= 1000));
+        }
+        // Nothing in range: nothing read.
+        assert!(rows_in_times(&meta, 500..1000, &[6000..7000]).is_empty());
+    }
+}

@@ -1,0 +1,346 @@
+//! Stage 3a, stack merges: each selected block's values summed by stack id (from the block's
+//! rollups where whole buckets fit the range), then merged across blocks by frame name into a
+//! flame tree ([`QueryEngine::merge_tree`]) or a pprof profile ([`QueryEngine::merge_pprof`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
+use futures::StreamExt;
+use kiln_otel::model::ProfileType;
+use tracing::Instrument;
+
+use super::report::count;
+use super::scan::retrying;
+use super::{FlameTree, QueryEngine, SCAN_CONCURRENCY, SampleFilter, pprof};
+use crate::block::col;
+use crate::meta::PROFILE_TOTALS;
+use crate::metastore::BlockMeta;
+use crate::rollup::{Source, plan_series};
+use crate::symbols::SymbolTable;
+use crate::{Error, Result};
+
+/// The summed value of one stack (and per-sample label set) of a block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackValue {
+    pub stack: u32,
+    /// Encoded per-sample labels (`block::encode_sample_labels`), when asked for.
+    pub labels: Option<String>,
+    pub value: i64,
+}
+
+impl QueryEngine {
+    /// Calls `f` with each selected block's symbols and the summed value of every selected stack
+    /// (and per-sample label set, with `with_labels`), as scans complete. At most
+    /// [`SCAN_CONCURRENCY`] blocks are held at once.
+    async fn for_each_block_stacks(
+        &self,
+        filter: &SampleFilter,
+        with_labels: bool,
+        mut f: impl FnMut(&SymbolTable, &[StackValue]),
+    ) -> Result<()> {
+        let blocks = self
+            .candidate_blocks(filter)
+            .instrument(tracing::info_span!("query.plan"))
+            .await?;
+        let scan = tracing::info_span!("query.scan", blocks = blocks.len());
+        let mut columns = vec![col::TIMESTAMP, col::STACK_ID, col::VALUE];
+        if !filter.span_ids.is_empty() {
+            columns.push(col::SPAN_ID);
+        }
+        if !filter.trace_ids.is_empty() {
+            columns.push(col::TRACE_ID);
+        }
+        if with_labels {
+            columns.push(col::SAMPLE_LABELS);
+        }
+        if !filter.profile_ids.is_empty() {
+            columns.push(col::PROFILE_ID);
+        }
+        columns.sort_unstable();
+        let columns = &columns;
+        let mut scans = futures::stream::iter(blocks)
+            .map(|(block, series)| async move {
+                count(|s| s.blocks += 1);
+                let result = async {
+                    let symbols = self.symbols(&block).await?;
+                    let values = self
+                        .cached_block_stacks(&block, series, filter, columns, with_labels)
+                        .await?;
+                    Ok::<_, Error>((symbols, values))
+                }
+                .await;
+                match result {
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) => self.quarantine_or_fail(&block, e).await.map(|()| None),
+                }
+            })
+            .buffer_unordered(SCAN_CONCURRENCY);
+        async {
+            while let Some(scan) = scans.next().await {
+                if let Some((symbols, values)) = scan? {
+                    f(&symbols, &values);
+                }
+            }
+            Ok(())
+        }
+        .instrument(scan)
+        .await
+    }
+
+    pub(super) async fn block_stacks(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        filter: &SampleFilter,
+        columns: &[usize],
+        with_labels: bool,
+    ) -> Result<Vec<StackValue>> {
+        let pos = |c: usize| columns.iter().position(|&x| x == c);
+        let (ts_i, stack_i, value_i) = (
+            pos(col::TIMESTAMP).expect("projected"),
+            pos(col::STACK_ID).expect("projected"),
+            pos(col::VALUE).expect("projected"),
+        );
+        let (span_i, trace_i, labels_i, profile_i) = (
+            pos(col::SPAN_ID),
+            pos(col::TRACE_ID),
+            pos(col::SAMPLE_LABELS),
+            pos(col::PROFILE_ID),
+        );
+        if !with_labels
+            && !filter.narrows_rows()
+            && let Some(values) = self
+                .block_stacks_from_rollups(block, series, filter)
+                .await?
+        {
+            return Ok(values);
+        }
+        let nodes = block.stack_nodes as usize;
+        let mut dense = vec![0i64; if with_labels { 0 } else { nodes }];
+        let mut keyed: HashMap<(u32, Option<String>), i64> = HashMap::new();
+        let window = filter.start_nanos..filter.end_nanos;
+        let times = std::slice::from_ref(&window);
+        self.read_series(block, Source::Samples, series, times, columns, |batch| {
+            let ts = batch.column(ts_i).as_primitive::<Int64Type>();
+            let stacks = batch.column(stack_i).as_primitive::<UInt32Type>();
+            let values = batch.column(value_i).as_primitive::<Int64Type>();
+            let spans = span_i.map(|i| batch.column(i).as_primitive::<UInt64Type>());
+            let traces = trace_i.map(|i| batch.column(i).as_fixed_size_binary());
+            let labels = labels_i.map(|i| batch.column(i).as_string::<i32>());
+            let profiles = profile_i.map(|i| batch.column(i).as_fixed_size_binary());
+            for r in 0..batch.num_rows() {
+                let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
+                let profile = profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
+                if !filter.keeps(ts.value(r), spans.map(|s| s.value(r)), trace, profile) {
+                    continue;
+                }
+                let (stack, value) = (stacks.value(r), values.value(r));
+                if with_labels {
+                    let l = labels
+                        .filter(|l| !l.is_null(r))
+                        .map(|l| l.value(r).to_owned());
+                    let slot = keyed.entry((stack, l)).or_insert(0);
+                    *slot = slot.saturating_add(value);
+                } else {
+                    add_dense(&mut dense, block, stack, value)?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        if with_labels {
+            let mut v: Vec<StackValue> = keyed
+                .into_iter()
+                .map(|((stack, labels), value)| StackValue {
+                    stack,
+                    labels,
+                    value,
+                })
+                .collect();
+            v.sort_by(|a, b| (a.stack, &a.labels).cmp(&(b.stack, &b.labels)));
+            return Ok(v);
+        }
+        Ok(dense_values(dense))
+    }
+
+    /// [`Self::block_stacks`] through the block's rollups (ADR 0007): each selected series'
+    /// range split by [`plan_series`] into whole buckets of the coarsest rollup that fits and
+    /// samples at the edges. `None` when the block has no stack rollup or none would be read.
+    async fn block_stacks_from_rollups(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        filter: &SampleFilter,
+    ) -> Result<Option<Vec<StackValue>>> {
+        let mut levels: Vec<(usize, i64)> = block
+            .rollups
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.resolution_nanos != PROFILE_TOTALS)
+            .map(|(i, r)| (i, r.resolution_nanos))
+            .collect();
+        if levels.is_empty() {
+            return Ok(None);
+        }
+        levels.sort_by_key(|&(_, r)| std::cmp::Reverse(r));
+        // Per source, per series: the intervals (timestamps, or bucket starts) it contributes.
+        let mut plan: BTreeMap<Source, BTreeMap<u32, Vec<Range<i64>>>> = BTreeMap::new();
+        for &i in series {
+            let s = &block.series[i as usize];
+            for (source, range) in plan_series(&levels, s, filter.start_nanos, filter.end_nanos) {
+                plan.entry(source)
+                    .or_default()
+                    .entry(i)
+                    .or_default()
+                    .push(range);
+            }
+        }
+        if plan.keys().all(|s| *s == Source::Samples) {
+            return Ok(None);
+        }
+        let mut dense = vec![0i64; block.stack_nodes as usize];
+        let columns = [col::SERIES_ID, col::TIMESTAMP, col::STACK_ID, col::VALUE];
+        for (source, pieces) in &plan {
+            let ids: Vec<u32> = pieces.keys().copied().collect();
+            let times: Vec<Range<i64>> = pieces.values().flatten().cloned().collect();
+            self.read_series(block, *source, &ids, &times, &columns, |batch| {
+                let sid = batch.column(0).as_primitive::<UInt32Type>();
+                let ts = batch.column(1).as_primitive::<Int64Type>();
+                let stacks = batch.column(2).as_primitive::<UInt32Type>();
+                let values = batch.column(3).as_primitive::<Int64Type>();
+                let mut current: Option<(u32, &[Range<i64>])> = None;
+                for r in 0..batch.num_rows() {
+                    let s = sid.value(r);
+                    let ranges = match current {
+                        Some((c, ranges)) if c == s => ranges,
+                        _ => {
+                            let ranges = pieces.get(&s).map_or(&[][..], Vec::as_slice);
+                            current = Some((s, ranges));
+                            ranges
+                        }
+                    };
+                    let t = ts.value(r);
+                    if ranges.iter().any(|x| x.contains(&t)) {
+                        add_dense(&mut dense, block, stacks.value(r), values.value(r))?;
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(Some(dense_values(dense)))
+    }
+
+    /// The merged stack tree of the selected samples.
+    #[tracing::instrument(name = "query.merge_tree", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
+    pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
+        retrying(|| async {
+            let mut tree = FlameTree::default();
+            self.for_each_block_stacks(filter, false, |symbols, values| {
+                add_block_stacks(&mut tree, symbols, values)
+            })
+            .await?;
+            Ok(tree)
+        })
+        .await
+    }
+
+    /// The selected samples merged into one pprof profile.
+    pub async fn merge_pprof(
+        &self,
+        filter: &SampleFilter,
+    ) -> Result<kiln_proto::google::v1::Profile> {
+        self.merge_pprof_at(filter, &[]).await
+    }
+
+    /// [`Self::merge_pprof`] of the stacks that start with `call_site` (function names, root
+    /// first; empty: all).
+    #[tracing::instrument(name = "query.merge_pprof", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
+    pub async fn merge_pprof_at(
+        &self,
+        filter: &SampleFilter,
+        call_site: &[String],
+    ) -> Result<kiln_proto::google::v1::Profile> {
+        let profile_type = ProfileType::parse(&filter.profile_type).ok_or_else(|| {
+            Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
+        })?;
+        retrying(|| async {
+            let mut builder =
+                pprof::PprofBuilder::new(&profile_type).with_call_site(call_site.to_vec());
+            self.for_each_block_stacks(filter, true, |symbols, values| {
+                builder.add_block(symbols, values)
+            })
+            .await?;
+            Ok(builder.finish(filter.start_nanos, filter.end_nanos))
+        })
+        .await
+    }
+}
+
+/// Adds `value` to stack `stack` of a block's dense sums.
+fn add_dense(dense: &mut [i64], block: &BlockMeta, stack: u32, value: i64) -> Result<()> {
+    let Some(slot) = dense.get_mut(stack as usize) else {
+        return Err(Error::Corrupt {
+            tenant: block.tenant.clone(),
+            block: block.id.clone(),
+            reason: format!("stack id {stack} beyond the stack tree"),
+        });
+    };
+    *slot = slot.saturating_add(value);
+    Ok(())
+}
+
+/// The non-zero sums of a block's dense array.
+fn dense_values(dense: Vec<i64>) -> Vec<StackValue> {
+    dense
+        .into_iter()
+        .enumerate()
+        .filter(|(_, v)| *v != 0)
+        .map(|(stack, value)| StackValue {
+            stack: stack as u32,
+            labels: None,
+            value,
+        })
+        .collect()
+}
+
+/// Adds one block's stack values to a name-keyed tree, resolving each stack node once.
+fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
+    const UNSEEN: u32 = u32::MAX;
+    let s = &symbols.symbols;
+    // Block stack node -> tree node, and block function -> tree name id, each resolved once.
+    let mut memo = vec![UNSEEN; s.stack_parents.len()];
+    if let Some(root) = memo.first_mut() {
+        *root = FlameTree::ROOT;
+    }
+    let mut name_ids = vec![UNSEEN; s.functions.len()];
+    let mut path = Vec::new();
+    for &StackValue { stack, value, .. } in values {
+        if stack as usize >= memo.len() {
+            continue;
+        }
+        // Walk up to the first resolved ancestor, then resolve down.
+        path.clear();
+        let mut n = stack;
+        while memo[n as usize] == UNSEEN {
+            path.push(n);
+            n = s.stack_parents[n as usize];
+        }
+        let mut tree_node = memo[n as usize];
+        for &node in path.iter().rev() {
+            let loc = &s.locations[s.stack_locations[node as usize] as usize];
+            // Lines are innermost first; the tree goes root (outermost) first.
+            for &f in loc.line_functions.iter().rev() {
+                let id = &mut name_ids[f as usize];
+                if *id == UNSEEN {
+                    *id = tree.name_id(symbols.string(s.functions[f as usize].name));
+                }
+                tree_node = tree.child_by_id(tree_node, *id);
+            }
+            memo[node as usize] = tree_node;
+        }
+        tree.add_value(tree_node, value);
+    }
+}
