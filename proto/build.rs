@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".parca.profilestore.v1alpha1.WriteRequest.record",
         ".parca.profilestore.v1alpha1.WriteResponse.record",
         ".parca.profilestore.v1alpha1.WriteArrowRequest.ipc_buffer",
-        ".parca.debuginfo.v1alpha1.UploadRequest.data.chunk_data",
+        ".parca.debuginfo.v1alpha1.UploadRequest.chunk_data",
         ".debuginfo.v1alpha1.UploadChunk.chunk",
     ]);
     tonic_prost_build::configure()

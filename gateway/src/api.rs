@@ -10,6 +10,7 @@
 //! | [`legacy`] | Pyroscope's legacy HTTP query API: `/pyroscope/render`, labels |
 //! | [`adhoc`] | `adhocprofiles.v1`, the Drilldown app's upload tab |
 //! | [`settings`] | `settings.v1`, `capabilities.v1`, and the services Kiln does not offer |
+//! | [`debuginfo`] | debug files for native frames: `/api/v1/debuginfo`, Parca's and Pyroscope's `DebuginfoService` |
 //! | [`admin`] | `/api/v1/tenants…`, `/api/v1/quarantine` |
 //! | [`ops`] | `/ready`, `/metrics` |
 //! | [`render`] | no API: the flamebearer and DOT formats the query APIs draw in |
@@ -33,6 +34,7 @@
 
 pub mod adhoc;
 pub mod admin;
+pub mod debuginfo;
 pub mod ingest;
 pub mod legacy;
 pub mod ops;
@@ -49,6 +51,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
+use kiln_proto::debuginfo::v1alpha1::debuginfo_service_server::DebuginfoServiceServer as PyroscopeDebuginfoServer;
+use kiln_proto::parca::debuginfo::v1alpha1::debuginfo_service_server::DebuginfoServiceServer as ParcaDebuginfoServer;
 use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_server::ProfileStoreServiceServer;
 use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
 use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
@@ -271,9 +275,52 @@ pub fn endpoints() -> Vec<Endpoint> {
         ),
     ];
     for s in &settings::SERVICES {
-        all.push(service_endpoint(s, || post(settings::handler)));
+        all.push(service_endpoint(s, Query, || post(settings::handler)));
     }
-    all.push(service_endpoint(&adhoc::SERVICE, || post(adhoc::handler)));
+    all.push(service_endpoint(&adhoc::SERVICE, Query, || {
+        post(adhoc::handler)
+    }));
+    // Debug files for native frames: Kiln's HTTP API, Parca's and Pyroscope's services.
+    for s in [&debuginfo::PARCA_SERVICE, &debuginfo::PYROSCOPE_SERVICE] {
+        all.push(service_endpoint(s, Ingest, || {
+            post(debuginfo::connect_handler)
+        }));
+    }
+    all.extend([
+        Endpoint::new(
+            format!("{}/{{gnu_build_id}}", debuginfo::PYROSCOPE_UPLOAD_PATH),
+            Post,
+            Ingest,
+            Http,
+            One("debuginfo.v1alpha1.DebuginfoService/Upload"),
+            Some(|| post(debuginfo::pyroscope_http_upload)),
+        ),
+        // One path, two verbs: the telemetry layer names both by the path.
+        Endpoint::new(
+            "/api/v1/debuginfo",
+            Post,
+            Ingest,
+            Http,
+            One("debuginfo"),
+            Some(|| post(debuginfo::http_upload)),
+        ),
+        Endpoint::new(
+            "/api/v1/debuginfo",
+            Get,
+            Ingest,
+            Http,
+            One("debuginfo"),
+            Some(|| get(debuginfo::http_list)),
+        ),
+        Endpoint::new(
+            "/api/v1/debuginfo/{id}",
+            Delete,
+            Ingest,
+            Http,
+            One("debuginfo.delete"),
+            Some(|| delete(debuginfo::http_delete)),
+        ),
+    ]);
     for r in &legacy::ROUTES {
         all.push(Endpoint::new(
             r.path,
@@ -355,11 +402,11 @@ pub fn endpoints() -> Vec<Endpoint> {
 }
 
 /// The endpoint of a Connect service's calls: `/{service}/{method}`, named by its method list.
-fn service_endpoint(s: &Service, handler: fn() -> MethodRouter<AppRef>) -> Endpoint {
+fn service_endpoint(s: &Service, role: Role, handler: fn() -> MethodRouter<AppRef>) -> Endpoint {
     Endpoint::new(
         format!("/{}/{{method}}", s.name),
         Verb::Post,
-        Role::Query,
+        role,
         Transport::Connect,
         match s.absent {
             // Every call of a service Kiln does not offer has the service's name.
@@ -522,7 +569,13 @@ fn grpc_routes(app: AppRef) -> Router {
     let pusher = PusherServiceServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
-    let parca = ProfileStoreServiceServer::new(svc)
+    let parca = ProfileStoreServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let parca_debuginfo = ParcaDebuginfoServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
+    let pyroscope_debuginfo = PyroscopeDebuginfoServer::new(svc)
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
     let mut routes = tonic::service::Routes::default();
@@ -533,14 +586,19 @@ fn grpc_routes(app: AppRef) -> Router {
         routes = routes
             .add_service(pusher)
             .add_service(parca)
+            .add_service(parca_debuginfo)
+            .add_service(pyroscope_debuginfo)
             .add_service(otlp::OtlpGrpc::new(app));
     }
     routes.prepare().into_axum_router()
 }
 
-/// The scope a gRPC call needs, from its path: `querier.v1` reads; push, Parca and OTLP write.
+/// The scope a gRPC call needs, from its path: `querier.v1` and the debug files' list read;
+/// push, Parca, OTLP and debug-file uploads write.
 fn grpc_scope(path: &str) -> Scope {
-    if path.starts_with("/querier.v1.") {
+    if path.starts_with("/querier.v1.")
+        || path == "/debuginfo.v1alpha1.DebuginfoService/ListDebuginfo"
+    {
         Scope::Read
     } else {
         Scope::Write

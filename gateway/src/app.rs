@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use kiln_storage::Storage;
+use kiln_symbolize::{Symbolizer, SymbolizerConfig};
 
 use crate::auth::{Authenticator, Scope, TenantId};
 use crate::error::ApiError;
@@ -41,14 +42,36 @@ pub struct App {
     pub stacks: StackCache,
     /// `kiln upload` batches stored recently, so a resumed upload stores none twice.
     pub upload_ids: UploadIds,
+    /// Names native frames from the tenants' debug files and debuginfod; the storage engine
+    /// reads blocks through it (ADR 0013).
+    pub symbolizer: Symbolizer,
+    /// Debug-file uploads under way (Parca's and Pyroscope's upload protocols).
+    pub debuginfo_uploads: crate::api::debuginfo::Uploads,
 }
 
 impl App {
-    /// An app with built-in tenant limits.
+    /// An app with built-in tenant limits and a symbolizer without debuginfod.
     pub fn new(storage: Storage, auth: Authenticator, tenants: Tenants) -> Self {
+        let config = SymbolizerConfig::without_debuginfod(storage.data_dir());
+        Self::with_symbolizer(storage, auth, tenants, config, DEFAULT_SYMBOLIZE_DEADLINE)
+            .expect("the symbolizer's cache directory under the data directory")
+    }
+
+    /// An app whose symbolizer runs with `config`; queries wait `deadline` for debug files.
+    pub fn with_symbolizer(
+        storage: Storage,
+        auth: Authenticator,
+        tenants: Tenants,
+        config: SymbolizerConfig,
+        deadline: std::time::Duration,
+    ) -> std::io::Result<Self> {
         let metrics = Metrics::default();
         metrics.register_storage(storage.metrics());
-        Self {
+        let symbol_metrics = Arc::new(kiln_symbolize::Metrics::default());
+        metrics.register_symbolizer(&symbol_metrics);
+        let symbolizer = Symbolizer::new(storage.store().clone(), config, symbol_metrics)?;
+        storage.set_frame_namer(Arc::new(symbolizer.clone()), deadline);
+        Ok(Self {
             storage,
             tenants,
             auth,
@@ -58,7 +81,9 @@ impl App {
             decode_budget: DecodeBudget::new(256 << 20),
             stacks: StackCache::new(DEFAULT_STACK_CACHE_BYTES),
             upload_ids: UploadIds::default(),
-        }
+            symbolizer,
+            debuginfo_uploads: Default::default(),
+        })
     }
 
     /// The limits of a tenant.
@@ -79,6 +104,9 @@ impl App {
             .inspect_err(|e| self.metrics.auth_refused(e.reason()))
     }
 }
+
+/// How long a query waits for debug files by default (`--symbolize-deadline-ms`).
+pub const DEFAULT_SYMBOLIZE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Shared handle.
 pub type AppRef = Arc<App>;

@@ -1,10 +1,11 @@
 //! The `kiln` command line ([`Cli`]: `kiln serve`, the default, and the other commands), and
 //! the commands that are clients or tools, not the server ([`Tool`], run by [`run`]):
 //! `kiln token` ([`token`]), `kiln metastore` ([`metastore`]), `kiln bench` with its workload
-//! ([`bench`](mod@bench)) and `kiln upload` ([`upload`]). `kiln serve`'s flags are the server's
+//! ([`bench`](mod@bench)), `kiln upload` ([`upload`]) and `kiln debuginfo upload` ([`debuginfo`]). `kiln serve`'s flags are the server's
 //! (`crate::server::config`).
 
 pub mod bench;
+pub mod debuginfo;
 pub mod metastore;
 pub mod token;
 pub mod upload;
@@ -44,6 +45,9 @@ pub enum Tool {
     Bench(Box<bench::BenchArgs>),
     /// Upload the Parca agent's offline recordings (`.padata`, `.padata.zst`) to a Kiln.
     Upload(upload::UploadArgs),
+    /// Debug files for native frames (`kiln debuginfo upload FILE...`).
+    #[command(subcommand)]
+    Debuginfo(debuginfo::DebuginfoCommand),
 }
 
 /// Runs a command that is not the server. Those that log keep to warnings (`kiln upload`'s on
@@ -64,6 +68,7 @@ pub async fn run(tool: Tool) -> anyhow::Result<()> {
                 .init();
             upload::run(args).await
         }
+        Tool::Debuginfo(cmd) => debuginfo::run(cmd).await,
         Tool::Metastore(cmd) => {
             tracing_subscriber::fmt()
                 .with_env_filter(EnvFilter::new("warn"))

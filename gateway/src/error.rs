@@ -18,6 +18,12 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The client was too slow sending its request (408).
     Timeout,
+    /// What the client would create is there already (409; gRPC `ALREADY_EXISTS`: the Parca
+    /// agent's "this debug file is stored").
+    AlreadyExists,
+    /// The call does not fit the state it finds (412; gRPC `FAILED_PRECONDITION`: an upload
+    /// that was not initiated, or is still under way).
+    FailedPrecondition,
     Unimplemented,
     Unavailable,
     Internal,
@@ -80,6 +86,8 @@ impl ApiError {
             ErrorKind::UnsupportedMediaType => "unsupported_media_type",
             ErrorKind::ResourceExhausted => "rate_limited",
             ErrorKind::Timeout => "timeout",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::FailedPrecondition => "failed_precondition",
             ErrorKind::Unimplemented => "unimplemented",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",

@@ -301,6 +301,11 @@ impl Metrics {
         storage.register(&mut self.registry.lock().expect("metrics lock"));
     }
 
+    /// Registers the symbolizer's metrics (`kiln_symbolizer_…`).
+    pub fn register_symbolizer(&self, m: &kiln_symbolize::Metrics) {
+        m.register(&mut self.registry.lock().expect("metrics lock"));
+    }
+
     /// Records what a query read (its [`kiln_storage::query::QueryStats`]).
     pub fn query_read(&self, method: &'static str, stats: &kiln_storage::query::QueryStats) {
         self.query_read_bytes

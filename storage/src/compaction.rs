@@ -48,6 +48,10 @@ use crate::store::ObjectStorage;
 use crate::symbols::{SymbolTable, SymbolsBuilder};
 use crate::{Error, Result};
 
+/// How long a compaction waits for native frames to be named (a debuginfod fetch); what is not
+/// named by then stays as it was, and is named at query time later.
+const NAMING_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// When blocks of one level are merged into the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LevelPolicy {
@@ -819,7 +823,11 @@ impl Compactor {
         let mut sources = Vec::with_capacity(metas.len());
         for (meta, series_map) in metas.iter().zip(series_maps) {
             let fail = |e| (Some(Arc::clone(meta)), e);
-            let symbols = self.query.load_symbols(meta).await.map_err(fail)?;
+            let symbols = self
+                .query
+                .load_named_symbols(meta, NAMING_DEADLINE)
+                .await
+                .map_err(fail)?;
             let stream = self
                 .query
                 .read_all(meta, self.config.batch_rows)

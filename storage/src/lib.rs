@@ -36,4 +36,5 @@ mod storage;
 pub use error::{DecodeError, Error, ErrorKind, Result};
 pub use storage::{
     Storage, StorageConfig, UpkeepReport, read_footer, rebuild_metastore, series_hash,
+    tenant_document_path,
 };

@@ -149,7 +149,8 @@ fn series_label<'a>(s: &'a SeriesMeta, name: &str) -> Option<&'a str> {
     s.label(name)
 }
 
-/// Reads blocks. Cheap to clone.
+/// Reads blocks. Cheap to clone. Symbols are read with their native frames named when the
+/// process gave the engine a [`crate::names::FrameNamer`].
 #[derive(Clone)]
 pub struct QueryEngine {
     store: ObjectStorage,
@@ -160,6 +161,12 @@ pub struct QueryEngine {
     /// Stack totals of whole series of a block (every sample of them), for queries whose range
     /// covers them: the inner blocks of a long range are summed once, not per query.
     results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
+    /// What names native frames, set once the process has built it ([`Self::set_frame_namer`]);
+    /// shared by every clone of the engine (the compactor's too).
+    naming: Arc<std::sync::OnceLock<cache::Naming>>,
+    /// Block symbols with their native frames named, by block and the tenant's naming
+    /// generation ([`crate::names`]).
+    named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
     counters: Arc<QueryCounters>,
 }
 
@@ -197,12 +204,23 @@ impl QueryEngine {
             })
             .max_capacity(results_bytes)
             .build();
+        // A process sees another's uploads through its namer's caches, which expire; these
+        // entries expire alike, so a named table is at most a minute behind.
+        let named = moka::future::Cache::builder()
+            .weigher(|_: &(EntryKey, u64), t: &Arc<SymbolTable>| {
+                u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
+            })
+            .max_capacity(cache_bytes / 2)
+            .time_to_live(std::time::Duration::from_secs(60))
+            .build();
         Self {
             store,
             metastore,
             symbols,
             parquet,
             results,
+            naming: Arc::default(),
+            named,
             counters: Arc::new(QueryCounters::default()),
         }
     }

@@ -197,6 +197,21 @@ impl Storage {
         })
     }
 
+    /// Gives queries and compaction what names native frames (ADR 0013); a query waits for it
+    /// `deadline` at most.
+    pub fn set_frame_namer(
+        &self,
+        namer: Arc<dyn crate::names::FrameNamer>,
+        deadline: std::time::Duration,
+    ) {
+        self.query.set_frame_namer(namer, deadline);
+    }
+
+    /// The directory of the engine's local files.
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
+    }
+
     /// The engine's metrics, to register in the process's registry.
     pub fn metrics(&self) -> &Arc<crate::metrics::StorageMetrics> {
         self.store.metrics()
@@ -283,25 +298,6 @@ impl Storage {
                 Some((name, o.size))
             })
             .collect())
-    }
-
-    /// Writes a tenant's document from a local file of any size, a part at a time
-    /// ([`Storage::tenant_document`]; debug files are gigabytes).
-    pub async fn put_tenant_document_file(
-        &self,
-        tenant: &str,
-        name: &str,
-        file: &Path,
-    ) -> Result<()> {
-        self.store
-            .put_file_durable(&tenant_document(tenant, name), file)
-            .await
-    }
-
-    /// The object path of a tenant's document, for [`ObjectStorage::get_to_file`] and
-    /// [`ObjectStorage::local_file`].
-    pub fn tenant_document_path(&self, tenant: &str, name: &str) -> String {
-        tenant_document(tenant, name)
     }
 
     /// Deletes a tenant's document; a missing one is not an error.
@@ -580,6 +576,13 @@ pub async fn rebuild_metastore(
 /// Where a tenant's documents live.
 fn tenant_documents(tenant: &str) -> String {
     format!("tenants/{}", crate::meta::escape_tenant(tenant))
+}
+
+/// The object path of a tenant's document `name` ([`Storage::tenant_document`]): what other
+/// parts keep among a tenant's documents (debug files) is written there directly, through
+/// [`Storage::store`], and goes with [`Storage::delete_tenant`].
+pub fn tenant_document_path(tenant: &str, name: &str) -> String {
+    tenant_document(tenant, name)
 }
 
 fn tenant_document(tenant: &str, name: &str) -> String {

@@ -19,10 +19,11 @@ pub struct Frame {
     pub line: u32,
 }
 
-/// A loadable segment: file offset, virtual address and size in memory.
+/// A loadable segment: file offset (`None` where a debug-only file dropped the segment's
+/// bytes and zeroed it), virtual address and size in memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Segment {
-    offset: u64,
+    offset: Option<u64>,
     vaddr: u64,
     memsz: u64,
     executable: bool,
@@ -138,23 +139,35 @@ impl DebugFile {
             .wrapping_sub(mapping.start)
             .wrapping_add(mapping.offset);
         let page = |v: u64| v & !0xfff;
-        let segment = self
+        let known = self
             .segments
             .iter()
             .filter(|s| s.executable)
             .chain(self.segments.iter().filter(|s| !s.executable))
-            .find(|s| {
-                page(s.offset) <= file_offset && file_offset < s.offset.saturating_add(s.memsz)
+            .find_map(|s| {
+                let offset = s.offset?;
+                (page(offset) <= file_offset && file_offset < offset.saturating_add(s.memsz))
+                    .then_some((offset, s.vaddr))
             });
-        let Some(s) = segment else {
-            return address;
-        };
-        let base = mapping
-            .start
-            .wrapping_sub(mapping.offset)
-            .wrapping_add(s.offset)
-            .wrapping_sub(s.vaddr);
-        address.wrapping_sub(base)
+        if let Some((offset, vaddr)) = known {
+            let base = mapping
+                .start
+                .wrapping_sub(mapping.offset)
+                .wrapping_add(offset)
+                .wrapping_sub(vaddr);
+            return address.wrapping_sub(base);
+        }
+        // A debug-only file does not know where its code lay in the program's file; the mapping
+        // does: it maps the code's segment from that segment's page (a loadable segment's
+        // offset and address agree below the page), so the segment's first page is at `start`.
+        match self
+            .segments
+            .iter()
+            .find(|s| s.executable && s.offset.is_none())
+        {
+            Some(s) => address.wrapping_sub(mapping.start.wrapping_sub(page(s.vaddr))),
+            None => address,
+        }
     }
 
     /// The frames at `address` (in the file's own address space), innermost first: DWARF's
@@ -235,40 +248,26 @@ fn dwarf_frames(loader: &addr2line::Loader, address: u64) -> Vec<Frame> {
 }
 
 /// The loadable segments of a file. A debug-only file (`objcopy --only-keep-debug`) keeps the
-/// program headers but zeroes the file offsets of the segments whose bytes it dropped; those are
-/// laid out again as linkers lay them out (offset = address - the image's base, the first
-/// segment's address less its offset), which holds for the code segments mappings point at.
+/// program headers but not the bytes of the segments (their file size is 0, their offset made
+/// up): those offsets are unknown (`None`).
 fn load_segments<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<Segment> {
-    let mut segments: Vec<(Segment, u64)> = obj
+    let mut segments: Vec<Segment> = obj
         .segments()
         .map(|s| {
             let (offset, file_size) = s.file_range();
-            let segment = Segment {
-                offset,
+            Segment {
+                offset: (file_size > 0).then_some(offset),
                 vaddr: s.address(),
                 memsz: s.size(),
                 executable: matches!(
                     s.flags(),
                     object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0
                 ),
-            };
-            (segment, file_size)
+            }
         })
         .collect();
-    segments.sort_by_key(|(s, _)| s.vaddr);
-    let base = segments
-        .first()
-        .map_or(0, |(s, _)| s.vaddr.wrapping_sub(s.offset));
+    segments.sort_by_key(|s| s.vaddr);
     segments
-        .into_iter()
-        .enumerate()
-        .map(|(i, (mut s, file_size))| {
-            if i > 0 && file_size == 0 && s.offset == 0 {
-                s.offset = s.vaddr.wrapping_sub(base);
-            }
-            s
-        })
-        .collect()
 }
 
 fn probe_addresses<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Vec<u64> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use kiln_storage::Storage;
+use kiln_storage::store::ObjectStorage;
 
 use crate::elf::hex;
 use crate::store::is_hex_id;
@@ -65,7 +65,7 @@ pub struct Debuginfod {
 struct Inner {
     config: DebuginfodConfig,
     http: reqwest::Client,
-    storage: Arc<Storage>,
+    store: ObjectStorage,
     permits: tokio::sync::Semaphore,
     /// Remembered outcomes, with when they expire.
     known: Mutex<HashMap<String, (Lookup, Instant)>>,
@@ -94,7 +94,7 @@ pub fn object_path(build_id: &str) -> String {
 impl Debuginfod {
     pub fn new(
         config: DebuginfodConfig,
-        storage: Arc<Storage>,
+        store: ObjectStorage,
         generation: Arc<AtomicU64>,
         metrics: Arc<crate::Metrics>,
     ) -> Self {
@@ -108,7 +108,7 @@ impl Debuginfod {
             inner: Arc::new(Inner {
                 config,
                 http,
-                storage,
+                store,
                 permits,
                 known: Mutex::new(HashMap::new()),
                 inflight: Mutex::new(HashMap::new()),
@@ -204,7 +204,7 @@ impl Inner {
     async fn fetch(&self, id: &str) -> Lookup {
         let object = object_path(id);
         // Another process (or an earlier run) may have fetched it.
-        if self.storage.store().get_range(&object, 0..4).await.is_ok() {
+        if self.store.get_range(&object, 0..4).await.is_ok() {
             return Lookup::Found(object);
         }
         let Ok(_permit) = self.permits.acquire().await else {
@@ -374,8 +374,7 @@ impl Inner {
             ));
         }
         let object = object_path(id);
-        self.storage
-            .store()
+        self.store
             .put_file_durable(&object, path)
             .await
             .map_err(|e| (true, e.to_string()))?;

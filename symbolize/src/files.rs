@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kiln_storage::Storage;
+use kiln_storage::store::ObjectStorage;
 
 /// The local copies.
 #[derive(Clone)]
 pub struct LocalFiles {
-    storage: Arc<Storage>,
+    store: ObjectStorage,
     dir: PathBuf,
     /// Copies by object path; the weight is the file's size.
     copies: moka::future::Cache<String, Arc<PathBuf>>,
@@ -27,7 +27,7 @@ impl std::fmt::Debug for LocalFiles {
 impl LocalFiles {
     /// Copies go to `dir` (emptied now: copies of an earlier run are not tracked), at most
     /// `max_bytes` of them.
-    pub fn new(storage: Arc<Storage>, dir: PathBuf, max_bytes: u64) -> std::io::Result<Self> {
+    pub fn new(store: ObjectStorage, dir: PathBuf, max_bytes: u64) -> std::io::Result<Self> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
@@ -43,25 +43,21 @@ impl LocalFiles {
                 let _ = std::fs::remove_file(path.as_ref());
             })
             .build();
-        Ok(Self {
-            storage,
-            dir,
-            copies,
-        })
+        Ok(Self { store, dir, copies })
     }
 
     /// A local path holding the object at `object` (copied once if the store is remote).
     pub async fn get(&self, object: &str) -> Result<PathBuf, kiln_storage::Error> {
-        if let Some(path) = self.storage.store().local_file(object) {
+        if let Some(path) = self.store.local_file(object) {
             return Ok(path);
         }
-        let storage = Arc::clone(&self.storage);
+        let store = self.store.clone();
         let digest = <sha2::Sha256 as sha2::Digest>::digest(object.as_bytes());
         let file = self.dir.join(crate::elf::hex(&digest));
         let key = object.to_owned();
         self.copies
             .try_get_with(key.clone(), async move {
-                storage.store().get_to_file(&key, &file).await?;
+                store.get_to_file(&key, &file).await?;
                 Ok::<_, kiln_storage::Error>(Arc::new(file))
             })
             .await

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kiln_storage::Storage;
+use kiln_storage::store::ObjectStorage;
 
 use crate::debuginfod::{Debuginfod, DebuginfodConfig, Lookup};
 use crate::files::LocalFiles;
@@ -33,6 +33,30 @@ pub struct SymbolizerConfig {
     /// Resolved addresses, by their bytes.
     pub resolved_bytes: u64,
     pub debuginfod: DebuginfodConfig,
+}
+
+impl SymbolizerConfig {
+    /// Uploads only (no debuginfod), local copies under `data_dir`, modest caches: what an
+    /// embedded or test server starts with.
+    pub fn without_debuginfod(data_dir: &std::path::Path) -> Self {
+        let dir = data_dir.join("debuginfo-cache");
+        Self {
+            debuginfod: DebuginfodConfig {
+                urls: Vec::new(),
+                timeout: Duration::from_secs(120),
+                concurrency: 4,
+                missing_ttl: Duration::from_secs(3600),
+                retry_after: Duration::from_secs(30),
+                max_file_bytes: 4 << 30,
+                attempts: 3,
+                scratch_dir: dir.join("incoming"),
+            },
+            cache_dir: dir.join("copies"),
+            cache_bytes: 1 << 30,
+            open_bytes: 1 << 30,
+            resolved_bytes: 64 << 20,
+        }
+    }
 }
 
 /// A native frame to name.
@@ -115,20 +139,17 @@ fn weight_of(frames: &[Frame]) -> u32 {
 }
 
 impl Symbolizer {
+    /// A symbolizer over the object store the storage engine uses (`Storage::store`).
     pub fn new(
-        storage: Arc<Storage>,
+        store: ObjectStorage,
         config: SymbolizerConfig,
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
         let global = Arc::new(AtomicU64::new(0));
-        let files = LocalFiles::new(
-            Arc::clone(&storage),
-            config.cache_dir.clone(),
-            config.cache_bytes,
-        )?;
+        let files = LocalFiles::new(store.clone(), config.cache_dir.clone(), config.cache_bytes)?;
         let debuginfod = Debuginfod::new(
             config.debuginfod.clone(),
-            Arc::clone(&storage),
+            store.clone(),
             Arc::clone(&global),
             Arc::clone(&metrics),
         );
@@ -144,11 +165,11 @@ impl Symbolizer {
             .build();
         let named = moka::future::Cache::builder()
             .max_capacity(100_000)
-            .time_to_live(Duration::from_secs(600))
+            .time_to_live(Duration::from_secs(60))
             .build();
         Ok(Self {
             inner: Arc::new(Inner {
-                store: DebugStore::new(storage),
+                store: DebugStore::new(store),
                 files,
                 debuginfod,
                 open,

@@ -5,16 +5,16 @@
 //! ```text
 //! tenants/<tenant>/debuginfo/files/<sha256>       the file
 //! tenants/<tenant>/debuginfo/meta/<sha256>.json   what it is (StoredFile)
-//! tenants/<tenant>/debuginfo/ids/<hex of id>      the files an id names (JSON list of sha256)
+//! tenants/<tenant>/debuginfo/ids/<sha256 of id>    the files an id names (JSON list of sha256)
 //! ```
 //!
 //! The file is written first and the metadata last, so a listed file is whole; a crash between
 //! leaves an unlisted object that the next upload of the same content completes.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use kiln_storage::Storage;
+use kiln_storage::store::ObjectStorage;
+use kiln_storage::tenant_document_path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -83,7 +83,17 @@ const IDS: &str = "debuginfo/ids";
 /// A tenant's debug files in the object store.
 #[derive(Debug, Clone)]
 pub struct DebugStore {
-    storage: Arc<Storage>,
+    store: ObjectStorage,
+}
+
+fn not_found(e: &kiln_storage::Error) -> bool {
+    matches!(
+        e,
+        kiln_storage::Error::ObjectStore {
+            source: object_store::Error::NotFound { .. },
+            ..
+        }
+    )
 }
 
 fn now_ms() -> u64 {
@@ -92,9 +102,10 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The document name of an id (ids hold `/`, as Go's do).
+/// The document name of an id: its SHA-256 (ids hold `/`, as Go's do, and a hex-encoded Go id
+/// is longer than a file name may be).
 fn id_document(id: &str) -> String {
-    format!("{IDS}/{}", hex(id.as_bytes()))
+    format!("{IDS}/{}", hex(&Sha256::digest(id.as_bytes())))
 }
 
 /// A file's content hash, read a part at a time.
@@ -132,14 +143,41 @@ pub fn inspect(path: &Path) -> Result<ElfInfo, UploadError> {
 }
 
 impl DebugStore {
-    pub fn new(storage: Arc<Storage>) -> Self {
-        Self { storage }
+    pub fn new(store: ObjectStorage) -> Self {
+        Self { store }
     }
 
     /// The object path of a stored file.
     pub fn object_path(&self, tenant: &str, sha256: &str) -> String {
-        self.storage
-            .tenant_document_path(tenant, &format!("{FILES}/{sha256}"))
+        tenant_document_path(tenant, &format!("{FILES}/{sha256}"))
+    }
+
+    /// A small document of the tenant's, `None` when absent.
+    async fn document(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<bytes::Bytes>, kiln_storage::Error> {
+        match self.store.get(&tenant_document_path(tenant, name)).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_document(
+        &self,
+        tenant: &str,
+        name: &str,
+        data: Vec<u8>,
+    ) -> Result<(), kiln_storage::Error> {
+        self.store
+            .put_durable(&tenant_document_path(tenant, name), data.into())
+            .await
+    }
+
+    async fn delete_document(&self, tenant: &str, name: &str) -> Result<(), kiln_storage::Error> {
+        self.store.delete(&tenant_document_path(tenant, name)).await
     }
 
     /// Stores the file at `path` (a complete upload on local disk) for `tenant` under its own ids
@@ -208,8 +246,8 @@ impl DebugStore {
             has_gopclntab: info.has_gopclntab,
             uploaded_unix_ms: now_ms(),
         };
-        self.storage
-            .put_tenant_document_file(tenant, &format!("{FILES}/{sha256}"), path)
+        self.store
+            .put_file_durable(&self.object_path(tenant, &sha256), path)
             .await?;
         for id in &stored.ids {
             self.link(tenant, id, &sha256).await?;
@@ -220,8 +258,7 @@ impl DebugStore {
 
     async fn put_meta(&self, tenant: &str, f: &StoredFile) -> Result<(), UploadError> {
         let json = serde_json::to_vec(f).expect("a stored file serializes");
-        self.storage
-            .put_tenant_document(tenant, &format!("{META}/{}.json", f.sha256), json.into())
+        self.put_document(tenant, &format!("{META}/{}.json", f.sha256), json)
             .await?;
         Ok(())
     }
@@ -229,8 +266,7 @@ impl DebugStore {
     /// The files `id` names (content hashes).
     async fn linked(&self, tenant: &str, id: &str) -> Result<Vec<String>, kiln_storage::Error> {
         Ok(self
-            .storage
-            .tenant_document(tenant, &id_document(id))
+            .document(tenant, &id_document(id))
             .await?
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default())
@@ -241,9 +277,7 @@ impl DebugStore {
         if !shas.iter().any(|s| s == sha256) {
             shas.push(sha256.to_owned());
             let json = serde_json::to_vec(&shas).expect("a list serializes");
-            self.storage
-                .put_tenant_document(tenant, &id_document(id), json.into())
-                .await?;
+            self.put_document(tenant, &id_document(id), json).await?;
         }
         Ok(())
     }
@@ -254,8 +288,7 @@ impl DebugStore {
         sha: &str,
     ) -> Result<Option<StoredFile>, kiln_storage::Error> {
         Ok(self
-            .storage
-            .tenant_document(tenant, &format!("{META}/{sha}.json"))
+            .document(tenant, &format!("{META}/{sha}.json"))
             .await?
             .and_then(|b| serde_json::from_slice(&b).ok()))
     }
@@ -263,10 +296,17 @@ impl DebugStore {
     /// The tenant's files, newest first.
     pub async fn list(&self, tenant: &str) -> Result<Vec<StoredFile>, kiln_storage::Error> {
         let mut out = Vec::new();
-        for (name, _) in self.storage.list_tenant_documents(tenant, META).await? {
-            let Some(sha) = name.strip_suffix(".json") else {
+        let prefix = tenant_document_path(tenant, META);
+        for object in self.store.list(&prefix).await? {
+            let Some(sha) = object
+                .location
+                .filename()
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_owned)
+            else {
                 continue;
             };
+            let sha = sha.as_str();
             if let Some(f) = self.meta(tenant, sha).await? {
                 out.push(f);
             }
@@ -315,25 +355,20 @@ impl DebugStore {
             return Ok(None);
         };
         // The metadata first: from then on the file is not listed.
-        self.storage
-            .delete_tenant_document(tenant, &format!("{META}/{}.json", file.sha256))
+        self.delete_document(tenant, &format!("{META}/{}.json", file.sha256))
             .await?;
         for id in &file.ids {
             let mut shas = self.linked(tenant, id).await?;
             shas.retain(|s| s != &file.sha256);
             if shas.is_empty() {
-                self.storage
-                    .delete_tenant_document(tenant, &id_document(id))
-                    .await?;
+                self.delete_document(tenant, &id_document(id)).await?;
             } else {
                 let json = serde_json::to_vec(&shas).expect("a list serializes");
-                self.storage
-                    .put_tenant_document(tenant, &id_document(id), json.into())
-                    .await?;
+                self.put_document(tenant, &id_document(id), json).await?;
             }
         }
-        self.storage
-            .delete_tenant_document(tenant, &format!("{FILES}/{}", file.sha256))
+        self.store
+            .delete(&self.object_path(tenant, &file.sha256))
             .await?;
         Ok(Some(file))
     }

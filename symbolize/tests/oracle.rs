@@ -145,7 +145,13 @@ fn go_without_dwarf_through_gopclntab() {
 #[test]
 fn process_addresses_map_back_to_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    for program in [Program::CPie, Program::CShared, Program::C] {
+    for program in [
+        Program::CPie,
+        Program::CShared,
+        Program::C,
+        Program::Rust,
+        Program::Cpp,
+    ] {
         let built = testing::build(program, dir.path()).unwrap();
         let debug = DebugFile::open(&built.debug).unwrap();
         let addrs = testing::addresses_in(&built.full, &built.functions, 8);

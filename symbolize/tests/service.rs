@@ -17,11 +17,9 @@ const LIMITS: UploadLimits = UploadLimits {
 };
 
 async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolizer {
-    let storage = Arc::new(
-        Storage::open(StorageConfig::new(dir.join("data")))
-            .await
-            .unwrap(),
-    );
+    let storage = Storage::open(StorageConfig::new(dir.join("data")))
+        .await
+        .unwrap();
     let config = SymbolizerConfig {
         cache_dir: dir.join("cache"),
         cache_bytes: 1 << 30,
@@ -38,7 +36,12 @@ async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolize
             scratch_dir: dir.join("scratch"),
         },
     };
-    Symbolizer::new(storage, config, Arc::new(Metrics::default())).unwrap()
+    Symbolizer::new(
+        storage.store().clone(),
+        config,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap()
 }
 
 fn requests(build_id: &str, addrs: &[u64]) -> Vec<Request> {

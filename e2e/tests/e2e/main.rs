@@ -23,4 +23,5 @@ mod scale_out;
 mod self_profile;
 mod spans;
 mod spool;
+mod symbolize;
 mod traces;

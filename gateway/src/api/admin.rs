@@ -72,6 +72,8 @@ pub async fn delete(
     app.auth.authorize_admin(&headers, Some(&id))?;
     let deleted = app.storage.delete_tenant(&id).await?;
     app.tenants.forget(&id);
+    // Its debug files went with its documents: names cached for it are forgotten.
+    app.symbolizer.changed(&id);
     app.metrics.set_stored_bytes(&id, 0);
     tracing::info!(tenant = %id, blocks = deleted, "tenant erased");
     Ok(Json(json!({ "tenant": id, "deleted_blocks": deleted })))

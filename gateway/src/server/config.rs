@@ -40,7 +40,115 @@ pub struct ServeArgs {
     pub limits: LimitArgs,
 
     #[command(flatten)]
+    pub symbolize: SymbolizeArgs,
+
+    #[command(flatten)]
     pub telemetry: TelemetryArgs,
+}
+
+/// `kiln serve` flags: naming native frames from debug files (ADR 0013).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Symbolization")]
+pub struct SymbolizeArgs {
+    /// A debuginfod server for build ids no upload covers (repeatable; asked in order). Kiln
+    /// also reads `DEBUGINFOD_URLS` (space-separated), as elfutils' tools do.
+    #[arg(
+        long = "debuginfod-url",
+        env = "KILN_DEBUGINFOD_URL",
+        value_delimiter = ','
+    )]
+    pub debuginfod_urls: Vec<String>,
+
+    /// One fetch from debuginfod, retries included; past it the fetch fails and is tried again
+    /// after `--debuginfod-retry-after-secs`.
+    #[arg(long, env = "KILN_DEBUGINFOD_TIMEOUT_SECS", default_value_t = 120)]
+    pub debuginfod_timeout_secs: u64,
+
+    /// Fetches from debuginfod at once.
+    #[arg(long, env = "KILN_DEBUGINFOD_CONCURRENCY", default_value_t = 4)]
+    pub debuginfod_concurrency: usize,
+
+    /// How long a build id no server has is remembered as missing.
+    #[arg(long, env = "KILN_DEBUGINFOD_MISSING_TTL_SECS", default_value_t = 3600)]
+    pub debuginfod_missing_ttl_secs: u64,
+
+    /// How long after a failed fetch (no answer, 5xx) the servers are asked again.
+    #[arg(long, env = "KILN_DEBUGINFOD_RETRY_AFTER_SECS", default_value_t = 30)]
+    pub debuginfod_retry_after_secs: u64,
+
+    /// Largest file fetched from debuginfod.
+    #[arg(long, env = "KILN_DEBUGINFOD_MAX_FILE_BYTES", default_value_t = 4 << 30)]
+    pub debuginfod_max_file_bytes: u64,
+
+    /// How long a query waits for debug files (debuginfod) before it answers with the frames it
+    /// could name and a `kiln-warning`.
+    #[arg(long, env = "KILN_SYMBOLIZE_DEADLINE_MS", default_value_t = 2000)]
+    pub symbolize_deadline_ms: u64,
+
+    /// Local copies of debug files from a remote object store, to map (default: under the
+    /// data directory). Emptied at start-up.
+    #[arg(long, env = "KILN_SYMBOLIZER_CACHE_DIR")]
+    pub symbolizer_cache_dir: Option<PathBuf>,
+
+    /// Bytes of local copies kept; the least recently used go past it.
+    #[arg(long, env = "KILN_SYMBOLIZER_CACHE_BYTES", default_value_t = 8 << 30)]
+    pub symbolizer_cache_bytes: u64,
+
+    /// Bytes of debug files kept open (mapped), by their size.
+    #[arg(long, env = "KILN_SYMBOLIZER_OPEN_BYTES", default_value_t = 8 << 30)]
+    pub symbolizer_open_bytes: u64,
+
+    /// Bytes of named addresses remembered, so a frame is looked up once.
+    #[arg(long, env = "KILN_SYMBOLIZER_RESOLVED_BYTES", default_value_t = 256 << 20)]
+    pub symbolizer_resolved_bytes: u64,
+}
+
+impl SymbolizeArgs {
+    /// The symbolizer's settings, `data_dir` the storage's.
+    pub fn config(&self, data_dir: &std::path::Path) -> kiln_symbolize::SymbolizerConfig {
+        let mut urls = self.debuginfod_urls.clone();
+        // elfutils' variable, space-separated, after Kiln's own flags.
+        if let Ok(env) = std::env::var("DEBUGINFOD_URLS") {
+            urls.extend(env.split_whitespace().map(str::to_owned));
+        }
+        urls.retain(|u| !u.trim().is_empty());
+        urls.dedup();
+        let cache_dir = self
+            .symbolizer_cache_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("debuginfo-cache"));
+        kiln_symbolize::SymbolizerConfig {
+            debuginfod: kiln_symbolize::debuginfod::DebuginfodConfig {
+                urls,
+                timeout: std::time::Duration::from_secs(self.debuginfod_timeout_secs.max(1)),
+                concurrency: self.debuginfod_concurrency.max(1),
+                missing_ttl: std::time::Duration::from_secs(self.debuginfod_missing_ttl_secs),
+                retry_after: std::time::Duration::from_secs(self.debuginfod_retry_after_secs),
+                max_file_bytes: self.debuginfod_max_file_bytes,
+                attempts: 3,
+                scratch_dir: cache_dir.join("incoming"),
+            },
+            cache_dir: cache_dir.join("copies"),
+            cache_bytes: self.symbolizer_cache_bytes,
+            open_bytes: self.symbolizer_open_bytes,
+            resolved_bytes: self.symbolizer_resolved_bytes,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        for u in &self.debuginfod_urls {
+            anyhow::ensure!(
+                u.starts_with("http://") || u.starts_with("https://"),
+                "--debuginfod-url {u:?}: give a URL, e.g. https://debuginfod.elfutils.org"
+            );
+        }
+        Ok(())
+    }
+
+    /// How long a query waits for debug files.
+    pub fn deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.symbolize_deadline_ms)
+    }
 }
 
 /// `kiln serve` flags: where Kiln listens and how long it waits for clients.
@@ -240,6 +348,10 @@ pub struct LimitArgs {
     #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
     pub max_inflight_decode_bytes: usize,
 
+    /// Default largest debug file one upload may be (413 above it); overrides [defaults].
+    #[arg(long, env = "KILN_MAX_DEBUGINFO_FILE_BYTES")]
+    pub max_debuginfo_file_bytes: Option<u64>,
+
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
     #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
@@ -297,6 +409,7 @@ impl ServeArgs {
         self.storage_config().validate()?;
         self.storage.validate()?;
         self.auth.validate(self.network.listen)?;
+        self.symbolize.validate()?;
         self.telemetry.validate()
     }
 
@@ -426,6 +539,7 @@ impl LimitArgs {
         );
         set("max_stack_depth", self.max_stack_depth.map(|v| v as u64));
         set("ingest_rate_bytes", self.ingest_rate_bytes);
+        set("max_debuginfo_file_bytes", self.max_debuginfo_file_bytes);
         t
     }
 }

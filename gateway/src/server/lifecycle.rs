@@ -33,7 +33,15 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     let auth = args.auth.authenticator()?;
     let tenants = Tenants::load(args.limits.tenants.as_deref(), args.limits.overrides())?;
     let storage = Storage::open(args.storage_config()).await?;
-    let mut app = App::new(storage, auth, tenants);
+    let symbolizer = args.symbolize.config(storage.data_dir());
+    let mut app = App::with_symbolizer(
+        storage,
+        auth,
+        tenants,
+        symbolizer,
+        args.symbolize.deadline(),
+    )
+    .map_err(|e| anyhow::anyhow!("the symbolizer's cache directory: {e}"))?;
     app.roles = args.roles()?;
     app.decode_budget = DecodeBudget::new(args.limits.max_inflight_decode_bytes);
     app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);

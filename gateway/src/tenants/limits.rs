@@ -63,6 +63,10 @@ pub struct TenantLimits {
     /// Ad-hoc profiles (the Drilldown app's uploads) kept; an upload past it removes the
     /// oldest. 0 = unlimited.
     pub max_adhoc_profiles: usize,
+    /// Largest debug file one upload may be (413).
+    pub max_debuginfo_file_bytes: u64,
+    /// Debug files a tenant may keep, in bytes (413 for an upload past it).
+    pub max_debuginfo_bytes: u64,
 }
 
 impl Default for TenantLimits {
@@ -84,6 +88,8 @@ impl Default for TenantLimits {
             max_flamegraph_nodes_max: 1 << 20,
             max_concurrent_queries: 16,
             max_adhoc_profiles: 100,
+            max_debuginfo_file_bytes: 1 << 30,
+            max_debuginfo_bytes: 8 << 30,
         }
     }
 }

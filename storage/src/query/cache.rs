@@ -5,16 +5,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::PageIndexPolicy;
 
-use super::report::{count, options, read_bytes};
+use super::report::{count, options, read_bytes, warn};
 use super::scan::{SectionReader, is_corruption};
 use super::stacks::StackValue;
 use super::{QueryEngine, SampleFilter};
 use crate::meta::EntryKey;
 use crate::metastore::BlockMeta;
+use crate::names::{FrameNamer, unnamed_locations, with_names};
 use crate::rollup::Source;
 use crate::symbols::SymbolTable;
 use crate::{Error, ErrorKind, Result};
@@ -22,6 +24,12 @@ use crate::{Error, ErrorKind, Result};
 /// Key of a block's cached partial result: the block and the selected series (indices into its
 /// series list). Blocks never change, so an entry stays true until it is evicted.
 pub(super) type ResultKey = (EntryKey, Arc<[u32]>);
+
+/// The engine's frame namer and how long a query waits for it.
+pub(super) struct Naming {
+    namer: Arc<dyn FrameNamer>,
+    deadline: Duration,
+}
 
 impl QueryEngine {
     /// The symbols of a block, read and checked without the cache (the compactor reads each
@@ -45,7 +53,93 @@ impl QueryEngine {
             })
     }
 
-    /// The symbols of a block, cached.
+    /// Gives the engine what names native frames; a query waits for it `deadline` at most,
+    /// then answers with the frames it could name and a warning. Once per process.
+    pub fn set_frame_namer(&self, namer: Arc<dyn FrameNamer>, deadline: Duration) {
+        let _ = self.naming.set(Naming { namer, deadline });
+    }
+
+    /// A block's symbols with their native frames named ([`crate::names`]), cached per block
+    /// and naming generation; the raw symbols when no namer is set or none is unnamed. An answer
+    /// that may still change (a debug file still being fetched) is used but not cached, and its
+    /// warnings go to the query's report.
+    pub async fn named_symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
+        let raw = self.symbols(block).await?;
+        let Some(naming) = self.naming.get() else {
+            return Ok(raw);
+        };
+        let key = (block.key(), naming.namer.generation(&block.tenant));
+        if let Some(named) = self.named.get(&key).await {
+            return Ok(named);
+        }
+        let (table, complete) = self
+            .name_table(
+                naming,
+                &block.tenant,
+                Arc::clone(&raw),
+                naming.deadline,
+                true,
+            )
+            .await?;
+        if complete {
+            self.named.insert(key, Arc::clone(&table)).await;
+        }
+        Ok(table)
+    }
+
+    /// The symbols a compaction writes: read as [`Self::load_symbols`] does, their native
+    /// frames named as far as the namer can within `deadline` (nothing waits on a compaction
+    /// but its own pace), so the blocks it makes keep names their debug files give now.
+    pub async fn load_named_symbols(
+        &self,
+        block: &BlockMeta,
+        deadline: Duration,
+    ) -> Result<Arc<SymbolTable>> {
+        let raw = self.load_symbols(block).await?;
+        match self.naming.get() {
+            Some(naming) => Ok(self
+                .name_table(naming, &block.tenant, raw, deadline, false)
+                .await?
+                .0),
+            None => Ok(raw),
+        }
+    }
+
+    /// `raw` with the native frames the namer names; whether that answer is final.
+    async fn name_table(
+        &self,
+        naming: &Naming,
+        tenant: &str,
+        raw: Arc<SymbolTable>,
+        deadline: Duration,
+        report: bool,
+    ) -> Result<(Arc<SymbolTable>, bool)> {
+        let unnamed = unnamed_locations(&raw);
+        if unnamed.is_empty() {
+            return Ok((raw, true));
+        }
+        let (at, frames): (Vec<usize>, Vec<_>) = unnamed.into_iter().unzip();
+        let named = naming
+            .namer
+            .name(tenant, frames, Instant::now() + deadline)
+            .await;
+        if report {
+            for w in &named.warnings {
+                warn(w.clone());
+            }
+        }
+        let complete = !named.incomplete;
+        if named.lines.iter().all(Option::is_none) {
+            return Ok((raw, complete));
+        }
+        let table = tokio::task::spawn_blocking(move || with_names(&raw, &at, &named))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?;
+        Ok((Arc::new(table), complete))
+    }
+
+    /// The symbols of a block, cached (as stored: [`Self::named_symbols`] names their native
+    /// frames).
     pub async fn symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
         let store = self.store.clone();
         let path = block.path();

@@ -64,7 +64,7 @@ impl QueryEngine {
             .map(|(block, series)| async move {
                 count(|s| s.blocks += 1);
                 let result = async {
-                    let symbols = self.symbols(&block).await?;
+                    let symbols = self.named_symbols(&block).await?;
                     let values = self
                         .cached_block_stacks(&block, series, filter, columns, with_labels)
                         .await?;
