@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof), openssl
+# Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof and the
+# symbolization tests' Go programs), g++, binutils and debuginfod (symbolization), openssl
 # (test keys), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
 # the JDK's own flight recorder) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
@@ -16,6 +17,11 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v jfr >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
+# Native symbolization's tests: programs built with gcc, g++ (and rustc, go), split with binutils'
+# objcopy and strip, named by binutils' addr2line, served by Debian's debuginfod.
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v addr2line >/dev/null 2>&1 && command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
+command -v debuginfod >/dev/null 2>&1 || need_apt+=(debuginfod)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"

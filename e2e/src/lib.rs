@@ -137,6 +137,9 @@ impl Kiln {
             .arg("--data-dir")
             .arg(self.data_dir.path().join("data"))
             .env("KILN_LOG", "info,kiln_storage=debug")
+            // A machine's own debuginfod servers (Debian's `debuginfod` package sets them for
+            // login shells) are not the tests': traffic stays on 127.0.0.1.
+            .env_remove("DEBUGINFOD_URLS")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))

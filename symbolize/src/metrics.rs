@@ -33,7 +33,7 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self {
+        let m = Self {
             debuginfod_fetches: Family::default(),
             // 10 ms to about 5.5 min.
             debuginfod_fetch_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
@@ -41,7 +41,16 @@ impl Default for Metrics {
             addresses: Family::default(),
             resolved_cache_hits: Counter::default(),
             resolved_cache_misses: Counter::default(),
+        };
+        // Every label value exported from the start, at zero.
+        for outcome in ["found", "missing", "failed", "timeout"] {
+            m.debuginfod_fetches
+                .get_or_create(&OutcomeLabels { outcome });
         }
+        for source in ["upload", "debuginfod", "none"] {
+            m.addresses.get_or_create(&SourceLabels { source });
+        }
+        m
     }
 }
 
@@ -58,9 +67,10 @@ impl Metrics {
             .inc_by(n);
     }
 
-    /// Registers every metric under `kiln_symbolizer_…`.
+    /// Registers every metric under `symbolizer_…` of `registry` (the process's has the `kiln`
+    /// prefix).
     pub fn register(&self, registry: &mut Registry) {
-        let r = registry.sub_registry_with_prefix("kiln_symbolizer");
+        let r = registry.sub_registry_with_prefix("symbolizer");
         r.register(
             "debuginfod_fetches",
             "Fetches from debuginfod servers, by outcome",

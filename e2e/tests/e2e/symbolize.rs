@@ -460,8 +460,23 @@ fn uploads_name_otlp_and_pprof_frames_for_their_tenant_only() -> Result<()> {
             .iter()
             .any(|i| Some(i.as_str().unwrap()) == c.gnu.as_deref())
     );
-    let (s, v) = upload_http(&kiln, "team-a", &cpp.built.debug, true)?;
-    ensure!(s == 200, "gzip upload: {s} {v}");
+    // `kiln debuginfo upload` (gzip on the way) for the second.
+    let out = std::process::Command::new(kiln_e2e::kiln_bin())
+        .args(["debuginfo", "upload"])
+        .arg(&cpp.built.debug)
+        .args(["--url", &kiln.url(""), "--tenant", "team-a"])
+        .env_remove("DEBUGINFOD_URLS")
+        .output()?;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "kiln debuginfo upload: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        printed.contains("debug-only") && printed.contains(cpp.gnu.as_deref().unwrap()),
+        "{printed}"
+    );
 
     let want = c.named_stacks();
     eventually(|| Ok(stacks(&kiln, "team-a", &ty, "c-pie")?.0 == want))?;
@@ -491,13 +506,15 @@ fn uploads_name_otlp_and_pprof_frames_for_their_tenant_only() -> Result<()> {
         Ok(p)
     };
     let debug = std::fs::read(&c.built.debug)?;
-    for (path, want) in [
-        (write("notes.txt", b"not an ELF file at all")?, 400),
-        (write("cut.debug", &debug[..debug.len() / 3])?, 400),
-        (c.built.stripped.clone(), 422),
-        (write("huge.debug", &vec![0x7f; 40 << 20])?, 413),
+    for (path, gzip, want) in [
+        (write("notes.txt", b"not an ELF file at all")?, false, 400),
+        (write("cut.debug", &debug[..debug.len() / 3])?, false, 400),
+        (c.built.stripped.clone(), false, 422),
+        (write("huge.debug", &vec![0x7f; 40 << 20])?, false, 413),
+        // Small on the wire, past the limit once inflated.
+        (write("bomb.debug", &vec![0; 40 << 20])?, true, 413),
     ] {
-        let (s, v) = upload_http(&kiln, "team-c", &path, false)?;
+        let (s, v) = upload_http(&kiln, "team-c", &path, gzip)?;
         ensure!(s == want, "{}: {s} {v}", path.display());
     }
     ensure!(list(&kiln, "team-c")?.is_empty());
