@@ -44,11 +44,12 @@ impl Default for Metrics {
         };
         // Every label value exported from the start, at zero.
         for outcome in ["found", "missing", "failed", "timeout"] {
-            m.debuginfod_fetches
+            let _ = m
+                .debuginfod_fetches
                 .get_or_create(&OutcomeLabels { outcome });
         }
         for source in ["upload", "debuginfod", "none"] {
-            m.addresses.get_or_create(&SourceLabels { source });
+            let _ = m.addresses.get_or_create(&SourceLabels { source });
         }
         m
     }
