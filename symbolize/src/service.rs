@@ -443,3 +443,17 @@ impl kiln_storage::names::FrameNamer for Symbolizer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_ids_are_unwrapped_from_source_link_json() {
+        assert_eq!(build_id_of(" 4e1b0c "), "4e1b0c");
+        // What ingest writes when a service names its repository (otel's model).
+        let json = r#"{"repository":"https://github.com/a/b","git_ref":"v1","build_id":"4e1b0c","root_path":"src"}"#;
+        assert_eq!(build_id_of(json), "4e1b0c");
+        assert_eq!(build_id_of(r#"{"repository":"r"}"#), "");
+    }
+}
