@@ -331,6 +331,36 @@ fn closes_within(mut conn: &std::net::TcpStream, within: Duration) -> bool {
     false
 }
 
+/// Clients that connect and send nothing at all are closed after `--header-read-timeout-secs`,
+/// long before the idle timeout (hyper's header timeout starts only with a first byte).
+#[test]
+fn silent_connections_are_closed_after_the_header_timeout() -> Result<()> {
+    let kiln = Kiln::start(&[
+        "--header-read-timeout-secs",
+        "2",
+        "--idle-timeout-secs",
+        "90",
+    ])?;
+    let silent: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| {
+            std::net::TcpStream::connect(("127.0.0.1", kiln.port)).map_err(anyhow::Error::from)
+        })
+        .collect::<Result<_>>()?;
+    let started = std::time::Instant::now();
+    let closed = silent
+        .iter()
+        .filter(|c| closes_within(c, Duration::from_secs(6)))
+        .count();
+    ensure!(
+        closed == 20,
+        "{closed} of 20 silent connections were closed"
+    );
+    ensure!(started.elapsed() < Duration::from_secs(20));
+    // A client that then speaks is served.
+    ensure!(kiln.is_ready());
+    Ok(())
+}
+
 /// Slow clients (headers or body dribbling in, or nothing at all) are closed by the timeouts,
 /// at most `--max-connections` are open at once, and the server keeps serving everyone else.
 #[test]

@@ -53,13 +53,27 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(IdleTimeout::new(stream, limits.idle_timeout));
-        let service = TowerToHyperService::new(router.clone());
-        let conn = graceful.watch(
-            http.serve_connection_with_upgrades(io, service)
-                .into_owned(),
-        );
+        let (router, http, watcher) = (router.clone(), http.clone(), graceful.watcher());
+        let header_read_timeout = limits.header_read_timeout;
+        let idle_timeout = limits.idle_timeout;
         tokio::spawn(async move {
+            // hyper's header timeout starts once a first byte has told HTTP/1.1 from HTTP/2: a
+            // client that connects and sends nothing is closed here after the same time.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(_)) | Ok(Err(_)) => return,
+                Err(_) => {
+                    debug!(%peer, "connection closed: nothing sent within the header read timeout");
+                    return;
+                }
+            }
+            let io = TokioIo::new(IdleTimeout::new(stream, idle_timeout));
+            let service = TowerToHyperService::new(router);
+            let conn = watcher.watch(
+                http.serve_connection_with_upgrades(io, service)
+                    .into_owned(),
+            );
             if let Err(e) = conn.await {
                 debug!(%peer, error = %e, "connection closed");
             }
