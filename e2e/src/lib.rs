@@ -16,6 +16,9 @@ use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
 use prost::Message;
 
+/// The operator tenant of [`Kiln::start`]'s servers: its `X-Scope-OrgID` reads `/metrics`.
+pub const OPERATOR: &str = "kiln-operator";
+
 /// The whole time range: profiles of any age are queryable.
 pub const ALL_TIME: (i64, i64) = (1, 4_102_444_800_000);
 
@@ -73,11 +76,28 @@ pub struct Kiln {
 }
 
 impl Kiln {
-    /// Starts kiln in `trusted-header` mode (tenants from `X-Scope-OrgID`) with `extra` flags.
+    /// Starts kiln in `trusted-header` mode (tenants from `X-Scope-OrgID`) with `extra` flags;
+    /// [`OPERATOR`] is the operator tenant (`--admin-tenant`) unless `extra` names one.
     pub fn start(extra: &[&str]) -> Result<Self> {
         let mut args = vec!["--auth", "trusted-header"];
+        if !extra.contains(&"--admin-tenant") {
+            args.extend(["--admin-tenant", OPERATOR]);
+        }
         args.extend_from_slice(extra);
         Self::start_with(&args)
+    }
+
+    /// `/metrics` on the API port, as the operator's proxy reads it (trusted-header mode).
+    pub fn metrics_text(&self) -> Result<String> {
+        let resp = self
+            .http
+            .get(self.url("/metrics"))
+            .header("X-Scope-OrgID", OPERATOR)
+            .send()?;
+        if !resp.status().is_success() {
+            bail!("/metrics: {}", resp.status());
+        }
+        Ok(resp.text()?)
     }
 
     /// Starts kiln with exactly these flags (plus listen address, data dir and a short flush).

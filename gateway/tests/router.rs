@@ -15,13 +15,31 @@ use kiln_storage::{Storage, StorageConfig};
 use prost::Message;
 use tower::ServiceExt;
 
+/// The tenant whose `X-Scope-OrgID` may read `/metrics` (`--admin-tenant`).
+const OPERATOR: &str = "ops";
+
+/// Trusted-header authentication with an operator tenant.
+fn operator_auth() -> Authenticator {
+    let mut auth = Authenticator::trusted_header();
+    auth.admin_tenant = Some(OPERATOR.into());
+    auth
+}
+
+/// A scrape of `/metrics` as the operator's proxy sends it.
+fn metrics_request() -> Request<Body> {
+    Request::get("/metrics")
+        .header("x-scope-orgid", OPERATOR)
+        .body(Body::empty())
+        .unwrap()
+}
+
 async fn app(dir: &std::path::Path) -> axum::Router {
     let mut config = StorageConfig::new(dir);
     config.writer.flush_interval = std::time::Duration::from_millis(10);
     let storage = Storage::open(config).await.unwrap();
     router(Arc::new(App::new(
         storage,
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     )))
 }
@@ -156,11 +174,7 @@ async fn ingest_then_query_per_tenant() {
     assert_eq!(fg.names, ["total"]);
 
     // The queries went through the symbol cache: its lookups and misses are on /metrics.
-    let (status, body) = send(
-        &router,
-        Request::get("/metrics").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let (status, body) = send(&router, metrics_request()).await;
     assert_eq!(status, StatusCode::OK);
     let metrics = String::from_utf8(body).unwrap();
     let value = |name: &str| -> f64 {
@@ -391,7 +405,7 @@ async fn a_failing_object_store_is_answered_503_and_ingest_recovers() {
     let (storage, faulty) = kiln_storage::testing::faulty_storage(config).await;
     let router = router(Arc::new(App::new(
         storage,
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     )));
     let ingest = |body: &'static str| {
@@ -455,7 +469,7 @@ async fn a_damaged_block_is_quarantined_with_a_warning_and_listed() {
         config.writer.flush_interval = std::time::Duration::from_millis(10);
         let app = Arc::new(App::new(
             Storage::open(config).await.unwrap(),
-            Authenticator::trusted_header(),
+            operator_auth(),
             Tenants::defaults(),
         ));
         let router = router(Arc::clone(&app));
@@ -497,7 +511,7 @@ async fn a_damaged_block_is_quarantined_with_a_warning_and_listed() {
     config.writer.flush_interval = std::time::Duration::from_millis(10);
     let app = Arc::new(App::new(
         Storage::open(config).await.unwrap(),
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     ));
     let router = router(Arc::clone(&app));
@@ -569,7 +583,7 @@ async fn a_full_metastore_disk_is_answered_503_and_ingest_recovers() {
     let storage = Storage::with_parts(config, store, Arc::new(metastore)).unwrap();
     let router = router(Arc::new(App::new(
         storage,
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     )));
     let ingest = |body: &'static str| {
@@ -622,11 +636,7 @@ async fn a_scrape_does_not_scan_storage() {
         Arc::clone(&counting) as Arc<dyn Metastore>,
     )
     .unwrap();
-    let app = Arc::new(App::new(
-        storage,
-        Authenticator::trusted_header(),
-        Tenants::defaults(),
-    ));
+    let app = Arc::new(App::new(storage, operator_auth(), Tenants::defaults()));
     let router = router(Arc::clone(&app));
     let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
         .header("x-scope-orgid", "team-a")
@@ -646,11 +656,7 @@ async fn a_scrape_does_not_scan_storage() {
         counting.add_blocks(blocks).await.unwrap();
     }
     let scrape = || async {
-        let (status, body) = send(
-            &router,
-            Request::get("/metrics").body(Body::empty()).unwrap(),
-        )
-        .await;
+        let (status, body) = send(&router, metrics_request()).await;
         assert_eq!(status, StatusCode::OK);
         String::from_utf8(body).unwrap()
     };
@@ -736,18 +742,14 @@ async fn the_metrics_spec_holds() {
         Storage::open(kiln_storage::testing::config(dir.path()))
             .await
             .unwrap(),
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     ));
     let router = router(Arc::clone(&app));
     let spec = metrics_spec();
     assert!(spec.len() >= 30, "the table has {} rows", spec.len());
     let scrape = || async {
-        let (status, body) = send(
-            &router,
-            Request::get("/metrics").body(Body::empty()).unwrap(),
-        )
-        .await;
+        let (status, body) = send(&router, metrics_request()).await;
         assert_eq!(status, StatusCode::OK);
         String::from_utf8(body).unwrap()
     };
@@ -1420,7 +1422,7 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
     );
     let router = kiln_gateway::server::router(Arc::new(App::new(
         Storage::open(config).await.unwrap(),
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     )));
     let (_, got) = connect_call(&router, "team-a", get, serde_json::json!({})).await;
@@ -1615,11 +1617,7 @@ async fn legacy_api_follows_the_query_role_and_tenants() {
     let storage = Storage::open(kiln_storage::testing::config(dir.path()))
         .await
         .unwrap();
-    let mut ingest_app = App::new(
-        storage,
-        Authenticator::trusted_header(),
-        Tenants::defaults(),
-    );
+    let mut ingest_app = App::new(storage, operator_auth(), Tenants::defaults());
     ingest_app.roles = kiln_gateway::app::Roles::parse("ingest,compact").unwrap();
     let ingest_only = router(Arc::new(ingest_app));
     for path in kiln_gateway::api::legacy::ROUTES.map(|r| r.path) {
@@ -2012,14 +2010,10 @@ async fn every_endpoint_is_routed() {
         .unwrap();
     let all = router(Arc::new(App::new(
         storage.clone(),
-        Authenticator::trusted_header(),
+        operator_auth(),
         Tenants::defaults(),
     )));
-    let mut compact_only = App::new(
-        storage,
-        Authenticator::trusted_header(),
-        Tenants::defaults(),
-    );
+    let mut compact_only = App::new(storage, operator_auth(), Tenants::defaults());
     compact_only.roles = kiln_gateway::app::Roles::parse("compact").unwrap();
     let compact_only = router(Arc::new(compact_only));
     let (status, body) = send(
@@ -2652,4 +2646,41 @@ async fn diff_joins_function_tables() {
             .as_array()
             .is_none_or(|r| r.is_empty())
     );
+}
+
+/// `/metrics` names every tenant: in trusted-header mode the proxy's header must name the
+/// operator tenant; any other tenant it forwards is refused, as is a request without one.
+#[tokio::test]
+async fn metrics_answer_the_operator_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let (status, body) = send(&router, metrics_request()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&body).contains("# TYPE kiln_"));
+    let stranger = Request::get("/metrics")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) = send(&router, stranger).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(String::from_utf8_lossy(&body).contains("--admin-listen"));
+    let anonymous = Request::get("/metrics").body(Body::empty()).unwrap();
+    assert_eq!(send(&router, anonymous).await.0, StatusCode::UNAUTHORIZED);
+    // Without an operator tenant, nobody reads it on this port.
+    let storage = Storage::open(StorageConfig::new(dir.path().join("other")))
+        .await
+        .unwrap();
+    let plain = router_of(App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    ));
+    assert_eq!(
+        send(&plain, metrics_request()).await.0,
+        StatusCode::FORBIDDEN
+    );
+}
+
+fn router_of(app: App) -> axum::Router {
+    router(Arc::new(app))
 }

@@ -141,7 +141,7 @@ fn noisy_tenant_is_limited_without_hurting_others() -> Result<()> {
 
     // Usage is metered per tenant, on the admin API (none/trusted-header: no admin scope here,
     // see usage_admin_api) and on /metrics.
-    let metrics = kiln.http().get(kiln.url("/metrics")).send()?.text()?;
+    let metrics = kiln.metrics_text()?;
     ensure!(
         metrics.contains(
             "kiln_tenant_refused_requests_total{tenant=\"noisy\",reason=\"rate_limited\"}"
@@ -434,7 +434,11 @@ fn slow_clients_time_out_and_connections_are_capped() -> Result<()> {
         "the idle connection stayed open"
     );
     // The server serves on, counted the refusals, and kept the tenants apart.
-    let metrics = fresh()?.get(kiln.url("/metrics")).send()?.text()?;
+    let metrics = fresh()?
+        .get(kiln.url("/metrics"))
+        .header("X-Scope-OrgID", kiln_e2e::OPERATOR)
+        .send()?
+        .text()?;
     ensure!(
         metrics
             .lines()

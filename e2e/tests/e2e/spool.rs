@@ -41,7 +41,7 @@ fn start_s3(port: u16) -> Result<Child> {
 }
 
 fn spooled_bytes(kiln: &Kiln) -> Result<i64> {
-    let text = kiln.http().get(kiln.url("/metrics")).send()?.text()?;
+    let text = kiln.metrics_text()?;
     text.lines()
         .find_map(|l| l.strip_prefix("kiln_storage_spool_bytes "))
         .and_then(|v| v.trim().parse().ok())
@@ -66,6 +66,8 @@ fn writes_are_spooled_while_s3_is_stopped() -> Result<()> {
         &[
             "--auth",
             "trusted-header",
+            "--admin-tenant",
+            kiln_e2e::OPERATOR,
             "--object-store",
             &store,
             "--object-store-retry-timeout-secs",

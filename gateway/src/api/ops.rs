@@ -12,17 +12,32 @@ pub(crate) async fn ready() -> impl IntoResponse {
     (StatusCode::OK, "ready\n")
 }
 
-/// `/metrics` on the API port. Its label values name every tenant, so with `--auth jwt` it needs
-/// an admin token of the operator tenant (`--admin-tenant`); Prometheus scrapes it with that
-/// token, or scrapes the admin listener instead. The other modes serve it as they serve all else
-/// (loopback, or behind the proxy that authenticates).
+/// `/metrics` on the API port. Its label values name every tenant, so it answers the operator
+/// only: with `--auth jwt` an admin token of the operator tenant (`--admin-tenant`); with
+/// `--auth trusted-header` the proxy's `X-Scope-OrgID` naming that tenant (no other tenant the
+/// proxy forwards may read it; without `--admin-tenant`, nobody on this port). Prometheus scrapes
+/// it so, or scrapes the admin listener (`--admin-listen`) instead. `--auth none` (loopback)
+/// serves it to all.
 pub(crate) async fn guarded_metrics(
     State(app): State<AppRef>,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    if app.auth.mode == crate::auth::AuthMode::Jwt
-        && let Err(e) = app.auth.authorize_admin(&headers, None)
-    {
+    use crate::auth::{AuthMode, Scope};
+    let allowed = match app.auth.mode {
+        AuthMode::None => Ok(()),
+        AuthMode::Jwt => app.auth.authorize_admin(&headers, None).map(|_| ()),
+        AuthMode::TrustedHeader => app.auth.authenticate(&headers, Scope::Read).and_then(|p| {
+            if app.auth.admin_tenant.as_deref() == Some(p.tenant.as_str()) {
+                Ok(())
+            } else {
+                Err(crate::error::ApiError::new(
+                    crate::error::ErrorKind::PermissionDenied,
+                    "/metrics names every tenant: with --auth trusted-header it answers only                      X-Scope-OrgID of the operator tenant (--admin-tenant); or scrape the                      admin listener (--admin-listen)",
+                ))
+            }
+        }),
+    };
+    if let Err(e) = allowed {
         return e.into_response();
     }
     metrics(State(app)).await.into_response()

@@ -503,7 +503,11 @@ impl AuthArgs {
     pub fn authenticator(&self) -> anyhow::Result<Authenticator> {
         Ok(match self.mode {
             AuthMode::None => Authenticator::none(),
-            AuthMode::TrustedHeader => Authenticator::trusted_header(),
+            // The operator's header value reads /metrics (`api::ops`).
+            AuthMode::TrustedHeader => Authenticator {
+                admin_tenant: self.admin_tenant.clone(),
+                ..Authenticator::trusted_header()
+            },
             AuthMode::Jwt => {
                 let path = self
                     .jwt_keys
