@@ -73,6 +73,11 @@ pub struct Metrics {
     pub tenant_decompressed_bytes: Family<TenantLabels, Counter>,
     pub tenant_profiles: Family<TenantLabels, Counter>,
     pub tenant_samples: Family<TenantLabels, Counter>,
+    /// Settings written or deleted (`settings.v1`), per tenant.
+    pub tenant_settings_writes: Family<TenantLabels, Counter>,
+    /// Ad-hoc profiles uploaded, and their bytes as uploaded, per tenant.
+    pub tenant_adhoc_uploads: Family<TenantLabels, Counter>,
+    pub tenant_adhoc_upload_bytes: Family<TenantLabels, Counter>,
     pub tenant_refused: Family<RefusedLabels, Counter>,
     pub tenant_stored_bytes: Family<TenantLabels, Gauge>,
     /// Blocks quarantined since start-up (unreadable: left out of answers and compaction).
@@ -107,6 +112,9 @@ pub struct Usage {
     pub profiles: u64,
     pub samples: u64,
     pub stored_bytes: u64,
+    pub settings_writes: u64,
+    pub adhoc_uploads: u64,
+    pub adhoc_upload_bytes: u64,
     pub refused: std::collections::BTreeMap<String, u64>,
 }
 
@@ -145,6 +153,9 @@ impl Default for Metrics {
             tenant_decompressed_bytes: Family::default(),
             tenant_profiles: Family::default(),
             tenant_samples: Family::default(),
+            tenant_settings_writes: Family::default(),
+            tenant_adhoc_uploads: Family::default(),
+            tenant_adhoc_upload_bytes: Family::default(),
             tenant_refused: Family::default(),
             tenant_stored_bytes: Family::default(),
             storage_quarantined_blocks: Gauge::default(),
@@ -209,6 +220,21 @@ impl Default for Metrics {
             "tenant_ingest_samples",
             "Samples stored, per tenant",
             m.tenant_samples.clone(),
+        );
+        r.register(
+            "tenant_settings_writes",
+            "Settings written or deleted (settings.v1), per tenant",
+            m.tenant_settings_writes.clone(),
+        );
+        r.register(
+            "tenant_adhoc_uploads",
+            "Ad-hoc profiles uploaded (adhocprofiles.v1), per tenant",
+            m.tenant_adhoc_uploads.clone(),
+        );
+        r.register(
+            "tenant_adhoc_upload_bytes",
+            "Bytes of ad-hoc profiles as uploaded, per tenant",
+            m.tenant_adhoc_upload_bytes.clone(),
         );
         r.register(
             "tenant_refused_requests",
@@ -355,6 +381,19 @@ impl Metrics {
             .inc_by(samples as u64);
     }
 
+    pub fn settings_written(&self, tenant: &str) {
+        self.see(tenant);
+        self.tenant_settings_writes.get_or_create(&t(tenant)).inc();
+    }
+
+    pub fn adhoc_uploaded(&self, tenant: &str, bytes: usize) {
+        self.see(tenant);
+        self.tenant_adhoc_uploads.get_or_create(&t(tenant)).inc();
+        self.tenant_adhoc_upload_bytes
+            .get_or_create(&t(tenant))
+            .inc_by(bytes as u64);
+    }
+
     pub fn set_stored_bytes(&self, tenant: &str, bytes: u64) {
         self.tenant_stored_bytes
             .get_or_create(&t(tenant))
@@ -386,6 +425,9 @@ impl Metrics {
             profiles: get(&self.tenant_profiles),
             samples: get(&self.tenant_samples),
             stored_bytes,
+            settings_writes: get(&self.tenant_settings_writes),
+            adhoc_uploads: get(&self.tenant_adhoc_uploads),
+            adhoc_upload_bytes: get(&self.tenant_adhoc_upload_bytes),
             refused,
         }
     }

@@ -282,6 +282,91 @@ async fn parca_write_stream_refuses_missing_stacks() {
     assert_eq!(totals(&served.router, "team-a", CPU).await, (0, 0));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parca_write_stream_refuses_stacks_it_did_not_ask_for() {
+    let served = serve().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::WriteRequest {
+        record: ipc(&v1_sample_record(&samples(), &TestType::default()), false).into(),
+    })
+    .await
+    .unwrap();
+    let mut client = served.client.clone();
+    let mut inbound = client
+        .write(with_tenant(ReceiverStream::new(rx), "team-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = read_unknown_ids(&inbound.message().await.unwrap().unwrap().record).unwrap();
+    assert_eq!(asked.len(), 3);
+    // The three stacks asked for, and one more that no sample names: a stream that could fill
+    // the tenant's stack cache (and the process's memory) with anything it likes.
+    let mut sent = stacks();
+    sent.push(
+        ["unasked", "main"]
+            .iter()
+            .map(|n| TestFrame::function(n))
+            .collect(),
+    );
+    tx.send(pb::WriteRequest {
+        record: ipc(&v1_locations_record(&sent), false).into(),
+    })
+    .await
+    .unwrap();
+    drop(tx);
+    let err = loop {
+        match inbound.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("accepted a stack it did not ask for"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("not asked for"), "{}", err.message());
+    // Nothing stored, nothing remembered: the next upload asks for all three again.
+    assert_eq!(totals(&served.router, "team-a", CPU).await, (0, 0));
+    assert_eq!(served.app.stacks.weighted_size(), 0);
+    let (asked, _) = write(&served, "team-a").await;
+    assert_eq!(asked.len(), 3);
+    assert_eq!(totals(&served.router, "team-a", CPU).await, (5, 12));
+    assert_eq!(totals(&served.router, "team-b", CPU).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_id_is_a_batch_of_one_tenant_and_one_content() {
+    let served = serve().await;
+    let cpu = ipc(&v2_sample_record(&samples(), &TestType::default()), true);
+    let memory = ipc(&v2_sample_record(&samples(), &memory_type()), true);
+    let upload = |tenant: &'static str, batch: Vec<u8>| {
+        let mut client = served.client.clone();
+        async move {
+            let mut req = with_tenant(
+                pb::WriteArrowRequest {
+                    ipc_buffer: batch.into(),
+                },
+                tenant,
+            );
+            req.metadata_mut()
+                .insert("kiln-upload-id", "batch-1".parse().unwrap());
+            client.write_arrow(req).await.unwrap();
+        }
+    };
+    const MEMORY: &str = "memory:alloc_space:bytes:space:bytes";
+    upload("team-a", cpu.clone()).await;
+    // Sent again (a resumed upload): stored once.
+    upload("team-a", cpu.clone()).await;
+    assert_eq!(totals(&served.router, "team-a", CPU).await, (5, 12));
+    // The same id with other content is another batch, stored.
+    upload("team-a", memory.clone()).await;
+    assert_eq!(totals(&served.router, "team-a", MEMORY).await, (5, 12));
+    assert_eq!(totals(&served.router, "team-a", CPU).await, (5, 12));
+    // Another tenant's batch of the same id and content is its own.
+    upload("team-b", cpu.clone()).await;
+    assert_eq!(totals(&served.router, "team-b", CPU).await, (5, 12));
+    assert_eq!(totals(&served.router, "team-b", MEMORY).await, (0, 0));
+    assert_eq!(totals(&served.router, "team-c", CPU).await, (0, 0));
+}
+
 fn memory_type() -> TestType {
     TestType {
         producer: "memory".into(),

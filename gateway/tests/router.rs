@@ -1475,6 +1475,80 @@ async fn settings_persist_per_tenant_and_absent_services_say_so() {
     }
 }
 
+/// A tenant's settings are bounded (64, 1 MiB in all) and its own: one tenant at its cap
+/// leaves another free; settings writes and ad-hoc uploads (both open to read-scope
+/// credentials, as the app needs them) are counted in the tenant's usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_and_uploads_are_bounded_and_counted_per_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let set = |tenant: &'static str, name: String| {
+        let router = router.clone();
+        async move {
+            connect_call(
+                &router,
+                tenant,
+                "/settings.v1.SettingsService/Set",
+                serde_json::json!({ "setting": { "name": name, "value": "{}" } }),
+            )
+            .await
+        }
+    };
+    for i in 0..64 {
+        let (status, body) = set("team-a", format!("s{i}")).await;
+        assert_eq!(status, StatusCode::OK, "{i}: {body}");
+    }
+    let (status, body) = set("team-a", "one-too-many".into()).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("delete one"),
+        "{body}"
+    );
+    // Replacing one it has still works; another tenant is not held by team-a's cap.
+    assert_eq!(set("team-a", "s3".into()).await.0, StatusCode::OK);
+    assert_eq!(set("team-b", "s0".into()).await.0, StatusCode::OK);
+    // Values of 60 KiB: the 1 MiB total refuses the 18th.
+    let big = "x".repeat(60 << 10);
+    for i in 0..18 {
+        let (status, body) = connect_call(
+            &router,
+            "team-c",
+            "/settings.v1.SettingsService/Set",
+            serde_json::json!({ "setting": { "name": format!("big{i}"), "value": big } }),
+        )
+        .await;
+        let want = if i < 17 {
+            StatusCode::OK
+        } else {
+            StatusCode::PAYLOAD_TOO_LARGE
+        };
+        assert_eq!(status, want, "{i}: {}", body["message"]);
+    }
+
+    let profile = kiln_otel::base64::encode(b"main;work 3\nmain;idle 1\n");
+    let (status, body) = connect_call(
+        &router,
+        "team-a",
+        "/adhocprofiles.v1.AdHocProfileService/Upload",
+        serde_json::json!({ "name": "a.folded", "profile": profile }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let (status, metrics) = send(&router, metrics_request()).await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = String::from_utf8_lossy(&metrics);
+    for line in [
+        r#"kiln_tenant_settings_writes_total{tenant="team-a"} 65"#,
+        r#"kiln_tenant_settings_writes_total{tenant="team-b"} 1"#,
+        r#"kiln_tenant_adhoc_uploads_total{tenant="team-a"} 1"#,
+        r#"kiln_tenant_adhoc_upload_bytes_total{tenant="team-a"} 24"#,
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(!metrics.contains(r#"kiln_tenant_adhoc_uploads_total{tenant="team-b"}"#));
+}
+
 /// A CPU pprof of one stack per span (`span_id` labels), at `time_secs`.
 fn spans_pprof(time_secs: i64, spans: &[(&str, i64)]) -> Vec<u8> {
     use kiln_proto::google::v1 as p;

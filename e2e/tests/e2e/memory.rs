@@ -198,3 +198,87 @@ fn a_spent_decode_budget_answers_503_and_stores_nothing_of_what_it_refused() -> 
     }
     Ok(())
 }
+
+/// Peak RSS twelve forged-trailer requests at once may reach under a 100 MB budget: what the
+/// budget lets inflate at once, the allocator's freed pages it has not handed back yet, and the
+/// process's own (measured in a debug build, from a 62 MB baseline: 387–415 MB with the budget
+/// following the inflation; 552 MB with each request holding what its trailer claims, as
+/// before, when all twelve inflate at once).
+const FORGED_PEAK_BOUND_KIB: u64 = 480 * 1024;
+
+/// The amplification body with its trailer's size field (ISIZE) forged to claim 1,000 bytes.
+fn forged_trailer(mut gz: Vec<u8>) -> Vec<u8> {
+    let n = gz.len();
+    gz[n - 4..].copy_from_slice(&1000u32.to_le_bytes());
+    gz
+}
+
+#[test]
+fn a_forged_gzip_trailer_is_held_to_the_budget_as_it_inflates() -> Result<()> {
+    let honest = amplification_body();
+    // The trailer is the sender's word; the stream itself is intact.
+    let forged = forged_trailer(honest.clone());
+    let kiln = Kiln::start(&[
+        "--ingest-rate-bytes",
+        "0",
+        "--max-inflight-decode-bytes",
+        "100000000",
+    ])?;
+    let (s, b) = kiln.ingest("warm", "name=warm.cpu", b"main;warm 1\n".to_vec(), &[])?;
+    ensure!(s == 200, "{s} {b}");
+    std::thread::sleep(Duration::from_millis(500));
+    let baseline = status_kib(kiln.pid(), "VmRSS:");
+
+    // Twelve at once: each claims 1,000 bytes, inflates to 62 MB. Without the budget following
+    // the inflation all twelve would inflate at once; with it, no more than the budget does.
+    let tenants: Vec<String> = (0..12).map(|i| format!("forged-{i}")).collect();
+    let answers = send_at_once(&kiln, &tenants, &forged);
+    let peak = status_kib(kiln.pid(), "VmHWM:");
+    eprintln!("{answers:?}; RSS baseline {baseline} KiB, peak {peak} KiB");
+    ensure!(
+        answers
+            .iter()
+            .any(|(s, r)| *s == 503 && r.as_deref() == Some("1")),
+        "the budget refused none of twelve 62 MB requests under a 100 MB budget: {answers:?}"
+    );
+    ensure!(
+        peak < FORGED_PEAK_BOUND_KIB,
+        "peak RSS {peak} KiB passes the bound of {FORGED_PEAK_BOUND_KIB} KiB"
+    );
+    for (tenant, (status, _)) in tenants.iter().zip(&answers) {
+        match status {
+            // Inflated to its end, the stream's size is not the trailer's: refused, as gzip.
+            400 | 503 => kiln.assert_tenant_empty(tenant)?,
+            other => anyhow::bail!("{tenant}: {other}"),
+        }
+    }
+
+    // Alone, the forged trailer is found out once inflated (400), and a two-member stream (whose
+    // trailer states its last member's size only) is stored exactly: the budget grows with it.
+    let alone = send_at_once(&kiln, &["forged-alone".to_string()], &forged);
+    ensure!(alone[0].0 == 400, "{alone:?}");
+    kiln.assert_tenant_empty("forged-alone")?;
+    let raw = {
+        use std::io::Read;
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&honest[..]).read_to_end(&mut out)?;
+        out
+    };
+    let half = raw.len() / 2;
+    let mut two_members = Vec::new();
+    for part in [&raw[..half], &raw[half..]] {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(part)?;
+        two_members.extend(enc.finish()?);
+    }
+    let answer = send_at_once(&kiln, &["two-members".to_string()], &two_members);
+    ensure!(answer[0].0 == 200, "{answer:?}");
+    let fg = kiln.flamegraph("two-members", CPU, "{}")?;
+    ensure!(
+        fg.total == SAMPLES as i64 * VALUE,
+        "two members: {}",
+        fg.total
+    );
+    kiln.assert_tenant_empty("forged-none")?;
+    Ok(())
+}

@@ -72,6 +72,7 @@ pub async fn handler(
             codec,
             tenant,
             body,
+            share: _share,
         } = prepare(&app, &headers, body, tenant).await?;
         let out = match method.as_str() {
             "Upload" => {
@@ -134,6 +135,9 @@ pub async fn upload(
     let limits = app.limits(tenant);
     let max_nodes = Querier::new(app.clone()).max_nodes(tenant, req.max_nodes)?;
     let data = decode_base64(&req.profile, limits.max_decompressed_bytes)?;
+    // Uploads are the tenant's traffic too: counted in its usage and charged to its ingest rate.
+    app.tenants.charge_ingest(tenant, data.len() as u64)?;
+    app.metrics.adhoc_uploaded(tenant, data.len());
     let name = sanitize(&req.name);
     let (parsed, data) =
         parse_bounded(app, tenant, name.clone(), Bytes::from(data), &limits).await?;

@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
-use kiln_otel::compress::maybe_gunzip;
 use kiln_otel::labels::{AppName, parse_app_name};
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels};
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
@@ -116,11 +115,12 @@ async fn ingest(
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
     // Held until what the profile became is stored.
-    let _share = app
+    let mut share = app
         .decode_budget
         .take(budget::decoded_size(&body, limits.max_decompressed_bytes))
         .await?;
-    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    let body =
+        decode_content_encoding(headers, body, limits.max_decompressed_bytes, &mut share).await?;
     if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
             "the profile is {} bytes, more than the limit of {} bytes",
@@ -189,6 +189,7 @@ async fn ingest(
     let (profile, decompressed) = match (format, is_multipart) {
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
+            let body = budget::maybe_gunzip(&mut share, body, max_decompressed, 0).await?;
             let meta = meta.clone();
             blocking(move || {
                 let (mut p, size) = pprof::decode_sized(body, max_decompressed)?;
@@ -206,6 +207,8 @@ async fn ingest(
             apply_app_labels(&mut meta, &name);
             let ct = content_type.unwrap_or_default();
             let (profile, sample_type_config) = read_multipart(&ct, body).await?;
+            let held = sample_type_config.as_ref().map_or(0, Bytes::len);
+            let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
             if let Some(config) = sample_type_config {
                 meta.display_names = parse_sample_type_config(&config)?;
             }
@@ -233,10 +236,17 @@ async fn ingest(
                 (body, None)
             };
             apply_jfr_app_labels(&mut meta, &name);
+            let recording =
+                budget::maybe_gunzip(&mut share, recording, max_decompressed, 0).await?;
+            let labels = match labels.filter(|l| !l.is_empty()) {
+                Some(l) => Some(
+                    budget::maybe_gunzip(&mut share, l, max_decompressed, recording.len()).await?,
+                ),
+                None => None,
+            };
             blocking(move || {
-                let recording = maybe_gunzip(&recording, max_decompressed)?;
-                let labels = match labels.filter(|l| !l.is_empty()) {
-                    Some(l) => jfr::LabelsSnapshot::decode(&maybe_gunzip(&l, max_decompressed)?)?,
+                let labels = match labels {
+                    Some(l) => jfr::LabelsSnapshot::decode(&l)?,
                     None => jfr::LabelsSnapshot::default(),
                 };
                 let p = jfr::parse(&recording, &labels, explicit_rate, &meta, &normalize_limits)?;

@@ -165,14 +165,15 @@ async fn http_export(
     // After the body is read: a client that writes it all before reading sees the 400, not a
     // reset.
     check_version(headers)?;
-    let _share = app
+    let mut share = app
         .decode_budget
         .take(crate::app::budget::decoded_size(
             &body,
             limits.max_decompressed_bytes,
         ))
         .await?;
-    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    let body =
+        decode_content_encoding(headers, body, limits.max_decompressed_bytes, &mut share).await?;
     if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
             "request body exceeds the limit of {} bytes once decompressed",

@@ -61,6 +61,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
 /// after an interruption (which resends the batch it was sending) never duplicates data.
 pub const UPLOAD_ID_HEADER: &str = "kiln-upload-id";
 
+/// An upload id joined with a hash of the content it names: the same id with other bytes (a
+/// client's mistake, or another batch) is not taken for a batch stored already.
+fn with_content(id: String, content: &[u8]) -> String {
+    format!("{id}#{:016x}", xxhash_rust::xxh3::xxh3_64(content))
+}
+
 /// The batch a request names in [`UPLOAD_ID_HEADER`], if any.
 fn upload_id(headers: &HeaderMap) -> Option<String> {
     headers
@@ -128,9 +134,10 @@ pub async fn write_arrow(
     // request's future, and a store already handed to the writer would then complete without
     // its upload id being marked stored; the resent batch would be stored twice.
     let (app, tenant) = (app.clone(), tenant.clone());
+    let key = upload_id.map(|id| with_content(id, &ipc));
     tokio::spawn(async move {
         app.upload_ids
-            .once(&tenant, upload_id, store_arrow(&app, &tenant, ipc))
+            .once(&tenant, key, store_arrow(&app, &tenant, ipc))
             .await
     })
     .await
@@ -184,22 +191,31 @@ fn broken(s: Status) -> ApiError {
     ApiError::invalid(format!("the Write stream broke: {}", s.message()))
 }
 
-/// One `Write` stream: samples, the ids asked for, their stacks; stored before it ends.
-async fn write_stream(
-    app: &AppRef,
-    tenant: &TenantId,
-    mut inbound: Streaming<pb::WriteRequest>,
-    answers: &mpsc::Sender<Result<pb::WriteResponse, Status>>,
-) -> Result<(), ApiError> {
-    let first = inbound
+/// The first message of a `Write` stream: its sample record.
+async fn first_of(inbound: &mut Streaming<pb::WriteRequest>) -> Result<pb::WriteRequest, ApiError> {
+    inbound
         .message()
         .await
         .map_err(broken)?
-        .ok_or_else(|| ApiError::invalid("the Write stream ended before its sample record"))?;
+        .ok_or_else(|| ApiError::invalid("the Write stream ended before its sample record"))
+}
+
+/// One `Write` stream: samples, the ids asked for, their stacks; stored before it ends. What
+/// the stream holds is counted as it arrives: one decode-budget share grown with each message,
+/// the tenant's `max_decompressed_bytes` over all of them (413), its ingest rate checked before
+/// each message is decoded (429); only stacks asked for are taken (400 otherwise), and they
+/// join the known-stack cache once the profile is stored.
+async fn write_stream(
+    app: &AppRef,
+    tenant: &TenantId,
+    first: pb::WriteRequest,
+    mut inbound: Streaming<pb::WriteRequest>,
+    answers: &mpsc::Sender<Result<pb::WriteResponse, Status>>,
+) -> Result<(), ApiError> {
     app.metrics.received(tenant, first.record.len());
     refuse_oversize(app, tenant, first.record.len())?;
-    let _share = app.decode_budget.take(first.record.len()).await?;
     let max_bytes = app.limits(tenant).max_decompressed_bytes;
+    let mut share = app.decode_budget.take(first.record.len()).await?;
     let record = blocking(move || {
         let batches = format::read_ipc(&first.record, max_bytes)?;
         let batch = match batches.as_slice() {
@@ -216,6 +232,15 @@ async fn write_stream(
     })
     .await?;
     let (record, mut size) = record;
+    let held = |size: usize| {
+        if size > max_bytes {
+            return Err(ApiError::too_large(format!(
+                "the Write stream holds more than the tenant's limit of {max_bytes} bytes"
+            )));
+        }
+        Ok(size)
+    };
+    share.cover(held(size)?).await?;
     let mut known: kiln_otel::normalize::kernel::FastMap<StackId, Stack> = Default::default();
     let mut unknown = Vec::new();
     for id in record.stack_ids() {
@@ -232,6 +257,7 @@ async fn write_stream(
     app.metrics
         .parca_stack_cache_misses
         .inc_by(unknown.len() as u64);
+    let mut sent = Vec::new();
     if !unknown.is_empty() {
         let ask = format::unknown_ids_record(&unknown)?;
         answers
@@ -244,9 +270,10 @@ async fn write_stream(
                 break;
             };
             app.metrics.received(tenant, msg.record.len());
-            refuse_oversize(app, tenant, msg.record.len())?;
-            let _share = app.decode_budget.take(msg.record.len()).await?;
-            let max_bytes = app.limits(tenant).max_decompressed_bytes;
+            app.tenants.check_ingest(tenant)?;
+            share
+                .cover(held(size.saturating_add(msg.record.len()))?)
+                .await?;
             let (stacks, bytes) = blocking(move || {
                 let mut out = Vec::new();
                 let mut bytes = 0;
@@ -263,9 +290,15 @@ async fn write_stream(
             })
             .await?;
             size += bytes;
+            share.cover(held(size)?).await?;
             for (id, stack) in stacks {
-                app.stacks.insert(tenant, id, stack.clone());
-                missing.remove(&id);
+                if !missing.remove(&id) {
+                    return Err(ApiError::invalid(format!(
+                        "the Write stream sent stack {}, which was not asked for (or twice)",
+                        format::hex(&id)
+                    )));
+                }
+                sent.push((id, stack.clone()));
                 known.insert(id, stack);
             }
         }
@@ -288,7 +321,11 @@ async fn write_stream(
         )?)
     })
     .await?;
-    store(app, tenant, vec![profile], size).await
+    store(app, tenant, vec![profile], size).await?;
+    for (id, stack) in sent {
+        app.stacks.insert(tenant, id, stack);
+    }
+    Ok(())
 }
 
 /// Answers a Connect unary call of this service: authenticates, admits, decodes, runs `f`.
@@ -386,17 +423,20 @@ impl ProfileStoreService for Grpc {
         let tenant = self.tenant(&req, Scope::Write)?;
         let upload_id = upload_id(&req.metadata().clone().into_headers());
         let app = self.app.clone();
-        let inbound = req.into_inner();
+        let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(2);
         tokio::spawn(async move {
-            let result = tokio::time::timeout(
-                WRITE_TIMEOUT,
-                app.upload_ids.once(
-                    &tenant,
-                    upload_id,
-                    write_stream(&app, &tenant, inbound, &tx),
-                ),
-            )
+            let result = tokio::time::timeout(WRITE_TIMEOUT, async {
+                let first = first_of(&mut inbound).await?;
+                let key = upload_id.map(|id| with_content(id, &first.record));
+                app.upload_ids
+                    .once(
+                        &tenant,
+                        key,
+                        write_stream(&app, &tenant, first, inbound, &tx),
+                    )
+                    .await
+            })
             .await
             .unwrap_or_else(|_| {
                 Err(ApiError::new(

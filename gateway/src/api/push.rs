@@ -33,7 +33,22 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
         .flat_map(|s| &s.samples)
         .map(|s| budget::decoded_size(&s.raw_profile, limits.max_decompressed_bytes))
         .sum();
-    let _share = app.decode_budget.take(decoded).await?;
+    let mut share = app.decode_budget.take(decoded).await?;
+    // Inflated here, within the budget (the trailers' sizes are the senders' word only).
+    let mut req = req;
+    let mut held = 0usize;
+    for sample in req.series.iter_mut().flat_map(|s| s.samples.iter_mut()) {
+        let raw = std::mem::take(&mut sample.raw_profile);
+        sample.raw_profile =
+            budget::maybe_gunzip(&mut share, raw, limits.max_decompressed_bytes, held).await?;
+        held += sample.raw_profile.len();
+        if held > limits.max_decompressed_bytes {
+            return Err(ApiError::too_large(format!(
+                "the push request decompresses to more than {} bytes",
+                limits.max_decompressed_bytes
+            )));
+        }
+    }
     let profiles = blocking(move || {
         let mut total = 0usize;
         let mut out = Vec::new();

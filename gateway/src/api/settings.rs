@@ -81,6 +81,7 @@ pub async fn handler(
             codec,
             tenant,
             body,
+            share: _share,
         } = prepare(&app, &headers, body, tenant).await?;
         let out = match (service.as_str(), method.as_str()) {
             ("settings.v1.SettingsService", "Get") => {
@@ -185,27 +186,66 @@ async fn set_setting(
         )));
     }
     setting.modified_at = crate::time::now_nanos() / 1_000_000;
-    let _one_writer = SETTINGS_LOCK.lock().await;
+    let lock = writer_lock(tenant);
+    let _one_writer = lock.lock().await;
     let mut all = get_settings(app, tenant).await?;
     all.settings.retain(|s| s.name != setting.name);
+    if all.settings.len() >= MAX_SETTINGS {
+        return Err(ApiError::too_large(format!(
+            "the tenant keeps {MAX_SETTINGS} settings, the most it may; delete one first"
+        )));
+    }
+    let bytes: usize = all
+        .settings
+        .iter()
+        .map(|s| s.name.len() + s.value.len())
+        .sum();
+    if bytes + setting.name.len() + setting.value.len() > MAX_SETTINGS_BYTES {
+        return Err(ApiError::too_large(format!(
+            "the tenant's settings would pass {MAX_SETTINGS_BYTES} bytes; delete some first"
+        )));
+    }
     all.settings.push(setting.clone());
     put_settings(app, tenant, all).await?;
+    app.metrics.settings_written(tenant);
     Ok(settings::SetSettingsResponse {
         setting: Some(setting),
     })
 }
 
 async fn delete_setting(app: &AppRef, tenant: &TenantId, name: &str) -> Result<(), ApiError> {
-    let _one_writer = SETTINGS_LOCK.lock().await;
+    let lock = writer_lock(tenant);
+    let _one_writer = lock.lock().await;
     let mut all = get_settings(app, tenant).await?;
     let before = all.settings.len();
     all.settings.retain(|s| s.name != name);
     if all.settings.len() != before {
         put_settings(app, tenant, all).await?;
+        app.metrics.settings_written(tenant);
     }
     Ok(())
 }
 
-/// Changes of settings in this process one at a time (each reads, changes and writes the
-/// tenant's document); processes sharing a store race, and the last write wins.
-static SETTINGS_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Most settings a tenant keeps (the app writes a handful).
+const MAX_SETTINGS: usize = 64;
+/// Most bytes of names and values a tenant's settings hold in all.
+const MAX_SETTINGS_BYTES: usize = 1 << 20;
+
+/// A tenant's changes of settings in this process one at a time (each reads, changes and writes
+/// the tenant's document), and other tenants' apart; processes sharing a store race, and the
+/// last write wins.
+fn writer_lock(tenant: &TenantId) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, Weak};
+    static LOCKS: Mutex<Option<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = Mutex::new(None);
+    let mut locks = LOCKS.lock().expect("settings locks");
+    let locks = locks.get_or_insert_with(HashMap::new);
+    if let Some(lock) = locks.get(tenant.as_str()).and_then(Weak::upgrade) {
+        return lock;
+    }
+    // A lock lives while a change holds it: the ones no change holds are dropped here.
+    locks.retain(|_, l| l.strong_count() > 0);
+    let lock = Arc::new(tokio::sync::Mutex::new(()));
+    locks.insert(tenant.as_str().to_owned(), Arc::downgrade(&lock));
+    lock
+}

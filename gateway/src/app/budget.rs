@@ -1,11 +1,14 @@
 //! The budget of decoded bytes in flight: what bounds ingest memory across requests.
 //!
 //! Each ingest request holds a share of the budget from before it inflates and decodes its
-//! profile until what it produced is stored, sized by the bytes it decodes (the inflated size,
-//! from the gzip trailer where the body is compressed). A request that finds the budget spent
-//! waits up to [`WAIT`] for others to finish, then is answered 503 with `Retry-After`: the server
-//! is busy, not the tenant over its rate (that is 429). A request larger than the whole budget
-//! takes all of it, so it still runs, alone.
+//! profile until what it produced is stored. The share starts at the size the request states
+//! (the gzip trailer's, which a sender writes as it likes) and grows as bytes are actually
+//! produced: gzip is inflated in steps of [`STEP`] ([`gunzip`]), each covered by the share before
+//! it is written, so a forged trailer or a multi-member stream cannot inflate past what the
+//! budget holds. A request that finds the budget spent waits up to [`WAIT`] for others to
+//! finish, then is answered 503 with `Retry-After`: the server is busy, not the tenant over its
+//! rate (that is 429). A request larger than the whole budget takes all of it, so it still
+//! runs, alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,8 +36,12 @@ pub struct DecodeBudget {
 /// A request's share of the budget, given back when dropped.
 #[derive(Debug)]
 pub struct Share {
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
+    budget: DecodeBudget,
 }
+
+/// The bytes one step of [`gunzip`] may produce before the share is grown again.
+pub const STEP: usize = 1 << 20;
 
 impl DecodeBudget {
     /// A budget of `bytes` (at least 1 MiB; 0 means no bound).
@@ -52,16 +59,54 @@ impl DecodeBudget {
 
     /// Takes `bytes` of the budget, waiting up to [`WAIT`] for it.
     pub async fn take(&self, bytes: usize) -> Result<Share, ApiError> {
-        if self.total == 0 {
-            return Ok(Share { _permit: None });
-        }
-        let want = u32::try_from(bytes.div_ceil(UNIT))
+        let mut share = Share {
+            permit: None,
+            budget: self.clone(),
+        };
+        share.cover(bytes.max(1)).await?;
+        Ok(share)
+    }
+
+    /// Permits of `bytes`, at least one and at most the whole budget.
+    fn permits_for(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.div_ceil(UNIT))
             .unwrap_or(u32::MAX)
-            .clamp(1, self.total);
-        match tokio::time::timeout(WAIT, self.permits.clone().acquire_many_owned(want)).await {
-            Ok(Ok(permit)) => Ok(Share {
-                _permit: Some(permit),
-            }),
+            .clamp(1, self.total)
+    }
+
+    /// Bytes of the budget in use now.
+    pub fn in_use(&self) -> usize {
+        (self.total as usize - self.permits.available_permits()) * UNIT
+    }
+}
+
+impl Share {
+    /// Bytes of the budget this share holds.
+    pub fn bytes(&self) -> usize {
+        self.permit.as_ref().map_or(0, |p| p.num_permits() * UNIT)
+    }
+
+    /// Grows the share to hold `bytes` in all (at most the whole budget), waiting up to
+    /// [`WAIT`] for the difference; a share holding that much already is left as it is.
+    pub async fn cover(&mut self, bytes: usize) -> Result<(), ApiError> {
+        let budget = &self.budget;
+        if budget.total == 0 {
+            return Ok(());
+        }
+        let want = budget.permits_for(bytes);
+        let held = self.permit.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if want <= held {
+            return Ok(());
+        }
+        let more = budget.permits.clone().acquire_many_owned(want - held);
+        match tokio::time::timeout(WAIT, more).await {
+            Ok(Ok(more)) => {
+                match &mut self.permit {
+                    Some(p) => p.merge(more),
+                    None => self.permit = Some(more),
+                }
+                Ok(())
+            }
             _ => Err(ApiError::new(
                 ErrorKind::Unavailable,
                 "the server is decoding as much as it may at once; nothing was stored, retry later",
@@ -69,11 +114,84 @@ impl DecodeBudget {
             .retry_after(RETRY_AFTER_SECS)),
         }
     }
+}
 
-    /// Bytes of the budget in use now.
-    pub fn in_use(&self) -> usize {
-        (self.total as usize - self.permits.available_permits()) * UNIT
+/// Inflates a gzip stream (several members allowed), the share grown before each allocation to
+/// cover `held` (the bytes the request holds besides), `data` and the output: what a request
+/// inflates is in the budget however its trailer lies. The trailer's size, true for a
+/// single-member stream, is one buffer of that size; output past it (a forged trailer, or
+/// several members) comes in steps of [`STEP`] bytes, each covered before it is written, joined
+/// at the end (covered too). Fails 413 past `limit` bytes of output.
+pub async fn gunzip(
+    share: &mut Share,
+    data: &[u8],
+    limit: usize,
+    held: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let mut decoder = flate2::read::MultiGzDecoder::new(data);
+    let base = held.saturating_add(data.len());
+    let too_large = || ApiError::from(kiln_otel::Error::TooLarge { limit });
+    let hint = kiln_otel::compress::gzip_size_hint(data)
+        .unwrap_or(0)
+        .min(limit.saturating_add(1));
+    share.cover(base.saturating_add(hint)).await?;
+    let mut out = Vec::with_capacity(hint);
+    let mut total = read_into(&mut decoder, &mut out, hint)?;
+    let mut steps: Vec<Vec<u8>> = Vec::new();
+    loop {
+        if total > limit {
+            return Err(too_large());
+        }
+        let holding = out.capacity() + steps.len() * STEP;
+        share.cover(base.saturating_add(holding + STEP)).await?;
+        let mut step = Vec::with_capacity(STEP);
+        let read = read_into(&mut decoder, &mut step, STEP)?;
+        if read == 0 {
+            break;
+        }
+        total += read;
+        steps.push(step);
+        // A long inflation leaves the worker to other tasks between steps.
+        tokio::task::yield_now().await;
     }
+    if steps.is_empty() {
+        return Ok(out);
+    }
+    let holding = out.capacity() + steps.len() * STEP;
+    share.cover(base.saturating_add(holding + total)).await?;
+    let mut all = Vec::with_capacity(total);
+    all.extend_from_slice(&out);
+    drop(out);
+    for step in steps {
+        all.extend_from_slice(&step);
+    }
+    Ok(all)
+}
+
+/// Reads up to `room` more bytes of `decoder` into `buf`; the bytes read.
+fn read_into(
+    decoder: &mut impl std::io::Read,
+    buf: &mut Vec<u8>,
+    room: usize,
+) -> Result<usize, ApiError> {
+    use std::io::Read;
+    Ok(decoder
+        .take(room as u64)
+        .read_to_end(buf)
+        .map_err(|e| kiln_otel::Error::Gzip(e.to_string()))?)
+}
+
+/// `data` inflated by [`gunzip`] if it is gzip, or as it is.
+pub async fn maybe_gunzip(
+    share: &mut Share,
+    data: bytes::Bytes,
+    limit: usize,
+    held: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    if !kiln_otel::compress::is_gzip(&data) {
+        return Ok(data);
+    }
+    Ok(gunzip(share, &data, limit, held).await?.into())
 }
 
 /// The bytes decoding `body` produces, as far as can be told before doing it: a gzip body's
@@ -113,6 +231,50 @@ mod tests {
         // 0 is no bound.
         let none = DecodeBudget::new(0);
         let _s = none.take(1 << 40).await.unwrap();
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(data).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[tokio::test]
+    async fn inflation_is_covered_however_the_trailer_lies() {
+        let budget = DecodeBudget::new(16 << 20);
+        let raw = vec![7u8; 6 << 20];
+        // Two members: the trailer states the last one's size only (1 MiB of 6).
+        let mut two = gzip(&raw[..5 << 20]);
+        two.extend(gzip(&raw[5 << 20..]));
+        assert_eq!(decoded_size(&two, 64 << 20), 1 << 20);
+        let mut share = budget.take(decoded_size(&two, 64 << 20)).await.unwrap();
+        let out = gunzip(&mut share, &two, 64 << 20, 0).await.unwrap();
+        assert_eq!(out, raw);
+        assert!(
+            share.bytes() >= out.len(),
+            "{} < {}",
+            share.bytes(),
+            out.len()
+        );
+        assert_eq!(budget.in_use(), share.bytes());
+        drop(share);
+        // A budget held by others: the liar waits, then is refused 503 (nothing inflated past
+        // what it holds), where reserving by its trailer would have let it run.
+        let others = budget.take(12 << 20).await.unwrap();
+        let mut share = budget.take(decoded_size(&two, 64 << 20)).await.unwrap();
+        let err = gunzip(&mut share, &two, 64 << 20, 0).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Unavailable);
+        drop((others, share));
+        // Past the limit: 413.
+        let mut share = budget.take(1).await.unwrap();
+        let err = gunzip(&mut share, &two, 4 << 20, 0).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PayloadTooLarge);
+        // An honest trailer: one buffer of its size.
+        let one = gzip(&raw);
+        let mut share = budget.take(decoded_size(&one, 64 << 20)).await.unwrap();
+        let out = gunzip(&mut share, &one, 64 << 20, 0).await.unwrap();
+        assert_eq!(out.capacity(), raw.len());
+        assert!(share.bytes() >= raw.len());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::app::AppRef;
+use crate::app::budget::Share;
 use crate::error::ApiError;
 use crate::transport::http::{decode_content_encoding, read_body};
 
@@ -112,6 +113,8 @@ pub(crate) struct Call {
     pub codec: Codec,
     pub tenant: crate::auth::TenantId,
     pub body: Bytes,
+    /// The decode budget the body holds (its inflated size), until the call is dropped.
+    pub share: Share,
 }
 
 pub(crate) async fn prepare(
@@ -123,10 +126,13 @@ pub(crate) async fn prepare(
     let codec = Codec::from_headers(headers)?;
     let limits = app.limits(&tenant);
     let body = read_body(body, limits.max_body_bytes).await?;
-    let body = decode_content_encoding(headers, body, limits.max_decompressed_bytes)?;
+    let mut share = app.decode_budget.take(body.len()).await?;
+    let body =
+        decode_content_encoding(headers, body, limits.max_decompressed_bytes, &mut share).await?;
     Ok(Call {
         codec,
         tenant,
         body,
+        share,
     })
 }

@@ -6,9 +6,9 @@ use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use kiln_otel::compress::gunzip_limited;
 
 use crate::app::AppRef;
+use crate::app::budget::{self, Share};
 use crate::auth::TenantId;
 use crate::error::ApiError;
 
@@ -36,11 +36,13 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     })
 }
 
-/// Undoes `Content-Encoding: gzip` (bounded), if the request says so.
-pub fn decode_content_encoding(
+/// Undoes `Content-Encoding: gzip` (within `limit` bytes, and in the decode budget: `share` is
+/// grown as bytes are inflated), if the request says so.
+pub async fn decode_content_encoding(
     headers: &HeaderMap,
     body: Bytes,
     limit: usize,
+    share: &mut Share,
 ) -> Result<Bytes, ApiError> {
     match headers
         .get(header::CONTENT_ENCODING)
@@ -49,7 +51,9 @@ pub fn decode_content_encoding(
         .as_deref()
     {
         None | Some("") | Some("identity") => Ok(body),
-        Some("gzip") | Some("x-gzip") => Ok(Bytes::from(gunzip_limited(&body, limit)?)),
+        Some("gzip") | Some("x-gzip") => {
+            Ok(Bytes::from(budget::gunzip(share, &body, limit, 0).await?))
+        }
         Some(other) => Err(ApiError::unsupported_media_type(format!(
             "content encoding {other:?} is not supported; use gzip or none"
         ))),
