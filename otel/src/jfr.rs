@@ -9,8 +9,8 @@
 //! | `jdk.ObjectAllocationInNewTLAB` | `memory:alloc_in_new_tlab_objects:count:space:bytes`, `memory:alloc_in_new_tlab_bytes:bytes:space:bytes` | 1, the TLAB size |
 //! | `jdk.ObjectAllocationOutsideTLAB` | `memory:alloc_outside_tlab_{objects,bytes}` | 1, the allocation size |
 //! | `jdk.ObjectAllocationSample` | `memory:alloc_sample_{objects,bytes}` | 1, the weight |
-//! | `jdk.JavaMonitorEnter` | `mutex:contentions:count:mutex:count`, `mutex:delay:nanoseconds:mutex:count` | 1, the duration |
-//! | `jdk.ThreadPark` | `block:contentions:count:block:count`, `block:delay:nanoseconds:block:count` | 1, the duration |
+//! | `jdk.JavaMonitorEnter` | `mutex:contentions:count:mutex:count`, `mutex:delay:nanoseconds:mutex:count` | 1, the duration (ticks, as Pyroscope) |
+//! | `jdk.ThreadPark` | `block:contentions:count:block:count`, `block:delay:nanoseconds:block:count` | 1, the duration (ticks, as Pyroscope) |
 //! | `profiler.LiveObject` | `memory:live:count:objects:count` | 1 |
 //! | `profiler.Malloc` | `memory:malloc_objects:count::`, `memory:malloc_bytes:bytes::` | 1, the size |
 //!
@@ -25,8 +25,11 @@
 //! and a span name the `span_name` label. Series labels also carry `jfr_event` (the recording's
 //! `event` setting, when it has one).
 //!
-//! Durations are converted from the recording's ticks to nanoseconds (Pyroscope keeps ticks,
-//! which are nanoseconds on the JDK's Linux clock but not on async-profiler's TSC clock).
+//! Lock and park delays are the events' durations as recorded, in ticks of the recording's
+//! clock, as Pyroscope stores them (grafana/jfr-parser's pprof conversion never reads the chunk's
+//! `ticksPerSecond`): nanoseconds on the JDK's Linux clock, but not on async-profiler's TSC clock,
+//! where they are ticks under a `nanoseconds` unit. Kiln keeps Pyroscope's numbers so the same
+//! recording gives the same totals in both (a recording at 2.8 GHz shows 2.8× its delays).
 
 pub mod reader;
 
@@ -276,11 +279,6 @@ impl Converter<'_> {
 
         let period = self.period.unwrap_or(DEFAULT_PERIOD_NANOS);
         let wall_mode = self.event == "wall";
-        let ticks = chunk.header.ticks_per_second;
-        let nanos = |v: Option<i64>| -> i64 {
-            let t = i128::from(v.unwrap_or(0).max(0));
-            i64::try_from(t * 1_000_000_000 / i128::from(ticks)).unwrap_or(i64::MAX)
-        };
         let mut cache = ChunkCache::default();
         for &(ty, pos) in &chunk.events {
             let name = name_of(ty);
@@ -320,8 +318,13 @@ impl Converter<'_> {
                 "jdk.ObjectAllocationSample" => {
                     add(self, Kind::AllocSample, &[1, int("weight").unwrap_or(0)])?
                 }
-                "jdk.JavaMonitorEnter" => add(self, Kind::Lock, &[1, nanos(int("duration"))])?,
-                "jdk.ThreadPark" => add(self, Kind::ThreadPark, &[1, nanos(int("duration"))])?,
+                // The duration in the recording's ticks, as Pyroscope stores it (see the module doc).
+                "jdk.JavaMonitorEnter" => {
+                    add(self, Kind::Lock, &[1, int("duration").unwrap_or(0)])?
+                }
+                "jdk.ThreadPark" => {
+                    add(self, Kind::ThreadPark, &[1, int("duration").unwrap_or(0)])?
+                }
                 "profiler.LiveObject" => add(self, Kind::LiveObject, &[1])?,
                 "profiler.Malloc" => add(self, Kind::Malloc, &[1, int("size").unwrap_or(0)])?,
                 _ => {}

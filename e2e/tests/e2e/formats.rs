@@ -163,6 +163,71 @@ fn dotnet_pprof_is_repaired_for_its_spy_only() -> Result<()> {
     Ok(())
 }
 
+/// A multipart upload as the .NET profiler's `PyroscopePprofSink` makes it (cpp-httplib): a
+/// `profile` part and a `sample_type_config` part of dash-named sample types.
+fn dotnet_multipart(profile: &[u8], config: &str) -> (String, Vec<u8>) {
+    let boundary = "--cpp-httplib-multipart-data-kiln0dotnet";
+    let mut body = Vec::new();
+    for (name, data) in [
+        ("profile", profile),
+        ("sample_type_config", config.as_bytes()),
+    ] {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; \
+                 filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(data);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// The .NET profiler's multipart uploads are repaired as Pyroscope repairs them: with
+/// `spyName=dotnetspy` (releases 0.8.5 to 0.8.8), and with no spyName when the sample type config
+/// has `inuse-space` (releases before 0.8.5, which Pyroscope tells by that key); exact totals.
+/// An upload of no spy without that key is not .NET's, and stays refused as Pyroscope refuses it.
+#[test]
+fn dotnet_multipart_uploads_are_repaired_as_pyroscope_repairs_them() -> Result<()> {
+    let kiln = Kiln::start(&[])?;
+    let profile = broken_dotnet();
+    let dotnet_config = r#"{"cpu":{"units":"samples","sampled":true},"alloc-samples":{"units":"objects"},"inuse-space":{"units":"bytes","aggregation":"average"}}"#;
+    let other_config = r#"{"cpu":{"units":"samples","sampled":true}}"#;
+    for (tenant, query, config, want) in [
+        ("dotnet-old", "name=shop.dotnet", dotnet_config, 200),
+        (
+            "dotnet-spy",
+            "name=shop.dotnet&spyName=dotnetspy",
+            other_config,
+            200,
+        ),
+        ("dotnet-none", "name=shop.dotnet", other_config, 400),
+    ] {
+        let (ct, body) = dotnet_multipart(&profile, config);
+        let (status, text) = kiln.ingest(tenant, query, body, &[("Content-Type", ct.as_str())])?;
+        ensure!(status == want, "{tenant}: {status} {text}");
+        if want != 200 {
+            ensure!(text.contains("which the profile does not define"), "{text}");
+            kiln.assert_tenant_empty(tenant)?;
+            continue;
+        }
+        let fg = kiln.flamegraph(tenant, "process_cpu:cpu:nanoseconds::", "{}")?;
+        ensure!(fg.total == 30_000_000, "{tenant}: cpu total {}", fg.total);
+        ensure!(
+            fg.names.iter().any(|n| n == "KilnShop!Checkout.Pay"),
+            "{tenant}: {:?}",
+            fg.names
+        );
+        let alloc = kiln.flamegraph(tenant, "process_cpu:alloc_samples:count::", "{}")?;
+        ensure!(alloc.total == 2, "{tenant}: alloc total {}", alloc.total);
+    }
+    kiln.assert_tenant_empty("dotnet-other")?;
+    Ok(())
+}
+
 /// Pyroscope's speedscope test documents from the corpus, with the totals Pyroscope's own tests
 /// expect of them (an evented profile in unit `none` at 100 Hz; duplicates merged; two profiles
 /// named by unit).

@@ -172,6 +172,9 @@ async fn ingest(
         .unwrap_or_else(|| "unknown".into());
     // The .NET profiler's pprof names functions it does not define; repaired for it alone.
     let dotnet = spy == pprof::DOTNET_SPY;
+    // Or, as Pyroscope tells them, a multipart upload of no spy whose sample type config has
+    // the .NET profiler's `inuse-space` (its releases before 0.8.5 sent no spyName).
+    let unknown_spy = spy == "unknown";
     let is_multipart = content_type
         .as_deref()
         .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"));
@@ -209,8 +212,11 @@ async fn ingest(
             let (profile, sample_type_config) = read_multipart(&ct, body).await?;
             let held = sample_type_config.as_ref().map_or(0, Bytes::len);
             let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
+            let mut dotnet = dotnet;
             if let Some(config) = sample_type_config {
-                meta.display_names = parse_sample_type_config(&config)?;
+                let (names, keys) = parse_sample_type_config(&config)?;
+                dotnet |= unknown_spy && keys.iter().any(|k| k == DOTNET_CONFIG_KEY);
+                meta.display_names = names;
             }
             blocking(move || {
                 let (mut p, size) = pprof::decode_sized(profile, max_decompressed)?;
@@ -357,16 +363,25 @@ async fn read_multipart(
     Ok((profile, parts.remove("sample_type_config")))
 }
 
-/// `sample_type_config`: `{"<sample type>": {"display-name": "...", ...}}` → display names.
-fn parse_sample_type_config(data: &[u8]) -> Result<HashMap<String, String>, ApiError> {
+/// `sample_type_config`: `{"<sample type>": {"display-name": "...", ...}}` → display names, and
+/// every key it has.
+fn parse_sample_type_config(
+    data: &[u8],
+) -> Result<(HashMap<String, String>, Vec<String>), ApiError> {
     let v: HashMap<String, serde_json::Value> = serde_json::from_slice(data)
         .map_err(|e| ApiError::invalid(format!("sample_type_config is not valid JSON: {e}")))?;
-    Ok(v.into_iter()
+    let keys = v.keys().cloned().collect();
+    let names = v
+        .into_iter()
         .filter_map(|(k, cfg)| {
             cfg.get("display-name")
                 .and_then(|d| d.as_str())
                 .filter(|d| !d.is_empty())
                 .map(|d| (k, d.to_owned()))
         })
-        .collect())
+        .collect();
+    Ok((names, keys))
 }
+
+/// The sample type config key by which Pyroscope tells a .NET profiler that sent no spyName.
+const DOTNET_CONFIG_KEY: &str = "inuse-space";

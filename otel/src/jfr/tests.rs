@@ -395,8 +395,8 @@ fn chunk(events: &[Vec<u8>], ticks_per_second: u64) -> Vec<u8> {
 }
 
 /// A recording of a shop: CPU samples in two contexts and one span, a sleeping sample, a
-/// contended monitor (5000 ticks at 1 MHz: 5 ms) and two sampled allocations; the execution
-/// sample's period set to 20 ms.
+/// contended monitor (5000 ticks at 1 MHz: 5 ms, stored as its 5000 ticks) and two sampled
+/// allocations; the execution sample's period set to 20 ms.
 fn shop() -> Vec<u8> {
     let mut events = vec![setting(EXECUTION, None, "20 ms")];
     for _ in 0..3 {
@@ -518,10 +518,13 @@ fn events_become_pyroscope_profile_types() {
             .sum()
     };
     assert_eq!(total("mutex:contentions:count:mutex:count"), 1);
+    // 5 ms at 1 MHz is 5,000 ticks: the delay is the duration in ticks, as Pyroscope stores it
+    // (its jfr-parser never reads ticksPerSecond; the Kafka broker recording of its goldens ticks
+    // at 2.8 GHz, and a conversion to nanoseconds gave 0.357x its delays).
     assert_eq!(
         total("mutex:delay:nanoseconds:mutex:count"),
-        5 * ms,
-        "ticks at 1 MHz"
+        5_000,
+        "ticks at 1 MHz, as recorded"
     );
     assert_eq!(total("memory:alloc_sample_objects:count:space:bytes"), 2);
     assert_eq!(total("memory:alloc_sample_bytes:bytes:space:bytes"), 2048);
