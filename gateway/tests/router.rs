@@ -782,6 +782,25 @@ async fn the_metrics_spec_holds() {
     assert_eq!(send(&router, refused).await.0, StatusCode::BAD_REQUEST);
     let anonymous = post("/ingest?name=x", None, "text/plain", b"main 1\n".to_vec());
     assert_eq!(send(&router, anonymous).await.0, StatusCode::UNAUTHORIZED);
+    // The app's own writes: a setting and an ad-hoc upload.
+    let setting = post(
+        "/settings.v1.SettingsService/Set",
+        Some("spec"),
+        "application/json",
+        br#"{"setting":{"name":"pluginSettings","value":"{}"}}"#.to_vec(),
+    );
+    assert_eq!(send(&router, setting).await.0, StatusCode::OK);
+    let upload = serde_json::json!({
+        "name": "spec.folded",
+        "profile": kiln_otel::base64::encode(b"main;work 3\n"),
+    });
+    let upload = post(
+        "/adhocprofiles.v1.AdHocProfileService/Upload",
+        Some("spec"),
+        "application/json",
+        serde_json::to_vec(&upload).unwrap(),
+    );
+    assert_eq!(send(&router, upload).await.0, StatusCode::OK);
     let push = kiln_proto::push::v1::PushRequest {
         series: vec![kiln_proto::push::v1::RawProfileSeries {
             labels: vec![kiln_proto::types::v1::LabelPair {

@@ -82,6 +82,10 @@ pub struct StorageMetrics {
     pub blocks: Family<LevelLabels, Gauge>,
     /// Bytes of segments waiting in the spool for the object store.
     pub spool_bytes: Gauge,
+    /// Spooled (acknowledged) segments the drain could not decode: kept in a file set aside.
+    pub spool_undecodable_records: Counter,
+    /// Spool files set aside as `*.corrupt` (unreadable, or holding undecodable records).
+    pub spool_files_set_aside: Counter,
 }
 
 /// Every `op` label value.
@@ -127,6 +131,8 @@ impl StorageMetrics {
             compaction_queued_blocks: Gauge::default(),
             blocks: Family::default(),
             spool_bytes: Gauge::default(),
+            spool_undecodable_records: Counter::default(),
+            spool_files_set_aside: Counter::default(),
         }
     }
 }
@@ -174,6 +180,16 @@ impl StorageMetrics {
             "storage_spool_bytes",
             "Bytes of acknowledged segments waiting in the spool for the object store",
             self.spool_bytes.clone(),
+        );
+        r.register(
+            "storage_spool_undecodable_records",
+            "Acknowledged segments in the spool the drain could not decode (their file is set aside)",
+            self.spool_undecodable_records.clone(),
+        );
+        r.register(
+            "storage_spool_files_set_aside",
+            "Spool files set aside as *.corrupt: unreadable, or holding undecodable segments",
+            self.spool_files_set_aside.clone(),
         );
         r.register(
             "storage_flush_rows",

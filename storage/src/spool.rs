@@ -22,7 +22,11 @@
 //! twice); redoing the one record it was at puts the same object at the same path and finds its
 //! datasets registered. A file too short for its header (a crash while creating it) holds
 //! nothing acknowledged and is removed; a file that does not read back is set aside as
-//! `*.corrupt`, logged, and the drain goes on with the next.
+//! `*.corrupt`, logged, and the drain goes on with the next. A record whose segment does not
+//! decode (acknowledged data the drain cannot place) is counted
+//! (`kiln_storage_spool_undecodable_records_total`) and logged; the file's other records are
+//! drained, and the file is then set aside as `*.corrupt` rather than deleted, so the record's
+//! bytes stay for an operator.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -216,10 +220,11 @@ impl Spool {
             let file = match file {
                 Ok(f) => f,
                 Err(e) => {
-                    self.set_aside(&path, size, &e)?;
+                    self.set_aside(&path, size, &e, store)?;
                     continue;
                 }
             };
+            let mut undecodable = 0;
             for (i, object) in file
                 .records
                 .into_iter()
@@ -229,7 +234,9 @@ impl Spool {
                 let metas = match decode_object(&object, &path) {
                     Ok(m) => m,
                     Err(e) => {
-                        tracing::error!(path = %path.display(), record = i, error = %e, "a spooled segment is skipped");
+                        tracing::error!(path = %path.display(), record = i, error = %e, "a spooled segment does not decode: its file will be set aside");
+                        store.metrics().spool_undecodable_records.inc();
+                        undecodable += 1;
                         Vec::new()
                     }
                 };
@@ -248,6 +255,14 @@ impl Spool {
                     .await
                     .map_err(|e| Error::Task(e.to_string()))??;
             }
+            if undecodable > 0 {
+                let e = Error::Spool {
+                    path: path.display().to_string(),
+                    reason: format!("{undecodable} segment(s) do not decode"),
+                };
+                self.set_aside(&path, size, &e, store)?;
+                continue;
+            }
             std::fs::remove_file(&path).map_err(io(&path))?;
             sync_dir(&self.config.dir)?;
             let mut state = self.state.lock().expect("spool lock");
@@ -259,11 +274,12 @@ impl Spool {
     /// A file that does not read back: removed when it is too short to hold a record (a crash
     /// while it was created, before anything was acknowledged into it), else renamed
     /// `*.corrupt` and logged; either way the drain goes on.
-    fn set_aside(&self, path: &Path, size: u64, e: &Error) -> Result<()> {
+    fn set_aside(&self, path: &Path, size: u64, e: &Error, store: &ObjectStorage) -> Result<()> {
         if size < HEADER_BYTES {
             std::fs::remove_file(path).map_err(io(path))?;
         } else {
-            tracing::error!(path = %path.display(), error = %e, "a spool file does not read back: set aside as .corrupt");
+            tracing::error!(path = %path.display(), error = %e, "a spool file set aside as .corrupt");
+            store.metrics().spool_files_set_aside.inc();
             let aside = path.with_extension("corrupt");
             std::fs::rename(path, &aside).map_err(io(path))?;
         }
@@ -493,6 +509,40 @@ mod tests {
             torn_path.with_extension("corrupt").exists(),
             "set aside, not lost"
         );
+    }
+
+    #[tokio::test]
+    async fn an_undecodable_record_is_counted_and_its_file_kept_aside() {
+        use crate::metastore::embedded::Embedded;
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStorage::local(&dir.path().join("objects")).unwrap();
+        let metastore = Embedded::open(&dir.path().join("m.redb")).unwrap();
+        let spool_dir = dir.path().join("spool");
+        let s = spool(&spool_dir, 1 << 20);
+        let (good, good_path) = segment("t", "a");
+        s.append(good).await.unwrap();
+        // Acknowledged bytes that are not a segment (a bug, or a disk that lied).
+        s.append(Bytes::from_static(b"not a segment object"))
+            .await
+            .unwrap();
+        let (later, later_path) = segment("t", "b");
+        s.append(later).await.unwrap();
+        let file = spool_files(&spool_dir).unwrap().remove(0);
+        assert_eq!(s.drain(&store, &metastore).await.unwrap(), 2);
+        for path in [&good_path, &later_path] {
+            assert!(store.get(path).await.is_ok(), "{path}: the others drained");
+        }
+        assert_eq!(store.metrics().spool_undecodable_records.get(), 1);
+        assert_eq!(store.metrics().spool_files_set_aside.get(), 1);
+        // The file is kept aside with the record in it, not deleted; the spool is empty.
+        let aside = file.with_extension("corrupt");
+        let kept = read_file(&aside).unwrap();
+        assert_eq!(kept.records[1], Bytes::from_static(b"not a segment object"));
+        assert!(spool_files(&spool_dir).unwrap().is_empty());
+        assert!(s.is_empty());
+        // A second drain finds nothing to do.
+        assert_eq!(s.drain(&store, &metastore).await.unwrap(), 0);
+        assert_eq!(store.metrics().spool_undecodable_records.get(), 1);
     }
 
     #[tokio::test]
