@@ -215,6 +215,67 @@ pub fn s3_location() -> (String, Vec<(String, String)>) {
     (format!("s3://{bucket}/{prefix}"), options)
 }
 
+/// The test command's object store servers, each as a URL under a fresh prefix plus the
+/// configuration that reaches it: moto's S3 ([`s3_location`]), s3rver's S3
+/// (`KILN_TEST_S3RVER_ENDPOINT`, bucket `kiln-test`, its fixed `S3RVER` credentials) and
+/// Azurite's blob service (`KILN_TEST_AZURITE_ENDPOINT`, container `kiln-test`, the emulator's
+/// well-known account), the latter two through the endpoint options a user of another
+/// S3-compatible server or an Azure-compatible endpoint sets.
+pub fn store_locations() -> Vec<(&'static str, (String, Vec<(String, String)>))> {
+    let need = |var: &str| {
+        std::env::var(var).unwrap_or_else(|_| {
+            panic!(
+                "{var} is not set: run the tests with scripts/test.sh, or start the test \
+                 services with `eval \"$(bash scripts/test-services.sh)\"`"
+            )
+        })
+    };
+    let prefix = || ulid::Ulid::generate().to_string().to_lowercase();
+    let pairs = |kv: &[(&str, &str)]| -> Vec<(String, String)> {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    let s3rver = need("KILN_TEST_S3RVER_ENDPOINT");
+    let azurite = need("KILN_TEST_AZURITE_ENDPOINT");
+    vec![
+        ("moto", s3_location()),
+        (
+            "s3rver",
+            (
+                format!("s3://kiln-test/{}", prefix()),
+                pairs(&[
+                    ("aws_endpoint_url", &s3rver),
+                    ("aws_allow_http", "true"),
+                    ("aws_access_key_id", "S3RVER"),
+                    ("aws_secret_access_key", "S3RVER"),
+                    ("aws_region", "us-east-1"),
+                ]),
+            ),
+        ),
+        (
+            "azurite",
+            (
+                format!("az://kiln-test/{}", prefix()),
+                pairs(&[
+                    (
+                        "azure_storage_endpoint",
+                        &format!("{azurite}/{AZURITE_ACCOUNT}"),
+                    ),
+                    ("azure_allow_http", "true"),
+                    ("azure_storage_account_name", AZURITE_ACCOUNT),
+                    ("azure_storage_account_key", AZURITE_KEY),
+                ]),
+            ),
+        ),
+    ]
+}
+
+/// Azurite's well-known development account and key (Microsoft documents them).
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
 /// A storage on a PostgreSQL metastore and an S3 object store (scratch files under
 /// `config.data_dir`), as one process of a scale-out deployment sees them.
 pub async fn shared_storage(

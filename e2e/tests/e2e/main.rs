@@ -16,6 +16,7 @@ mod jfr;
 mod legacy;
 mod limits;
 mod memory;
+mod object_stores;
 mod otlp;
 mod parca;
 mod restart;
