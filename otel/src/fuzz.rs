@@ -65,7 +65,11 @@ pub fn pprof(data: &[u8]) {
 
 /// OTLP profiles, binary protobuf (HTTP and gRPC).
 pub fn otlp_protobuf(data: &[u8]) {
-    let Ok(req) = kiln_proto::wire::decode(data) else {
+    // As the gateway reads it: an older layout rewritten first.
+    let Ok((_, data)) = otlp::layout::to_current(data) else {
+        return;
+    };
+    let Ok(req) = kiln_proto::wire::decode(&data[..]) else {
         return;
     };
     let _ = otlp::convert(&req, NOW_NANOS, &NormalizeLimits::default());

@@ -42,8 +42,9 @@ use crate::{Error, Result};
 pub const PER_SAMPLE_ATTRIBUTES: [&str; 3] = ["thread.id", "thread.name", "cpu.logical_number"];
 
 /// Hint added to index errors: a proto 1.9 sender's samples decode with shifted fields.
-const V19_HINT: &str = "this is what an OTLP profiles payload of proto 1.9 (Collector < 0.148) looks \
-     like when read as proto 1.10: Sample fields were renumbered in 1.10; upgrade the sender";
+const V19_HINT: &str = "this is what an OTLP profiles payload of proto 1.9 (Collector < 0.148) \
+     looks like when read as proto 1.10 (Sample fields were renumbered in 1.10), where its wire \
+     types did not tell its layout; upgrade the sender";
 
 /// Default profile duration when a profile names none (Pyroscope's).
 const DEFAULT_DURATION_NANOS: i64 = 10_000_000_000;
@@ -698,6 +699,8 @@ fn series_labels(
     }
     labels
 }
+
+pub mod layout;
 
 #[cfg(test)]
 mod tests;

@@ -90,6 +90,15 @@ fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
         .filter(|x| !x.is_null())
 }
 
+/// `key`, or `older` (a field's name in an earlier proto) when only that is present.
+fn one_of<'k>(v: &Value, key: &'k str, older: &'k str) -> &'k str {
+    if field(v, key).is_none() && field(v, older).is_some() {
+        older
+    } else {
+        key
+    }
+}
+
 fn list<T>(
     v: &Value,
     key: &str,
@@ -299,7 +308,8 @@ fn profile(v: &Value, at: &Path) -> Result<p::Profile> {
     };
     Ok(p::Profile {
         sample_type: opt(v, "sampleType", at, value_type)?,
-        samples: list(v, "samples", at, sample)?,
+        // proto 1.8 named them `sample` (and a location's `line`).
+        samples: list(v, one_of(v, "samples", "sample"), at, sample)?,
         time_unix_nano: num(v, "timeUnixNano", at)?,
         duration_nano: num(v, "durationNano", at)?,
         period_type: opt(v, "periodType", at, value_type)?,
@@ -337,7 +347,7 @@ fn dictionary(v: &Value, at: &Path) -> Result<p::ProfilesDictionary> {
             Ok(p::Location {
                 mapping_index: num(x, "mappingIndex", at)?,
                 address: num(x, "address", at)?,
-                lines: list(x, "lines", at, |l, at| {
+                lines: list(x, one_of(x, "lines", "line"), at, |l, at| {
                     Ok(p::Line {
                         function_index: num(l, "functionIndex", at)?,
                         line: num(l, "line", at)?,

@@ -180,6 +180,76 @@ fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Option<(u64, usize)> {
     None
 }
 
+/// A field's wire type, as [`fields`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireKind {
+    Varint,
+    Fixed64,
+    Len,
+    StartGroup,
+    EndGroup,
+    Fixed32,
+}
+
+/// One field of a message, as [`fields`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireField {
+    /// Its field number.
+    pub number: u32,
+    pub kind: WireKind,
+    /// Where its tag starts, and its tag's length in bytes.
+    pub tag_at: usize,
+    pub tag_len: usize,
+    /// Its value's bytes (a length-delimited field's content; a varint's or fixed value's
+    /// encoding; empty for group markers).
+    pub value: std::ops::Range<usize>,
+}
+
+/// The fields of one message, in order, without a schema and without descending into them;
+/// stops at the first invalid field (decoding is what reports it). Positions are `buf`'s.
+pub fn fields(buf: &[u8]) -> impl Iterator<Item = WireField> + '_ {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let end = buf.len();
+        if pos >= end {
+            return None;
+        }
+        let tag_at = pos;
+        let (tag, after_tag) = read_varint(buf, pos, end)?;
+        let number = u32::try_from(tag >> 3).ok().filter(|&n| n != 0)?;
+        let (kind, value) = match tag & 7 {
+            0 => {
+                let (_, next) = read_varint(buf, after_tag, end)?;
+                (WireKind::Varint, after_tag..next)
+            }
+            1 => (
+                WireKind::Fixed64,
+                after_tag..after_tag.checked_add(8).filter(|&e| e <= end)?,
+            ),
+            5 => (
+                WireKind::Fixed32,
+                after_tag..after_tag.checked_add(4).filter(|&e| e <= end)?,
+            ),
+            2 => {
+                let (len, start) = read_varint(buf, after_tag, end)?;
+                let len = usize::try_from(len).ok().filter(|&l| l <= end - start)?;
+                (WireKind::Len, start..start + len)
+            }
+            3 => (WireKind::StartGroup, after_tag..after_tag),
+            4 => (WireKind::EndGroup, after_tag..after_tag),
+            _ => return None,
+        };
+        pos = value.end;
+        Some(WireField {
+            number,
+            kind,
+            tag_at,
+            tag_len: after_tag - tag_at,
+            value,
+        })
+    })
+}
+
 /// The gRPC codec of Kiln's generated services: prost, after [`check_depth`]. A message that
 /// does not decode is the client's error (`INVALID_ARGUMENT`), not Kiln's.
 #[derive(Debug, Clone)]

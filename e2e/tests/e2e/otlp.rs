@@ -180,6 +180,133 @@ fn all_flamegraphs(kiln: &Kiln, tenant: &str) -> Result<BTreeMap<(String, String
     Ok(out)
 }
 
+/// The corpus payload (proto 1.10) written back in an older layout, tag bytes rewritten in
+/// place as the Collector's pdata of that version writes the fields: `Sample` values 2,
+/// attribute_indices 3, link_index 4 (1.8 and 1.9); for 1.8 also `Profile` profile_id 8,
+/// dropped_attributes_count 9, original_payload_format 10, original_payload 11,
+/// attribute_indices 12.
+fn in_older_layout(body: &[u8], v1_8: bool) -> Vec<u8> {
+    use kiln_proto::wire::{WireKind, fields};
+    let mut out = body.to_vec();
+    let within = |range: std::ops::Range<usize>, number: u32| {
+        let base = range.start;
+        fields(&body[range])
+            .filter(move |f| f.number == number && f.kind == WireKind::Len)
+            .map(move |f| (base + f.tag_at, base + f.value.start..base + f.value.end))
+            .collect::<Vec<_>>()
+    };
+    let retag = |out: &mut Vec<u8>, at: usize, from: u32, to: &dyn Fn(u32) -> Option<u32>| {
+        if let Some(n) = to(from) {
+            out[at] = ((n << 3) as u8) | (out[at] & 7);
+        }
+    };
+    for (_, resource) in within(0..body.len(), 1) {
+        for (_, scope) in within(resource, 2) {
+            for (_, profile) in within(scope, 2) {
+                let base = profile.start;
+                for f in fields(&body[profile.clone()]) {
+                    let at = base + f.tag_at;
+                    if f.number == 2 && f.kind == WireKind::Len {
+                        let sample = base + f.value.start..base + f.value.end;
+                        for g in fields(&body[sample.clone()]) {
+                            let to = |n| match n {
+                                2 => Some(3),
+                                3 => Some(4),
+                                4 => Some(2),
+                                _ => None,
+                            };
+                            retag(&mut out, sample.start + g.tag_at, g.number, &to);
+                        }
+                    } else if v1_8 {
+                        retag(&mut out, at, f.number, &|n| {
+                            (7..=11).contains(&n).then_some(n + 1)
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Collectors v0.136–v0.147 send the OTLP profiles layouts before proto 1.10 (1.8, then 1.9):
+/// the corpus payload in each is read exactly as the 1.10 original (over HTTP and gRPC), and the
+/// 1.8 JSON names (`sample`, `line`) as 1.10's; another tenant sees nothing. (Decoded as 1.10, a
+/// 1.9 body's values became attribute indices.)
+#[test]
+#[cfg_attr(not(kiln_corpus), ignore = "../shared/corpus is absent")]
+fn older_otlp_layouts_are_read_as_they_were_meant() -> Result<()> {
+    let dir = corpus_dir().context("../shared/corpus is absent")?;
+    let bin = std::fs::read(dir.join("otlp/otel-ebpf-profile.pb.bin"))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("otlp/otel-ebpf-profile.pb.json"))?)?;
+    let v19 = in_older_layout(&bin, false);
+    let v18 = in_older_layout(&bin, true);
+    // (The corpus profiles carry none of Profile fields 7–12, so their 1.8 bytes equal their 1.9
+    // bytes; the unit tests of `kiln_otel::otlp::layout` cover a 1.8 profile that has them.)
+    ensure!(v19 != bin && v18.len() == bin.len());
+    let kiln = Kiln::start(&[])?;
+    let (status, _, body) = post_otlp(&kiln, "layout-110", "application/x-protobuf", bin)?;
+    ensure!(status == 200, "{status} {}", String::from_utf8_lossy(&body));
+    let want = all_flamegraphs(&kiln, "layout-110")?;
+    ensure!(want.len() >= 2, "{:?}", want.keys());
+    for (tenant, body) in [("layout-19", &v19), ("layout-18", &v18)] {
+        let (status, _, answer) = post_otlp(&kiln, tenant, "application/x-protobuf", body.clone())?;
+        ensure!(
+            status == 200,
+            "{tenant}: {status} {}",
+            String::from_utf8_lossy(&answer)
+        );
+        ensure!(
+            all_flamegraphs(&kiln, tenant)? == want,
+            "{tenant} over HTTP differs"
+        );
+        let grpc = format!("{tenant}-grpc");
+        let status = raw_grpc(&kiln, Some(&grpc), body.clone())?;
+        ensure!(status.code() == tonic::Code::Ok, "{grpc}: {status:?}");
+        ensure!(all_flamegraphs(&kiln, &grpc)? == want, "{grpc} differs");
+    }
+    // 1.8 JSON: `sample` and `line`.
+    let renamed = serde_json::to_vec(&rename_keys(
+        json,
+        &[("samples", "sample"), ("lines", "line")],
+    ))?;
+    let (status, _, answer) = post_otlp(&kiln, "layout-18-json", "application/json", renamed)?;
+    ensure!(
+        status == 200,
+        "{status} {}",
+        String::from_utf8_lossy(&answer)
+    );
+    ensure!(
+        all_flamegraphs(&kiln, "layout-18-json")? == want,
+        "1.8 JSON differs"
+    );
+    kiln.assert_tenant_empty("layout-none")?;
+    Ok(())
+}
+
+/// `v` with object keys renamed everywhere.
+fn rename_keys(v: serde_json::Value, renames: &[(&str, &str)]) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let k = renames
+                        .iter()
+                        .find(|(from, _)| *from == k)
+                        .map_or(k.clone(), |(_, to)| (*to).to_owned());
+                    (k, rename_keys(v, renames))
+                })
+                .collect(),
+        ),
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(|x| rename_keys(x, renames)).collect())
+        }
+        other => other,
+    }
+}
+
 /// The corpus' eBPF profiler payload: its JSON twin parses to the same message.
 #[test]
 #[cfg_attr(not(kiln_corpus), ignore = "../shared/corpus is absent")]
@@ -471,7 +598,15 @@ fn v19_request() -> Vec<u8> {
     bytes::encode(2, &profile, &mut scope);
     let mut resource = Vec::new();
     bytes::encode(2, &scope, &mut resource);
-    let dict = opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
+    let mut req = Vec::new();
+    bytes::encode(1, &resource, &mut req);
+    bytes::encode(2, &v19_dictionary().encode_to_vec(), &mut req);
+    req
+}
+
+/// The dictionary of [`v19_request`] (the same in 1.9 and 1.10).
+fn v19_dictionary() -> opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
+    opentelemetry_proto::tonic::profiles::v1development::ProfilesDictionary {
         string_table: vec![
             "".into(),
             "samples".into(),
@@ -505,25 +640,64 @@ fn v19_request() -> Vec<u8> {
         ],
         attribute_table: vec![Default::default(), Default::default()],
         ..Default::default()
-    };
-    let mut req = Vec::new();
-    bytes::encode(1, &resource, &mut req);
-    bytes::encode(2, &dict.encode_to_vec(), &mut req);
-    req
+    }
 }
 
+/// A hand-encoded 1.9 body (what Collectors v0.140–v0.147 send) is read as it was meant: the
+/// same flame graphs as its 1.10 twin, over HTTP and gRPC. (Read as 1.10, its values were
+/// attribute indices, and it was refused.)
 #[test]
-fn proto_1_9_payload_is_refused_naming_the_version() -> Result<()> {
+fn proto_1_9_payload_is_read_as_it_was_meant() -> Result<()> {
+    use opentelemetry_proto::tonic::profiles::v1development as otlp;
     let kiln = Kiln::start(&[])?;
     let body = v19_request();
+    // Its 1.10 twin, built from 1.10's messages.
+    let twin = ExportProfilesServiceRequest {
+        resource_profiles: vec![otlp::ResourceProfiles {
+            scope_profiles: vec![otlp::ScopeProfiles {
+                profiles: vec![otlp::Profile {
+                    sample_type: Some(otlp::ValueType {
+                        type_strindex: 1,
+                        unit_strindex: 2,
+                    }),
+                    samples: vec![otlp::Sample {
+                        stack_index: 1,
+                        values: vec![100, 200],
+                        attribute_indices: vec![1],
+                        link_index: 0,
+                        timestamps_unix_nano: vec![],
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        dictionary: Some(v19_dictionary()),
+    };
+    let (status, _, text) = post_otlp(
+        &kiln,
+        "v110",
+        "application/x-protobuf",
+        twin.encode_to_vec(),
+    )?;
+    ensure!(status == 200, "{status} {}", String::from_utf8_lossy(&text));
+    let want = all_flamegraphs(&kiln, "v110")?;
+    let total: i64 = want.values().map(|f| f.total).sum();
+    ensure!(total == 300, "the 1.10 twin's total {total}");
     let (status, _, text) = post_otlp(&kiln, "v19", "application/x-protobuf", body.clone())?;
-    let text = String::from_utf8_lossy(&text).to_string();
-    ensure!(status == 400, "{status} {text}");
-    ensure!(text.contains("1.9"), "{text}");
-    let status = raw_grpc(&kiln, Some("v19"), body)?;
-    ensure!(status.code() == tonic::Code::InvalidArgument, "{status:?}");
-    ensure!(status.message().contains("1.9"), "{status:?}");
-    kiln.assert_tenant_empty("v19")?;
+    ensure!(status == 200, "{status} {}", String::from_utf8_lossy(&text));
+    ensure!(
+        all_flamegraphs(&kiln, "v19")? == want,
+        "1.9 over HTTP differs"
+    );
+    let status = raw_grpc(&kiln, Some("v19-grpc"), body)?;
+    ensure!(status.code() == tonic::Code::Ok, "{status:?}");
+    ensure!(
+        all_flamegraphs(&kiln, "v19-grpc")? == want,
+        "1.9 over gRPC differs"
+    );
+    kiln.assert_tenant_empty("v19-other")?;
     Ok(())
 }
 

@@ -38,8 +38,9 @@ pub const EXPORT_PATH: &str =
     "/opentelemetry.proto.collector.profiles.v1development.ProfilesService/Export";
 
 /// Hint for a protobuf that does not decode as proto 1.10.
-const V19_HINT: &str = "if the sender speaks OTLP profiles proto 1.9 (Collector < 0.148), upgrade \
-     it: Sample fields were renumbered in 1.10";
+const V19_HINT: &str = "Kiln reads proto 1.8 and 1.9 bodies it can tell from 1.10 by their wire \
+     types, and this one it could not: if the sender speaks proto 1.9 (Collector < 0.148), upgrade \
+     it (Sample fields were renumbered in 1.10)";
 
 /// The header (gRPC: metadata key) naming the OTLP Profiles development version of a payload.
 pub const VERSION_HEADER: &str = "otlp-profiles-development-version";
@@ -65,10 +66,19 @@ pub fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-/// Decodes a binary export request (its nesting checked first: [`kiln_proto::wire`]), naming
-/// the proto version when that is the likely cause of a failure.
+/// Decodes a binary export request (its nesting checked first: [`kiln_proto::wire`]), read in
+/// the layout it was written in (proto 1.8 and 1.9 bodies are recognised and rewritten to 1.10:
+/// [`kiln_otel::otlp::layout`]), naming the proto version when that is the likely cause of a
+/// failure.
 pub fn decode_request(body: &[u8]) -> Result<ExportProfilesServiceRequest, ApiError> {
-    kiln_proto::wire::decode(body).map_err(|e| {
+    let (layout, body) = kiln_otel::otlp::layout::to_current(body)?;
+    if layout != kiln_otel::otlp::layout::Layout::V1_10 {
+        tracing::debug!(
+            layout = layout.name(),
+            "an OTLP profiles body of an older layout, read as it was written"
+        );
+    }
+    kiln_proto::wire::decode(&body[..]).map_err(|e| {
         let msg = e.to_string();
         if msg.contains("Sample.") {
             ApiError::invalid(format!("invalid OTLP profiles protobuf: {msg}; {V19_HINT}"))
