@@ -1125,6 +1125,150 @@ fn json_i64(v: &serde_json::Value) -> i64 {
         .unwrap_or(0)
 }
 
+/// `stack_trace_selector.frame_filter` as newer datasource and Drilldown builds send it (JSON
+/// and binary protobuf, field 3): whole stacks kept by their functions' names, with a call site
+/// too, in flame graphs and pprof; an invalid regex is a 400 before anything is read (series
+/// too); another tenant sees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frame_filters_as_newer_clients_send_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    let ingest = Request::post("/ingest?name=shop.cpu&from=1700000000")
+        .header("x-scope-orgid", "team-a")
+        .body(Body::from(
+            "main;checkout;pay 3\nmain;checkout;render 2\nmain;browse 1\nmain 4\ngc 5\n",
+        ))
+        .unwrap();
+    assert_eq!(send(&router, ingest).await.0, StatusCode::OK);
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    let ms = 10_000_000; // 100 Hz
+    let request = |filter: serde_json::Value, call_site: &[&str]| {
+        let sites: Vec<serde_json::Value> = call_site
+            .iter()
+            .map(|n| serde_json::json!({ "name": n }))
+            .collect();
+        serde_json::json!({
+            "profile_typeID": cpu,
+            "labelSelector": "{}",
+            "start": "1699999000000",
+            "end": 1_700_001_000_000i64,
+            "stackTraceSelector": { "callSite": sites, "frameFilter": filter },
+        })
+    };
+    let flame_total = |tenant: &'static str,
+                       filter: serde_json::Value,
+                       call_site: &'static [&'static str]| {
+        let router = router.clone();
+        let body = request(filter, call_site);
+        async move {
+            json_i64(
+                &connect_json(&router, tenant, "SelectMergeStacktraces", body).await["flamegraph"]
+                    ["total"],
+            )
+        }
+    };
+    use serde_json::json;
+    for (filter, want) in [
+        (json!({ "includeFunctionNames": ["checkout"] }), 5),
+        (json!({ "excludeFunctionNames": ["render"] }), 13),
+        (json!({ "includeFunctionNameRegexes": ["^p"] }), 3),
+        (
+            json!({ "includeFunctionNames": ["main"], "excludeFunctionNameRegexes": ["brow"] }),
+            9,
+        ),
+        (json!({ "includeFunctionNames": ["checkout", "pay"] }), 3),
+        (json!({ "include_function_names": ["missing"] }), 0),
+        (json!({}), 15),
+    ] {
+        assert_eq!(
+            flame_total("team-a", filter.clone(), &[]).await,
+            want * ms,
+            "{filter}"
+        );
+    }
+    // With a call site: both apply.
+    assert_eq!(
+        flame_total(
+            "team-a",
+            json!({ "excludeFunctionNames": ["render"] }),
+            &["main", "checkout"]
+        )
+        .await,
+        3 * ms
+    );
+    assert_eq!(
+        flame_total(
+            "team-b",
+            json!({ "includeFunctionNames": ["checkout"] }),
+            &[]
+        )
+        .await,
+        0
+    );
+
+    // pprof (the function details panel, and pprof export), as the Go datasource sends it:
+    // binary protobuf, the filter at field 3 of the selector.
+    let req = q::SelectMergeProfileRequest {
+        profile_type_id: cpu.into(),
+        label_selector: "{}".into(),
+        start: 1_699_999_000_000,
+        end: 1_700_001_000_000,
+        stack_trace_selector: Some(kiln_proto::types::v1::StackTraceSelector {
+            frame_filter: Some(kiln_proto::types::v1::StackFrameFilter {
+                include_function_names: vec!["checkout".into()],
+                exclude_function_name_regexes: vec!["^ren".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let selector = req.stack_trace_selector.as_ref().unwrap().encode_to_vec();
+    assert_eq!(
+        selector[0], 0x1a,
+        "the filter is field 3 (length-delimited) of the selector"
+    );
+    let body = req.encode_to_vec();
+    let (status, out) = send(
+        &router,
+        Request::post("/querier.v1.QuerierService/SelectMergeProfile")
+            .header("content-type", "application/proto")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from(body))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let profile = kiln_proto::google::v1::Profile::decode(out.as_slice()).unwrap();
+    let total: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+    assert_eq!(total, 3 * ms, "pay's stack only");
+
+    // An invalid regex: refused, naming it, on every method that takes a selector.
+    for method in [
+        "SelectMergeStacktraces",
+        "SelectMergeProfile",
+        "SelectSeries",
+    ] {
+        let mut body = request(json!({ "includeFunctionNameRegexes": ["("] }), &[]);
+        body["step"] = json!(15.0);
+        let (status, out) = connect_call(
+            &router,
+            "team-a",
+            &format!("/querier.v1.QuerierService/{method}"),
+            body,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method}: {out}");
+        assert!(
+            out["message"]
+                .as_str()
+                .unwrap()
+                .contains("invalid include function name regex"),
+            "{method}: {out}"
+        );
+    }
+}
+
 /// The app's JSON (proto and lowerCamel names mixed, int64 as strings and numbers, enum names,
 /// unknown fields) and its call-site selectors: a progressive flame graph's refinements add up
 /// to the whole, and the function-details panel's pprof is the call site's stacks only.

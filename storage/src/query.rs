@@ -22,6 +22,7 @@
 //! graphs), [`pprof`], [`functions`] (function projections).
 
 mod cache;
+pub mod frame_filter;
 pub mod functions;
 mod plan;
 pub mod pprof;

@@ -735,7 +735,7 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
     );
 
     // Function details: the service's repository, ref and root path reach every mapping's
-    // build id as Pyroscope's JSON; a newer client's `frameFilter` is ignored.
+    // build id as Pyroscope's JSON; a newer client's `frameFilter` is applied.
     let w = hs256_token(&keys, "graf-a", &["write"])?;
     kiln.set_auth(bearer(&w));
     let (s, b) = kiln.ingest(
@@ -783,12 +783,13 @@ fn builtin_pyroscope_datasource_calls() -> Result<()> {
     ensure!(json_int(&exemplar["value"]) == 30_000_000, "{h}");
     let h = json_as("graf-b", &b_token, "SelectHeatmap", span_heatmap)?;
     ensure!(h["series"].as_array().is_none_or(|s| s.is_empty()), "{h}");
-    // Function details: a newer client's `frameFilter` is ignored.
+    // Function details, with a frame filter as a newer client sends it (the call site's stacks
+    // all have a `graf_` function: nothing more is dropped).
     let details = serde_json::json!({
         "profile_typeID": CPU, "label_selector": "{service_name=\"src-svc\"}",
         "start": FROM_MS, "end": TO_MS, "maxNodes": 500,
         "stackTraceSelector": {"call_site": [{"name": "main"}, {"name": "graf_checkout"}],
-                               "frameFilter": {"include": ["graf_.*"]}},
+                               "frameFilter": {"includeFunctionNameRegexes": ["^graf_"]}},
     });
     let pprof = json_as("graf-a", &token, "SelectMergeProfile", details.clone())?;
     let strings = pprof["stringTable"].as_array().context("stringTable")?;

@@ -2,9 +2,12 @@
 //! gRPC one (`grpc`); the function projections in `projections`, heatmap slots in
 //! `heatmap`. Times on the wire are Unix milliseconds; `step` is seconds.
 
+use std::sync::Arc;
+
 use kiln_proto::google::v1::Profile;
 use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
+use kiln_storage::query::frame_filter::FrameFilter;
 use kiln_storage::query::{Aggregation, Exemplars, FlameTree, SampleFilter};
 use kiln_storage::selector::{Selector, parse_selector};
 
@@ -155,6 +158,8 @@ struct MergeRequest<'a> {
     profile_id_selector: &'a [String],
     /// Only the stacks starting with these functions, root first (empty: all).
     call_site: Vec<String>,
+    /// Only the stacks this filter keeps (`stack_trace_selector.frame_filter`).
+    frame_filter: Option<Arc<FrameFilter>>,
 }
 
 impl<'a> MergeRequest<'a> {
@@ -169,6 +174,7 @@ impl<'a> MergeRequest<'a> {
             trace_id_selector: &[],
             profile_id_selector: &[],
             call_site: Vec::new(),
+            frame_filter: None,
         }
     }
 }
@@ -176,8 +182,8 @@ impl<'a> MergeRequest<'a> {
 impl<'a> MergeRequest<'a> {
     /// Every selector of a `SelectMergeStacktraces` request (a flame graph, a projection, one
     /// side of a diff).
-    fn of_stacktraces(r: &'a q::SelectMergeStacktracesRequest) -> Self {
-        Self {
+    fn of_stacktraces(r: &'a q::SelectMergeStacktracesRequest) -> Result<Self, ApiError> {
+        Ok(Self {
             profile_type: &r.profile_type_id,
             label_selector: &r.label_selector,
             start: r.start,
@@ -186,7 +192,8 @@ impl<'a> MergeRequest<'a> {
             trace_id_selector: &r.trace_id_selector,
             profile_id_selector: &r.profile_id_selector,
             call_site: call_site(r.stack_trace_selector.as_ref()),
-        }
+            frame_filter: frame_filter(r.stack_trace_selector.as_ref())?,
+        })
     }
 }
 
@@ -203,6 +210,24 @@ fn check_stepped(method: &str, start: i64, end: i64, step: f64) -> Result<(), Ap
         ));
     }
     Ok(())
+}
+
+/// The compiled `frame_filter` of a `stack_trace_selector` (`None`: no terms). An invalid regex
+/// is refused before anything is read, as Pyroscope refuses it.
+fn frame_filter(
+    selector: Option<&t::StackTraceSelector>,
+) -> Result<Option<Arc<FrameFilter>>, ApiError> {
+    let Some(f) = selector.and_then(|s| s.frame_filter.as_ref()) else {
+        return Ok(None);
+    };
+    FrameFilter::new(
+        &f.include_function_names,
+        &f.exclude_function_names,
+        &f.include_function_name_regexes,
+        &f.exclude_function_name_regexes,
+    )
+    .map(|f| f.map(Arc::new))
+    .map_err(ApiError::invalid)
 }
 
 /// The function names of a `stack_trace_selector`'s call site, root first.
@@ -383,7 +408,11 @@ impl Querier {
         m: &MergeRequest<'_>,
     ) -> Result<FlameTree, ApiError> {
         let filter = self.filter(tenant, m)?;
-        Ok(self.app.storage.query().merge_tree(&filter).await?)
+        let tree = self.app.storage.query().merge_tree(&filter).await?;
+        Ok(match &m.frame_filter {
+            Some(f) => tree.retain_frames(f),
+            None => tree,
+        })
     }
 
     /// The merged tree of a request's stacks under its call site.
@@ -423,7 +452,7 @@ impl Querier {
         tenant: &TenantId,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
-        let m = MergeRequest::of_stacktraces(&r);
+        let m = MergeRequest::of_stacktraces(&r)?;
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
                 Ok(q::SelectMergeStacktracesResponse {
@@ -444,7 +473,7 @@ impl Querier {
                     .app
                     .storage
                     .query()
-                    .merge_pprof_at(&filter, &m.call_site)
+                    .merge_pprof_selected(&filter, &m.call_site, m.frame_filter.clone())
                     .await?;
                 Ok(q::SelectMergeStacktracesResponse {
                     pprof: Some(q::PprofProfile {
@@ -512,6 +541,7 @@ impl Querier {
             trace_id_selector: &[],
             profile_id_selector: &[],
             call_site: Vec::new(),
+            frame_filter: None,
         };
         if r.format == q::ProfileFormat::Tree as i32 {
             return Ok(q::SelectMergeSpanProfileResponse {
@@ -539,13 +569,14 @@ impl Querier {
             trace_id_selector: &r.trace_id_selector,
             profile_id_selector: &r.profile_id_selector,
             call_site: call_site(r.stack_trace_selector.as_ref()),
+            frame_filter: frame_filter(r.stack_trace_selector.as_ref())?,
         };
         let filter = self.filter(tenant, &m)?;
         let mut profile = self
             .app
             .storage
             .query()
-            .merge_pprof_at(&filter, &m.call_site)
+            .merge_pprof_selected(&filter, &m.call_site, m.frame_filter.clone())
             .await?;
         // As Pyroscope: a positive `max_nodes` cuts the profile to its heaviest call-tree
         // nodes; none (or 0) is the whole profile, as the pprof export wants it.
@@ -564,6 +595,10 @@ impl Querier {
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
         check_stepped("SelectSeries", r.start, r.end, r.step)?;
+        // Series are summed from stored cells and rollups, with no pass over stacks: a
+        // stack_trace_selector (call site or frame filter) does not narrow them. A frame
+        // filter's regexes are checked all the same, as Pyroscope checks them here.
+        frame_filter(r.stack_trace_selector.as_ref())?;
         let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
         let filter = self.filter(tenant, &m)?;
         let aggregation = match r.aggregation {
@@ -689,8 +724,8 @@ impl Querier {
         // Each side is a whole `SelectMergeStacktraces` request: its span, trace and profile id
         // selectors and its call site apply, as they do to a flame graph.
         let (lm, rm) = (
-            MergeRequest::of_stacktraces(&left),
-            MergeRequest::of_stacktraces(&right),
+            MergeRequest::of_stacktraces(&left)?,
+            MergeRequest::of_stacktraces(&right)?,
         );
         let (left_tree, right_tree) = futures::try_join!(
             self.focused_tree(tenant, &lm),

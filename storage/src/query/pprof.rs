@@ -7,6 +7,7 @@ use kiln_proto::google::v1 as pb;
 
 use super::StackValue;
 use crate::block::decode_sample_labels;
+use crate::query::frame_filter::FrameFilter;
 use crate::symbols::SymbolTable;
 
 /// Builds a pprof profile, deduplicating functions, mappings and locations by content.
@@ -19,6 +20,8 @@ pub struct PprofBuilder {
     samples: HashMap<(Vec<u64>, Option<String>), i64>,
     /// Only stacks starting with these functions (root first), when not empty.
     call_site: Vec<String>,
+    /// Only stacks this filter keeps, when set.
+    frame_filter: Option<std::sync::Arc<FrameFilter>>,
 }
 
 impl PprofBuilder {
@@ -32,6 +35,7 @@ impl PprofBuilder {
             locations: HashMap::new(),
             samples: HashMap::new(),
             call_site: Vec::new(),
+            frame_filter: None,
         };
         b.string("");
         let sample_type = pb::ValueType {
@@ -66,6 +70,39 @@ impl PprofBuilder {
         self
     }
 
+    /// Keeps only the stacks `filter` keeps (Pyroscope's `stack_trace_selector.frame_filter`).
+    pub fn with_frame_filter(mut self, filter: Option<std::sync::Arc<FrameFilter>>) -> Self {
+        self.frame_filter = filter;
+        self
+    }
+
+    /// Whether a stack (locations leaf first) passes the frame filter: its functions are every
+    /// line of every location (a location without lines has none); `memo` holds each function's
+    /// terms of this block.
+    fn passes_frame_filter(
+        filter: &FrameFilter,
+        symbols: &SymbolTable,
+        stack: &[u32],
+        memo: &mut [Option<(u64, bool)>],
+    ) -> bool {
+        let s = &symbols.symbols;
+        filter.keeps_terms(
+            stack
+                .iter()
+                .flat_map(|&loc| {
+                    s.locations[loc as usize]
+                        .line_functions
+                        .iter()
+                        .map(|&f| f as usize)
+                })
+                .map(|f| {
+                    *memo[f]
+                        .get_or_insert_with(|| filter.terms(symbols.string(s.functions[f].name)))
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
     /// Whether a stack (locations leaf first, each location's lines innermost first) starts
     /// with the call site.
     fn at_call_site(&self, symbols: &SymbolTable, stack: &[u32]) -> bool {
@@ -84,6 +121,10 @@ impl PprofBuilder {
 
     pub fn add_block(&mut self, symbols: &SymbolTable, values: &[StackValue]) {
         let mut location_ids: Vec<Option<u64>> = vec![None; symbols.symbols.locations.len()];
+        let mut memo: Vec<Option<(u64, bool)>> = match &self.frame_filter {
+            Some(_) => vec![None; symbols.symbols.functions.len()],
+            None => Vec::new(),
+        };
         let mut stack = Vec::new();
         for StackValue {
             stack: stack_id,
@@ -94,6 +135,11 @@ impl PprofBuilder {
             let (stack_id, value) = (*stack_id, *value);
             symbols.stack_locations(stack_id, &mut stack);
             if !self.call_site.is_empty() && !self.at_call_site(symbols, &stack) {
+                continue;
+            }
+            if let Some(f) = &self.frame_filter
+                && !Self::passes_frame_filter(f, symbols, &stack, &mut memo)
+            {
                 continue;
             }
             let ids: Vec<u64> = stack

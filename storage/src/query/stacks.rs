@@ -263,12 +263,23 @@ impl QueryEngine {
         filter: &SampleFilter,
         call_site: &[String],
     ) -> Result<kiln_proto::google::v1::Profile> {
+        self.merge_pprof_selected(filter, call_site, None).await
+    }
+
+    /// [`Self::merge_pprof_at`] of the stacks `frame_filter` keeps, too.
+    pub async fn merge_pprof_selected(
+        &self,
+        filter: &SampleFilter,
+        call_site: &[String],
+        frame_filter: Option<std::sync::Arc<super::frame_filter::FrameFilter>>,
+    ) -> Result<kiln_proto::google::v1::Profile> {
         let profile_type = ProfileType::parse(&filter.profile_type).ok_or_else(|| {
             Error::InvalidQuery(format!("invalid profile type {:?}", filter.profile_type))
         })?;
         retrying(|| async {
-            let mut builder =
-                pprof::PprofBuilder::new(&profile_type).with_call_site(call_site.to_vec());
+            let mut builder = pprof::PprofBuilder::new(&profile_type)
+                .with_call_site(call_site.to_vec())
+                .with_frame_filter(frame_filter.clone());
             self.for_each_block_stacks(filter, true, |symbols, values| {
                 builder.add_block(symbols, values)
             })

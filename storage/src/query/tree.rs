@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use hashbrown::HashMap;
 
 use kiln_proto::flamegraph::{self, FlameGraphError};
+
+use crate::query::frame_filter::FrameFilter;
 use kiln_proto::querier::v1::{FlameGraph, Level};
 
 /// A tree of frames keyed by function name, root first.
@@ -148,6 +150,51 @@ impl FlameTree {
             path.reverse();
             *out.entry(path).or_insert(0) += n.self_value;
         }
+        out
+    }
+
+    /// The stacks `filter` keeps, as a tree of their own: whole stacks, so a node keeps its self
+    /// value when the names on its path from the root pass the filter, and totals are summed
+    /// again from what is kept (Pyroscope's `stack_trace_selector.frame_filter`). Exact because
+    /// a node is one function of a stack, root first: its path is its stack's functions.
+    pub fn retain_frames(&self, filter: &FrameFilter) -> FlameTree {
+        let n = self.nodes.len();
+        let all = filter.all_terms();
+        let mut name_terms: Vec<Option<(u64, bool)>> = vec![None; self.names.len()];
+        let mut state: Vec<(u64, bool)> = vec![(0, false); n];
+        let mut totals = vec![0i64; n];
+        // Parents come before their children in `nodes`: one pass down, one pass up.
+        for i in 1..n {
+            let node = &self.nodes[i];
+            let name = node.name as usize;
+            let (met, excluded) =
+                *name_terms[name].get_or_insert_with(|| filter.terms(&self.names[name]));
+            let parent = state[node.parent as usize];
+            state[i] = (parent.0 | met, parent.1 || excluded);
+            if !state[i].1 && state[i].0 == all {
+                totals[i] = node.self_value;
+            }
+        }
+        let kept_self = totals.clone();
+        for i in (1..n).rev() {
+            let parent = self.nodes[i].parent as usize;
+            totals[parent] = totals[parent].saturating_add(totals[i]);
+        }
+        let mut out = FlameTree::default();
+        let mut map = vec![None; n];
+        map[0] = Some(Self::ROOT);
+        for i in 1..n {
+            let node = &self.nodes[i];
+            let Some(parent) = map[node.parent as usize].filter(|_| totals[i] != 0) else {
+                continue;
+            };
+            let name = out.name_id(&self.names[node.name as usize]);
+            let c = out.child_by_id(parent, name);
+            out.nodes[c as usize].self_value = kept_self[i];
+            out.nodes[c as usize].total = totals[i];
+            map[i] = Some(c);
+        }
+        out.nodes[0].total = totals[0];
         out
     }
 
@@ -681,6 +728,42 @@ mod tests {
                 .len();
             prop_assert!(named <= above, "{} named nodes, {} at or above the threshold", named, above);
         }
+    }
+
+    /// Pyroscope's frame filter cases on a tree, with call_site after it, as the querier
+    /// applies them: whole stacks, totals summed again.
+    #[test]
+    fn frame_filters_keep_whole_stacks() {
+        let t = tree(&[
+            (&["root", "a"], 1),
+            (&["root", "a", "b"], 1),
+            (&["root", "b"], 1),
+            (&["root", "forbidden"], 1),
+            (&["root", "a", "forbidden"], 1),
+        ]);
+        let s = |v: &[&str]| v.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+        let f = |inc: &[&str], exc: &[&str]| {
+            FrameFilter::new(&s(inc), &s(exc), &[], &[])
+                .unwrap()
+                .unwrap()
+        };
+        let kept = t.retain_frames(&f(&["a"], &["forbidden"]));
+        assert_eq!(kept.total(), 2);
+        let stacks: Vec<Vec<String>> = kept.stacks().into_keys().collect();
+        assert_eq!(stacks, [s(&["root", "a"]), s(&["root", "a", "b"])]);
+        // The kept tree's totals are its own: `a` holds 2, `root` 2, nothing else is left.
+        let fg = kept.to_flamegraph(100);
+        assert_eq!(fg.total, 2);
+        assert!(!fg.names.iter().any(|n| n == "forbidden"), "{:?}", fg.names);
+        // With call_site [root, a] after it: only b's stack.
+        assert_eq!(
+            t.retain_frames(&f(&["b"], &[]))
+                .focus(&["root", "a"])
+                .total(),
+            1
+        );
+        assert_eq!(t.retain_frames(&f(&["missing"], &[])).total(), 0);
+        assert_eq!(t.retain_frames(&f(&[], &["forbidden"])).total(), 3);
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl Querier {
         r: &q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
         let projection = self.projection(tenant, r, r.format)?;
-        let m = MergeRequest::of_stacktraces(r);
+        let m = MergeRequest::of_stacktraces(r)?;
         let tree = self.merged_tree(tenant, &m).await?;
         let mut out = q::SelectMergeStacktracesResponse::default();
         match project(tree, &m.call_site, &projection) {
@@ -140,8 +140,8 @@ impl Querier {
             0
         };
         let (lm, rm) = (
-            MergeRequest::of_stacktraces(left),
-            MergeRequest::of_stacktraces(right),
+            MergeRequest::of_stacktraces(left)?,
+            MergeRequest::of_stacktraces(right)?,
         );
         let (left_tree, right_tree) =
             futures::try_join!(self.merged_tree(tenant, &lm), self.merged_tree(tenant, &rm))?;
