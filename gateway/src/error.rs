@@ -119,7 +119,9 @@ impl ApiError {
 impl From<kiln_otel::Error> for ApiError {
     fn from(e: kiln_otel::Error) -> Self {
         match e {
-            kiln_otel::Error::TooLarge { .. } => Self::too_large(e.to_string()),
+            kiln_otel::Error::TooLarge { .. } | kiln_otel::Error::DecodesTooLarge { .. } => {
+                Self::too_large(e.to_string())
+            }
             other => Self::invalid(other.to_string()),
         }
     }

@@ -1,5 +1,5 @@
 //! Errors of the profile formats. Every variant is the client's mistake: the gateway maps them
-//! to 400, except [`Error::TooLarge`], which is 413.
+//! to 400, except [`Error::TooLarge`] and [`Error::DecodesTooLarge`], which are 413.
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -10,6 +10,17 @@ pub enum Error {
     /// The body, once decompressed, is larger than the configured limit.
     #[error("decompressed profile exceeds the limit of {limit} bytes")]
     TooLarge { limit: usize },
+    /// The protobuf would decode to more than a request may hold (its fields as a decoder holds
+    /// them: a body of empty messages decodes to many times its size).
+    #[error(
+        "the profile would decode to about {estimate} bytes, more than the {max} bytes a request \
+         may hold decoded ({factor}× the tenant's max_decompressed_bytes)"
+    )]
+    DecodesTooLarge {
+        estimate: usize,
+        max: usize,
+        factor: usize,
+    },
     /// The gzip stream is corrupt or truncated.
     #[error("invalid gzip data: {0}")]
     Gzip(String),

@@ -216,8 +216,26 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
         }
     };
     let size = raw.len();
-    let profile = kiln_proto::wire::decode(raw).map_err(|e| Error::Protobuf(e.to_string()))?;
+    let max_decoded = decoded_limit(max_bytes);
+    let profile = kiln_proto::wire::decode_within(raw, max_decoded).map_err(|e| match e {
+        kiln_proto::wire::WireError::TooLarge { estimate, max } => Error::DecodesTooLarge {
+            estimate,
+            max,
+            factor: DECODED_FACTOR,
+        },
+        other => Error::Protobuf(other.to_string()),
+    })?;
     Ok((profile, size))
+}
+
+/// How many times a request's `max_decompressed_bytes` its protobuf may hold once decoded
+/// ([`kiln_proto::wire::decoded_estimate`]): real profiles decode to 1–4× their bytes, a body
+/// of empty messages to 18×.
+pub const DECODED_FACTOR: usize = 8;
+
+/// The decoded bytes a request of `max_decompressed_bytes` may hold.
+pub fn decoded_limit(max_decompressed_bytes: usize) -> usize {
+    max_decompressed_bytes.saturating_mul(DECODED_FACTOR)
 }
 
 /// The spy name (`/ingest?spyName=`) of the .NET profiler, whose profiles [`repair_dotnet`] fixes.

@@ -30,6 +30,11 @@ pub enum WireError {
          accepts"
     )]
     TooDeep { max: usize },
+    #[error(
+        "the protobuf would decode to about {estimate} bytes (its fields as a decoder holds \
+         them), more than the {max} bytes allowed"
+    )]
+    TooLarge { estimate: usize, max: usize },
     #[error("{0}")]
     Decode(#[from] prost::DecodeError),
 }
@@ -52,18 +57,53 @@ struct Frame {
 /// message is depth 0). Input that is not valid protobuf passes when its invalid part is not
 /// deep: decoding it is what reports that error.
 pub fn check_depth(buf: &[u8], max: usize) -> Result<(), WireError> {
+    check_shape(buf, max).map(|_| ())
+}
+
+/// Bytes a decoder may allocate per length-delimited field or group, beyond the field's own
+/// bytes: a message's struct or a string's and a vector's slot, and the slack of the vector
+/// holding it (prost grows vectors by doubling).
+pub const FIELD_COST: usize = 32;
+
+/// What decoding `buf` may allocate, estimated without a schema: its bytes, and
+/// [`FIELD_COST`] per length-delimited field or group at any depth the walk of [`check_depth`]
+/// reaches (an empty message costs a decoder a struct though it is two bytes on the wire; a
+/// body of them decodes to many times its size). Refuses what nests deeper than `max`.
+pub fn decoded_estimate(buf: &[u8], max: usize) -> Result<usize, WireError> {
+    let fields = check_shape(buf, max)?;
+    Ok(buf.len().saturating_add(fields.saturating_mul(FIELD_COST)))
+}
+
+/// [`decode`], refusing first what [`decoded_estimate`] puts past `max_decoded` bytes.
+pub fn decode_within<M: Message + Default, B: Buf + AsRef<[u8]>>(
+    buf: B,
+    max_decoded: usize,
+) -> Result<M, WireError> {
+    let estimate = decoded_estimate(buf.as_ref(), MAX_DEPTH)?;
+    if estimate > max_decoded {
+        return Err(WireError::TooLarge {
+            estimate,
+            max: max_decoded,
+        });
+    }
+    Ok(M::decode(buf)?)
+}
+
+/// The walk of [`check_depth`]; returns the length-delimited fields and groups it read.
+fn check_shape(buf: &[u8], max: usize) -> Result<usize, WireError> {
     let mut frames: Vec<Frame> = Vec::new();
     let mut pos = 0usize;
+    let mut fields = 0usize;
     loop {
         let end = frames.last().map_or(buf.len(), |f| f.end);
         if pos >= end {
             match frames.last() {
-                None => return Ok(()),
+                None => return Ok(fields),
                 // A group open at the end of its enclosing message: not a message after all.
                 Some(f) if f.group.is_some() => {
                     match unwind_invalid(&mut frames) {
                         Some(next) => pos = next,
-                        None => return Ok(()),
+                        None => return Ok(fields),
                     }
                     continue;
                 }
@@ -76,6 +116,7 @@ pub fn check_depth(buf: &[u8], max: usize) -> Result<(), WireError> {
         match read_field(buf, pos, end) {
             Some((next, Field::Scalar)) => pos = next,
             Some((next, Field::Delimited { len })) => {
+                fields += 1;
                 if len == 0 {
                     pos = next;
                 } else if frames.len() >= max {
@@ -94,6 +135,7 @@ pub fn check_depth(buf: &[u8], max: usize) -> Result<(), WireError> {
                 }
             }
             Some((next, Field::StartGroup { number })) => {
+                fields += 1;
                 if frames.len() >= max {
                     return Err(WireError::TooDeep { max });
                 }
@@ -111,7 +153,7 @@ pub fn check_depth(buf: &[u8], max: usize) -> Result<(), WireError> {
             }
             Some((_, Field::EndGroup { .. })) | None => match unwind_invalid(&mut frames) {
                 Some(next) => pos = next,
-                None => return Ok(()),
+                None => return Ok(fields),
             },
         }
     }

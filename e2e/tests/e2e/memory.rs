@@ -281,3 +281,51 @@ fn a_forged_gzip_trailer_is_held_to_the_budget_as_it_inflates() -> Result<()> {
     kiln.assert_tenant_empty("forged-none")?;
     Ok(())
 }
+
+/// A body of empty messages: two bytes each on the wire, a struct each once decoded (a pprof's
+/// `sample_type`, an OTLP request's `resource_profiles`). 62 MB of them decoded to 1.1 GB (pprof)
+/// before the decoded estimate; now they are refused before decoding, 413, and the process
+/// stays small.
+#[test]
+fn empty_messages_are_refused_before_they_decode() -> Result<()> {
+    let raw: Vec<u8> = [0x0a, 0x00].repeat(31 << 20);
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&raw)?;
+    let gz = enc.finish()?;
+    ensure!(gz.len() < 1 << 20, "{} bytes", gz.len());
+    let kiln = Kiln::start(&["--ingest-rate-bytes", "0"])?;
+    let (s, b) = kiln.ingest("warm", "name=warm.cpu", b"main;warm 1\n".to_vec(), &[])?;
+    ensure!(s == 200, "{s} {b}");
+    std::thread::sleep(Duration::from_millis(500));
+    let baseline = status_kib(kiln.pid(), "VmRSS:");
+    for (path, content_type) in [
+        (
+            "/ingest?name=empty&format=pprof",
+            "application/octet-stream",
+        ),
+        ("/v1development/profiles", "application/x-protobuf"),
+    ] {
+        let resp = kiln
+            .http()
+            .post(kiln.url(path))
+            .header("X-Scope-OrgID", "empty")
+            .header("Content-Encoding", "gzip")
+            .header("Content-Type", content_type)
+            .body(gz.clone())
+            .send()?;
+        let status = resp.status().as_u16();
+        let text = resp.text()?;
+        ensure!(status == 413, "{path}: {status} {text}");
+        ensure!(text.contains("would decode to about"), "{path}: {text}");
+    }
+    let peak = status_kib(kiln.pid(), "VmHWM:");
+    eprintln!("RSS baseline {baseline} KiB, peak {peak} KiB");
+    // The body inflated (62 MB) and walked once; nothing decoded.
+    ensure!(
+        peak < baseline + 192 * 1024,
+        "peak RSS {peak} KiB (baseline {baseline} KiB)"
+    );
+    kiln.assert_tenant_empty("empty")?;
+    ensure!(kiln.is_ready());
+    Ok(())
+}

@@ -193,6 +193,10 @@ async fn ingest(
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
             let body = budget::maybe_gunzip(&mut share, body, max_decompressed, 0).await?;
+            let decoded =
+                budget::decoded_estimate(body.clone(), pprof::decoded_limit(max_decompressed))
+                    .await?;
+            share.cover(decoded).await?;
             let meta = meta.clone();
             blocking(move || {
                 let (mut p, size) = pprof::decode_sized(body, max_decompressed)?;
@@ -212,6 +216,10 @@ async fn ingest(
             let (profile, sample_type_config) = read_multipart(&ct, body).await?;
             let held = sample_type_config.as_ref().map_or(0, Bytes::len);
             let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
+            let decoded =
+                budget::decoded_estimate(profile.clone(), pprof::decoded_limit(max_decompressed))
+                    .await?;
+            share.cover(held + decoded).await?;
             let mut dotnet = dotnet;
             if let Some(config) = sample_type_config {
                 let (names, keys) = parse_sample_type_config(&config)?;

@@ -102,7 +102,13 @@ async fn export(
     tenant: &TenantId,
     body: Bytes,
     encoding: Encoding,
+    share: &mut crate::app::budget::Share,
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
+    let max_decoded = kiln_otel::pprof::decoded_limit(app.limits(tenant).max_decompressed_bytes);
+    if encoding == Encoding::Protobuf {
+        let decoded = crate::app::budget::decoded_estimate(body.clone(), max_decoded).await?;
+        share.cover(decoded).await?;
+    }
     let limits = app.limits(tenant).normalize();
     let decompressed_bytes = body.len();
     let converted = blocking(move || {
@@ -195,7 +201,7 @@ async fn http_export(
     } else {
         Encoding::Protobuf
     };
-    let resp = export(app, tenant, body, encoding).await?;
+    let resp = export(app, tenant, body, encoding, &mut share).await?;
     Ok(if json {
         (
             StatusCode::OK,
@@ -301,8 +307,8 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                         ),
                     ));
                 }
-                let _share = app.decode_budget.take(body.len()).await?;
-                export(&app, &tenant, body, Encoding::Protobuf).await
+                let mut share = app.decode_budget.take(body.len()).await?;
+                export(&app, &tenant, body, Encoding::Protobuf, &mut share).await
             }
             .await;
             if let Err(e) = &result {

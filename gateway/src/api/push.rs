@@ -49,6 +49,21 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
             )));
         }
     }
+    // What the samples decode to, all of them held until stored.
+    let max_decoded = pprof::decoded_limit(limits.max_decompressed_bytes);
+    let mut decoded = 0usize;
+    for sample in req.series.iter().flat_map(|s| s.samples.iter()) {
+        decoded += budget::decoded_estimate(sample.raw_profile.clone(), max_decoded).await?;
+        if decoded > max_decoded {
+            return Err(kiln_otel::Error::DecodesTooLarge {
+                estimate: decoded,
+                max: max_decoded,
+                factor: pprof::DECODED_FACTOR,
+            }
+            .into());
+        }
+    }
+    share.cover(decoded).await?;
     let profiles = blocking(move || {
         let mut total = 0usize;
         let mut out = Vec::new();

@@ -194,6 +194,27 @@ pub async fn maybe_gunzip(
     Ok(gunzip(share, &data, limit, held).await?.into())
 }
 
+/// What decoding protobuf `body` may hold ([`kiln_proto::wire::decoded_estimate`], walked on a
+/// blocking thread): its bytes and a slot per field, as many times its size as a body of empty
+/// messages is. Refused (413) past `max_decoded`, before any of it is decoded; the caller grows
+/// its share to cover it.
+pub async fn decoded_estimate(body: bytes::Bytes, max_decoded: usize) -> Result<usize, ApiError> {
+    let estimate = crate::app::write::blocking(move || {
+        kiln_proto::wire::decoded_estimate(&body, kiln_proto::wire::MAX_DEPTH)
+            .map_err(|e| ApiError::invalid(e.to_string()))
+    })
+    .await?;
+    if estimate > max_decoded {
+        return Err(kiln_otel::Error::DecodesTooLarge {
+            estimate,
+            max: max_decoded,
+            factor: kiln_otel::pprof::DECODED_FACTOR,
+        }
+        .into());
+    }
+    Ok(estimate)
+}
+
 /// The bytes decoding `body` produces, as far as can be told before doing it: a gzip body's
 /// trailer gives its inflated size (the last member's, modulo 4 GiB; a hint a sender could
 /// falsify, so it is taken as at least the body and at most `limit`, which inflation enforces).

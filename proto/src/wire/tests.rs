@@ -109,6 +109,49 @@ fn malformed_input_is_left_to_prost() {
     }
 }
 
+/// Empty messages cost a decoder a struct each: the estimate counts them, and decode_within
+/// refuses them before prost allocates; a real profile's estimate stays near its size.
+#[test]
+fn decoded_estimates_count_fields_empty_ones_too() {
+    let empties: Vec<u8> = [0x0a, 0x00].repeat(1000);
+    assert_eq!(
+        decoded_estimate(&empties, MAX_DEPTH).unwrap(),
+        2000 + 1000 * FIELD_COST
+    );
+    let err = decode_within::<pb::Profile, _>(empties.as_slice(), 10_000).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            WireError::TooLarge {
+                estimate: 34_000,
+                max: 10_000
+            }
+        ),
+        "{err}"
+    );
+    assert!(decode_within::<pb::Profile, _>(empties.as_slice(), 34_000).is_ok());
+    // A profile of samples with packed ids and values: three fields a sample.
+    let p = pb::Profile {
+        sample: (0..100)
+            .map(|i| pb::Sample {
+                location_id: (1..=20).collect(),
+                value: vec![i],
+                label: vec![],
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let bytes = p.encode_to_vec();
+    let estimate = decoded_estimate(&bytes, MAX_DEPTH).unwrap();
+    // At least the 300 fields; a packed run that happens to parse as a message counts more.
+    assert!(estimate >= bytes.len() + 300 * FIELD_COST, "{estimate}");
+    assert!(
+        estimate < 5 * bytes.len(),
+        "{estimate} for {} bytes",
+        bytes.len()
+    );
+}
+
 proptest! {
     /// Any bytes: the check ends (it reads each byte once) and never panics; what it accepts
     /// prost decodes without recursing past the limit.
