@@ -59,12 +59,18 @@ impl DecodeBudget {
 
     /// Takes `bytes` of the budget, waiting up to [`WAIT`] for it.
     pub async fn take(&self, bytes: usize) -> Result<Share, ApiError> {
-        let mut share = Share {
-            permit: None,
-            budget: self.clone(),
-        };
+        let mut share = self.empty_share();
         share.cover(bytes.max(1)).await?;
         Ok(share)
+    }
+
+    /// A share of nothing yet, grown by [`Share::cover`] when the request inflates or decodes
+    /// something (a Connect query's plain body never waits for the budget).
+    pub fn empty_share(&self) -> Share {
+        Share {
+            permit: None,
+            budget: self.clone(),
+        }
     }
 
     /// Permits of `bytes`, at least one and at most the whole budget.
@@ -142,14 +148,17 @@ pub async fn gunzip(
         if total > limit {
             return Err(too_large());
         }
+        // One byte tells whether there is more, before a step is covered: an honest stream ends
+        // here without asking the budget for a step it does not need.
+        let mut first = Vec::with_capacity(1);
+        if read_into(&mut decoder, &mut first, 1)? == 0 {
+            break;
+        }
         let holding = out.capacity() + steps.len() * STEP;
         share.cover(base.saturating_add(holding + STEP)).await?;
         let mut step = Vec::with_capacity(STEP);
-        let read = read_into(&mut decoder, &mut step, STEP)?;
-        if read == 0 {
-            break;
-        }
-        total += read;
+        step.extend_from_slice(&first);
+        total += 1 + read_into(&mut decoder, &mut step, STEP - 1)?;
         steps.push(step);
         // A long inflation leaves the worker to other tasks between steps.
         tokio::task::yield_now().await;
@@ -296,6 +305,12 @@ mod tests {
         let out = gunzip(&mut share, &one, 64 << 20, 0).await.unwrap();
         assert_eq!(out.capacity(), raw.len());
         assert!(share.bytes() >= raw.len());
+        // ... and no step past it was asked of the budget.
+        assert!(
+            share.bytes() < raw.len() + one.len() + STEP,
+            "{}",
+            share.bytes()
+        );
     }
 
     #[test]
