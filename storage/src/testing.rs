@@ -102,6 +102,20 @@ pub fn filter(tenant: &str, selector: &str, start: i64, end: i64) -> SampleFilte
     }
 }
 
+/// Every stack of `tenant` in `[start, end]` (nanoseconds), merged: root-first names → value.
+pub async fn merged_stacks(
+    s: &Storage,
+    tenant: &str,
+    start: i64,
+    end: i64,
+) -> std::collections::BTreeMap<Vec<String>, i64> {
+    s.query()
+        .merge_tree(&filter(tenant, "{}", start, end))
+        .await
+        .expect("a merged tree")
+        .stacks()
+}
+
 /// Settings for tests: a short flush interval, compaction by count only (no age trigger within
 /// a test's lifetime) with small fan-ins, no delete delay.
 pub fn config(dir: &std::path::Path) -> StorageConfig {

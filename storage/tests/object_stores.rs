@@ -15,7 +15,7 @@ use kiln_storage::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::metastore::embedded::Embedded;
 use kiln_storage::store::ObjectStorage;
-use kiln_storage::testing::{config, filter, frames, now_ms, profile, store_locations};
+use kiln_storage::testing::{config, frames, merged_stacks, now_ms, profile, store_locations};
 use kiln_storage::{Storage, StorageConfig};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
@@ -24,16 +24,7 @@ const SEC: i64 = 1_000_000_000;
 type Stacks = BTreeMap<Vec<String>, i64>;
 
 async fn stacks(s: &Storage, tenant: &str) -> Stacks {
-    s.query()
-        .merge_tree(&filter(
-            tenant,
-            "{}",
-            T0 - PARTITION_NANOS,
-            T0 + PARTITION_NANOS,
-        ))
-        .await
-        .unwrap()
-        .stacks()
+    merged_stacks(s, tenant, T0 - PARTITION_NANOS, T0 + PARTITION_NANOS).await
 }
 
 fn store(location: &(String, Vec<(String, String)>)) -> ObjectStorage {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use kiln_storage::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::testing::{
-    config, filter, frames, now_ms, postgres_database, profile, s3_location, shared_storage,
+    config, frames, merged_stacks, now_ms, postgres_database, profile, s3_location, shared_storage,
     tenant_rows,
 };
 use kiln_storage::{Storage, StorageConfig};
@@ -17,16 +17,7 @@ const SEC: i64 = 1_000_000_000;
 type Stacks = BTreeMap<Vec<String>, i64>;
 
 async fn stacks(s: &Storage, tenant: &str) -> Stacks {
-    s.query()
-        .merge_tree(&filter(
-            tenant,
-            "{}",
-            T0 - PARTITION_NANOS,
-            T0 + PARTITION_NANOS,
-        ))
-        .await
-        .unwrap()
-        .stacks()
+    merged_stacks(s, tenant, T0 - PARTITION_NANOS, T0 + PARTITION_NANOS).await
 }
 
 /// The flame graph `n` flushes of [`ingest`] must give tenant `a`.
