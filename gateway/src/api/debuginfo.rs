@@ -886,13 +886,7 @@ pub async fn connect_handler(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let service = uri
-        .path()
-        .trim_start_matches('/')
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let service = crate::transport::connect::service_of(&uri);
     let scope = if method == "ListDebuginfo" {
         Scope::Read
     } else {

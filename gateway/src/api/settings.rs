@@ -58,13 +58,7 @@ pub async fn handler(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let service = uri
-        .path()
-        .trim_start_matches('/')
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let service = crate::transport::connect::service_of(&uri);
     let result = async {
         let Some(s) = SERVICES.iter().find(|s| s.name == service) else {
             return Err(ApiError::new(

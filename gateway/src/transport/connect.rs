@@ -109,6 +109,16 @@ pub struct Service {
     pub absent: Option<&'static str>,
 }
 
+/// The service a Connect request's path names (`/{service}/{method}`).
+pub(crate) fn service_of(uri: &axum::http::Uri) -> String {
+    uri.path()
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 pub(crate) struct Call {
     pub codec: Codec,
     pub tenant: crate::auth::TenantId,
