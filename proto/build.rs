@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/push/v1/push.proto",
         "proto/querier/v1/querier.proto",
         "proto/settings/v1/setting.proto",
+        "proto/settings/v1/recording_rules.proto",
         "proto/capabilities/v1/feature_flags.proto",
         "proto/adhocprofiles/v1/adhocprofiles.proto",
         "proto/kiln/storage/v1/symbols.proto",
@@ -20,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/parca/profilestore/v1alpha1/profilestore.proto",
         "proto/parca/debuginfo/v1alpha1/debuginfo.proto",
         "proto/debuginfo/v1alpha1/debuginfo.proto",
+        "proto/prometheus/remote.proto",
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={proto}");

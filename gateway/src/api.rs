@@ -56,6 +56,7 @@ use kiln_proto::parca::debuginfo::v1alpha1::debuginfo_service_server::DebuginfoS
 use kiln_proto::parca::profilestore::v1alpha1::profile_store_service_server::ProfileStoreServiceServer;
 use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
 use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
+use kiln_proto::settings::v1::recording_rules_service_server::RecordingRulesServiceServer;
 use tonic::codec::CompressionEncoding;
 
 use crate::app::{AppRef, Roles};
@@ -321,6 +322,15 @@ pub fn endpoints() -> Vec<Endpoint> {
             Some(|| delete(debuginfo::http_delete)),
         ),
     ]);
+    // Recording rules' counters, where they are evaluated.
+    all.push(Endpoint::new(
+        "/api/v1/recording-rules/metrics",
+        Get,
+        Ingest,
+        Http,
+        One("recording_rules.metrics"),
+        Some(|| get(settings::recording::metrics_handler)),
+    ));
     for r in &legacy::ROUTES {
         all.push(Endpoint::new(
             r.path,
@@ -575,12 +585,15 @@ fn grpc_routes(app: AppRef) -> Router {
     let parca_debuginfo = ParcaDebuginfoServer::new(svc.clone())
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
+    let recording_rules = RecordingRulesServiceServer::new(svc.clone())
+        .accept_compressed(CompressionEncoding::Gzip)
+        .max_decoding_message_size(max);
     let pyroscope_debuginfo = PyroscopeDebuginfoServer::new(svc)
         .accept_compressed(CompressionEncoding::Gzip)
         .max_decoding_message_size(max);
     let mut routes = tonic::service::Routes::default();
     if app.roles.query {
-        routes = routes.add_service(querier);
+        routes = routes.add_service(querier).add_service(recording_rules);
     }
     if app.roles.ingest {
         routes = routes
@@ -593,10 +606,12 @@ fn grpc_routes(app: AppRef) -> Router {
     routes.prepare().into_axum_router()
 }
 
-/// The scope a gRPC call needs, from its path: `querier.v1` and the debug files' list read;
+/// The scope a gRPC call needs, from its path: `querier.v1`, `settings.v1` (as over Connect)
+/// and the debug files' list read;
 /// push, Parca, OTLP and debug-file uploads write.
 fn grpc_scope(path: &str) -> Scope {
     if path.starts_with("/querier.v1.")
+        || path.starts_with("/settings.v1.")
         || path == "/debuginfo.v1alpha1.DebuginfoService/ListDebuginfo"
     {
         Scope::Read

@@ -47,25 +47,49 @@ pub struct App {
     pub symbolizer: Symbolizer,
     /// Debug-file uploads under way (Parca's and Pyroscope's upload protocols).
     pub debuginfo_uploads: crate::api::debuginfo::Uploads,
+    /// Recording rules: evaluated on every write, sealed and sent by `kiln serve`.
+    pub recording: Arc<crate::recording::Recording>,
 }
 
 impl App {
     /// An app with built-in tenant limits and a symbolizer without debuginfod.
     pub fn new(storage: Storage, auth: Authenticator, tenants: Tenants) -> Self {
         let config = SymbolizerConfig::without_debuginfod(storage.data_dir());
-        Self::with_symbolizer(storage, auth, tenants, config, DEFAULT_SYMBOLIZE_DEADLINE)
-            .expect("the symbolizer's cache directory under the data directory")
+        let queue = crate::recording::remote_write::RemoteWriteQueue::open(
+            crate::recording::queue_dir(storage.data_dir()),
+            256 << 20,
+        )
+        .expect("the remote-write queue under the data directory");
+        let recording = crate::recording::Recording::new(
+            crate::recording::RecordingConfig::default(),
+            Some(Arc::new(queue)),
+        );
+        Self::with_symbolizer(
+            storage,
+            auth,
+            tenants,
+            config,
+            DEFAULT_SYMBOLIZE_DEADLINE,
+            recording,
+        )
+        .expect("the symbolizer's cache directory under the data directory")
     }
 
-    /// An app whose symbolizer runs with `config`; queries wait `deadline` for debug files.
+    /// An app whose symbolizer runs with `config` (queries wait `deadline` for debug files)
+    /// and whose recording rules are `recording`'s.
     pub fn with_symbolizer(
         storage: Storage,
         auth: Authenticator,
         tenants: Tenants,
         config: SymbolizerConfig,
         deadline: std::time::Duration,
+        recording: crate::recording::Recording,
     ) -> std::io::Result<Self> {
         let metrics = Metrics::default();
+        let recording = Arc::new(recording);
+        metrics.register_collector(Box::new(crate::recording::StatsCollector(Arc::clone(
+            &recording,
+        ))));
         metrics.register_storage(storage.metrics());
         let symbol_metrics = Arc::new(kiln_symbolize::Metrics::default());
         metrics.register_symbolizer(&symbol_metrics);
@@ -83,6 +107,7 @@ impl App {
             upload_ids: UploadIds::default(),
             symbolizer,
             debuginfo_uploads: Default::default(),
+            recording,
         })
     }
 

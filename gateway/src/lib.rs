@@ -8,6 +8,7 @@
 //! | [`error`], [`time`], [`metrics`] | the one error type, times, Kiln's own metrics |
 //! | [`auth`] | who is calling, as which tenant, allowed to do what |
 //! | [`tenants`] | per-tenant limits |
+//! | [`recording`] | recording rules: metrics from profiles, evaluated at ingest, sent by remote write |
 //! | [`app`] | the state every handler reads, and what every API shares below its transport |
 //! | [`transport`] | Connect, gRPC and plain HTTP framing, error mapping, the telemetry layer |
 //! | [`api`] | one module per API family, and the one table that routes them all |
@@ -36,6 +37,7 @@ pub mod auth;
 pub mod cli;
 pub mod error;
 pub mod metrics;
+pub mod recording;
 pub mod server;
 pub mod tenants;
 pub mod time;

@@ -327,6 +327,14 @@ impl Metrics {
         storage.register(&mut self.registry.lock().expect("metrics lock"));
     }
 
+    /// Registers metrics read at each scrape (a subsystem's own counters).
+    pub fn register_collector(&self, c: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry
+            .lock()
+            .expect("metrics lock")
+            .register_collector(c);
+    }
+
     /// Registers the symbolizer's metrics (`kiln_symbolizer_…`).
     pub fn register_symbolizer(&self, m: &kiln_symbolize::Metrics) {
         m.register(&mut self.registry.lock().expect("metrics lock"));

@@ -1,7 +1,7 @@
 //! Protobuf types and gRPC services Kiln speaks: pprof (`google.v1`), Pyroscope's `types.v1`,
 //! `push.v1`, `querier.v1`, `settings.v1`, `capabilities.v1`, `adhocprofiles.v1` and
 //! `debuginfo.v1alpha1`, Parca's write API (`parca.profilestore.v1alpha1`) and debug information
-//! uploads (`parca.debuginfo.v1alpha1`), Grafana's plugin
+//! uploads (`parca.debuginfo.v1alpha1`), Prometheus remote write (`prometheus`), Grafana's plugin
 //! protocol (`pluginv2`), gRPC health, and Kiln's
 //! own storage formats (`kiln.storage.v1`); the one decoder of Pyroscope's flame graph
 //! levels ([`flamegraph`]); and the depth check every untrusted protobuf passes before prost
@@ -104,6 +104,13 @@ pub mod debuginfo {
         include!(concat!(env!("OUT_DIR"), "/debuginfo.v1alpha1.rs"));
         include!(concat!(env!("OUT_DIR"), "/debuginfo.v1alpha1.serde.rs"));
     }
+}
+
+/// Prometheus remote write 1.0 (`WriteRequest` and what it holds): what Kiln sends for
+/// recording rules.
+#[allow(clippy::all, missing_docs, unreachable_pub)]
+pub mod prometheus {
+    include!(concat!(env!("OUT_DIR"), "/prometheus.rs"));
 }
 
 /// Grafana's backend plugin protocol.

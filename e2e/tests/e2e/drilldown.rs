@@ -298,17 +298,42 @@ fn the_drilldown_app_s_calls_work_and_stay_in_their_tenant() -> Result<()> {
     ok(&kiln, &a, "/settings.v1.SettingsService/Set", setting)?;
     let got = ok(&kiln, &a, "/settings.v1.SettingsService/Get", json!({}))?;
     ensure!(got["settings"][0]["name"] == "pluginSettings", "{got}");
-    // 11–12. Services Kiln does not offer: 501 `unimplemented`, so the app hides them.
-    for path in [
-        "/settings.v1.RecordingRulesService/ListRecordingRules",
-        "/vcs.v1.VCSService/GithubApp",
-    ] {
-        let (status, v) = call(&kiln, &a, path, json!({}))?;
-        ensure!(
-            status == 501 && v["code"] == "unimplemented",
-            "{path}: {status} {v}"
-        );
-    }
+    // 11. Metrics from profiles: the app's create, list and delete (the rules' evaluation is
+    // `recording_rules.rs`'s).
+    let rr = "/settings.v1.RecordingRulesService";
+    let made = ok(
+        &kiln,
+        &a,
+        &format!("{rr}/UpsertRecordingRule"),
+        json!({"metricName": "profiles_recorded_shop_cpu",
+               "matchers": ["{ service_name=\"shop\" }", format!("{{ __profile_type__=\"{CPU}\"}}")],
+               "groupBy": []}),
+    )?;
+    let id = made["rule"]["id"].as_str().context("a rule id")?.to_owned();
+    let listed = ok(&kiln, &a, &format!("{rr}/ListRecordingRules"), json!({}))?;
+    ensure!(
+        listed["rules"][0]["id"] == id.as_str()
+            && listed["rules"][0]["profileType"] == CPU
+            && listed["rules"][0]["matchers"][0] == "{ service_name=\"shop\" }",
+        "{listed}"
+    );
+    let other = ok(&kiln, &b, &format!("{rr}/ListRecordingRules"), json!({}))?;
+    ensure!(
+        other.get("rules").is_none(),
+        "team-b sees team-a's rules: {other}"
+    );
+    ok(
+        &kiln,
+        &a,
+        &format!("{rr}/DeleteRecordingRule"),
+        json!({"id": id}),
+    )?;
+    // 12. A service Kiln does not offer: 501 `unimplemented`, so the app hides it.
+    let (status, v) = call(&kiln, &a, "/vcs.v1.VCSService/GithubApp", json!({}))?;
+    ensure!(
+        status == 501 && v["code"] == "unimplemented",
+        "vcs: {status} {v}"
+    );
     // 14. Capability probe.
     let flags = ok(
         &kiln,

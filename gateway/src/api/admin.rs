@@ -71,6 +71,7 @@ pub async fn delete(
     validate_tenant(&id)?;
     app.auth.authorize_admin(&headers, Some(&id))?;
     let deleted = app.storage.delete_tenant(&id).await?;
+    app.recording.forget(&id);
     app.tenants.forget(&id);
     // Its debug files went with its documents: names cached for it are forgotten.
     app.symbolizer.changed(&id);

@@ -1,10 +1,12 @@
 //! The services Grafana's Profiles Drilldown app calls besides the querier and its upload tab
 //! (`crate::api::adhoc`), over Connect (proto or JSON): `settings.v1.SettingsService` (its
 //! plugin settings, kept per tenant), `capabilities.v1.FeatureFlagsService` (what this server
-//! can do), and the services Kiln does not offer, answered Connect `unimplemented` with a
-//! message so the app hides the feature (`vcs.v1.VCSService`,
-//! `settings.v1.RecordingRulesService`). One table ([`SERVICES`]) names every method; the API
-//! table (`crate::api`) routes and names them from it.
+//! can do), `settings.v1.RecordingRulesService` (metrics from profiles: [`recording`]), and
+//! the service Kiln does not offer, answered Connect `unimplemented` with a message so the app
+//! hides the feature (`vcs.v1.VCSService`). One table ([`SERVICES`]) names every method; the
+//! API table (`crate::api`) routes and names them from it.
+
+pub mod recording;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -42,8 +44,13 @@ pub const SERVICES: [Service; 4] = [
     },
     Service {
         name: "settings.v1.RecordingRulesService",
-        methods: &["settings.v1.RecordingRulesService"],
-        absent: Some("Kiln has no recording rules (metrics from profiles)"),
+        methods: &[
+            "settings.v1.RecordingRulesService/GetRecordingRule",
+            "settings.v1.RecordingRulesService/ListRecordingRules",
+            "settings.v1.RecordingRulesService/UpsertRecordingRule",
+            "settings.v1.RecordingRulesService/DeleteRecordingRule",
+        ],
+        absent: None,
     },
 ];
 
@@ -90,6 +97,23 @@ pub async fn handler(
                 let req: settings::DeleteSettingsRequest = codec.decode(&body)?;
                 delete_setting(&app, &tenant, &req.name).await?;
                 codec.encode(&settings::DeleteSettingsResponse {})?
+            }
+            ("settings.v1.RecordingRulesService", "GetRecordingRule") => {
+                let req: settings::GetRecordingRuleRequest = codec.decode(&body)?;
+                codec.encode(&recording::get(&app, &tenant, &req.id).await?)?
+            }
+            ("settings.v1.RecordingRulesService", "ListRecordingRules") => {
+                let _: settings::ListRecordingRulesRequest = codec.decode(&body)?;
+                codec.encode(&recording::list(&app, &tenant).await?)?
+            }
+            ("settings.v1.RecordingRulesService", "UpsertRecordingRule") => {
+                let req: settings::UpsertRecordingRuleRequest = codec.decode(&body)?;
+                codec.encode(&recording::upsert(&app, &tenant, req).await?)?
+            }
+            ("settings.v1.RecordingRulesService", "DeleteRecordingRule") => {
+                let req: settings::DeleteRecordingRuleRequest = codec.decode(&body)?;
+                recording::delete(&app, &tenant, &req.id).await?;
+                codec.encode(&settings::DeleteRecordingRuleResponse {})?
             }
             ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
                 let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;
@@ -225,10 +249,10 @@ const MAX_SETTINGS: usize = 64;
 /// Most bytes of names and values a tenant's settings hold in all.
 const MAX_SETTINGS_BYTES: usize = 1 << 20;
 
-/// A tenant's changes of settings in this process one at a time (each reads, changes and writes
+/// A tenant's changes of settings (and of recording rules) in this process one at a time (each reads, changes and writes
 /// the tenant's document), and other tenants' apart; processes sharing a store race, and the
 /// last write wins.
-fn writer_lock(tenant: &TenantId) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+pub(super) fn writer_lock(tenant: &TenantId) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, Weak};
     static LOCKS: Mutex<Option<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = Mutex::new(None);

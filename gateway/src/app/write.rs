@@ -33,7 +33,21 @@ pub async fn store(
     }
     let samples: usize = profiles.iter().map(NormalizedProfile::sample_count).sum();
     let series: usize = profiles.iter().map(|p| p.series.len()).sum();
+    // The recording rules' sums of these profiles, added once they are durable (and held
+    // against rule changes until then: `crate::recording`).
+    let evaluation = app
+        .recording
+        .begin(&app.storage, &app.tenants, tenant, &profiles)
+        .await?;
     app.storage.write_all(tenant, profiles).await?;
+    evaluation
+        .commit(
+            &app.storage,
+            tenant,
+            app.limits(tenant).max_recording_series,
+            &app.recording.stats,
+        )
+        .await?;
     app.metrics.decompressed(tenant, decompressed_bytes);
     app.metrics.stored(tenant, series, samples);
     Ok(())

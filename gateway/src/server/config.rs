@@ -43,7 +43,80 @@ pub struct ServeArgs {
     pub symbolize: SymbolizeArgs,
 
     #[command(flatten)]
+    pub recording: RecordingArgs,
+
+    #[command(flatten)]
     pub telemetry: TelemetryArgs,
+}
+
+/// A duration flag: `15s`, `1m`, `2h`, `7d` or plain seconds.
+fn duration_flag(s: &str) -> Result<std::time::Duration, String> {
+    crate::time::parse_duration_secs(s)
+        .map(std::time::Duration::from_secs)
+        .ok_or_else(|| format!("invalid duration {s:?} (like 15s, 1m, 2h, 7d)"))
+}
+
+/// `kiln serve` flags: recording rules, metrics from profiles (ADR 0015).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Recording rules")]
+pub struct RecordingArgs {
+    /// The interval of the rules' series: each series gets one point per interval, the counter
+    /// of what was acknowledged before the interval's end.
+    #[arg(long, env = "KILN_RECORDING_INTERVAL", default_value = "15s", value_parser = duration_flag)]
+    pub recording_interval: std::time::Duration,
+
+    /// How long after its end an interval is sealed: profiles acknowledged later for its
+    /// time count in the next interval sealed.
+    #[arg(long, env = "KILN_RECORDING_DELAY", default_value = "30s", value_parser = duration_flag)]
+    pub recording_delay: std::time::Duration,
+
+    /// How far back a new rule is evaluated from the stored profiles (0s: not at all; at
+    /// most 7d). The receiver must accept samples that old.
+    #[arg(long, env = "KILN_RECORDING_BACKFILL", default_value = "1h", value_parser = duration_flag)]
+    pub recording_backfill: std::time::Duration,
+
+    /// Where the rules' samples go (Prometheus remote write 1.0, the tenant as
+    /// `X-Scope-OrgID`) for tenants without a `remote_write_url` in the tenant file.
+    #[arg(long, env = "KILN_REMOTE_WRITE_URL")]
+    pub remote_write_url: Option<String>,
+
+    /// Bytes of samples kept on disk while the receiver does not take them; past it the
+    /// oldest are dropped (and counted).
+    #[arg(long, env = "KILN_REMOTE_WRITE_QUEUE_BYTES", default_value_t = 256 << 20)]
+    pub remote_write_queue_bytes: u64,
+}
+
+/// The longest backfill a new rule may ask for.
+pub const MAX_RECORDING_BACKFILL: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+
+impl RecordingArgs {
+    /// The evaluation settings.
+    pub fn config(&self) -> crate::recording::RecordingConfig {
+        crate::recording::RecordingConfig {
+            interval: self.recording_interval,
+            delay: self.recording_delay,
+            remote_write_url: self.remote_write_url.clone().filter(|u| !u.is_empty()),
+            backfill: self.recording_backfill,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.recording_interval.is_zero(),
+            "--recording-interval must be at least 1s"
+        );
+        anyhow::ensure!(
+            self.recording_backfill <= MAX_RECORDING_BACKFILL,
+            "--recording-backfill is at most 7d"
+        );
+        if let Some(u) = &self.remote_write_url {
+            anyhow::ensure!(
+                u.is_empty() || u.starts_with("http://") || u.starts_with("https://"),
+                "--remote-write-url must be an http:// or https:// URL"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// `kiln serve` flags: naming native frames from debug files (ADR 0013).
@@ -410,6 +483,7 @@ impl ServeArgs {
         self.storage.validate()?;
         self.auth.validate(self.network.listen)?;
         self.symbolize.validate()?;
+        self.recording.validate()?;
         self.telemetry.validate()
     }
 

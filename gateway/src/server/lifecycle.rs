@@ -34,12 +34,21 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     let tenants = Tenants::load(args.limits.tenants.as_deref(), args.limits.overrides())?;
     let storage = Storage::open(args.storage_config()).await?;
     let symbolizer = args.symbolize.config(storage.data_dir());
+    let queue_dir = crate::recording::queue_dir(storage.data_dir());
+    let queue = crate::recording::remote_write::RemoteWriteQueue::open(
+        &queue_dir,
+        args.recording.remote_write_queue_bytes,
+    )
+    .map_err(|e| anyhow::anyhow!("the remote-write queue in {}: {e}", queue_dir.display()))?;
+    let recording =
+        crate::recording::Recording::new(args.recording.config(), Some(Arc::new(queue)));
     let mut app = App::with_symbolizer(
         storage,
         auth,
         tenants,
         symbolizer,
         args.symbolize.deadline(),
+        recording,
     )
     .map_err(|e| anyhow::anyhow!("the symbolizer's cache directory: {e}"))?;
     app.roles = args.roles()?;
@@ -71,6 +80,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::clone(&app),
         Duration::from_secs(args.compaction.retention_interval_secs.max(1)),
     );
+    // Recording rules are evaluated where profiles are written.
+    if app.roles.ingest {
+        spawn_recording(Arc::clone(&app));
+    }
     if app.roles.compact {
         app.storage.spawn_upkeep(
             Duration::from_millis(args.compaction.upkeep_interval_ms.max(10)),
@@ -100,4 +113,41 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     super::listener::serve(app, listener, limits, super::listener::shutdown_signal()).await?;
     Ok(())
+}
+
+/// How often an ingest process reads the tenants' rules again (changed by a query process, or
+/// in the tenant file).
+const RECORDING_RELOAD: Duration = Duration::from_secs(15);
+
+/// Recording rules in the background: the remote-write queue's sender; the rules of every
+/// tenant with data loaded (their open intervals read back from storage), then due intervals
+/// sealed every second and rules reloaded every [`RECORDING_RELOAD`].
+fn spawn_recording(app: Arc<App>) {
+    if let Some(queue) = app.recording.queue() {
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+            .build();
+        match client {
+            Ok(client) => {
+                tokio::spawn(Arc::clone(queue).run(client, std::future::pending()));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "recording rules: no HTTP client; nothing is sent")
+            }
+        }
+    }
+    tokio::spawn(async move {
+        app.recording.load_all(&app.storage, &app.tenants).await;
+        let mut last_reload = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if last_reload.elapsed() >= RECORDING_RELOAD {
+                last_reload = tokio::time::Instant::now();
+                app.recording.reload_all(&app.storage, &app.tenants).await;
+            }
+            app.recording.seal_due(&app.storage, &app.tenants).await;
+        }
+    });
 }

@@ -67,6 +67,16 @@ pub struct TenantLimits {
     pub max_debuginfo_file_bytes: u64,
     /// Debug files a tenant may keep, in bytes (413 for an upload past it).
     pub max_debuginfo_bytes: u64,
+    /// Recording rules a tenant may make through the API (provisioned ones not counted).
+    pub max_recording_rules: usize,
+    /// Output series the tenant's recording rules may have in all; contributions that would
+    /// start one more are dropped and counted.
+    pub max_recording_series: usize,
+    /// Where the tenant's recording rules' samples go (Prometheus remote write); empty: the
+    /// server's `--remote-write-url`.
+    pub remote_write_url: String,
+    /// Recording rules of the tenant file, read-only through the API.
+    pub recording_rules: Vec<crate::recording::rules::ProvisionedRule>,
 }
 
 impl Default for TenantLimits {
@@ -90,6 +100,10 @@ impl Default for TenantLimits {
             max_adhoc_profiles: 100,
             max_debuginfo_file_bytes: 1 << 30,
             max_debuginfo_bytes: 8 << 30,
+            max_recording_rules: 25,
+            max_recording_series: 10_000,
+            remote_write_url: String::new(),
+            recording_rules: Vec::new(),
         }
     }
 }
@@ -151,9 +165,23 @@ impl TenantConfig {
                 tenants.insert(id, limits);
             }
         }
+        check_rules("[defaults]", &parsed_defaults)?;
+        for (id, limits) in &tenants {
+            check_rules(&format!("[tenants.{id}]"), limits)?;
+        }
         Ok(Self {
             defaults: parsed_defaults,
             tenants,
         })
     }
+}
+
+/// Refuses a tenant file whose recording rules would not evaluate.
+fn check_rules(section: &str, limits: &TenantLimits) -> anyhow::Result<()> {
+    for (i, p) in limits.recording_rules.iter().enumerate() {
+        p.rule().compile().map_err(|e| {
+            anyhow::anyhow!("{section}: recording rule {i} ({:?}): {e}", p.metric_name)
+        })?;
+    }
+    Ok(())
 }

@@ -13,6 +13,8 @@ use std::collections::HashSet;
 
 use regex::{Regex, RegexBuilder};
 
+use crate::symbols::SymbolTable;
+
 /// Most terms a filter may have (an include term is a bit of a 64-bit set).
 pub const MAX_TERMS: usize = 64;
 
@@ -109,6 +111,62 @@ impl FrameFilter {
     /// Whether a stack of these function names is kept.
     pub fn keeps<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> bool {
         self.keeps_terms(names.into_iter().map(|n| self.terms(n)))
+    }
+
+    /// Whether a block's stack (locations leaf first) is kept: its functions are every line of
+    /// every location (a location without lines has none); `memo` holds each function's terms
+    /// of this block (as long as the block's functions).
+    pub fn keeps_stack(
+        &self,
+        symbols: &SymbolTable,
+        stack: &[u32],
+        memo: &mut [Option<(u64, bool)>],
+    ) -> bool {
+        let s = &symbols.symbols;
+        self.keeps_terms(
+            stack
+                .iter()
+                .flat_map(|&loc| {
+                    s.locations[loc as usize]
+                        .line_functions
+                        .iter()
+                        .map(|&f| f as usize)
+                })
+                .map(|f| {
+                    *memo[f].get_or_insert_with(|| self.terms(symbols.string(s.functions[f].name)))
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+/// Whether each stack of one block is kept by a filter, judged once per stack node and once
+/// per function.
+#[derive(Debug, Default)]
+pub struct StackVerdicts {
+    stacks: Vec<Option<bool>>,
+    functions: Vec<Option<(u64, bool)>>,
+    scratch: Vec<u32>,
+}
+
+impl StackVerdicts {
+    /// Whether `filter` keeps stack node `stack` of the block whose symbols are `symbols` (the
+    /// same block at every call). An id beyond the stack tree is not kept.
+    pub fn keeps(&mut self, filter: &FrameFilter, symbols: &SymbolTable, stack: u32) -> bool {
+        if self.stacks.is_empty() {
+            self.stacks = vec![None; symbols.stack_count()];
+            self.functions = vec![None; symbols.symbols.functions.len()];
+        }
+        match self.stacks.get(stack as usize) {
+            None => false,
+            Some(Some(kept)) => *kept,
+            Some(None) => {
+                symbols.stack_locations(stack, &mut self.scratch);
+                let kept = filter.keeps_stack(symbols, &self.scratch, &mut self.functions);
+                self.stacks[stack as usize] = Some(kept);
+                kept
+            }
+        }
     }
 }
 

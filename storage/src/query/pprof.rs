@@ -76,33 +76,6 @@ impl PprofBuilder {
         self
     }
 
-    /// Whether a stack (locations leaf first) passes the frame filter: its functions are every
-    /// line of every location (a location without lines has none); `memo` holds each function's
-    /// terms of this block.
-    fn passes_frame_filter(
-        filter: &FrameFilter,
-        symbols: &SymbolTable,
-        stack: &[u32],
-        memo: &mut [Option<(u64, bool)>],
-    ) -> bool {
-        let s = &symbols.symbols;
-        filter.keeps_terms(
-            stack
-                .iter()
-                .flat_map(|&loc| {
-                    s.locations[loc as usize]
-                        .line_functions
-                        .iter()
-                        .map(|&f| f as usize)
-                })
-                .map(|f| {
-                    *memo[f]
-                        .get_or_insert_with(|| filter.terms(symbols.string(s.functions[f].name)))
-                })
-                .collect::<Vec<_>>(),
-        )
-    }
-
     /// Whether a stack (locations leaf first, each location's lines innermost first) starts
     /// with the call site.
     fn at_call_site(&self, symbols: &SymbolTable, stack: &[u32]) -> bool {
@@ -138,7 +111,7 @@ impl PprofBuilder {
                 continue;
             }
             if let Some(f) = &self.frame_filter
-                && !Self::passes_frame_filter(f, symbols, &stack, &mut memo)
+                && !f.keeps_stack(symbols, &stack, &mut memo)
             {
                 continue;
             }

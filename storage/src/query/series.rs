@@ -10,6 +10,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use futures::{StreamExt, TryStreamExt};
 
+use super::frame_filter::{FrameFilter, StackVerdicts};
 use super::report::count;
 use super::scan::retrying;
 use super::{QueryEngine, SCAN_CONCURRENCY, SampleFilter, series_label};
@@ -97,11 +98,46 @@ impl QueryEngine {
         limit: Option<usize>,
         exemplars: Exemplars,
     ) -> Result<Vec<SeriesPoints>> {
+        self.select_series_of_stacks(
+            filter,
+            group_by,
+            step_nanos,
+            aggregation,
+            limit,
+            exemplars,
+            None,
+        )
+        .await
+    }
+
+    /// [`Self::select_series`] of the stacks `frames` keeps (all: `None`): a recording rule's
+    /// function filter, Pyroscope's `stack_trace_selector.frame_filter`. Stacks are judged by
+    /// their functions' names in each block's symbols, so rows are read from the samples
+    /// rather than from the profile totals.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn select_series_of_stacks(
+        &self,
+        filter: &SampleFilter,
+        group_by: &[String],
+        step_nanos: i64,
+        aggregation: Aggregation,
+        limit: Option<usize>,
+        exemplars: Exemplars,
+        frames: Option<Arc<FrameFilter>>,
+    ) -> Result<Vec<SeriesPoints>> {
         if step_nanos <= 0 {
             return Err(Error::InvalidQuery("step must be positive".into()));
         }
         retrying(|| {
-            self.select_series_once(filter, group_by, step_nanos, aggregation, limit, exemplars)
+            self.select_series_once(
+                filter,
+                group_by,
+                step_nanos,
+                aggregation,
+                limit,
+                exemplars,
+                frames.as_deref(),
+            )
         })
         .await
     }
@@ -122,7 +158,7 @@ impl QueryEngine {
         } else {
             Exemplars::Profiles
         };
-        let per_block = retrying(|| self.scan_cells(filter, kind)).await?;
+        let per_block = retrying(|| self.scan_cells(filter, kind, None)).await?;
         // (group, series labels or span) -> (time, value, trace)
         let mut groups: BTreeMap<Vec<(String, String)>, HashMap<PointKey, ProfilePoint>> =
             BTreeMap::new();
@@ -179,6 +215,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
         exemplars: Exemplars,
+        frames: Option<&FrameFilter>,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> {
         let blocks = self.candidate_blocks(filter).await?;
         let spans_asked = exemplars == Exemplars::Spans;
@@ -191,6 +228,9 @@ impl QueryEngine {
         }
         if exemplars == Exemplars::Profiles || !filter.profile_ids.is_empty() {
             columns.push(col::PROFILE_ID);
+        }
+        if frames.is_some() {
+            columns.push(col::STACK_ID);
         }
         columns.sort_unstable();
         let columns = &columns;
@@ -206,6 +246,18 @@ impl QueryEngine {
                     count(|s| s.blocks += 1);
                     let mut cells: Vec<(Cell, i64)> = Vec::new();
                     let pos = |c: usize| columns.iter().position(|&x| x == c);
+                    // With a frame filter: the block's symbols, and whether each stack is
+                    // kept, judged once per stack.
+                    let judged = match frames {
+                        Some(f) => match self.symbols(&block).await {
+                            Ok(symbols) => Some((f, symbols, StackVerdicts::default())),
+                            Err(e) => {
+                                return self.quarantine_or_fail(&block, e).await.map(|()| None);
+                            }
+                        },
+                        None => None,
+                    };
+                    let mut judged = judged;
                     // Profile totals (kept per profile id) answer exactly when no span or
                     // trace is asked about.
                     let totals = block
@@ -216,6 +268,7 @@ impl QueryEngine {
                             !spans_asked
                                 && filter.span_ids.is_empty()
                                 && filter.trace_ids.is_empty()
+                                && frames.is_none()
                         });
                     let source = totals.map_or(Source::Samples, Source::Rollup);
                     let result = self
@@ -235,7 +288,15 @@ impl QueryEngine {
                                 pos(col::TRACE_ID).map(|i| batch.column(i).as_fixed_size_binary());
                             let profiles = pos(col::PROFILE_ID)
                                 .map(|i| batch.column(i).as_fixed_size_binary());
+                            let stacks = pos(col::STACK_ID)
+                                .map(|i| batch.column(i).as_primitive::<UInt32Type>());
                             for r in 0..batch.num_rows() {
+                                if let (Some((f, symbols, verdicts)), Some(stacks)) =
+                                    (judged.as_mut(), stacks)
+                                    && !verdicts.keeps(f, symbols, stacks.value(r))
+                                {
+                                    continue;
+                                }
                                 let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
                                 let profile =
                                     profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
@@ -281,6 +342,7 @@ impl QueryEngine {
         Ok(per_block.into_iter().flatten().collect())
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn select_series_once(
         &self,
         filter: &SampleFilter,
@@ -289,6 +351,7 @@ impl QueryEngine {
         aggregation: Aggregation,
         limit: Option<usize>,
         exemplars: Exemplars,
+        frames: Option<&FrameFilter>,
     ) -> Result<Vec<SeriesPoints>> {
         // Averages count profiles: cells per profile id where blocks keep them.
         let scan = if exemplars == Exemplars::None && aggregation == Aggregation::Average {
@@ -296,7 +359,7 @@ impl QueryEngine {
         } else {
             exemplars
         };
-        let per_block = self.scan_cells(filter, scan).await?;
+        let per_block = self.scan_cells(filter, scan, frames).await?;
         // group labels -> bucket -> (sum, profiles, span or profile -> exemplar)
         type Bucket = (
             i64,

@@ -1,0 +1,794 @@
+//! Recording rules: metrics from profiles (ADR 0015). Rules are kept per tenant (`rules`),
+//! evaluated on every profile the write path stores, and added once it is acknowledged
+//! (`state`); each interval is sealed into counter samples, which are sent with Prometheus
+//! remote write through a bounded on-disk queue (`remote_write`) and answered on the pull
+//! endpoint.
+//!
+//! Exactly once: a write holds its tenant's gate shared from evaluation until its sums are
+//! added, and loading or changing rules holds it exclusively. So the sums of the intervals not
+//! yet sealed are either in memory (added after the write) or in storage (written before the
+//! gate was taken): at start-up and when a rule is made they are read back from the stored
+//! profiles ([`Recording::load`]). What sealing made of them (the counters) and the late sums
+//! are kept in the tenant document [`STATE_DOCUMENT`], written after the sealed points are in
+//! the queue and, for late sums, before the write is acknowledged.
+
+pub mod remote_write;
+pub mod rules;
+pub mod state;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kiln_otel::model::NormalizedProfile;
+use kiln_storage::Storage;
+use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+
+use crate::error::{ApiError, ErrorKind};
+use crate::tenants::Tenants;
+use remote_write::{Destination, RemoteWriteQueue, Sample};
+use rules::{CompiledRule, RULES_DOCUMENT, Rule};
+use state::{Checkpoint, Contribution, Point, SeriesKey, TenantState};
+
+/// The tenant document of the counters and late sums.
+pub const STATE_DOCUMENT: &str = "recording-state.json";
+
+/// Where the remote-write queue keeps its batches.
+pub fn queue_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("recording").join("remote-write")
+}
+
+/// The label naming the rule of every output series (Pyroscope's).
+pub const RULE_ID_LABEL: &str = "profiles_rule_id";
+
+/// How rules are evaluated and where their samples go (`kiln serve` flags).
+#[derive(Debug, Clone)]
+pub struct RecordingConfig {
+    /// The length of an interval: one point per series each.
+    pub interval: Duration,
+    /// How long after its end an interval is sealed (profiles arrive after their time).
+    pub delay: Duration,
+    /// Where samples go for tenants without a `remote_write_url` of their own.
+    pub remote_write_url: Option<String>,
+    /// How far back a new rule is evaluated from stored profiles.
+    pub backfill: Duration,
+}
+
+impl Default for RecordingConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(15),
+            delay: Duration::from_secs(30),
+            remote_write_url: None,
+            backfill: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Counts of what evaluation did.
+#[derive(Debug, Default)]
+pub struct RecordingStats {
+    /// Profile samples added to rule series.
+    pub samples_recorded: AtomicU64,
+    /// Contributions to already sealed intervals, carried into the next one.
+    pub late: AtomicU64,
+    /// Contributions refused because the tenant's output series are at their cap.
+    pub series_refused: AtomicU64,
+    /// Points sealed (sent or answered on the pull endpoint).
+    pub points_sealed: AtomicU64,
+}
+
+/// A tenant's rules and series.
+#[derive(Debug)]
+struct TenantRecording {
+    /// Shared by writes from evaluation to commit; exclusive while rules load or change.
+    /// `None` until loaded.
+    gate: Arc<RwLock<Option<Arc<Vec<Arc<CompiledRule>>>>>>,
+    state: tokio::sync::Mutex<Option<TenantState>>,
+}
+
+/// Recording rules of every tenant this process writes for.
+#[derive(Debug)]
+pub struct Recording {
+    config: RecordingConfig,
+    tenants: Mutex<HashMap<String, Arc<TenantRecording>>>,
+    queue: Option<Arc<RemoteWriteQueue>>,
+    pub stats: RecordingStats,
+}
+
+/// A write under way: the rules it was evaluated with, held until its sums are added.
+pub struct Evaluation {
+    tenant: Arc<TenantRecording>,
+    rules: OwnedRwLockReadGuard<Option<Arc<Vec<Arc<CompiledRule>>>>>,
+    contributions: Vec<Contribution>,
+    samples: u64,
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("recording rules: {what}: {e}"))
+}
+
+impl Recording {
+    /// Rules evaluated with `config`; sealed points are queued in `queue` (none: only the pull
+    /// endpoint answers them).
+    pub fn new(config: RecordingConfig, queue: Option<Arc<RemoteWriteQueue>>) -> Self {
+        Self {
+            config,
+            tenants: Mutex::new(HashMap::new()),
+            queue,
+            stats: RecordingStats::default(),
+        }
+    }
+
+    /// The queue of samples for remote write, when there is one.
+    pub fn queue(&self) -> Option<&Arc<RemoteWriteQueue>> {
+        self.queue.as_ref()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RecordingConfig {
+        &self.config
+    }
+
+    fn interval_ms(&self) -> i64 {
+        (self.config.interval.as_millis() as i64).max(1)
+    }
+
+    fn tenant(&self, tenant: &str) -> Arc<TenantRecording> {
+        let mut all = self.tenants.lock().expect("recording tenants");
+        Arc::clone(all.entry(tenant.to_owned()).or_insert_with(|| {
+            Arc::new(TenantRecording {
+                gate: Arc::new(RwLock::new(None)),
+                state: tokio::sync::Mutex::new(None),
+            })
+        }))
+    }
+
+    fn loaded_tenants(&self) -> Vec<(String, Arc<TenantRecording>)> {
+        let all = self.tenants.lock().expect("recording tenants");
+        all.iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect()
+    }
+
+    /// The rules of a tenant: the provisioned ones first (they hide stored rules of their id),
+    /// then the ones made through the API, in the order they were made.
+    pub async fn rules(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+    ) -> Result<Vec<Rule>, ApiError> {
+        let provisioned: Vec<Rule> = tenants
+            .limits(tenant)
+            .recording_rules
+            .iter()
+            .map(|p| p.rule())
+            .collect();
+        let stored = stored_rules(storage, tenant).await?;
+        let mut all = provisioned;
+        let hidden: Vec<String> = all.iter().map(|r| r.id.clone()).collect();
+        all.extend(stored.into_iter().filter(|r| !hidden.contains(&r.id)));
+        Ok(all)
+    }
+
+    /// Starts a write's evaluation: the tenant's rules loaded (their open sums read back from
+    /// storage the first time), and held until [`Evaluation::commit`].
+    pub async fn begin(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+        profiles: &[NormalizedProfile],
+    ) -> Result<Evaluation, ApiError> {
+        let t = self.tenant(tenant);
+        loop {
+            let guard = Arc::clone(&t.gate).read_owned().await;
+            if guard.is_some() {
+                let rules = guard.as_ref().map(Arc::clone).unwrap_or_default();
+                let (contributions, samples) = evaluate(&rules, profiles);
+                return Ok(Evaluation {
+                    tenant: t,
+                    rules: guard,
+                    contributions,
+                    samples,
+                });
+            }
+            drop(guard);
+            self.load(storage, tenants, tenant).await?;
+        }
+    }
+
+    /// Loads (or reloads) a tenant's rules under its gate: new and changed rules get their
+    /// open sums from the stored profiles (and a new rule its backfill), deleted ones lose
+    /// their series.
+    pub async fn load(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+    ) -> Result<(), ApiError> {
+        let t = self.tenant(tenant);
+        let mut gate = t.gate.write().await;
+        let rules: Vec<Arc<CompiledRule>> = self
+            .rules(storage, tenants, tenant)
+            .await?
+            .into_iter()
+            .filter_map(|r| match r.compile() {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    tracing::warn!(%tenant, rule = %r.id, error = %e, "recording rule skipped");
+                    None
+                }
+            })
+            .collect();
+        let mut state = t.state.lock().await;
+        let first = state.is_none();
+        if first {
+            *state = Some(match read_checkpoint(storage, tenant).await? {
+                Some(c) => TenantState::from_checkpoint(c, self.interval_ms()),
+                None => TenantState::new(self.interval_ms(), now_ms()),
+            });
+        }
+        let s = state.as_mut().expect("loaded above");
+        let before: HashMap<String, Rule> = gate
+            .as_ref()
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| (r.rule.id.clone(), r.rule.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ids: std::collections::HashSet<String> =
+            rules.iter().map(|r| r.rule.id.clone()).collect();
+        s.retain_rules(|id| ids.contains(id));
+        let max_series = tenants.limits(tenant).max_recording_series;
+        let mut backfilled = Vec::new();
+        let mut started = false;
+        for rule in &rules {
+            let new = !s.start(&rule.rule.id);
+            started |= new;
+            if new {
+                backfilled.extend(self.backfill(storage, tenant, rule, s, max_series).await?);
+            } else if !first && before.get(&rule.rule.id) == Some(&rule.rule) {
+                continue;
+            }
+            let sums = rule_sums(
+                storage,
+                tenant,
+                rule,
+                s.sealed_through(),
+                i64::MAX / 1_000_000,
+                s.interval_ms(),
+            )
+            .await?;
+            s.replace_open(&rule.rule.id, sums);
+        }
+        if !backfilled.is_empty() {
+            self.send(tenants, tenant, &rules, &backfilled).await?;
+        }
+        if started || before.len() != rules.len() {
+            write_checkpoint(storage, tenant, &s.checkpoint()).await?;
+        }
+        *gate = Some(Arc::new(rules));
+        Ok(())
+    }
+
+    /// A new rule's points over the backfill range, from the stored profiles: a 0 at the start
+    /// of each series' first interval, then its counter at every interval's end through the
+    /// sealed point, which the counter continues from.
+    async fn backfill(
+        &self,
+        storage: &Storage,
+        tenant: &str,
+        rule: &CompiledRule,
+        s: &mut TenantState,
+        max_series: usize,
+    ) -> Result<Vec<Point>, ApiError> {
+        let end = s.sealed_through();
+        let interval = s.interval_ms();
+        let range = (self.config.backfill.as_millis() as i64).div_euclid(interval) * interval;
+        if range <= 0 {
+            return Ok(Vec::new());
+        }
+        let start = end - range;
+        let sums = rule_sums(storage, tenant, rule, start, end, interval).await?;
+        let mut by_series: std::collections::BTreeMap<SeriesKey, Vec<(i64, i64)>> =
+            Default::default();
+        for (key, t, v) in sums {
+            by_series.entry(key).or_default().push((t, v));
+        }
+        let mut points = Vec::new();
+        let mut totals = Vec::new();
+        let room = max_series.saturating_sub(s.series());
+        for (key, mut buckets) in by_series.into_iter().take(room) {
+            buckets.sort_unstable();
+            let first = buckets[0].0;
+            points.push(Point {
+                key: key.clone(),
+                time_ms: first,
+                value: 0,
+            });
+            let mut total = 0i64;
+            let mut next = buckets.into_iter().peekable();
+            let mut t = first;
+            while t < end {
+                while let Some(&(b, v)) = next.peek() {
+                    if b > t {
+                        break;
+                    }
+                    total = total.saturating_add(v);
+                    next.next();
+                }
+                points.push(Point {
+                    key: key.clone(),
+                    time_ms: t + interval,
+                    value: total,
+                });
+                t += interval;
+            }
+            totals.push((key, total));
+        }
+        s.seed_counters(totals);
+        Ok(points)
+    }
+
+    /// Seals every loaded tenant's due intervals: points queued (and counted), then the
+    /// counters kept.
+    pub async fn seal_due(&self, storage: &Storage, tenants: &Tenants) {
+        for (tenant, t) in self.loaded_tenants() {
+            if let Err(e) = self.seal_tenant(storage, tenants, &tenant, &t).await {
+                tracing::warn!(%tenant, error = %e, "recording rules: sealing failed; retried");
+            }
+        }
+    }
+
+    async fn seal_tenant(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+        t: &TenantRecording,
+    ) -> Result<(), ApiError> {
+        let gate = t.gate.read().await;
+        let Some(rules) = gate.as_ref().map(Arc::clone) else {
+            return Ok(());
+        };
+        let mut state = t.state.lock().await;
+        let Some(s) = state.as_mut() else {
+            return Ok(());
+        };
+        let delay = self.config.delay.as_millis() as i64;
+        let Some(through) = s.due(now_ms(), delay) else {
+            return Ok(());
+        };
+        let mut sealed = s.clone();
+        let points = sealed.seal(through);
+        if rules.is_empty() && points.is_empty() && s.counters().next().is_none() {
+            // Nothing to keep: the grid moves on in memory only.
+            *s = sealed;
+            return Ok(());
+        }
+        self.send(tenants, tenant, &rules, &points).await?;
+        write_checkpoint(storage, tenant, &sealed.checkpoint()).await?;
+        *s = sealed;
+        Ok(())
+    }
+
+    /// Queues points for the tenant's receiver (when it has one) and counts them.
+    async fn send(
+        &self,
+        tenants: &Tenants,
+        tenant: &str,
+        rules: &[Arc<CompiledRule>],
+        points: &[Point],
+    ) -> Result<(), ApiError> {
+        self.stats
+            .points_sealed
+            .fetch_add(points.len() as u64, Ordering::Relaxed);
+        let Some(queue) = &self.queue else {
+            return Ok(());
+        };
+        let url = Some(tenants.limits(tenant).remote_write_url)
+            .filter(|u| !u.is_empty())
+            .or_else(|| self.config.remote_write_url.clone());
+        let Some(url) = url else {
+            return Ok(());
+        };
+        let samples = samples_of(rules, points);
+        let dest = Destination {
+            url,
+            tenant: tenant.to_owned(),
+        };
+        let queue = Arc::clone(queue);
+        tokio::task::spawn_blocking(move || queue.push(&dest, &samples))
+            .await
+            .map_err(|e| internal("queue", e))?
+            .map_err(|e| internal("queue", e))
+    }
+
+    /// The tenant's counters through its sealed point in the Prometheus text format (the pull
+    /// endpoint), each with its time.
+    pub async fn exposition(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+    ) -> Result<String, ApiError> {
+        let t = self.tenant(tenant);
+        if t.gate.read().await.is_none() {
+            self.load(storage, tenants, tenant).await?;
+        }
+        let gate = t.gate.read().await;
+        let rules = gate.as_ref().map(Arc::clone).unwrap_or_default();
+        let state = t.state.lock().await;
+        let Some(s) = state.as_ref() else {
+            return Ok(String::new());
+        };
+        let at = s.sealed_through();
+        let points: Vec<Point> = s
+            .counters()
+            .map(|(key, value)| Point {
+                key: key.clone(),
+                time_ms: at,
+                value,
+            })
+            .collect();
+        Ok(exposition_text(&samples_of(&rules, &points)))
+    }
+
+    /// Forgets a deleted tenant's series (its documents are deleted with its data).
+    pub fn forget(&self, tenant: &str) {
+        self.tenants
+            .lock()
+            .expect("recording tenants")
+            .remove(tenant);
+    }
+
+    /// Loads the rules of every tenant with stored profiles, so the intervals written before
+    /// a restart are sealed even if the tenant writes no more.
+    pub async fn load_all(&self, storage: &Storage, tenants: &Tenants) {
+        match storage.metastore().tenants().await {
+            Ok(all) => {
+                for tenant in all {
+                    if let Err(e) = self.load(storage, tenants, &tenant).await {
+                        tracing::warn!(%tenant, error = %e, "recording rules: loading failed");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "recording rules: no tenant list"),
+        }
+    }
+
+    /// Reloads the rules of every loaded tenant (changed by another process, or in the
+    /// tenant file).
+    pub async fn reload_all(&self, storage: &Storage, tenants: &Tenants) {
+        for (tenant, _) in self.loaded_tenants() {
+            if let Err(e) = self.load(storage, tenants, &tenant).await {
+                tracing::warn!(%tenant, error = %e, "recording rules: reload failed");
+            }
+        }
+    }
+}
+
+impl Evaluation {
+    /// Adds the write's sums once it is acknowledged; late sums are kept before this returns.
+    pub async fn commit(
+        self,
+        storage: &Storage,
+        tenant: &str,
+        max_series: usize,
+        stats: &RecordingStats,
+    ) -> Result<(), ApiError> {
+        if self.contributions.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.tenant.state.lock().await;
+        let Some(s) = state.as_mut() else {
+            return Ok(());
+        };
+        let added = s.add(&self.contributions, max_series);
+        stats
+            .samples_recorded
+            .fetch_add(self.samples, Ordering::Relaxed);
+        stats.late.fetch_add(added.late as u64, Ordering::Relaxed);
+        stats
+            .series_refused
+            .fetch_add(added.refused as u64, Ordering::Relaxed);
+        if added.late > 0 {
+            write_checkpoint(storage, tenant, &s.checkpoint()).await?;
+        }
+        drop(state);
+        drop(self.rules);
+        Ok(())
+    }
+}
+
+/// A write's sums for every rule that matches its series.
+fn evaluate(
+    rules: &[Arc<CompiledRule>],
+    profiles: &[NormalizedProfile],
+) -> (Vec<Contribution>, u64) {
+    let mut sums: HashMap<(SeriesKey, i64), i64> = HashMap::new();
+    let mut samples = 0u64;
+    if rules.is_empty() {
+        return (Vec::new(), 0);
+    }
+    for p in profiles {
+        for series in &p.series {
+            let profile_type = series.profile_type.id();
+            let get = |name: &str| series.labels.get(name);
+            for rule in rules.iter().filter(|r| r.matches(&profile_type, get)) {
+                let group: Vec<(String, String)> = rule
+                    .rule
+                    .group_by
+                    .iter()
+                    .filter_map(|g| series.labels.get(g).map(|v| (g.clone(), v.to_owned())))
+                    .collect();
+                let key = SeriesKey {
+                    rule: rule.rule.id.clone(),
+                    group,
+                };
+                for sample in &series.samples {
+                    if let Some(f) = &rule.frames
+                        && !f.keeps(p.symbols.frame_names(&sample.stack))
+                    {
+                        continue;
+                    }
+                    let t = if sample.timestamp_nanos != 0 {
+                        sample.timestamp_nanos
+                    } else {
+                        series.time_nanos
+                    };
+                    let slot = sums
+                        .entry((key.clone(), t.div_euclid(1_000_000)))
+                        .or_default();
+                    *slot = slot.saturating_add(sample.value);
+                    samples += 1;
+                }
+            }
+        }
+    }
+    let contributions = sums
+        .into_iter()
+        .map(|((key, time_ms), value)| Contribution {
+            key,
+            time_ms,
+            value,
+        })
+        .collect();
+    (contributions, samples)
+}
+
+/// A rule's sums per series and interval (start) over `[start, end)` of the stored profiles.
+async fn rule_sums(
+    storage: &Storage,
+    tenant: &str,
+    rule: &CompiledRule,
+    start_ms: i64,
+    end_ms: i64,
+    interval_ms: i64,
+) -> Result<Vec<(SeriesKey, i64, i64)>, ApiError> {
+    let filter = SampleFilter {
+        tenant: tenant.to_owned(),
+        profile_type: rule.profile_type.clone(),
+        selector: rule.selector.clone(),
+        start_nanos: start_ms.saturating_mul(1_000_000),
+        end_nanos: end_ms.saturating_mul(1_000_000),
+        span_ids: Vec::new(),
+        trace_ids: Vec::new(),
+        profile_ids: Vec::new(),
+    };
+    let series = storage
+        .query()
+        .select_series_of_stacks(
+            &filter,
+            &rule.rule.group_by,
+            interval_ms.saturating_mul(1_000_000),
+            Aggregation::Sum,
+            None,
+            Exemplars::None,
+            rule.frames.clone(),
+        )
+        .await?;
+    Ok(series
+        .into_iter()
+        .flat_map(|s| {
+            let key = SeriesKey {
+                rule: rule.rule.id.clone(),
+                group: s.labels,
+            };
+            s.points
+                .into_iter()
+                .map(move |(t, v)| (key.clone(), t, v as i64))
+        })
+        .collect())
+}
+
+/// Points as samples: each series labelled by its rule (points of rules no longer there are
+/// left out).
+fn samples_of(rules: &[Arc<CompiledRule>], points: &[Point]) -> Vec<Sample> {
+    let by_id: HashMap<&str, &CompiledRule> = rules
+        .iter()
+        .map(|r| (r.rule.id.as_str(), r.as_ref()))
+        .collect();
+    points
+        .iter()
+        .filter_map(|p| {
+            let rule = by_id.get(p.key.rule.as_str())?;
+            let mut labels = rule.output_labels(&p.key.group);
+            labels.push((RULE_ID_LABEL.to_owned(), rule.rule.id.clone()));
+            labels.sort();
+            Some(Sample {
+                labels,
+                timestamp_ms: p.time_ms,
+                value: p.value as f64,
+            })
+        })
+        .collect()
+}
+
+/// Samples in the Prometheus text format, as counters with their times.
+fn exposition_text(samples: &[Sample]) -> String {
+    use std::fmt::Write;
+    let mut by_name: std::collections::BTreeMap<&str, Vec<&Sample>> = Default::default();
+    for s in samples {
+        let name = s
+            .labels
+            .iter()
+            .find(|(k, _)| k == "__name__")
+            .map_or("", |(_, v)| v.as_str());
+        by_name.entry(name).or_default().push(s);
+    }
+    let mut out = String::new();
+    for (name, samples) in by_name {
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for s in samples {
+            let labels: Vec<String> = s
+                .labels
+                .iter()
+                .filter(|(k, _)| k != "__name__")
+                .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "{name}{{{}}} {} {}",
+                labels.join(","),
+                s.value,
+                s.timestamp_ms
+            );
+        }
+    }
+    out
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn now_ms() -> i64 {
+    crate::time::now_nanos().div_euclid(1_000_000)
+}
+
+/// The rules a tenant made through the API.
+pub async fn stored_rules(storage: &Storage, tenant: &str) -> Result<Vec<Rule>, ApiError> {
+    match storage.tenant_document(tenant, RULES_DOCUMENT).await? {
+        None => Ok(Vec::new()),
+        Some(doc) => serde_json::from_slice(&doc)
+            .map_err(|e| internal(&format!("the rules of {tenant} are unreadable"), e)),
+    }
+}
+
+/// Replaces the rules a tenant made through the API.
+pub async fn put_stored_rules(
+    storage: &Storage,
+    tenant: &str,
+    rules: &[Rule],
+) -> Result<(), ApiError> {
+    let doc = serde_json::to_vec(rules).map_err(ApiError::internal)?;
+    Ok(storage
+        .put_tenant_document(tenant, RULES_DOCUMENT, Bytes::from(doc))
+        .await?)
+}
+
+async fn read_checkpoint(storage: &Storage, tenant: &str) -> Result<Option<Checkpoint>, ApiError> {
+    match storage.tenant_document(tenant, STATE_DOCUMENT).await? {
+        None => Ok(None),
+        Some(doc) => serde_json::from_slice(&doc)
+            .map(Some)
+            .map_err(|e| internal(&format!("the recording state of {tenant} is unreadable"), e)),
+    }
+}
+
+async fn write_checkpoint(storage: &Storage, tenant: &str, c: &Checkpoint) -> Result<(), ApiError> {
+    let doc = serde_json::to_vec(c).map_err(ApiError::internal)?;
+    storage
+        .put_tenant_document(tenant, STATE_DOCUMENT, Bytes::from(doc))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                ErrorKind::Unavailable,
+                "the recording rules' state could not be kept; retry",
+            )
+            .with_detail(e.to_string())
+        })
+}
+
+/// Recording rules' metrics, read at each scrape: `kiln_recording_…` and the remote-write
+/// queue's `kiln_recording_remote_write_…`.
+#[derive(Debug)]
+pub struct StatsCollector(pub Arc<Recording>);
+
+impl prometheus_client::collector::Collector for StatsCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let s = &self.0.stats;
+        let mut counters: Vec<(&str, &str, u64)> = vec![
+            (
+                "recording_samples_recorded",
+                "Profile samples added to recording rules' series",
+                s.samples_recorded.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_late_contributions",
+                "Rule sums of profiles acknowledged after their interval was sealed (counted in the next)",
+                s.late.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_series_refused",
+                "Rule sums dropped because the tenant's rule series are at max_recording_series",
+                s.series_refused.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_points_sealed",
+                "Points of rule series sealed (queued for remote write, answered on the pull endpoint)",
+                s.points_sealed.load(Ordering::Relaxed),
+            ),
+        ];
+        if let Some(q) = &self.0.queue {
+            let q = q.stats();
+            counters.extend([
+                ("recording_remote_write_samples_sent", "Samples the receiver took", q.samples_sent()),
+                (
+                    "recording_remote_write_samples_dropped",
+                    "Samples dropped, oldest first, because the queue passed --remote-write-queue-bytes",
+                    q.samples_dropped(),
+                ),
+                (
+                    "recording_remote_write_samples_rejected",
+                    "Samples the receiver refused for good (a 4xx other than 429)",
+                    q.samples_rejected(),
+                ),
+                (
+                    "recording_remote_write_failures",
+                    "Sends that failed and are retried (5xx, 429, no answer)",
+                    q.send_failures(),
+                ),
+            ]);
+        }
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        if let Some(q) = &self.0.queue {
+            let g = ConstGauge::new(q.stats().pending_bytes() as i64);
+            g.encode(encoder.encode_descriptor(
+                "recording_remote_write_pending_bytes",
+                "Bytes of samples waiting in the remote-write queue",
+                None,
+                g.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
+}
