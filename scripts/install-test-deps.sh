@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof and the
 # symbolization tests' Go programs), g++, binutils and debuginfod (symbolization), openssl
-# (test keys), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
+# (test keys), Prometheus (the recording rules' remote-write receiver), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
 # the JDK's own flight recorder) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
 # directory, @pyroscope/nodejs under e2e/clients/node, Microsoft's Azurite and s3rver (object
@@ -23,6 +23,8 @@ command -v dot >/dev/null 2>&1 || need_apt+=(graphviz)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v addr2line >/dev/null 2>&1 && command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
 command -v debuginfod >/dev/null 2>&1 || need_apt+=(debuginfod)
+# Recording rules' tests: a real Prometheus takes Kiln's remote writes.
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"

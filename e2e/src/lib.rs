@@ -3,6 +3,7 @@
 //! clients send through a small loopback proxy so tests can compare stored totals with the
 //! values the clients really sent.
 
+pub mod prometheus;
 pub mod proxy;
 
 use std::io::Read;

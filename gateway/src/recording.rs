@@ -353,7 +353,28 @@ impl Recording {
         tenant: &str,
         t: &TenantRecording,
     ) -> Result<(), ApiError> {
-        let gate = t.gate.read().await;
+        let delay = self.config.delay.as_millis() as i64;
+        // A look first, so writes are held back only when an interval is due and there is
+        // something to keep.
+        {
+            let has_rules = t.gate.read().await.as_ref().is_some_and(|r| !r.is_empty());
+            let mut state = t.state.lock().await;
+            let Some(s) = state.as_mut() else {
+                return Ok(());
+            };
+            let Some(through) = s.due(now_ms(), delay) else {
+                return Ok(());
+            };
+            if !has_rules && s.series() == 0 {
+                // Nothing to keep: the grid moves on in memory only.
+                s.seal(through);
+                return Ok(());
+            }
+        }
+        // Exclusive: every write stored before this point has added its sums, so what is
+        // sealed is what storage holds for those intervals, and sealing them again after a
+        // crash (from storage) sends the very same points.
+        let gate = t.gate.write().await;
         let Some(rules) = gate.as_ref().map(Arc::clone) else {
             return Ok(());
         };
@@ -361,17 +382,11 @@ impl Recording {
         let Some(s) = state.as_mut() else {
             return Ok(());
         };
-        let delay = self.config.delay.as_millis() as i64;
         let Some(through) = s.due(now_ms(), delay) else {
             return Ok(());
         };
         let mut sealed = s.clone();
         let points = sealed.seal(through);
-        if rules.is_empty() && points.is_empty() && s.counters().next().is_none() {
-            // Nothing to keep: the grid moves on in memory only.
-            *s = sealed;
-            return Ok(());
-        }
         self.send(tenants, tenant, &rules, &points).await?;
         write_checkpoint(storage, tenant, &sealed.checkpoint()).await?;
         *s = sealed;

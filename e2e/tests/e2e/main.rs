@@ -19,6 +19,7 @@ mod memory;
 mod object_stores;
 mod otlp;
 mod parca;
+mod recording_rules;
 mod restart;
 mod scale_out;
 mod self_profile;
