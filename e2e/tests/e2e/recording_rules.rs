@@ -551,6 +551,17 @@ fn rule_series_in_prometheus_equal_kilns_own_answers() -> Result<()> {
             pay[pod]
         );
     }
+    // The alert example's share, on these rules' counters: the function's share of the CPU.
+    let share = prom.query(
+        "sum(profiles_recorded_shop_pay) / sum(profiles_recorded_shop_cpu)",
+        now_ms() as f64 / 1000.0,
+    )?;
+    let share: f64 = share[0]["value"][1].as_str().context("share")?.parse()?;
+    let (pay_all, cpu_all) = (pay.values().sum::<i64>(), by_pod.values().sum::<i64>());
+    ensure!(
+        (share - pay_all as f64 / cpu_all as f64).abs() < 1e-12,
+        "share {share}, want {pay_all}/{cpu_all}"
+    );
     // The backfilled profiles count: p1's counter holds them.
     ensure!(by_pod["p1"] > 7 * TICK, "{by_pod:?}");
     // team-b: no rules, no counters, and none of its profiles in team-a's series.
@@ -654,5 +665,24 @@ fn kill_9_and_a_minute_without_the_receiver_lose_and_double_nothing() -> Result<
     }
     ensure!(kiln_metric(&kiln, "kiln_recording_remote_write_samples_dropped_total")? == 0.0);
     ensure!(kiln_metric(&kiln, "kiln_recording_remote_write_samples_rejected_total")? == 0.0);
+    Ok(())
+}
+
+/// The alert rules `docs/recording-rules.md` shows are valid for Prometheus.
+#[test]
+fn the_alert_example_is_a_valid_prometheus_rule_file() -> Result<()> {
+    let promtool = kiln_e2e::prometheus::prometheus_bin()?.with_file_name("promtool");
+    let file = kiln_e2e::repo_root().join("docs/examples/recording-rules-alerts.yml");
+    let out = std::process::Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .with_context(|| format!("running {}", promtool.display()))?;
+    ensure!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }

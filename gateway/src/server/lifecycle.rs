@@ -137,6 +137,9 @@ fn spawn_recording(app: Arc<App>) {
         }
     }
     tokio::spawn(async move {
+        // What the spool holds is queryable once drained: drained first, so the open
+        // intervals are rebuilt with it (ADR 0015).
+        app.storage.drain_spool().await;
         app.recording.load_all(&app.storage, &app.tenants).await;
         let mut last_reload = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
