@@ -88,6 +88,12 @@ struct TenantRecording {
     /// `None` until loaded.
     gate: Arc<RwLock<Option<Arc<Vec<Arc<CompiledRule>>>>>>,
     state: tokio::sync::Mutex<Option<TenantState>>,
+    /// Late additions made (numbered under the state's lock).
+    late_added: AtomicU64,
+    /// The late additions the state document holds, and the one writer of it for them: writes
+    /// with late sums wait here, and one document write covers every addition made before it
+    /// (group commit).
+    late_kept: tokio::sync::Mutex<u64>,
 }
 
 /// Recording rules of every tenant this process writes for.
@@ -143,6 +149,8 @@ impl Recording {
             Arc::new(TenantRecording {
                 gate: Arc::new(RwLock::new(None)),
                 state: tokio::sync::Mutex::new(None),
+                late_added: AtomicU64::new(0),
+                late_kept: tokio::sync::Mutex::new(0),
             })
         }))
     }
@@ -501,22 +509,41 @@ impl Evaluation {
         if self.contributions.is_empty() {
             return Ok(());
         }
-        let mut state = self.tenant.state.lock().await;
-        let Some(s) = state.as_mut() else {
-            return Ok(());
+        let t = &self.tenant;
+        let mine = {
+            let mut state = t.state.lock().await;
+            let Some(s) = state.as_mut() else {
+                return Ok(());
+            };
+            let added = s.add(&self.contributions, max_series);
+            stats
+                .samples_recorded
+                .fetch_add(self.samples, Ordering::Relaxed);
+            stats.late.fetch_add(added.late as u64, Ordering::Relaxed);
+            stats
+                .series_refused
+                .fetch_add(added.refused as u64, Ordering::Relaxed);
+            if added.late == 0 {
+                return Ok(());
+            }
+            t.late_added.fetch_add(1, Ordering::SeqCst) + 1
         };
-        let added = s.add(&self.contributions, max_series);
-        stats
-            .samples_recorded
-            .fetch_add(self.samples, Ordering::Relaxed);
-        stats.late.fetch_add(added.late as u64, Ordering::Relaxed);
-        stats
-            .series_refused
-            .fetch_add(added.refused as u64, Ordering::Relaxed);
-        if added.late > 0 {
-            write_checkpoint(storage, tenant, &s.checkpoint()).await?;
+        // Late sums are kept before the write is acknowledged; one document write covers
+        // every late addition made before it was taken.
+        let mut kept = t.late_kept.lock().await;
+        if *kept >= mine {
+            return Ok(());
         }
-        drop(state);
+        let (checkpoint, covered) = {
+            let state = t.state.lock().await;
+            let Some(s) = state.as_ref() else {
+                return Ok(());
+            };
+            (s.checkpoint(), t.late_added.load(Ordering::SeqCst))
+        };
+        write_checkpoint(storage, tenant, &checkpoint).await?;
+        *kept = covered;
+        drop(kept);
         drop(self.rules);
         Ok(())
     }

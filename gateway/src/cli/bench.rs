@@ -9,6 +9,7 @@
 //! the test venv) on them. One table on stdout (a progress bar on stderr while it runs), and
 //! JSON with `--json`.
 
+pub mod recording;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -103,6 +104,13 @@ pub struct BenchArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Recording rules made before ingest (each one service's CPU by pod, every fourth with a
+    /// function filter), sent to a remote-write receiver the bench runs on loopback.
+    #[arg(long, default_value_t = 0)]
+    pub recording_rules: usize,
+    /// `--recording-interval` of the server (with rules).
+    #[arg(long, default_value = "15s")]
+    pub recording_interval: String,
 }
 
 /// p50 and p99 of repeated measurements, in milliseconds.
@@ -207,8 +215,71 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None
     };
 
-    let server = Server::start(&dir.join("data"))?;
+    let mut extra: Vec<String> = Vec::new();
+    let receiver = if args.recording_rules > 0 {
+        let (url, counts) = recording::receiver().await?;
+        extra.extend([
+            "--remote-write-url".into(),
+            url,
+            "--recording-interval".into(),
+            args.recording_interval.clone(),
+            "--recording-backfill".into(),
+            "0s".into(),
+        ]);
+        Some(counts)
+    } else {
+        None
+    };
+    let server = Server::start(&dir.join("data"), &extra)?;
+    if args.recording_rules > 0 {
+        recording::make_rules(
+            &reqwest::Client::new(),
+            &server.url,
+            args.recording_rules,
+            shape.services,
+        )
+        .await?;
+    }
     let kiln = bench_kiln(&args, &server, &mut workload, peer_rows.as_mut()).await?;
+    let recording = match &receiver {
+        Some(counts) => {
+            // Two intervals past the data's last seal, so what it sealed has been sent.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let metrics = reqwest::get(format!("{}/metrics", server.url))
+                .await?
+                .text()
+                .await?;
+            let points_sealed = metrics
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("kiln_recording_points_sealed_total ")?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0.0);
+            use std::sync::atomic::Ordering::Relaxed;
+            let r = recording::RecordingResults {
+                rules: args.recording_rules,
+                requests: counts.requests.load(Relaxed),
+                bytes: counts.bytes.load(Relaxed),
+                samples: counts.samples.load(Relaxed),
+                points_sealed,
+            };
+            println!(
+                "recording rules: {} rules; remote write: {} requests, {} bytes, {} samples \
+                 ({:.1} bytes a sample, {:.0} bytes a rule); {} points sealed",
+                r.rules,
+                r.requests,
+                r.bytes,
+                r.samples,
+                r.bytes as f64 / r.samples.max(1) as f64,
+                r.bytes as f64 / r.rules.max(1) as f64,
+                r.points_sealed
+            );
+            Some(r)
+        }
+        None => None,
+    };
     let peers = match peer_rows {
         Some(rows) => {
             rows.finish(&peers_dir, &workload.stacks)?;
@@ -249,6 +320,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "shape": {"services": shape.services, "pods": shape.pods, "minutes": shape.minutes},
             "kiln": kiln,
             "peers": peers,
+            "recording": recording,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -264,7 +336,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(data: &Path) -> anyhow::Result<Self> {
+    fn start(data: &Path, extra: &[String]) -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -296,6 +368,7 @@ impl Server {
                 "--log",
                 "warn",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
