@@ -36,10 +36,19 @@ use state::{Checkpoint, Contribution, Point, SeriesKey, TenantState};
 /// The tenant document of the counters and late sums.
 pub const STATE_DOCUMENT: &str = "recording-state.json";
 
+/// Most intervals one sealing pass seals (an hour of 15 s intervals).
+const MAX_SEAL_INTERVALS: i64 = 240;
+
+/// A state document sealed longer ago than this is not resumed (its grid restarts now).
+const MAX_RESUME_MS: i64 = 7 * 86_400_000;
+
 /// Where the remote-write queue keeps its batches.
 pub fn queue_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
     data_dir.join("recording").join("remote-write")
 }
+
+/// The label naming the tenant of every series sent to the shared `--remote-write-url`.
+pub const TENANT_LABEL: &str = "kiln_tenant";
 
 /// The label naming the rule of every output series (Pyroscope's).
 pub const RULE_ID_LABEL: &str = "profiles_rule_id";
@@ -88,12 +97,12 @@ struct TenantRecording {
     /// `None` until loaded.
     gate: Arc<RwLock<Option<Arc<Vec<Arc<CompiledRule>>>>>>,
     state: tokio::sync::Mutex<Option<TenantState>>,
-    /// Late additions made (numbered under the state's lock).
-    late_added: AtomicU64,
-    /// The late additions the state document holds, and the one writer of it for them: writes
-    /// with late sums wait here, and one document write covers every addition made before it
-    /// (group commit).
-    late_kept: tokio::sync::Mutex<u64>,
+    /// Changes of the state the document must keep (late sums, seals), numbered under the
+    /// state's lock.
+    changes: AtomicU64,
+    /// The last change the document keeps, and the one writer of it: writers wait here, and
+    /// one document write covers every change made before it (group commit).
+    kept: tokio::sync::Mutex<u64>,
 }
 
 /// Recording rules of every tenant this process writes for.
@@ -149,8 +158,8 @@ impl Recording {
             Arc::new(TenantRecording {
                 gate: Arc::new(RwLock::new(None)),
                 state: tokio::sync::Mutex::new(None),
-                late_added: AtomicU64::new(0),
-                late_kept: tokio::sync::Mutex::new(0),
+                changes: AtomicU64::new(0),
+                kept: tokio::sync::Mutex::new(0),
             })
         }))
     }
@@ -206,7 +215,22 @@ impl Recording {
                 });
             }
             drop(guard);
-            self.load(storage, tenants, tenant).await?;
+            if let Err(e) = self.load(storage, tenants, tenant).await {
+                // The rules cannot be read (the object store away): the write goes through
+                // unevaluated, holding the gate so no load reads storage before it is there.
+                // Nothing is sealed until a load succeeds, and that load reads the open
+                // intervals back from storage, this write included.
+                tracing::warn!(%tenant, error = %e, "recording rules not loaded; write not held back");
+                let guard = Arc::clone(&t.gate).read_owned().await;
+                if guard.is_none() {
+                    return Ok(Evaluation {
+                        tenant: t,
+                        rules: guard,
+                        contributions: Vec::new(),
+                        samples: 0,
+                    });
+                }
+            }
         }
     }
 
@@ -220,7 +244,6 @@ impl Recording {
         tenant: &str,
     ) -> Result<(), ApiError> {
         let t = self.tenant(tenant);
-        let mut gate = t.gate.write().await;
         let rules: Vec<Arc<CompiledRule>> = self
             .rules(storage, tenants, tenant)
             .await?
@@ -233,15 +256,40 @@ impl Recording {
                 }
             })
             .collect();
+        let same = |loaded: &[Arc<CompiledRule>]| {
+            loaded.len() == rules.len() && loaded.iter().zip(&rules).all(|(a, b)| a.rule == b.rule)
+        };
+        // Unchanged (the periodic reload, mostly): writes are not held back.
+        if t.gate.read().await.as_deref().is_some_and(|r| same(r)) {
+            return Ok(());
+        }
+        let mut gate = t.gate.write().await;
+        if gate.as_deref().is_some_and(|r| same(r)) {
+            return Ok(());
+        }
         let mut state = t.state.lock().await;
         let first = state.is_none();
-        if first {
-            *state = Some(match read_checkpoint(storage, tenant).await? {
-                Some(c) => TenantState::from_checkpoint(c, self.interval_ms()),
-                None => TenantState::new(self.interval_ms(), now_ms()),
-            });
-        }
-        let s = state.as_mut().expect("loaded above");
+        // Changed on a copy, kept only when every read below succeeded.
+        let mut s = match state.as_ref() {
+            Some(s) => s.clone(),
+            None => {
+                let now = now_ms();
+                match read_checkpoint(storage, tenant).await? {
+                    // A grid older than the longest backfill is not resumed (a damaged or
+                    // ancient document): it restarts now, its counters kept.
+                    Some(c) if c.sealed_through_ms >= now - MAX_RESUME_MS => {
+                        TenantState::from_checkpoint(c, self.interval_ms())
+                    }
+                    Some(c) => {
+                        tracing::warn!(%tenant, sealed_through_ms = c.sealed_through_ms, "recording rules: the state's grid is too old to resume; restarted now");
+                        let mut fresh = TenantState::from_checkpoint(c, self.interval_ms());
+                        fresh.restart_grid(now);
+                        fresh
+                    }
+                    None => TenantState::new(self.interval_ms(), now),
+                }
+            }
+        };
         let before: HashMap<String, Rule> = gate
             .as_ref()
             .map(|rs| {
@@ -255,12 +303,13 @@ impl Recording {
         s.retain_rules(|id| ids.contains(id));
         let max_series = tenants.limits(tenant).max_recording_series;
         let mut backfilled = Vec::new();
-        let mut started = false;
         for rule in &rules {
             let new = !s.start(&rule.rule.id);
-            started |= new;
             if new {
-                backfilled.extend(self.backfill(storage, tenant, rule, s, max_series).await?);
+                backfilled.extend(
+                    self.backfill(storage, tenant, rule, &mut s, max_series)
+                        .await?,
+                );
             } else if !first && before.get(&rule.rule.id) == Some(&rule.rule) {
                 continue;
             }
@@ -278,10 +327,15 @@ impl Recording {
         if !backfilled.is_empty() {
             self.send(tenants, tenant, &rules, &backfilled).await?;
         }
-        if started || before.len() != rules.len() {
-            write_checkpoint(storage, tenant, &s.checkpoint()).await?;
-        }
+        let keep = state.as_ref().map(TenantState::checkpoint) != Some(s.checkpoint());
+        *state = Some(s);
+        let change = t.changes.fetch_add(1, Ordering::SeqCst) + 1;
+        drop(state);
         *gate = Some(Arc::new(rules));
+        drop(gate);
+        if keep && !(first && before.is_empty() && ids.is_empty()) {
+            persist(storage, tenant, &t, change).await?;
+        }
         Ok(())
     }
 
@@ -348,6 +402,13 @@ impl Recording {
     /// counters kept.
     pub async fn seal_due(&self, storage: &Storage, tenants: &Tenants) {
         for (tenant, t) in self.loaded_tenants() {
+            let pending = t.changes.load(Ordering::SeqCst);
+            if *t.kept.lock().await < pending
+                && let Err(e) = persist(storage, &tenant, &t, pending).await
+            {
+                tracing::warn!(%tenant, error = %e, "recording rules: the state is not kept yet; retried");
+                continue;
+            }
             if let Err(e) = self.seal_tenant(storage, tenants, &tenant, &t).await {
                 tracing::warn!(%tenant, error = %e, "recording rules: sealing failed; retried");
             }
@@ -380,8 +441,7 @@ impl Recording {
             }
         }
         // Exclusive: every write stored before this point has added its sums, so what is
-        // sealed is what storage holds for those intervals, and sealing them again after a
-        // crash (from storage) sends the very same points.
+        // sealed is what storage holds for those intervals.
         let gate = t.gate.write().await;
         let Some(rules) = gate.as_ref().map(Arc::clone) else {
             return Ok(());
@@ -393,12 +453,18 @@ impl Recording {
         let Some(through) = s.due(now_ms(), delay) else {
             return Ok(());
         };
+        // At most an hour of intervals a pass: a long outage is caught up in bounded steps.
+        let through = through.min(s.sealed_through() + MAX_SEAL_INTERVALS * s.interval_ms());
         let mut sealed = s.clone();
         let points = sealed.seal(through);
         self.send(tenants, tenant, &rules, &points).await?;
-        write_checkpoint(storage, tenant, &sealed.checkpoint()).await?;
+        // Queued: the points are sealed, whatever becomes of the document write below (a
+        // failed one is retried, never the seal, so no time is ever sent two values).
         *s = sealed;
-        Ok(())
+        let change = t.changes.fetch_add(1, Ordering::SeqCst) + 1;
+        drop(state);
+        drop(gate);
+        persist(storage, tenant, t, change).await
     }
 
     /// Queues points for the tenant's receiver (when it has one) and counts them.
@@ -415,13 +481,20 @@ impl Recording {
         let Some(queue) = &self.queue else {
             return Ok(());
         };
-        let url = Some(tenants.limits(tenant).remote_write_url)
-            .filter(|u| !u.is_empty())
-            .or_else(|| self.config.remote_write_url.clone());
-        let Some(url) = url else {
+        let own = Some(tenants.limits(tenant).remote_write_url).filter(|u| !u.is_empty());
+        let shared = own.is_none();
+        let Some(url) = own.or_else(|| self.config.remote_write_url.clone()) else {
             return Ok(());
         };
-        let samples = samples_of(rules, points);
+        let mut samples = samples_of(rules, points);
+        if shared {
+            // One receiver for every tenant (a plain Prometheus ignores `X-Scope-OrgID`): the
+            // tenant is a label too, so no tenant's series can be another's.
+            for s in &mut samples {
+                s.labels.push((TENANT_LABEL.to_owned(), tenant.to_owned()));
+                s.labels.sort();
+            }
+        }
         let dest = Destination {
             url,
             tenant: tenant.to_owned(),
@@ -526,39 +599,50 @@ impl Evaluation {
             if added.late == 0 {
                 return Ok(());
             }
-            t.late_added.fetch_add(1, Ordering::SeqCst) + 1
+            t.changes.fetch_add(1, Ordering::SeqCst) + 1
         };
-        // Late sums are kept before the write is acknowledged; one document write covers
-        // every late addition made before it was taken.
-        let mut kept = t.late_kept.lock().await;
-        if *kept >= mine {
-            return Ok(());
-        }
-        let (checkpoint, covered) = {
-            let state = t.state.lock().await;
-            let Some(s) = state.as_ref() else {
-                return Ok(());
-            };
-            (s.checkpoint(), t.late_added.load(Ordering::SeqCst))
-        };
-        write_checkpoint(storage, tenant, &checkpoint).await?;
-        *kept = covered;
-        drop(kept);
+        // Late sums are kept before the write is acknowledged.
+        persist(storage, tenant, t, mine).await?;
         drop(self.rules);
         Ok(())
     }
 }
 
-/// A write's sums for every rule that matches its series.
+/// Writes the tenant's state document once it holds change `mine`: one write covers every
+/// change made before it was taken (group commit).
+async fn persist(
+    storage: &Storage,
+    tenant: &str,
+    t: &TenantRecording,
+    mine: u64,
+) -> Result<(), ApiError> {
+    let mut kept = t.kept.lock().await;
+    if *kept >= mine {
+        return Ok(());
+    }
+    let (checkpoint, covered) = {
+        let state = t.state.lock().await;
+        let Some(s) = state.as_ref() else {
+            return Ok(());
+        };
+        (s.checkpoint(), t.changes.load(Ordering::SeqCst))
+    };
+    write_checkpoint(storage, tenant, &checkpoint).await?;
+    *kept = covered;
+    Ok(())
+}
+
+/// A write's sums for every rule that matches its series: per rule and series, the samples'
+/// values summed by millisecond, one key built per series.
 fn evaluate(
     rules: &[Arc<CompiledRule>],
     profiles: &[NormalizedProfile],
 ) -> (Vec<Contribution>, u64) {
-    let mut sums: HashMap<(SeriesKey, i64), i64> = HashMap::new();
-    let mut samples = 0u64;
     if rules.is_empty() {
         return (Vec::new(), 0);
     }
+    let mut sums: HashMap<SeriesKey, HashMap<i64, i64>> = HashMap::new();
+    let mut samples = 0u64;
     for p in profiles {
         for series in &p.series {
             let profile_type = series.profile_type.id();
@@ -570,10 +654,12 @@ fn evaluate(
                     .iter()
                     .filter_map(|g| series.labels.get(g).map(|v| (g.clone(), v.to_owned())))
                     .collect();
-                let key = SeriesKey {
-                    rule: rule.rule.id.clone(),
-                    group,
-                };
+                let by_time = sums
+                    .entry(SeriesKey {
+                        rule: rule.rule.id.clone(),
+                        group,
+                    })
+                    .or_default();
                 for sample in &series.samples {
                     if let Some(f) = &rule.frames
                         && !f.keeps(p.symbols.frame_names(&sample.stack))
@@ -585,23 +671,23 @@ fn evaluate(
                     } else {
                         series.time_nanos
                     };
-                    let slot = sums
-                        .entry((key.clone(), t.div_euclid(1_000_000)))
-                        .or_default();
+                    let slot = by_time.entry(t.div_euclid(1_000_000)).or_default();
                     *slot = slot.saturating_add(sample.value);
                     samples += 1;
                 }
             }
         }
     }
-    let contributions = sums
-        .into_iter()
-        .map(|((key, time_ms), value)| Contribution {
-            key,
-            time_ms,
-            value,
-        })
-        .collect();
+    let mut contributions = Vec::new();
+    for (key, by_time) in sums {
+        for (time_ms, value) in by_time {
+            contributions.push(Contribution {
+                key: key.clone(),
+                time_ms,
+                value,
+            });
+        }
+    }
     (contributions, samples)
 }
 

@@ -190,6 +190,9 @@ async fn rules_are_kept_per_tenant_as_pyroscope_answers() {
         StatusCode::BAD_REQUEST,
     ));
     let mut r = app_rule("x", "checkout");
+    r["groupBy"] = json!(["profiles_rule_id"]);
+    bad.push(("a label Kiln sets", r, StatusCode::BAD_REQUEST));
+    let mut r = app_rule("x", "checkout");
     r["id"] = json!(provisioned_id);
     bad.push(("provisioned", r, StatusCode::BAD_REQUEST));
     for (want, body, code) in bad {

@@ -1127,8 +1127,8 @@ fn json_i64(v: &serde_json::Value) -> i64 {
 
 /// `stack_trace_selector.frame_filter` as newer datasource and Drilldown builds send it (JSON
 /// and binary protobuf, field 3): whole stacks kept by their functions' names, with a call site
-/// too, in flame graphs and pprof; an invalid regex is a 400 before anything is read (series
-/// too); another tenant sees nothing.
+/// too, in flame graphs, pprof and series; an invalid regex is a 400 before anything is read;
+/// another tenant sees nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frame_filters_as_newer_clients_send_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -1205,6 +1205,21 @@ async fn frame_filters_as_newer_clients_send_them() {
         .await,
         0
     );
+
+    // Series narrow too: the stacks through `checkout`, summed per step (team-b: none).
+    for (tenant, want) in [("team-a", 5 * ms), ("team-b", 0)] {
+        let mut body = request(json!({ "includeFunctionNames": ["checkout"] }), &[]);
+        body["step"] = json!(3600.0);
+        let out = connect_json(&router, tenant, "SelectSeries", body).await;
+        let sum: f64 = out["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["points"].as_array().cloned().unwrap_or_default())
+            .map(|p| p["value"].as_f64().unwrap_or(0.0))
+            .sum();
+        assert_eq!(sum as i64, want, "{tenant}: {out}");
+    }
 
     // pprof (the function details panel, and pprof export), as the Go datasource sends it:
     // binary protobuf, the filter at field 3 of the selector.

@@ -25,6 +25,8 @@ const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const RR: &str = "/settings.v1.RecordingRulesService";
 /// 10 ms: a folded sample at 100 Hz, and the period of the pprof and OTLP profiles below.
 const TICK: i64 = 10_000_000;
+/// team-a's series of the rule both tenants made.
+const A_SHOP_CPU: &str = "profiles_recorded_shop_cpu{kiln_tenant=\"team-a\"}";
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -491,6 +493,8 @@ fn rule_series_in_prometheus_equal_kilns_own_answers() -> Result<()> {
         Some("pay"),
     )?;
     make_rule(&kiln, "team-a", "all_cpu", &[&cpu], &["service_name"], None)?;
+    // team-b's rule of the same name: one Prometheus for both, told apart by `kiln_tenant`.
+    make_rule(&kiln, "team-b", "shop_cpu", &[shop, &cpu], &["pod"], None)?;
 
     // Then over three seconds: every protocol, and team-b writing into the same service.
     let mut last = 0;
@@ -518,21 +522,30 @@ fn rule_series_in_prometheus_equal_kilns_own_answers() -> Result<()> {
         "the pull endpoint takes GET only"
     );
     wait_sealed_and_sent(&kiln, "team-a", last + 1000, Duration::from_secs(60))?;
+    wait_sealed_and_sent(&kiln, "team-b", last + 1000, Duration::from_secs(60))?;
 
     // Every point of every rule, to the sample.
     let from = start.div_euclid(1000) * 1000 - 1000;
     let checked = points_equal_steps(
-        &raw_points(&prom, "profiles_recorded_shop_cpu", "pod")?,
+        &raw_points(&prom, A_SHOP_CPU, "pod")?,
         &kiln_steps(&kiln, "team-a", "{service_name=\"shop\"}", "pod", from)?,
     )?;
     ensure!(checked >= 12, "only {checked} points");
+    points_equal_steps(
+        &raw_points(
+            &prom,
+            "profiles_recorded_shop_cpu{kiln_tenant=\"team-b\"}",
+            "pod",
+        )?,
+        &kiln_steps(&kiln, "team-b", "{service_name=\"shop\"}", "pod", from)?,
+    )?;
     points_equal_steps(
         &raw_points(&prom, "profiles_recorded_all_cpu", "service_name")?,
         &kiln_steps(&kiln, "team-a", "{}", "service_name", from)?,
     )?;
 
     // PromQL as a user writes it equals Kiln's flame graphs and its function table.
-    let by_pod = promql_sum_by(&prom, "profiles_recorded_shop_cpu", "pod")?;
+    let by_pod = promql_sum_by(&prom, A_SHOP_CPU, "pod")?;
     let pay = promql_sum_by(&prom, "profiles_recorded_shop_pay", "pod")?;
     ensure!(by_pod.len() == 3, "{by_pod:?}");
     for pod in ["p1", "p2", "p3"] {
@@ -553,7 +566,7 @@ fn rule_series_in_prometheus_equal_kilns_own_answers() -> Result<()> {
     }
     // The alert example's share, on these rules' counters: the function's share of the CPU.
     let share = prom.query(
-        "sum(profiles_recorded_shop_pay) / sum(profiles_recorded_shop_cpu)",
+        "sum(profiles_recorded_shop_pay) / sum(profiles_recorded_shop_cpu{kiln_tenant=\"team-a\"})",
         now_ms() as f64 / 1000.0,
     )?;
     let share: f64 = share[0]["value"][1].as_str().context("share")?.parse()?;
@@ -564,12 +577,29 @@ fn rule_series_in_prometheus_equal_kilns_own_answers() -> Result<()> {
     );
     // The backfilled profiles count: p1's counter holds them.
     ensure!(by_pod["p1"] > 7 * TICK, "{by_pod:?}");
-    // team-b: no rules, no counters, and none of its profiles in team-a's series.
+    // team-b: its one rule, its own counters; none of its profiles in team-a's series, and
+    // none of team-a's rules in its list.
+    let b = promql_sum_by(
+        &prom,
+        "profiles_recorded_shop_cpu{kiln_tenant=\"team-b\"}",
+        "pod",
+    )?;
     ensure!(
-        sealed_through(&kiln, "team-b")?.is_none(),
-        "team-b has counters"
+        b.len() == 1 && b["p1"] == flame_total(&kiln, "team-b", "{}")?,
+        "{b:?}"
     );
-    ensure!(flame_total(&kiln, "team-b", "{}")? > 0);
+    let listed: Value = kiln
+        .http()
+        .post(kiln.url(&format!("{RR}/ListRecordingRules")))
+        .header("X-Scope-OrgID", "team-b")
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .send()?
+        .json()?;
+    ensure!(
+        listed["rules"].as_array().map(Vec::len) == Some(1),
+        "{listed}"
+    );
     Ok(())
 }
 

@@ -70,8 +70,9 @@ pub async fn delete(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     validate_tenant(&id)?;
     app.auth.authorize_admin(&headers, Some(&id))?;
-    let deleted = app.storage.delete_tenant(&id).await?;
+    // Its recording rules stop first, so no seal writes their state back after the delete.
     app.recording.forget(&id);
+    let deleted = app.storage.delete_tenant(&id).await?;
     app.tenants.forget(&id);
     // Its debug files went with its documents: names cached for it are forgotten.
     app.symbolizer.changed(&id);

@@ -595,10 +595,9 @@ impl Querier {
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
         check_stepped("SelectSeries", r.start, r.end, r.step)?;
-        // Series are summed from stored cells and rollups, with no pass over stacks: a
-        // stack_trace_selector (call site or frame filter) does not narrow them. A frame
-        // filter's regexes are checked all the same, as Pyroscope checks them here.
-        frame_filter(r.stack_trace_selector.as_ref())?;
+        // A frame filter narrows the series to the stacks it keeps (judged over each block's
+        // symbols, as recording rules' functions are); a call site does not narrow them.
+        let frames = frame_filter(r.stack_trace_selector.as_ref())?;
         let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
         let filter = self.filter(tenant, &m)?;
         let aggregation = match r.aggregation {
@@ -616,13 +615,14 @@ impl Querier {
             .app
             .storage
             .query()
-            .select_series(
+            .select_series_of_stacks(
                 &filter,
                 &r.group_by,
                 step_nanos,
                 aggregation,
                 limit,
                 exemplars,
+                frames,
             )
             .await?;
         Ok(q::SelectSeriesResponse {

@@ -39,15 +39,23 @@ pub async fn store(
         .recording
         .begin(&app.storage, &app.tenants, tenant, &profiles)
         .await?;
-    app.storage.write_all(tenant, profiles).await?;
-    evaluation
-        .commit(
-            &app.storage,
-            tenant,
-            app.limits(tenant).max_recording_series,
-            &app.recording.stats,
-        )
-        .await?;
+    // Stored and added in a task of its own: a request cancelled mid-flush (the client gone)
+    // is still stored by the writer, and so its sums are still added.
+    let task = {
+        let (app, tenant) = (AppRef::clone(app), tenant.clone());
+        tokio::spawn(async move {
+            app.storage.write_all(&tenant, profiles).await?;
+            evaluation
+                .commit(
+                    &app.storage,
+                    &tenant,
+                    app.limits(&tenant).max_recording_series,
+                    &app.recording.stats,
+                )
+                .await
+        })
+    };
+    task.await.map_err(ApiError::internal)??;
     app.metrics.decompressed(tenant, decompressed_bytes);
     app.metrics.stored(tenant, series, samples);
     Ok(())

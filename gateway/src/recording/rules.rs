@@ -251,6 +251,11 @@ fn check_label_name(what: &str, name: &str) -> Result<(), InvalidRule> {
             "{what} {name:?} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
         )));
     }
+    if name == crate::recording::RULE_ID_LABEL || name == crate::recording::TENANT_LABEL {
+        return Err(invalid(format!(
+            "{what} {name:?} is a label Kiln sets on every series of a rule"
+        )));
+    }
     if name.starts_with("__") {
         return Err(invalid(format!(
             "{what} {name:?} is unknown: labels starting with __ are Kiln's own"

@@ -75,6 +75,8 @@ pub struct TenantState {
     open: BTreeMap<i64, HashMap<SeriesKey, i64>>,
     carry: BTreeMap<SeriesKey, i64>,
     started: std::collections::BTreeSet<String>,
+    /// Every series of `counters`, `open` and `carry` (so a write checks its keys, not them all).
+    known: std::collections::HashSet<SeriesKey>,
 }
 
 /// What [`TenantState::add`] did.
@@ -97,13 +99,14 @@ impl TenantState {
             open: BTreeMap::new(),
             carry: BTreeMap::new(),
             started: Default::default(),
+            known: Default::default(),
         }
     }
 
     /// The state a checkpoint kept; its grid continues with `interval_ms` from where it was
     /// sealed.
     pub fn from_checkpoint(c: Checkpoint, interval_ms: i64) -> Self {
-        Self {
+        let mut s = Self {
             interval_ms: interval_ms.max(1),
             sealed_through: c.sealed_through_ms,
             counters: c
@@ -114,7 +117,28 @@ impl TenantState {
             open: BTreeMap::new(),
             carry: c.carry.into_iter().collect(),
             started: c.rules.into_iter().collect(),
+            known: Default::default(),
+        };
+        s.refresh_known();
+        s
+    }
+
+    /// Moves the grid to the interval holding `now_ms` (a state too old to resume); the
+    /// counters and late sums stay.
+    pub fn restart_grid(&mut self, now_ms: i64) {
+        self.sealed_through = now_ms.div_euclid(self.interval_ms) * self.interval_ms;
+        self.open.clear();
+        self.refresh_known();
+    }
+
+    fn refresh_known(&mut self) {
+        let mut known: std::collections::HashSet<SeriesKey> =
+            self.counters.keys().cloned().collect();
+        known.extend(self.carry.keys().cloned());
+        for sums in self.open.values() {
+            known.extend(sums.keys().cloned());
         }
+        self.known = known;
     }
 
     /// What to keep.
@@ -155,18 +179,7 @@ impl TenantState {
 
     /// Series this state knows (counters, open and late sums).
     pub fn series(&self) -> usize {
-        let mut keys: std::collections::HashSet<&SeriesKey> = self.counters.keys().collect();
-        keys.extend(self.carry.keys());
-        for sums in self.open.values() {
-            keys.extend(sums.keys());
-        }
-        keys.len()
-    }
-
-    fn knows(&self, key: &SeriesKey) -> bool {
-        self.counters.contains_key(key)
-            || self.carry.contains_key(key)
-            || self.open.values().any(|s| s.contains_key(key))
+        self.known.len()
     }
 
     /// Adds acknowledged contributions: to their open interval, or to the late sums when
@@ -174,14 +187,13 @@ impl TenantState {
     /// state holds fewer than `max_series`.
     pub fn add(&mut self, contributions: &[Contribution], max_series: usize) -> Added {
         let mut added = Added::default();
-        let mut series = self.series();
         for c in contributions {
-            if !self.knows(&c.key) {
-                if series >= max_series {
+            if !self.known.contains(&c.key) {
+                if self.known.len() >= max_series {
                     added.refused += 1;
                     continue;
                 }
-                series += 1;
+                self.known.insert(c.key.clone());
             }
             let interval = self.interval_of(c.time_ms);
             let slot = if interval < self.sealed_through {
@@ -219,6 +231,7 @@ impl TenantState {
             *slot = slot.saturating_add(value);
         }
         self.open.retain(|_, s| !s.is_empty());
+        self.refresh_known();
     }
 
     /// Whether the state counts for `rule` already; marks it so.
@@ -231,6 +244,7 @@ impl TenantState {
         for (key, value) in totals {
             self.counters.insert(key, (value, self.sealed_through));
         }
+        self.refresh_known();
     }
 
     /// Forgets the series of the rules `keep` refuses (deleted ones).
@@ -242,6 +256,7 @@ impl TenantState {
             s.retain(|k, _| keep(&k.rule));
         }
         self.open.retain(|_, s| !s.is_empty());
+        self.refresh_known();
     }
 
     /// Where sealing may go at `now_ms` when intervals are sealed `delay_ms` after they end:
@@ -289,6 +304,7 @@ impl TenantState {
             start = end;
         }
         self.sealed_through = start.max(self.sealed_through);
+        self.refresh_known();
         points
     }
 
