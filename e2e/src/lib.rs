@@ -64,6 +64,29 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// Waits until `url` answers 2xx, or `child` exits, or `within` passes; says which.
+pub fn wait_ready(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    mut child: Option<&mut Child>,
+    within: Duration,
+    what: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(r) = http.get(url).send()
+            && r.status().is_success()
+        {
+            return Ok(());
+        }
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            bail!("{what} exited with {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what} did not become ready within {within:?}")
+}
+
 /// A running `kiln serve`.
 pub struct Kiln {
     child: Option<Child>,
@@ -167,23 +190,15 @@ impl Kiln {
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(r) = self.http.get(self.url("/ready")).send()
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!("kiln exited with {status}: {}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!("kiln did not become ready: {}", self.log_text())
+        let url = self.url("/ready");
+        wait_ready(
+            &self.http,
+            &url,
+            self.child.as_mut(),
+            Duration::from_secs(30),
+            "kiln",
+        )
+        .map_err(|e| anyhow!("{e}: {}", self.log_text()))
     }
 
     /// The server's log so far.

@@ -77,23 +77,15 @@ impl Prometheus {
             .spawn()
             .context("spawning prometheus")?;
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(r) = self.http.get(self.url("/-/ready")).send()
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!("prometheus exited with {status}: {}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        bail!("prometheus did not become ready: {}", self.log_text())
+        let url = self.url("/-/ready");
+        crate::wait_ready(
+            &self.http,
+            &url,
+            self.child.as_mut(),
+            Duration::from_secs(60),
+            "prometheus",
+        )
+        .map_err(|e| anyhow::anyhow!("{e}: {}", self.log_text()))
     }
 
     /// Its log so far.

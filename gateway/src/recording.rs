@@ -36,6 +36,9 @@ use state::{Checkpoint, Contribution, Point, SeriesKey, TenantState};
 /// The tenant document of the counters and late sums.
 pub const STATE_DOCUMENT: &str = "recording-state.json";
 
+/// The longest backfill a rule may have (`--recording-backfill`, `Kiln-Backfill`).
+pub const MAX_BACKFILL: Duration = Duration::from_secs(7 * 86_400);
+
 /// Most intervals one sealing pass seals (an hour of 15 s intervals).
 const MAX_SEAL_INTERVALS: i64 = 240;
 
@@ -352,7 +355,12 @@ impl Recording {
     ) -> Result<Vec<Point>, ApiError> {
         let end = s.sealed_through();
         let interval = s.interval_ms();
-        let range = (self.config.backfill.as_millis() as i64).div_euclid(interval) * interval;
+        let backfill = rule
+            .rule
+            .backfill_secs
+            .map_or(self.config.backfill, Duration::from_secs)
+            .min(MAX_BACKFILL);
+        let range = (backfill.as_millis() as i64).div_euclid(interval) * interval;
         if range <= 0 {
             return Ok(Vec::new());
         }

@@ -480,3 +480,61 @@ async fn late_and_open_sums_survive_a_restart() {
     // team-b has no rules, and its profiles feed none of team-a's.
     assert!(counters(&second, "team-b").await.is_empty());
 }
+
+/// A rule made with `Kiln-Backfill` starts from what the stored profiles of that range hold; one
+/// made without it (here `--recording-backfill 0s`) starts from nothing; a backfill past 7 days
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_made_with_a_backfill_counts_the_stored_past() {
+    const TICK: i64 = 10_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let app = fast_app(dir.path()).await;
+    let router = router(Arc::clone(&app));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    ingest(&router, "team-a", "p1", now - 3600, "main;work 5\n").await;
+    ingest(&router, "team-a", "p1", now - 5 * 3600, "main;work 9\n").await;
+    let upsert = |name: &str, backfill: Option<&str>| {
+        let mut req = Request::post(format!("{RR}/UpsertRecordingRule"))
+            .header("content-type", "application/json")
+            .header("x-scope-orgid", "team-a");
+        if let Some(b) = backfill {
+            req = req.header("kiln-backfill", b);
+        }
+        req.body(Body::from(
+            json!({
+                "metricName": format!("profiles_recorded_{name}"),
+                "matchers": [format!("{{service_name=\"shop\", __profile_type__=\"{CPU}\"}}")],
+            })
+            .to_string(),
+        ))
+        .unwrap()
+    };
+    for (name, backfill, want) in [
+        ("two_hours", Some("2h"), StatusCode::OK),
+        ("none", None, StatusCode::OK),
+        ("too_far", Some("8d"), StatusCode::BAD_REQUEST),
+    ] {
+        let resp = router
+            .clone()
+            .oneshot(upsert(name, backfill))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), want, "{name}");
+    }
+    let got = counters(&app, "team-a").await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].0.starts_with("profiles_recorded_two_hours{"),
+        "{got:?}"
+    );
+    assert_eq!(
+        got[0].1,
+        5 * TICK,
+        "the hour-old profile, not the five-hour-old one"
+    );
+    let listed = list(&router, "team-a").await;
+    assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
+}

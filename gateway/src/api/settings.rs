@@ -108,7 +108,8 @@ pub async fn handler(
             }
             ("settings.v1.RecordingRulesService", "UpsertRecordingRule") => {
                 let req: settings::UpsertRecordingRuleRequest = codec.decode(&body)?;
-                codec.encode(&recording::upsert(&app, &tenant, req).await?)?
+                let backfill = recording::backfill_of(&headers);
+                codec.encode(&recording::upsert(&app, &tenant, req, backfill).await?)?
             }
             ("settings.v1.RecordingRulesService", "DeleteRecordingRule") => {
                 let req: settings::DeleteRecordingRuleRequest = codec.decode(&body)?;

@@ -218,7 +218,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut extra: Vec<String> = Vec::new();
     let receiver = if args.recording_rules > 0 {
         let (url, counts) = recording::receiver().await?;
+        // Room for the rules and their series (the tenant file's defaults are 25 rules).
+        let tenants = dir.join("tenants.toml");
+        std::fs::write(
+            &tenants,
+            format!(
+                "[defaults]\nmax_recording_rules = {}\nmax_recording_series = 1000000\n",
+                args.recording_rules
+            ),
+        )?;
         extra.extend([
+            "--tenants".into(),
+            tenants.display().to_string(),
             "--remote-write-url".into(),
             url,
             "--recording-interval".into(),

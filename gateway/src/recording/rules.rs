@@ -35,6 +35,11 @@ pub struct Rule {
     pub generation: i64,
     /// From the tenant file: read-only through the API.
     pub provisioned: bool,
+    /// How far back the rule is evaluated from stored profiles when it is made (seconds;
+    /// `None`: `--recording-backfill`). Kiln's own (the `Kiln-Backfill` header of the upsert
+    /// that made it); not in Pyroscope's messages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backfill_secs: Option<u64>,
 }
 
 /// A rule as the tenant file writes it (`[[tenants.<id>.recording_rules]]`).
@@ -70,6 +75,7 @@ impl ProvisionedRule {
             function_name: Some(self.function_name.clone()).filter(|f| !f.is_empty()),
             generation: 1,
             provisioned: true,
+            backfill_secs: None,
         }
     }
 }

@@ -86,9 +86,6 @@ pub struct RecordingArgs {
     pub remote_write_queue_bytes: u64,
 }
 
-/// The longest backfill a new rule may ask for.
-pub const MAX_RECORDING_BACKFILL: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
-
 impl RecordingArgs {
     /// The evaluation settings.
     pub fn config(&self) -> crate::recording::RecordingConfig {
@@ -106,7 +103,7 @@ impl RecordingArgs {
             "--recording-interval must be at least 1s"
         );
         anyhow::ensure!(
-            self.recording_backfill <= MAX_RECORDING_BACKFILL,
+            self.recording_backfill <= crate::recording::MAX_BACKFILL,
             "--recording-backfill is at most 7d"
         );
         if let Some(u) = &self.remote_write_url {

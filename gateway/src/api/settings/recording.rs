@@ -21,6 +21,15 @@ use crate::transport::grpc::Grpc;
 /// The prefix every rule's metric name has (Pyroscope's; the Drilldown app adds it).
 pub const METRIC_PREFIX: &str = "profiles_recorded_";
 
+/// The header (Connect) or metadata (gRPC) of an upsert naming how far back a new rule is
+/// evaluated from stored profiles (`6h`; at most `7d`), instead of `--recording-backfill`.
+pub const BACKFILL_HEADER: &str = "kiln-backfill";
+
+/// The header of an upsert, if any.
+pub fn backfill_of(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get(BACKFILL_HEADER).and_then(|v| v.to_str().ok())
+}
+
 /// The letters of rule ids.
 const ID_ALPHABET: &[u8; 52] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
@@ -120,7 +129,19 @@ pub async fn upsert(
     app: &AppRef,
     tenant: &TenantId,
     req: pb::UpsertRecordingRuleRequest,
+    backfill: Option<&str>,
 ) -> Result<pb::UpsertRecordingRuleResponse, ApiError> {
+    let backfill_secs = match backfill {
+        None => None,
+        Some(b) => match crate::time::parse_duration_secs(b) {
+            Some(secs) if secs <= crate::recording::MAX_BACKFILL.as_secs() => Some(secs),
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "{BACKFILL_HEADER} {b:?} is not a duration of at most 7d (like 6h)"
+                )));
+            }
+        },
+    };
     let mut rule = Rule {
         id: req.id.clone(),
         metric_name: req.metric_name.trim().to_owned(),
@@ -138,6 +159,7 @@ pub async fn upsert(
             .filter(|f| !f.is_empty()),
         generation: req.generation,
         provisioned: false,
+        backfill_secs,
     };
     if !rule.id.is_empty() && !rule.id.bytes().all(|b| b.is_ascii_alphabetic()) {
         return Err(ApiError::invalid(format!(
@@ -310,7 +332,12 @@ impl RecordingRulesService for Grpc {
         req: Request<pb::UpsertRecordingRuleRequest>,
     ) -> Result<tonic::Response<pb::UpsertRecordingRuleResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Read)?;
-        let r = upsert(&self.app, &tenant, req.into_inner()).await;
+        let backfill = req
+            .metadata()
+            .get(BACKFILL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let r = upsert(&self.app, &tenant, req.into_inner(), backfill.as_deref()).await;
         answer(&self.app, &tenant, r)
     }
 
