@@ -43,7 +43,7 @@ pub async fn store(
     // is still stored by the writer, and so its sums are still added.
     let task = {
         let (app, tenant) = (AppRef::clone(app), tenant.clone());
-        tokio::spawn(async move {
+        let work = async move {
             app.storage.write_all(&tenant, profiles).await?;
             evaluation
                 .commit(
@@ -53,7 +53,9 @@ pub async fn store(
                     &app.recording.stats,
                 )
                 .await
-        })
+        };
+        // In the request's span, as if it ran in place (its `storage.write` is the request's).
+        tokio::spawn(tracing::Instrument::in_current_span(work))
     };
     task.await.map_err(ApiError::internal)??;
     app.metrics.decompressed(tenant, decompressed_bytes);
