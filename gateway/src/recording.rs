@@ -330,13 +330,15 @@ impl Recording {
         if !backfilled.is_empty() {
             self.send(tenants, tenant, &rules, &backfilled).await?;
         }
-        let keep = state.as_ref().map(TenantState::checkpoint) != Some(s.checkpoint());
+        // A tenant that has never had rules keeps no document.
+        let keep = state.as_ref().map(TenantState::checkpoint) != Some(s.checkpoint())
+            && !(first && before.is_empty() && ids.is_empty());
         *state = Some(s);
-        let change = t.changes.fetch_add(1, Ordering::SeqCst) + 1;
+        let change = keep.then(|| t.changes.fetch_add(1, Ordering::SeqCst) + 1);
         drop(state);
         *gate = Some(Arc::new(rules));
         drop(gate);
-        if keep && !(first && before.is_empty() && ids.is_empty()) {
+        if let Some(change) = change {
             persist(storage, tenant, &t, change).await?;
         }
         Ok(())

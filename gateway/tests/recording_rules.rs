@@ -477,8 +477,20 @@ async fn late_and_open_sums_survive_a_restart() {
     );
     assert!(got[1].0.starts_with(&series("p2")), "{got:?}");
     assert_eq!(got[1].1, TICK);
-    // team-b has no rules, and its profiles feed none of team-a's.
+    // team-b has no rules, and its profiles feed none of team-a's; it keeps no state document.
     assert!(counters(&second, "team-b").await.is_empty());
+    second
+        .recording
+        .seal_due(&second.storage, &second.tenants)
+        .await;
+    assert_eq!(
+        second
+            .storage
+            .tenant_document("team-b", kiln_gateway::recording::STATE_DOCUMENT)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
 /// A rule made with `Kiln-Backfill` starts from what the stored profiles of that range hold; one
