@@ -436,7 +436,13 @@ impl Recording {
         // A look first, so writes are held back only when an interval is due and there is
         // something to keep.
         {
-            let has_rules = t.gate.read().await.as_ref().is_some_and(|r| !r.is_empty());
+            // A tenant whose rules are loading (a backfill, a rebuild) is sealed at a later
+            // tick, so it never holds the others back.
+            let Ok(gate) = t.gate.try_read() else {
+                return Ok(());
+            };
+            let has_rules = gate.as_ref().is_some_and(|r| !r.is_empty());
+            drop(gate);
             let mut state = t.state.lock().await;
             let Some(s) = state.as_mut() else {
                 return Ok(());

@@ -141,15 +141,24 @@ fn spawn_recording(app: Arc<App>) {
         // intervals are rebuilt with it (ADR 0015).
         app.storage.drain_spool().await;
         app.recording.load_all(&app.storage, &app.tenants).await;
-        let mut last_reload = tokio::time::Instant::now();
+        // Reloads (which may rebuild and backfill) apart from sealing, so a slow one never
+        // delays another tenant's points.
+        let reloader = Arc::clone(&app);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RECORDING_RELOAD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                reloader
+                    .recording
+                    .reload_all(&reloader.storage, &reloader.tenants)
+                    .await;
+            }
+        });
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if last_reload.elapsed() >= RECORDING_RELOAD {
-                last_reload = tokio::time::Instant::now();
-                app.recording.reload_all(&app.storage, &app.tenants).await;
-            }
             app.recording.seal_due(&app.storage, &app.tenants).await;
         }
     });
