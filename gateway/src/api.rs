@@ -14,6 +14,7 @@
 //! | [`admin`] | `/api/v1/tenants…`, `/api/v1/quarantine` |
 //! | [`ops`] | `/ready`, `/metrics` |
 //! | [`render`] | no API: the flamebearer and DOT formats the query APIs draw in |
+//! | [`ui`] | `GET /`, `/ui/...`: the built-in web UI, which reads the query API from the browser |
 //!
 //! An API module owns its handlers and lists its own methods once: `querier.v1` in [`querier`]
 //! (`querier_methods!`), the Drilldown app's other services in [`settings::SERVICES`] and
@@ -44,6 +45,7 @@ pub mod push;
 pub mod querier;
 pub mod render;
 pub mod settings;
+pub mod ui;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -320,6 +322,18 @@ pub fn endpoints() -> Vec<Endpoint> {
             Http,
             One("debuginfo.delete"),
             Some(|| delete(debuginfo::http_delete)),
+        ),
+    ]);
+    // The built-in UI: a page that reads the query API from the browser (ADR 0016).
+    all.extend([
+        Endpoint::new("/", Get, Query, Http, One("ui"), Some(|| get(ui::index))),
+        Endpoint::new(
+            "/ui/{*path}",
+            Get,
+            Query,
+            Http,
+            One("ui"),
+            Some(|| get(ui::asset)),
         ),
     ]);
     // Recording rules' counters, where they are evaluated.

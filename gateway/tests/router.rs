@@ -2932,3 +2932,53 @@ async fn metrics_answer_the_operator_only() {
 fn router_of(app: App) -> axum::Router {
     router(Arc::new(app))
 }
+
+/// The built-in UI (ADR 0016): `/` and `/ui/...` serve the embedded page, its script and style,
+/// with a same-origin content security policy; the page holds no data (so no credentials), and
+/// an unknown path outside it is still a 404 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_is_served_from_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = app(dir.path()).await;
+    for (path, content_type, needle) in [
+        ("/", "text/html", "<script src=\"/ui/kiln.js\">"),
+        (
+            "/?query=process_cpu%7B%7D&from=now-1h",
+            "text/html",
+            "id=\"flame\"",
+        ),
+        (
+            "/ui/kiln.js",
+            "text/javascript",
+            "querier.v1.QuerierService",
+        ),
+        ("/ui/kiln.css", "text/css", "#flame"),
+        ("/ui/some/deep/link", "text/html", "id=\"flame\""),
+    ] {
+        let resp = router
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+        let h = resp.headers();
+        assert!(
+            h[axum::http::header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with(content_type),
+            "{path}"
+        );
+        assert!(
+            h[axum::http::header::CONTENT_SECURITY_POLICY]
+                .to_str()
+                .unwrap()
+                .contains("default-src 'self'")
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains(needle), "{path}");
+    }
+    let (status, body) = send(&router, Request::get("/nope").body(Body::empty()).unwrap()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&body).contains("/nope is not an API of Kiln"));
+}

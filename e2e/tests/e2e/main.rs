@@ -27,3 +27,4 @@ mod spans;
 mod spool;
 mod symbolize;
 mod traces;
+mod ui;

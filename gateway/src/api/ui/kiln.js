@@ -1,0 +1,540 @@
+// Kiln's built-in UI (ADR 0016): one page, plain JavaScript, reading Kiln's own query API
+// (querier.v1 over Connect JSON) with the caller's credentials. The view lives in the URL with
+// Pyroscope's parameters: ?query=<profile type>{<selector>}&from=now-1h&until=now.
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+const TOKEN_KEY = 'kiln-token';
+const MAX_NODES = 2048;
+const ROW = 18;
+
+const state = { type: '', service: '', selector: '', from: 'now-1h', until: 'now', sort: 'self' };
+let flame = null; // decoded flame graph
+let zoom = null; // the node zoomed into
+let functions = []; // the top table's rows
+
+class UiError extends Error {
+  constructor(kind, message) {
+    super(message);
+    this.kind = kind;
+  }
+}
+
+// ---- time and selectors ----
+
+const UNITS = { s: 1e3, m: 6e4, h: 36e5, d: 864e5, w: 6048e5 };
+
+function parseTime(v, now) {
+  if (!v || v === 'now') return now;
+  const rel = /^now-(\d+)([smhdw])$/.exec(v);
+  if (rel) return now - Number(rel[1]) * UNITS[rel[2]];
+  const n = Number(v);
+  if (Number.isFinite(n) && n > 0) return n < 1e11 ? n * 1000 : n;
+  return now;
+}
+
+function range() {
+  const now = Date.now();
+  const start = parseTime(state.from, now);
+  const end = parseTime(state.until, now);
+  return [Math.min(start, end - 1000), end];
+}
+
+function inner(sel) {
+  const s = (sel || '').trim();
+  return s.startsWith('{') && s.endsWith('}') ? s.slice(1, -1).trim() : s;
+}
+
+// The matchers of a selector's inside, split on commas outside quotes.
+function matchers(sel) {
+  return inner(sel)
+    .split(/,(?=(?:[^"]*"[^"]*")*[^"]*$)/)
+    .map((m) => m.trim())
+    .filter(Boolean);
+}
+
+function fullSelector() {
+  const parts = [];
+  if (state.service) parts.push(`service_name="${state.service.replace(/["\\]/g, '\\$&')}"`);
+  parts.push(...matchers(state.selector).filter((m) => !/^service_name\s*=/.test(m)));
+  return `{${parts.join(', ')}}`;
+}
+
+function readUrl() {
+  const p = new URLSearchParams(location.search);
+  const q = p.get('query');
+  if (q) {
+    const i = q.indexOf('{');
+    state.type = i >= 0 ? q.slice(0, i) : q;
+    const sel = i >= 0 ? q.slice(i) : '';
+    const svc = /service_name\s*=\s*"((?:[^"\\]|\\.)*)"/.exec(sel);
+    state.service = svc ? svc[1] : '';
+    const rest = matchers(sel).filter((m) => !/^service_name\s*=/.test(m));
+    state.selector = rest.length ? `{${rest.join(', ')}}` : '';
+  }
+  state.from = p.get('from') || 'now-1h';
+  state.until = p.get('until') || 'now';
+}
+
+function writeUrl() {
+  const p = new URLSearchParams();
+  p.set('query', state.type + fullSelector());
+  p.set('from', state.from);
+  p.set('until', state.until);
+  history.replaceState(null, '', '?' + p.toString());
+}
+
+// ---- the API ----
+
+async function call(method, body) {
+  const headers = { 'Content-Type': 'application/json' };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = 'Bearer ' + token;
+  let resp;
+  try {
+    resp = await fetch('/querier.v1.QuerierService/' + method, {
+      method: 'POST',
+      headers,
+      body: JSON.stringify(body),
+    });
+  } catch (e) {
+    throw new UiError('unreachable', `Kiln did not answer (${e.message}). Is it running?`);
+  }
+  const text = await resp.text();
+  let json = {};
+  try {
+    json = text ? JSON.parse(text) : {};
+  } catch (e) {
+    json = { message: text };
+  }
+  if (!resp.ok) {
+    const kind = resp.status === 401 ? 'auth' : resp.status === 403 ? 'forbidden' : 'api';
+    throw new UiError(kind, json.message || `${resp.status} ${resp.statusText}`);
+  }
+  return json;
+}
+
+// ---- formatting ----
+
+function unit() {
+  return (state.type.split(':')[2] || '').toLowerCase();
+}
+
+function fmt(v) {
+  const u = unit();
+  if (u === 'nanoseconds') return (v / 1e9).toFixed(v >= 1e10 ? 0 : 2) + ' s';
+  if (u === 'bytes') {
+    const k = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    while (v >= 1024 && i < k.length - 1) {
+      v /= 1024;
+      i++;
+    }
+    return v.toFixed(i ? 1 : 0) + ' ' + k[i];
+  }
+  return Math.round(v).toLocaleString('en');
+}
+
+function pct(v, total) {
+  return total > 0 ? ((100 * v) / total).toFixed(2) + '%' : '0%';
+}
+
+function escapeXml(s) {
+  return String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]);
+}
+
+function hue(name) {
+  let h = 0;
+  for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0;
+  return h % 360;
+}
+
+function setStatus(html, error) {
+  const s = $('status');
+  s.innerHTML = html;
+  s.classList.toggle('error', !!error);
+}
+
+// ---- the flame graph ----
+
+// Pyroscope's levels (x delta, total, self, name index per node) into nodes with absolute
+// offsets and parents.
+function decodeFlame(fg) {
+  const names = fg.names || [];
+  const levels = fg.levels || [];
+  const nodes = [];
+  let previous = [];
+  for (let d = 0; d < levels.length; d++) {
+    const v = (levels[d].values || []).map(Number);
+    const here = [];
+    let x = 0;
+    let p = 0;
+    for (let i = 0; i + 3 < v.length; i += 4) {
+      x += v[i];
+      const node = { d, x, total: v[i + 1], self: v[i + 2], name: names[v[i + 3]] ?? '?', parent: -1 };
+      while (p < previous.length && nodes[previous[p]].x + nodes[previous[p]].total <= x) p++;
+      if (p < previous.length && nodes[previous[p]].x <= x) node.parent = previous[p];
+      here.push(nodes.length);
+      nodes.push(node);
+      x += v[i + 1];
+    }
+    previous = here;
+  }
+  return { nodes, total: Number(fg.total || 0) };
+}
+
+function matches(name, q) {
+  return q && name.toLowerCase().includes(q);
+}
+
+// The share of the matching frames: each matching node counted unless an ancestor matched.
+function searchShare(q) {
+  if (!flame || !q) return 0;
+  let sum = 0;
+  for (const n of flame.nodes) {
+    if (!matches(n.name, q)) continue;
+    let p = n.parent;
+    let covered = false;
+    while (p >= 0) {
+      if (matches(flame.nodes[p].name, q)) {
+        covered = true;
+        break;
+      }
+      p = flame.nodes[p].parent;
+    }
+    if (!covered) sum += n.total;
+  }
+  return sum;
+}
+
+function drawFlame() {
+  const svg = $('flame');
+  if (!flame || flame.total === 0) {
+    svg.innerHTML = '';
+    svg.setAttribute('height', 0);
+    return;
+  }
+  const W = Math.max(svg.clientWidth || 0, 600);
+  const z = zoom || { x: 0, total: flame.total, d: 0 };
+  const scale = W / Math.max(z.total, 1);
+  const q = $('search').value.trim().toLowerCase();
+  const out = [];
+  let depth = 0;
+  flame.nodes.forEach((n, i) => {
+    let x0;
+    let w;
+    if (n.d < z.d) {
+      // Ancestors of the zoomed node span the width.
+      if (!(n.x <= z.x && n.x + n.total >= z.x + z.total)) return;
+      x0 = 0;
+      w = W;
+    } else {
+      if (n.x + n.total <= z.x || n.x >= z.x + z.total) return;
+      x0 = (n.x - z.x) * scale;
+      w = n.total * scale;
+    }
+    if (w < 0.5) return;
+    depth = Math.max(depth, n.d + 1);
+    const cls = q ? (matches(n.name, q) ? 'match' : 'dim') : '';
+    const label = w > 30 ? escapeXml(n.name.slice(0, Math.floor(w / 7))) : '';
+    out.push(
+      `<g class="${cls}" data-i="${i}"><rect x="${x0.toFixed(2)}" y="${n.d * ROW}" width="${w.toFixed(2)}" ` +
+        `height="${ROW - 1}" fill="hsl(${hue(n.name)},60%,72%)" data-name="${escapeXml(n.name)}" ` +
+        `data-total="${n.total}"></rect>` +
+        (label ? `<text x="${(x0 + 3).toFixed(2)}" y="${n.d * ROW + 13}">${label}</text>` : '') +
+        '</g>',
+    );
+  });
+  svg.setAttribute('viewBox', `0 0 ${W} ${depth * ROW}`);
+  svg.setAttribute('height', depth * ROW);
+  svg.innerHTML = out.join('');
+  $('reset-zoom').hidden = !zoom;
+  const share = searchShare(q);
+  $('search-share').textContent = q
+    ? `${fmt(share)} of ${fmt(flame.total)} (${pct(share, flame.total)}) match`
+    : '';
+}
+
+function nodeOf(event) {
+  const g = event.target.closest && event.target.closest('g[data-i]');
+  return g ? flame.nodes[Number(g.dataset.i)] : null;
+}
+
+function tooltip(event) {
+  const t = $('tooltip');
+  const n = flame && nodeOf(event);
+  if (!n) {
+    t.hidden = true;
+    return;
+  }
+  t.innerHTML =
+    `<b>${escapeXml(n.name)}</b><br>total ${fmt(n.total)} (${pct(n.total, flame.total)})` +
+    `<br>self ${fmt(n.self)} (${pct(n.self, flame.total)})`;
+  t.style.left = event.clientX + 12 + 'px';
+  t.style.top = event.clientY + 12 + 'px';
+  t.hidden = false;
+}
+
+// ---- the top table ----
+
+function drawTable() {
+  const rows = functions.slice().sort((a, b) =>
+    state.sort === 'name' ? a.name.localeCompare(b.name) : b[state.sort] - a[state.sort],
+  );
+  const total = flame ? flame.total : 0;
+  $('top').querySelector('tbody').innerHTML = rows
+    .map(
+      (f) =>
+        `<tr><td>${escapeXml(f.name)}</td><td class="num">${fmt(f.self)} <small>${pct(f.self, total)}</small></td>` +
+        `<td class="num">${fmt(f.total)} <small>${pct(f.total, total)}</small></td></tr>`,
+    )
+    .join('');
+}
+
+// ---- the timeline ----
+
+let series = [];
+let seriesStart = 0;
+let seriesStep = 1000;
+
+function drawTimeline() {
+  const svg = $('timeline');
+  const [start, end] = range();
+  if (!series.length) {
+    svg.innerHTML = '';
+    return;
+  }
+  // Every step of the range, 0 where nothing was stored, drawn as an area.
+  const byStep = new Map(series.map((p) => [p[0], p[1]]));
+  const points = [];
+  for (let t = seriesStart; t < end; t += seriesStep) points.push([t, byStep.get(t) || 0]);
+  const max = Math.max(...points.map((p) => p[1]), 1);
+  const x = (t) => ((t - start) / Math.max(end - start, 1)) * 1200;
+  const y = (v) => 88 - (v / max) * 82;
+  const line = points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(' ');
+  const area = `${x(seriesStart).toFixed(1)},88 ${line} ${x(points[points.length - 1][0]).toFixed(1)},88`;
+  svg.innerHTML =
+    `<polygon points="${area}" fill="rgba(179,64,10,.25)" stroke="#b3400a" stroke-width="1" vector-effect="non-scaling-stroke"/>` +
+    '<rect id="brush" y="0" height="90" width="0" fill="rgba(179,64,10,.15)"/>';
+}
+
+function brush() {
+  const svg = $('timeline');
+  let x0 = null;
+  const at = (e) => {
+    const r = svg.getBoundingClientRect();
+    return Math.min(Math.max((e.clientX - r.left) / r.width, 0), 1);
+  };
+  svg.addEventListener('mousedown', (e) => {
+    x0 = at(e);
+  });
+  svg.addEventListener('mousemove', (e) => {
+    const b = $('brush');
+    if (x0 === null || !b) return;
+    const x1 = at(e);
+    b.setAttribute('x', Math.min(x0, x1) * 1200);
+    b.setAttribute('width', Math.abs(x1 - x0) * 1200);
+  });
+  window.addEventListener('mouseup', (e) => {
+    if (x0 === null) return;
+    const x1 = at(e);
+    const [a, b] = [Math.min(x0, x1), Math.max(x0, x1)];
+    x0 = null;
+    if (b - a < 0.005) return;
+    const [start, end] = range();
+    state.from = String(Math.floor((start + a * (end - start)) / 1000));
+    state.until = String(Math.ceil((start + b * (end - start)) / 1000));
+    showRange();
+    refresh();
+  });
+}
+
+// ---- loading ----
+
+function showRange() {
+  const preset = [...$('range').options].some((o) => o.value === state.from) && state.until === 'now';
+  $('range').value = preset ? state.from : 'custom';
+  $('custom').hidden = preset;
+  const local = (ms) => new Date(ms - new Date().getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+  const [start, end] = range();
+  $('from').value = local(start);
+  $('until').value = local(end);
+}
+
+function fill(select, values, chosen, first) {
+  select.innerHTML =
+    (first ? `<option value="">${first}</option>` : '') +
+    values.map((v) => `<option value="${escapeXml(v)}"${v === chosen ? ' selected' : ''}>${escapeXml(v)}</option>`).join('');
+}
+
+function emptyState() {
+  const host = location.host || '127.0.0.1:4040';
+  setStatus(
+    'No profiles here yet. Send one, then press Refresh:' +
+      `<pre>curl --data-binary 'main;work 100' 'http://${escapeXml(host)}/ingest?name=myapp.cpu&amp;format=folded'</pre>`,
+  );
+}
+
+function clearViews() {
+  flame = null;
+  functions = [];
+  series = [];
+  drawFlame();
+  drawTable();
+  drawTimeline();
+}
+
+let generation = 0;
+
+async function refresh() {
+  const mine = ++generation;
+  const [start, end] = range();
+  setStatus('Loading…');
+  try {
+    const types = (await call('ProfileTypes', { start, end })).profileTypes || [];
+    if (mine !== generation) return;
+    const ids = types.map((t) => t.ID);
+    if (!ids.length) {
+      fill($('type'), [], '', '');
+      fill($('service'), [], '', '');
+      clearViews();
+      emptyState();
+      return;
+    }
+    if (!ids.includes(state.type)) {
+      state.type = ids.find((id) => id.startsWith('process_cpu:')) || ids[0];
+    }
+    fill($('type'), ids, state.type);
+    const services =
+      (await call('LabelValues', { name: 'service_name', matchers: [`{__profile_type__="${state.type}"}`], start, end }))
+        .names || [];
+    if (state.service && !services.includes(state.service)) services.unshift(state.service);
+    fill($('service'), services, state.service, 'All services');
+    $('selector').value = state.selector;
+    writeUrl();
+    const selector = fullSelector();
+    const names =
+      (await call('LabelNames', { matchers: [`{__profile_type__="${state.type}"}`], start, end })).names || [];
+    $('label-names').innerHTML = names
+      .filter((n) => !n.startsWith('__'))
+      .map((n) => `<option value="{${escapeXml(n)}=&quot;&quot;}">`)
+      .join('');
+    const query = { profileTypeID: state.type, labelSelector: selector, start, end };
+    const step = Math.max(Math.round((end - start) / 1000 / 240), 1);
+    const [fg, table, sel] = await Promise.all([
+      call('SelectMergeStacktraces', { ...query, maxNodes: MAX_NODES }),
+      call('SelectMergeStacktraces', { ...query, format: 'PROFILE_FORMAT_FUNCTIONS', formatOptions: { functions: { limit: 500 } } }),
+      call('SelectSeries', { ...query, step, groupBy: [] }),
+    ]);
+    if (mine !== generation) return;
+    flame = decodeFlame(fg.flamegraph || {});
+    zoom = null;
+    functions = ((table.functions || {}).functions || []).map((f) => ({
+      name: f.name,
+      self: Number(f.self || 0),
+      total: Number(f.total || 0),
+    }));
+    series = (((sel.series || [])[0] || {}).points || []).map((p) => [Number(p.timestamp), Number(p.value)]);
+    seriesStart = start;
+    seriesStep = step * 1000;
+    drawFlame();
+    drawTable();
+    drawTimeline();
+    if (flame.total === 0) {
+      setStatus(`Nothing matches <code>${escapeXml(state.type + selector)}</code> in this range.`);
+    } else {
+      setStatus(`${escapeXml(state.type + selector)}: ${fmt(flame.total)} in all.`);
+    }
+  } catch (e) {
+    if (mine !== generation) return;
+    clearViews();
+    if (e.kind === 'auth') {
+      showToken(sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused: ' + e.message : '');
+    } else if (e.kind === 'forbidden') {
+      setStatus('This token cannot read profiles (it needs the read scope): ' + escapeXml(e.message), true);
+    } else {
+      setStatus(escapeXml(e.message), true);
+    }
+  }
+}
+
+function showToken(message) {
+  $('token').hidden = false;
+  $('main').hidden = true;
+  $('token-error').textContent = message || '';
+  $('token-input').focus();
+}
+
+function init() {
+  readUrl();
+  showRange();
+  $('logout').hidden = !sessionStorage.getItem(TOKEN_KEY);
+  $('type').addEventListener('change', () => {
+    state.type = $('type').value;
+    refresh();
+  });
+  $('service').addEventListener('change', () => {
+    state.service = $('service').value;
+    refresh();
+  });
+  $('selector').addEventListener('change', () => {
+    state.selector = $('selector').value.trim();
+    refresh();
+  });
+  $('range').addEventListener('change', () => {
+    if ($('range').value === 'custom') {
+      $('custom').hidden = false;
+      return;
+    }
+    state.from = $('range').value;
+    state.until = 'now';
+    showRange();
+    refresh();
+  });
+  for (const id of ['from', 'until']) {
+    $(id).addEventListener('change', () => {
+      const ms = Date.parse($(id).value);
+      if (Number.isFinite(ms)) state[id] = String(Math.floor(ms / 1000));
+      refresh();
+    });
+  }
+  $('refresh').addEventListener('click', refresh);
+  $('search').addEventListener('input', drawFlame);
+  $('reset-zoom').addEventListener('click', () => {
+    zoom = null;
+    drawFlame();
+  });
+  $('flame').addEventListener('click', (e) => {
+    const n = flame && nodeOf(e);
+    if (!n) return;
+    zoom = n.d === 0 ? null : n;
+    drawFlame();
+  });
+  $('flame').addEventListener('mousemove', tooltip);
+  $('flame').addEventListener('mouseleave', () => {
+    $('tooltip').hidden = true;
+  });
+  for (const th of $('top').querySelectorAll('th')) {
+    th.addEventListener('click', () => {
+      state.sort = th.dataset.key;
+      drawTable();
+    });
+  }
+  $('token-form').addEventListener('submit', (e) => {
+    e.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, $('token-input').value.trim());
+    $('token').hidden = true;
+    $('main').hidden = false;
+    $('logout').hidden = false;
+    refresh();
+  });
+  $('logout').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    location.reload();
+  });
+  window.addEventListener('resize', drawFlame);
+  brush();
+  refresh();
+}
+
+init();
