@@ -4,7 +4,8 @@
 # (test keys), Prometheus (the recording rules' remote-write receiver), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
 # the JDK's own flight recorder) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
-# directory, @pyroscope/nodejs under e2e/clients/node, Microsoft's Azurite and s3rver (object
+# directory, @pyroscope/nodejs under e2e/clients/node, playwright-core (drives Debian's chromium
+# through the web UI) under e2e/clients/browser, Microsoft's Azurite and s3rver (object
 # store servers besides moto) under e2e/servers, Debian's chromium for the flame graph render
 # test and graphviz (`dot`) for the DOT render test (the plugin frontend's npm packages are installed
 # by grafana-plugin/build.sh and test.sh).
@@ -45,6 +46,10 @@ fi
 if [ ! -d "$root/e2e/clients/node/node_modules/@pyroscope/nodejs" ]; then
   echo "install-test-deps: npm ci in e2e/clients/node"
   (cd "$root/e2e/clients/node" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+if [ ! -d "$root/e2e/clients/browser/node_modules/playwright-core" ]; then
+  echo "install-test-deps: npm ci in e2e/clients/browser (playwright-core, for the web UI's tests)"
+  (cd "$root/e2e/clients/browser" && npm ci --no-audit --no-fund --loglevel=error)
 fi
 if [ ! -x "$root/e2e/servers/node_modules/.bin/azurite-blob" ] || [ ! -x "$root/e2e/servers/node_modules/.bin/s3rver" ]; then
   echo "install-test-deps: npm ci in e2e/servers (Azurite, s3rver)"

@@ -1,13 +1,16 @@
-//! The built-in UI (ADR 0016) in a real headless Chromium (Debian's, installed by
-//! `scripts/install-test-deps.sh`): the page, once its script has run, draws the flame graph Kiln's
-//! API answers for the same query — every frame with its name and total — and the exact function
-//! table beside it; its screenshot is kept as a test artifact and is not blank.
+//! The built-in UI (ADR 0016) in a real headless Chromium (Debian's, driven by playwright-core
+//! from `e2e/clients/browser`, both installed by `scripts/install-test-deps.sh`): the page draws
+//! the flame graph Kiln's API answers for the same query — every frame with its name and total —
+//! and the exact function table beside it; a search highlights the matching frames and states
+//! their share; a click zooms; in JWT mode it asks for a token and shows only that token's tenant.
+//! Screenshots of each page are kept as test artifacts and checked not blank.
 
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use kiln_e2e::{ALL_TIME, Kiln};
+use kiln_e2e::{ALL_TIME, Kiln, Tools};
 use kiln_proto::querier::v1 as q;
+use serde_json::Value;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 
@@ -65,12 +68,98 @@ fn drawn_frames(dom: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
-#[test]
-fn the_page_draws_the_flame_graph_the_api_answers() -> Result<()> {
-    let kiln = Kiln::start_with(&["--auth", "none"])?;
-    let now = std::time::SystemTime::now()
+/// What `e2e/clients/browser/ui-check.mjs` saw of the page at `url`.
+fn drive(url: &str, name: &str, extra: &[&str]) -> Result<Value> {
+    let tools = Tools::find()?;
+    let dir = kiln_e2e::repo_root().join("e2e/clients/browser");
+    ensure!(
+        dir.join("node_modules/playwright-core").exists(),
+        "playwright-core is missing: run scripts/install-test-deps.sh"
+    );
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ui-{name}"));
+    std::fs::create_dir_all(&shots)?;
+    let out = Command::new(&tools.node)
+        .current_dir(&dir)
+        .arg("ui-check.mjs")
+        .arg(url)
+        .arg(&shots)
+        .args(extra)
+        .env("KILN_TEST_CHROMIUM", chromium()?)
+        .output()
+        .context("running node")?;
+    ensure!(
+        out.status.success(),
+        "ui-check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    // Every screenshot is of a drawn page: fuller than a blank one of the same size.
+    let blank = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-blank.png");
+    if !blank.exists() {
+        let out = Command::new(chromium()?)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1400,900",
+            ])
+            .arg(format!("--screenshot={}", blank.display()))
+            .arg("about:blank")
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "chromium: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let empty = std::fs::metadata(&blank)?.len();
+    for shot in v["screenshots"].as_array().into_iter().flatten() {
+        let path = shot.as_str().context("a screenshot path")?;
+        let size = std::fs::metadata(path)?.len();
+        ensure!(
+            size > 2 * empty,
+            "{path} ({size} B) is no fuller than a blank page ({empty} B)"
+        );
+    }
+    Ok(v)
+}
+
+fn frames(v: &Value) -> Vec<(String, i64)> {
+    let mut f: Vec<(String, i64)> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_i64()?)))
+        .collect();
+    f.sort();
+    f
+}
+
+/// The API's flame graph as (name, total) per node.
+fn api_frames(kiln: &Kiln, tenant: &str, selector: &str) -> Result<(Vec<(String, i64)>, i64)> {
+    let fg = kiln.flamegraph(tenant, CPU, selector)?;
+    let nodes = kiln_proto::flamegraph::decode(&fg)?;
+    let mut want: Vec<(String, i64)> = nodes
+        .iter()
+        .map(|n| (fg.names[n.name].clone(), n.total))
+        .collect();
+    want.sort();
+    Ok((want, fg.total))
+}
+
+fn now_secs() -> Result<i64> {
+    Ok(std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs() as i64;
+        .as_secs() as i64)
+}
+
+const SHOP: &[u8] = b"main;checkout;pay 30\nmain;checkout;render 20\nmain;browse 10\ngc 5\n";
+
+#[test]
+fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
+    let kiln = Kiln::start_with(&["--auth", "none"])?;
+    let now = now_secs()?;
     for (i, pod) in ["a", "b", "a", "b"].iter().enumerate() {
         let (status, body) = kiln.ingest(
             "anonymous",
@@ -78,7 +167,7 @@ fn the_page_draws_the_flame_graph_the_api_answers() -> Result<()> {
                 "name=shop.cpu%7Bpod%3D{pod}%7D&from={}&format=folded",
                 now - 600 + 60 * i as i64
             ),
-            b"main;checkout;pay 30\nmain;checkout;render 20\nmain;browse 10\ngc 5\n".to_vec(),
+            SHOP.to_vec(),
             &[],
         )?;
         ensure!(status == 200, "{body}");
@@ -94,17 +183,16 @@ fn the_page_draws_the_flame_graph_the_api_answers() -> Result<()> {
     let url = kiln.url(&format!(
         "/?query={CPU}%7Bservice_name%3D%22shop%22%7D&from=now-1h&until=now"
     ));
-    let dom = rendered_dom(&url)?;
-    let mut drawn = drawn_frames(&dom);
-    drawn.sort();
+    let seen = drive(
+        &url,
+        "none",
+        &["--search", "checkout", "--zoom", "checkout"],
+    )?;
+    ensure!(seen["tokenAsked"] == false, "{seen}");
 
-    let fg = kiln.flamegraph("anonymous", CPU, "{service_name=\"shop\"}")?;
-    let nodes = kiln_proto::flamegraph::decode(&fg)?;
-    let mut want: Vec<(String, i64)> = nodes
-        .iter()
-        .map(|n| (fg.names[n.name].clone(), n.total))
-        .collect();
-    want.sort();
+    // The frames drawn are the API's, name for name and total for total.
+    let (want, total) = api_frames(&kiln, "anonymous", "{service_name=\"shop\"}")?;
+    let drawn = frames(&seen["frames"]);
     ensure!(
         !want.is_empty() && drawn == want,
         "drawn {drawn:?}\nAPI {want:?}"
@@ -114,7 +202,7 @@ fn the_page_draws_the_flame_graph_the_api_answers() -> Result<()> {
         "another service's frames drawn"
     );
 
-    // The function table beside it: every function, exact (from PROFILE_FORMAT_FUNCTIONS).
+    // The function table beside it: every function of the exact table.
     let table: q::SelectMergeStacktracesResponse = kiln.connect(
         "anonymous",
         "/querier.v1.QuerierService/SelectMergeStacktraces",
@@ -127,63 +215,139 @@ fn the_page_draws_the_flame_graph_the_api_answers() -> Result<()> {
             ..Default::default()
         },
     )?;
-    for f in &table.functions.context("a function table")?.functions {
-        ensure!(
-            dom.contains(&format!("<td>{}</td>", f.name)),
-            "{} not in the table",
-            f.name
-        );
-    }
-    ensure!(
-        dom.contains("service_name=\"shop\""),
-        "the status line names the query"
-    );
+    let mut rows: Vec<String> = seen["table"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    let mut want_rows: Vec<String> = table
+        .functions
+        .context("a function table")?
+        .functions
+        .iter()
+        .map(|f| f.name.clone())
+        .collect();
+    rows.sort();
+    want_rows.sort();
+    ensure!(rows == want_rows, "table {rows:?}, API {want_rows:?}");
 
-    // The screenshot, kept as an artifact: a drawn page, not a blank one.
-    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-flamegraph.png");
-    let out = Command::new(chromium()?)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--window-size=1400,900",
-            "--virtual-time-budget=10000",
-        ])
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(&url)
-        .output()?;
+    // A search highlights `checkout` and states its share of the whole.
+    let checkout: i64 = want
+        .iter()
+        .filter(|(n, _)| n == "checkout")
+        .map(|(_, t)| t)
+        .sum();
+    let share = format!("({:.2}%)", 100.0 * checkout as f64 / total as f64);
+    let line = seen["searchShare"].as_str().unwrap_or("");
     ensure!(
-        out.status.success(),
-        "chromium: {}",
-        String::from_utf8_lossy(&out.stderr)
+        line.contains(&share) && line.ends_with("match"),
+        "{line:?}, want {share}"
     );
-    let blank = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-blank.png");
-    let out = Command::new(chromium()?)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--window-size=1400,900",
-        ])
-        .arg(format!("--screenshot={}", blank.display()))
-        .arg("about:blank")
-        .output()?;
-    ensure!(out.status.success());
-    let (drawn, empty) = (
-        std::fs::metadata(&shot)?.len(),
-        std::fs::metadata(&blank)?.len(),
-    );
+    ensure!(seen["matched"] == serde_json::json!(["checkout"]), "{seen}");
+
+    // A click on `checkout` keeps its ancestors and its subtree.
+    let mut zoomed: Vec<String> = frames(&seen["zoomed"])
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    zoomed.sort();
     ensure!(
-        drawn > 4 * empty,
-        "the screenshot ({drawn} B) is no fuller than a blank page ({empty} B)"
+        zoomed == ["checkout", "main", "pay", "render", "total"],
+        "{zoomed:?}"
     );
 
     // An empty tenant's page says how to send a profile.
     let empty = Kiln::start_with(&["--auth", "none"])?;
-    let dom = rendered_dom(&empty.url("/"))?;
+    let seen = drive(&empty.url("/"), "empty", &[])?;
+    let status = seen["status"].as_str().unwrap_or("");
     ensure!(
-        dom.contains("No profiles here yet") && dom.contains("/ingest?name=myapp.cpu"),
-        "{dom}"
+        status.contains("No profiles here yet") && status.contains("/ingest?name=myapp.cpu"),
+        "{status}"
     );
+    Ok(())
+}
+
+/// `kiln token create` with an HMAC key.
+fn token(key: &std::path::Path, tenant: &str, scope: &str) -> Result<String> {
+    let out = Command::new(kiln_e2e::kiln_bin())
+        .args([
+            "token", "create", "--tenant", tenant, "--scope", scope, "--key",
+        ])
+        .arg(key)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+#[test]
+fn in_jwt_mode_the_page_asks_for_a_token_and_shows_its_tenant_only() -> Result<()> {
+    let keys = tempfile::tempdir()?;
+    let key = keys.path().join("k1.secret");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef-ui-e2e")?;
+    let mut kiln = Kiln::start_with(&[
+        "--auth",
+        "jwt",
+        "--jwt-keys",
+        &keys.path().to_string_lossy(),
+    ])?;
+    let now = now_secs()?;
+    for (tenant, service, body) in [
+        ("team-a", "shop", SHOP),
+        ("team-b", "vault", b"main;team_b_secret 9\n".as_slice()),
+    ] {
+        let write = token(&key, tenant, "write")?;
+        kiln.set_auth(vec![("Authorization".into(), format!("Bearer {write}"))]);
+        let (status, text) = kiln.ingest(
+            tenant,
+            &format!("name={service}.cpu&from={}&format=folded", now - 300),
+            body.to_vec(),
+            &[],
+        )?;
+        ensure!(status == 200, "{text}");
+    }
+    let url = kiln.url("/");
+
+    // No token: the page asks for one.
+    let seen = drive(&url, "jwt-none", &[])?;
+    ensure!(seen["tokenAsked"] == true, "{seen}");
+
+    // team-a's read token: team-a's flame graph, none of team-b's frames.
+    let read_a = token(&key, "team-a", "read")?;
+    let seen = drive(&url, "jwt-team-a", &["--token", &read_a])?;
+    let drawn = frames(&seen["frames"]);
+    kiln.set_auth(vec![("Authorization".into(), format!("Bearer {read_a}"))]);
+    let (want, _) = api_frames(&kiln, "team-a", "{service_name=\"shop\"}")?;
+    ensure!(
+        !want.is_empty() && drawn == want,
+        "drawn {drawn:?}\nteam-a's {want:?}"
+    );
+    ensure!(
+        !drawn.iter().any(|(n, _)| n.contains("team_b")),
+        "team-b's frames drawn for team-a"
+    );
+
+    // team-b's: its own only.
+    let read_b = token(&key, "team-b", "read")?;
+    let seen = drive(&url, "jwt-team-b", &["--token", &read_b])?;
+    let names: Vec<String> = frames(&seen["frames"])
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    ensure!(
+        names.contains(&"team_b_secret".to_owned()) && !names.contains(&"checkout".to_owned()),
+        "{names:?}"
+    );
+
+    // A write-only token is refused with a clear message.
+    let write_a = token(&key, "team-a", "write")?;
+    let seen = drive(&url, "jwt-write-only", &["--token", &write_a])?;
+    let status = seen["status"].as_str().unwrap_or("");
+    ensure!(status.contains("needs the read scope"), "{status}");
+    ensure!(frames(&seen["frames"]).is_empty());
     Ok(())
 }

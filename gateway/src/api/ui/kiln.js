@@ -459,6 +459,7 @@ async function refresh() {
 }
 
 function showToken(message) {
+  setStatus('');
   $('token').hidden = false;
   $('main').hidden = true;
   $('token-error').textContent = message || '';

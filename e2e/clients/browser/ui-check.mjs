@@ -1,0 +1,69 @@
+// Drives Kiln's built-in UI in Debian's headless Chromium (playwright-core, no browser download)
+// for the end-to-end tests, and prints what the page showed as one JSON object.
+//
+//   node ui-check.mjs <url> <screenshot-dir> [--token T] [--search NAME] [--zoom NAME]
+//
+// With --token the token page is filled in as a user would. Printed: `tokenAsked` (the token page
+// was shown), `status` (the status line), `frames` ([name, total] of every drawn rectangle),
+// `table` (the top table's function names), `searchShare` (the share line after typing NAME),
+// `matched` (names highlighted), `zoomed` (frames drawn after clicking NAME), `screenshots`.
+import { chromium } from 'playwright-core';
+
+const [url, dir, ...rest] = process.argv.slice(2);
+const opt = (name) => {
+  const i = rest.indexOf(name);
+  return i >= 0 ? rest[i + 1] : undefined;
+};
+
+const browser = await chromium.launch({
+  executablePath: process.env.KILN_TEST_CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu'],
+});
+const out = { screenshots: [] };
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  await page.goto(url);
+  // Loaded: the status line says what the page shows, or the page asks for a token.
+  const ready = () =>
+    page.waitForFunction(() => {
+      const s = document.getElementById('status').textContent;
+      return !document.getElementById('token').hidden || (s && s !== 'Loading…');
+    });
+  await ready();
+  out.tokenAsked = await page.isVisible('#token');
+  const shot = async (name) => {
+    const path = `${dir}/${name}.png`;
+    await page.screenshot({ path, fullPage: true });
+    out.screenshots.push(path);
+  };
+  if (out.tokenAsked) await shot('token');
+  const token = opt('--token');
+  if (out.tokenAsked && token) {
+    await page.fill('#token-input', token);
+    await page.click('#token-form button[type=submit]');
+    await ready();
+  }
+  out.status = await page.textContent('#status');
+  const frames = () =>
+    page.$$eval('#flame rect', (rs) => rs.map((r) => [r.dataset.name, Number(r.dataset.total)]));
+  out.frames = await frames();
+  out.table = await page.$$eval('#top tbody tr td:first-child', (tds) => tds.map((t) => t.textContent));
+  await shot('flamegraph');
+  const search = opt('--search');
+  if (search) {
+    await page.fill('#search', search);
+    out.searchShare = await page.textContent('#search-share');
+    out.matched = await page.$$eval('#flame g.match rect', (rs) => rs.map((r) => r.dataset.name));
+    await shot('search');
+    await page.fill('#search', '');
+  }
+  const zoom = opt('--zoom');
+  if (zoom) {
+    await page.click(`#flame rect[data-name="${zoom}"]`);
+    out.zoomed = await frames();
+    await shot('zoom');
+  }
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(out));
