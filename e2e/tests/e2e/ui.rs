@@ -23,51 +23,6 @@ fn chromium() -> Result<&'static str> {
     Ok(path)
 }
 
-/// The page's DOM after its script ran (Chromium's virtual time lets the fetches finish).
-fn rendered_dom(url: &str) -> Result<String> {
-    let out = Command::new(chromium()?)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--window-size=1400,900",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            url,
-        ])
-        .output()
-        .context("running chromium")?;
-    ensure!(
-        out.status.success(),
-        "chromium: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The value of attribute `name` in an element's text.
-fn attr<'a>(element: &'a str, name: &str) -> Option<&'a str> {
-    let start = element.find(&format!(" {name}=\""))? + name.len() + 3;
-    let len = element[start..].find('"')?;
-    Some(&element[start..start + len])
-}
-
-/// The frames the page drew: (name, total) per rectangle.
-fn drawn_frames(dom: &str) -> Vec<(String, i64)> {
-    dom.split("<rect ")
-        .skip(1)
-        .filter_map(|r| {
-            let r = &r[..r.find('>')?];
-            let name = attr(r, "data-name")?
-                .replace("&lt;", "<")
-                .replace("&gt;", ">")
-                .replace("&quot;", "\"")
-                .replace("&amp;", "&");
-            Some((name, attr(r, "data-total")?.parse().ok()?))
-        })
-        .collect()
-}
-
 /// What `e2e/clients/browser/ui-check.mjs` saw of the page at `url`.
 fn drive(url: &str, name: &str, extra: &[&str]) -> Result<Value> {
     let tools = Tools::find()?;
