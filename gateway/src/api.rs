@@ -327,6 +327,15 @@ pub fn endpoints() -> Vec<Endpoint> {
     // The built-in UI: a page that reads the query API from the browser (ADR 0016).
     all.extend([
         Endpoint::new("/", Get, Query, Http, One("ui"), Some(|| get(ui::index))),
+        // Pyroscope's UI's diff links.
+        Endpoint::new(
+            "/comparison-diff",
+            Get,
+            Query,
+            Http,
+            One("ui"),
+            Some(|| get(ui::index)),
+        ),
         Endpoint::new(
             "/ui/{*path}",
             Get,

@@ -5,7 +5,7 @@
 //
 // With --token the token page is filled in as a user would. Printed: `tokenAsked` (the token page
 // was shown), `status` (the status line), `frames` ([name, total] of every drawn rectangle),
-// `table` (the top table's function names), `searchShare` (the share line after typing NAME),
+// (with a diff's baseline and comparison values), `table` (the top table's function names), `searchShare` (the share line after typing NAME),
 // `matched` (names highlighted), `zoomed` (frames drawn after clicking NAME), `screenshots`.
 import { chromium } from 'playwright-core';
 
@@ -45,7 +45,9 @@ try {
   }
   out.status = await page.textContent('#status');
   const frames = () =>
-    page.$$eval('#flame rect', (rs) => rs.map((r) => [r.dataset.name, Number(r.dataset.total)]));
+    page.$$eval('#flame rect', (rs) =>
+      rs.map((r) => [r.dataset.name, Number(r.dataset.total), r.dataset.left ?? null, r.dataset.right ?? null]),
+    );
   out.frames = await frames();
   out.table = await page.$$eval('#top tbody tr td:first-child', (tds) => tds.map((t) => t.textContent));
   await shot('flamegraph');

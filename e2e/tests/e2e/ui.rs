@@ -212,6 +212,37 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
         "{zoomed:?}"
     );
 
+    // The diff view, from a link as Pyroscope's UI makes it: pod a's stacks against the whole
+    // service; the root's baseline and comparison are the two queries' totals.
+    let q = |sel: &str| {
+        sel.replace('{', "%7B")
+            .replace('}', "%7D")
+            .replace('"', "%22")
+            .replace('=', "%3D")
+            .replace(',', "%2C")
+    };
+    let diff_url = kiln.url(&format!(
+        "/comparison-diff?leftQuery={CPU}{}&leftFrom=now-1h&leftUntil=now&rightQuery={CPU}{}&rightFrom=now-1h&rightUntil=now",
+        q("{service_name=\"shop\"}"),
+        q("{service_name=\"shop\",pod=\"a\"}"),
+    ));
+    let seen = drive(&diff_url, "diff", &[])?;
+    let root = seen["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f[0] == "total")
+        .with_context(|| format!("no root drawn: {seen}"))?;
+    let side = |v: &Value| v.as_str().and_then(|s| s.parse::<i64>().ok());
+    let (_, pod_a) = api_frames(&kiln, "anonymous", "{service_name=\"shop\",pod=\"a\"}")?;
+    ensure!(
+        side(&root[2]) == Some(total)
+            && side(&root[3]) == Some(pod_a)
+            && pod_a > 0
+            && pod_a < total,
+        "root {root}: want baseline {total}, comparison {pod_a}"
+    );
+
     // An empty tenant's page says how to send a profile.
     let empty = Kiln::start_with(&["--auth", "none"])?;
     let seen = drive(&empty.url("/"), "empty", &[])?;

@@ -8,7 +8,7 @@ const TOKEN_KEY = 'kiln-token';
 const MAX_NODES = 2048;
 const ROW = 18;
 
-const state = { type: '', service: '', selector: '', from: 'now-1h', until: 'now', sort: 'self' };
+const state = { type: '', service: '', selector: '', from: 'now-1h', until: 'now', sort: 'self', diff: null };
 let flame = null; // decoded flame graph
 let zoom = null; // the node zoomed into
 let functions = []; // the top table's rows
@@ -74,6 +74,17 @@ function readUrl() {
   }
   state.from = p.get('from') || 'now-1h';
   state.until = p.get('until') || 'now';
+  if (p.get('leftQuery') || p.get('rightQuery') || location.pathname.endsWith('-diff')) {
+    const side = (q, from, until) => {
+      const i = (q || '').indexOf('{');
+      if (!state.type && q) state.type = i >= 0 ? q.slice(0, i) : q;
+      return { selector: i >= 0 ? q.slice(i) : '{}', from: from || state.from, until: until || state.until };
+    };
+    state.diff = {
+      left: side(p.get('leftQuery'), p.get('leftFrom'), p.get('leftUntil')),
+      right: side(p.get('rightQuery'), p.get('rightFrom'), p.get('rightUntil')),
+    };
+  }
 }
 
 function writeUrl() {
@@ -81,7 +92,14 @@ function writeUrl() {
   p.set('query', state.type + fullSelector());
   p.set('from', state.from);
   p.set('until', state.until);
-  history.replaceState(null, '', '?' + p.toString());
+  if (state.diff) {
+    for (const [k, side] of [['left', state.diff.left], ['right', state.diff.right]]) {
+      p.set(k + 'Query', state.type + side.selector);
+      p.set(k + 'From', side.from);
+      p.set(k + 'Until', side.until);
+    }
+  }
+  history.replaceState(null, '', location.pathname + '?' + p.toString());
 }
 
 // ---- the API ----
@@ -183,6 +201,47 @@ function decodeFlame(fg) {
   return { nodes, total: Number(fg.total || 0) };
 }
 
+// A Diff's levels (left x delta, total, self; right x delta, total, self; name index per node):
+// nodes spanning both sides' values, each side's own too.
+function decodeDiff(fg) {
+  const names = fg.names || [];
+  const nodes = [];
+  for (let d = 0; d < (fg.levels || []).length; d++) {
+    const v = (fg.levels[d].values || []).map(Number);
+    let l = 0;
+    let r = 0;
+    for (let i = 0; i + 6 < v.length; i += 7) {
+      l += v[i];
+      r += v[i + 3];
+      nodes.push({
+        d,
+        x: l + r,
+        total: v[i + 1] + v[i + 4],
+        self: v[i + 2] + v[i + 5],
+        left: v[i + 1],
+        right: v[i + 4],
+        name: names[v[i + 6]] ?? '?',
+        parent: -1,
+      });
+      l += v[i + 1];
+      r += v[i + 4];
+    }
+  }
+  const leftTicks = Number(fg.leftTicks || 0);
+  const rightTicks = Number(fg.rightTicks || 0);
+  return { nodes, total: leftTicks + rightTicks, leftTicks, rightTicks, diff: true };
+}
+
+// Red where the comparison holds a larger share than the baseline, green where smaller.
+function diffColor(n) {
+  const l = flame.leftTicks > 0 ? n.left / flame.leftTicks : 0;
+  const r = flame.rightTicks > 0 ? n.right / flame.rightTicks : 0;
+  const change = r - l;
+  if (Math.abs(change) < 0.001) return 'hsl(0,0%,78%)';
+  const k = Math.min(Math.abs(change) * 4, 1);
+  return change > 0 ? `hsl(0,70%,${(88 - 28 * k).toFixed(0)}%)` : `hsl(120,55%,${(88 - 33 * k).toFixed(0)}%)`;
+}
+
 function matches(name, q) {
   return q && name.toLowerCase().includes(q);
 }
@@ -239,8 +298,10 @@ function drawFlame() {
     const label = w > 30 ? escapeXml(n.name.slice(0, Math.floor(w / 7))) : '';
     out.push(
       `<g class="${cls}" data-i="${i}"><rect x="${x0.toFixed(2)}" y="${n.d * ROW}" width="${w.toFixed(2)}" ` +
-        `height="${ROW - 1}" fill="hsl(${hue(n.name)},60%,72%)" data-name="${escapeXml(n.name)}" ` +
-        `data-total="${n.total}"></rect>` +
+        `height="${ROW - 1}" fill="${flame.diff ? diffColor(n) : `hsl(${hue(n.name)},60%,72%)`}" ` +
+        `data-name="${escapeXml(n.name)}" data-total="${n.total}"` +
+        (flame.diff ? ` data-left="${n.left}" data-right="${n.right}"` : '') +
+        '></rect>' +
         (label ? `<text x="${(x0 + 3).toFixed(2)}" y="${n.d * ROW + 13}">${label}</text>` : '') +
         '</g>',
     );
@@ -267,9 +328,11 @@ function tooltip(event) {
     t.hidden = true;
     return;
   }
-  t.innerHTML =
-    `<b>${escapeXml(n.name)}</b><br>total ${fmt(n.total)} (${pct(n.total, flame.total)})` +
-    `<br>self ${fmt(n.self)} (${pct(n.self, flame.total)})`;
+  t.innerHTML = flame.diff
+    ? `<b>${escapeXml(n.name)}</b><br>baseline ${fmt(n.left)} (${pct(n.left, flame.leftTicks)})` +
+      `<br>comparison ${fmt(n.right)} (${pct(n.right, flame.rightTicks)})`
+    : `<b>${escapeXml(n.name)}</b><br>total ${fmt(n.total)} (${pct(n.total, flame.total)})` +
+      `<br>self ${fmt(n.self)} (${pct(n.self, flame.total)})`;
   t.style.left = event.clientX + 12 + 'px';
   t.style.top = event.clientY + 12 + 'px';
   t.hidden = false;
@@ -419,6 +482,10 @@ async function refresh() {
       .filter((n) => !n.startsWith('__'))
       .map((n) => `<option value="{${escapeXml(n)}=&quot;&quot;}">`)
       .join('');
+    if (state.diff) {
+      await refreshDiff(mine);
+      return;
+    }
     const query = { profileTypeID: state.type, labelSelector: selector, start, end };
     const step = Math.max(Math.round((end - start) / 1000 / 240), 1);
     const [fg, table, sel] = await Promise.all([
@@ -455,6 +522,50 @@ async function refresh() {
     } else {
       setStatus(escapeXml(e.message), true);
     }
+  }
+}
+
+// The diff view: two queries' flame graphs aligned by Kiln (`Diff`), drawn coloured by change.
+async function refreshDiff(mine) {
+  const now = Date.now();
+  const side = (x) => {
+    const start = parseTime(x.from, now);
+    const end = parseTime(x.until, now);
+    return {
+      profileTypeID: state.type,
+      labelSelector: x.selector || '{}',
+      start: Math.min(start, end - 1000),
+      end,
+      maxNodes: MAX_NODES,
+    };
+  };
+  writeUrl();
+  const d = await call('Diff', { left: side(state.diff.left), right: side(state.diff.right) });
+  if (mine !== generation) return;
+  flame = decodeDiff(d.flamegraph || {});
+  zoom = null;
+  functions = [];
+  series = [];
+  drawFlame();
+  drawTable();
+  drawTimeline();
+  setStatus(
+    `Diff of ${escapeXml(state.type)}: baseline ${escapeXml(state.diff.left.selector)} ` +
+      `${fmt(flame.leftTicks)}, comparison ${escapeXml(state.diff.right.selector)} ${fmt(flame.rightTicks)}.`,
+  );
+}
+
+function showDiffBar() {
+  const on = !!state.diff;
+  $('diffbar').hidden = !on;
+  $('diff').classList.toggle('on', on);
+  $('timeline-box').hidden = on;
+  $('table-box').hidden = on;
+  if (!on) return;
+  for (const k of ['left', 'right']) {
+    $(k + '-sel').value = state.diff[k].selector;
+    $(k + '-from').value = state.diff[k].from;
+    $(k + '-until').value = state.diff[k].until;
   }
 }
 
@@ -500,6 +611,30 @@ function init() {
     });
   }
   $('refresh').addEventListener('click', refresh);
+  $('diff').addEventListener('click', () => {
+    if (state.diff) {
+      state.diff = null;
+    } else {
+      // Baseline: the range before the current one; comparison: the current one.
+      const [start, end] = range();
+      const width = end - start;
+      const sel = fullSelector();
+      state.diff = {
+        left: { selector: sel, from: String(Math.floor((start - width) / 1000)), until: String(Math.floor(start / 1000)) },
+        right: { selector: sel, from: state.from, until: state.until },
+      };
+    }
+    showDiffBar();
+    refresh();
+  });
+  for (const k of ['left', 'right']) {
+    for (const f of ['sel', 'from', 'until']) {
+      $(`${k}-${f}`).addEventListener('change', () => {
+        state.diff[k][f === 'sel' ? 'selector' : f] = $(`${k}-${f}`).value.trim();
+        refresh();
+      });
+    }
+  }
   $('search').addEventListener('input', drawFlame);
   $('reset-zoom').addEventListener('click', () => {
     zoom = null;
@@ -535,6 +670,7 @@ function init() {
   });
   window.addEventListener('resize', drawFlame);
   brush();
+  showDiffBar();
   refresh();
 }
 
