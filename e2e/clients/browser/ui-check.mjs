@@ -1,12 +1,13 @@
 // Drives Kiln's built-in UI in Debian's headless Chromium (playwright-core, no browser download)
 // for the end-to-end tests, and prints what the page showed as one JSON object.
 //
-//   node ui-check.mjs <url> <screenshot-dir> [--token T] [--search NAME] [--zoom NAME]
+//   node ui-check.mjs <url> <screenshot-dir> [--token T] [--search NAME] [--zoom NAME] [--download FILE]
 //
 // With --token the token page is filled in as a user would. Printed: `tokenAsked` (the token page
 // was shown), `status` (the status line), `frames` ([name, total] of every drawn rectangle),
 // (with a diff's baseline and comparison values), `table` (the top table's function names), `searchShare` (the share line after typing NAME),
-// `matched` (names highlighted), `zoomed` (frames drawn after clicking NAME), `screenshots`.
+// `matched` (names highlighted), `zoomed` (frames drawn after clicking NAME), `requests`,
+// `htmlBytes` and `svgBytes` (the first view's weight), `screenshots`.
 import { chromium } from 'playwright-core';
 
 const [url, dir, ...rest] = process.argv.slice(2);
@@ -22,6 +23,8 @@ const browser = await chromium.launch({
 const out = { screenshots: [] };
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  let requests = 0;
+  page.on('request', () => requests++);
   await page.goto(url);
   // Loaded: the status line says what the page shows, or the page asks for a token.
   const ready = () =>
@@ -50,6 +53,10 @@ try {
     );
   out.frames = await frames();
   out.table = await page.$$eval('#top tbody tr td:first-child', (tds) => tds.map((t) => t.textContent));
+  // Page weight: the requests of the first view, its HTML and the drawn SVG.
+  out.requests = requests;
+  out.htmlBytes = await page.evaluate(() => document.documentElement.outerHTML.length);
+  out.svgBytes = await page.evaluate(() => document.getElementById('flame').outerHTML.length);
   await shot('flamegraph');
   const search = opt('--search');
   if (search) {
@@ -58,6 +65,12 @@ try {
     out.matched = await page.$$eval('#flame g.match rect', (rs) => rs.map((r) => r.dataset.name));
     await shot('search');
     await page.fill('#search', '');
+  }
+  const download = opt('--download');
+  if (download) {
+    const [file] = await Promise.all([page.waitForEvent('download'), page.click('#download')]);
+    await file.saveAs(download);
+    out.downloaded = file.suggestedFilename();
   }
   const zoom = opt('--zoom');
   if (zoom) {

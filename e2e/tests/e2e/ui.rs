@@ -10,6 +10,7 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 use kiln_e2e::{ALL_TIME, Kiln, Tools};
 use kiln_proto::querier::v1 as q;
+use prost::Message;
 use serde_json::Value;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
@@ -138,12 +139,24 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
     let url = kiln.url(&format!(
         "/?query={CPU}%7Bservice_name%3D%22shop%22%7D&from=now-1h&until=now"
     ));
+    let pprof = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-download.pb");
+    let _ = std::fs::remove_file(&pprof);
     let seen = drive(
         &url,
         "none",
-        &["--search", "checkout", "--zoom", "checkout"],
+        &[
+            "--search",
+            "checkout",
+            "--zoom",
+            "checkout",
+            "--download",
+            &pprof.to_string_lossy(),
+        ],
     )?;
     ensure!(seen["tokenAsked"] == false, "{seen}");
+    // A bounded page: the document, its script and style, and the API calls of one view.
+    let requests = seen["requests"].as_u64().unwrap_or(u64::MAX);
+    ensure!(requests <= 12, "the first view took {requests} requests");
 
     // The frames drawn are the API's, name for name and total for total.
     let (want, total) = api_frames(&kiln, "anonymous", "{service_name=\"shop\"}")?;
@@ -186,6 +199,20 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
     rows.sort();
     want_rows.sort();
     ensure!(rows == want_rows, "table {rows:?}, API {want_rows:?}");
+
+    // The download is the shown profile as pprof: the same total, read as Go's pprof reads it.
+    let profile = kiln_proto::google::v1::Profile::decode(std::fs::read(&pprof)?.as_slice())?;
+    let pprof_total: i64 = profile.sample.iter().map(|s| s.value[0]).sum();
+    ensure!(
+        pprof_total == total,
+        "pprof {pprof_total}, flame graph {total}"
+    );
+    ensure!(
+        seen["downloaded"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("shop-process_cpu-") && n.ends_with(".pb")),
+        "{seen}"
+    );
 
     // A search highlights `checkout` and states its share of the whole.
     let checkout: i64 = want
