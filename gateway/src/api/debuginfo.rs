@@ -551,7 +551,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::UploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_upload(&self.app, &tenant, req.into_inner()).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn should_initiate_upload(
@@ -560,7 +560,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::ShouldInitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_should_initiate(&self.app, &tenant, req.into_inner()).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn initiate_upload(
@@ -569,7 +569,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::InitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_initiate(&self.app, &tenant, req.into_inner()).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn mark_upload_finished(
@@ -578,21 +578,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::MarkUploadFinishedResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_mark_finished(&self.app, &tenant, req.into_inner()).await;
-        grpc_answer(&self.app, &tenant, result)
-    }
-}
-
-fn grpc_answer<T>(
-    app: &AppRef,
-    tenant: &TenantId,
-    result: Result<T, ApiError>,
-) -> Result<tonic::Response<T>, Status> {
-    match result {
-        Ok(v) => Ok(tonic::Response::new(v)),
-        Err(e) => {
-            app.metrics.refused(tenant, e.reason());
-            Err(e.into())
-        }
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 }
 
@@ -842,7 +828,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::ShouldInitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = pyroscope_should(&self.app, &tenant, req.into_inner().file).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn upload_finished(
@@ -851,7 +837,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::UploadFinishedResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = pyroscope_finished(&self.app, &tenant, req.into_inner()).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn list_debuginfo(
@@ -860,7 +846,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::ListDebuginfoResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Read)?;
         let result = pyroscope_list(&self.app, &tenant).await;
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 
     async fn delete_debuginfo(
@@ -872,7 +858,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
         let result = delete(&self.app, &tenant, &id)
             .await
             .map(|_| py::DeleteDebuginfoResponse {});
-        grpc_answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(&self.app, &tenant, result)
     }
 }
 

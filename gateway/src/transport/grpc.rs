@@ -37,6 +37,19 @@ impl Grpc {
 }
 
 /// A query's report in response metadata, as the Connect front end puts it in headers.
+/// A unary call's answer: the message, or the error as its gRPC status, counted as the
+/// tenant's refusal.
+pub(crate) fn answer<T>(
+    app: &AppRef,
+    tenant: &crate::auth::TenantId,
+    result: Result<T, crate::error::ApiError>,
+) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(|e| {
+        app.metrics.refused(tenant, e.reason());
+        e.into()
+    })
+}
+
 pub(crate) fn report_metadata<T>(
     resp: &mut Response<T>,
     report: &kiln_storage::query::QueryReport,

@@ -16,7 +16,7 @@ use crate::auth::{Scope, TenantId};
 use crate::error::{ApiError, ErrorKind};
 use crate::recording::rules::{InvalidRule, Rule};
 use crate::recording::{put_stored_rules, stored_rules};
-use crate::transport::grpc::Grpc;
+use crate::transport::grpc::{Grpc, answer};
 
 /// The prefix every rule's metric name has (Pyroscope's; the Drilldown app adds it).
 pub const METRIC_PREFIX: &str = "profiles_recorded_";
@@ -294,17 +294,6 @@ pub async fn metrics_handler(State(app): State<AppRef>, headers: HeaderMap) -> R
             .into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-fn answer<T>(
-    app: &AppRef,
-    tenant: &TenantId,
-    r: Result<T, ApiError>,
-) -> Result<tonic::Response<T>, Status> {
-    r.map(tonic::Response::new).map_err(|e| {
-        app.metrics.refused(tenant, e.reason());
-        e.into()
-    })
 }
 
 #[tonic::async_trait]
