@@ -2,6 +2,11 @@
 // for the end-to-end tests, and prints what the page showed as one JSON object.
 //
 //   node ui-check.mjs <url> <screenshot-dir> [--token T] [--search NAME] [--zoom NAME] [--download FILE]
+//                     [--pause-then-refresh]
+//
+// With --pause-then-refresh, once the first view is read the driver prints `paused` on a line of
+// its own and waits for a line on stdin (the test stops Kiln meanwhile), then presses Refresh and
+// reports the status line that follows as `afterRefresh`. The JSON is always the last line.
 //
 // With --token the token page is filled in as a user would. Printed: `tokenAsked` (the token page
 // was shown), `status` (the status line), `frames` ([name, total] of every drawn rectangle),
@@ -71,6 +76,15 @@ try {
     const [file] = await Promise.all([page.waitForEvent('download'), page.click('#download')]);
     await file.saveAs(download);
     out.downloaded = file.suggestedFilename();
+  }
+  if (rest.includes('--pause-then-refresh')) {
+    console.log('paused');
+    await new Promise((resolve) => process.stdin.once('data', resolve));
+    process.stdin.pause();
+    await page.click('#refresh');
+    await ready();
+    out.afterRefresh = await page.textContent('#status');
+    await shot('after-refresh');
   }
   const zoom = opt('--zoom');
   if (zoom) {

@@ -2,8 +2,9 @@
 //! from `e2e/clients/browser`, both installed by `scripts/install-test-deps.sh`): the page draws
 //! the flame graph Kiln's API answers for the same query — every frame with its name and total —
 //! and the exact function table beside it; a search highlights the matching frames and states
-//! their share; a click zooms; in JWT mode it asks for a token and shows only that token's tenant.
-//! Screenshots of each page are kept as test artifacts and checked not blank.
+//! their share; a click zooms; in JWT mode it asks for a token and shows only that token's tenant;
+//! a query over the limits, a selector that matches nothing and a stopped Kiln each get a state
+//! that says what to do. Screenshots of each page are kept as test artifacts and checked not blank.
 
 use std::process::Command;
 
@@ -26,6 +27,20 @@ fn chromium() -> Result<&'static str> {
 
 /// What `e2e/clients/browser/ui-check.mjs` saw of the page at `url`.
 fn drive(url: &str, name: &str, extra: &[&str]) -> Result<Value> {
+    drive_pausing(url, name, extra, || Ok(()))
+}
+
+/// As `drive`; with `--pause-then-refresh` in `extra`, `paused` runs once the first view is read
+/// and before the page's Refresh is pressed.
+fn drive_pausing(
+    url: &str,
+    name: &str,
+    extra: &[&str],
+    mut paused: impl FnMut() -> Result<()>,
+) -> Result<Value> {
+    use std::io::{BufRead, Read, Write};
+    use std::process::Stdio;
+
     let tools = Tools::find()?;
     let dir = kiln_e2e::repo_root().join("e2e/clients/browser");
     ensure!(
@@ -34,22 +49,41 @@ fn drive(url: &str, name: &str, extra: &[&str]) -> Result<Value> {
     );
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ui-{name}"));
     std::fs::create_dir_all(&shots)?;
-    let out = Command::new(&tools.node)
+    let mut child = Command::new(&tools.node)
         .current_dir(&dir)
         .arg("ui-check.mjs")
         .arg(url)
         .arg(&shots)
         .args(extra)
         .env("KILN_TEST_CHROMIUM", chromium()?)
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running node")?;
-    ensure!(
-        out.status.success(),
-        "ui-check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout)?;
+    let mut stderr = child.stderr.take().context("stderr")?;
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let mut last = String::new();
+    for line in std::io::BufReader::new(child.stdout.take().context("stdout")?).lines() {
+        let line = line?;
+        if line == "paused" {
+            paused()?;
+            stdin.write_all(b"go\n")?;
+            stdin.flush()?;
+        } else if !line.trim().is_empty() {
+            last = line;
+        }
+    }
+    drop(stdin);
+    let status = child.wait()?;
+    let errors = errors.join().unwrap_or_default();
+    ensure!(status.success(), "ui-check: {last}{errors}");
+    let v: Value = serde_json::from_str(&last)?;
     // Every screenshot is of a drawn page: fuller than a blank one of the same size.
     let blank = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-blank.png");
     if !blank.exists() {
@@ -253,7 +287,7 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
         q("{service_name=\"shop\"}"),
         q("{service_name=\"shop\",pod=\"a\"}"),
     ));
-    let seen = drive(&diff_url, "diff", &[])?;
+    let seen = drive(&diff_url, "diff", &["--search", "checkout"])?;
     let root = seen["frames"]
         .as_array()
         .into_iter()
@@ -270,6 +304,23 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
         "root {root}: want baseline {total}, comparison {pod_a}"
     );
 
+    // Searched in the diff view: each side's share of `checkout`, of that side's total.
+    let (pod_a_frames, _) = api_frames(&kiln, "anonymous", "{service_name=\"shop\",pod=\"a\"}")?;
+    let checkout_a: i64 = pod_a_frames
+        .iter()
+        .filter(|(n, _)| n == "checkout")
+        .map(|(_, t)| t)
+        .sum();
+    let line = seen["searchShare"].as_str().unwrap_or("");
+    let want = format!(
+        "baseline {} ({:.2}%), comparison {} ({:.2}%) match",
+        secs(checkout),
+        100.0 * checkout as f64 / total as f64,
+        secs(checkout_a),
+        100.0 * checkout_a as f64 / pod_a as f64,
+    );
+    ensure!(line == want, "{line:?}, want {want:?}");
+
     // An empty tenant's page says how to send a profile.
     let empty = Kiln::start_with(&["--auth", "none"])?;
     let seen = drive(&empty.url("/"), "empty", &[])?;
@@ -277,6 +328,83 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
     ensure!(
         status.contains("No profiles here yet") && status.contains("/ingest?name=myapp.cpu"),
         "{status}"
+    );
+    Ok(())
+}
+
+/// A CPU value as the page writes it (nanoseconds as seconds).
+fn secs(ns: i64) -> String {
+    let v = ns as f64 / 1e9;
+    if ns >= 10_000_000_000 {
+        format!("{v:.0} s")
+    } else {
+        format!("{v:.2} s")
+    }
+}
+
+#[test]
+fn the_page_says_what_went_wrong() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, "[tenants.anonymous]\nmax_query_range = \"6h\"\n")?;
+    let mut kiln = Kiln::start_with(&["--auth", "none", "--tenants", &tenants.to_string_lossy()])?;
+    let (status, body) = kiln.ingest(
+        "anonymous",
+        &format!("name=shop.cpu&from={}&format=folded", now_secs()? - 120),
+        SHOP.to_vec(),
+        &[],
+    )?;
+    ensure!(status == 200, "{body}");
+    let view = |sel: &str, from: &str| {
+        kiln.url(&format!(
+            "/?query={CPU}{}&from={from}&until=now",
+            sel.replace('{', "%7B")
+                .replace('}', "%7D")
+                .replace('"', "%22")
+                .replace('=', "%3D")
+                .replace(',', "%2C")
+        ))
+    };
+
+    // Over the tenant's limits: the page says which and what to do.
+    let seen = drive(
+        &view("{service_name=\"shop\"}", "now-7d"),
+        "over-limit",
+        &[],
+    )?;
+    let status = seen["status"].as_str().unwrap_or("");
+    ensure!(
+        status.starts_with("Kiln refused this query")
+            && status.contains("maximum range of 21600 s")
+            && status.contains("Choose a shorter range"),
+        "{status}"
+    );
+    ensure!(frames(&seen["frames"]).is_empty(), "{seen}");
+
+    // A selector that matches nothing.
+    let seen = drive(
+        &view("{service_name=\"shop\",pod=\"nope\"}", "now-1h"),
+        "no-match",
+        &[],
+    )?;
+    let status = seen["status"].as_str().unwrap_or("");
+    ensure!(
+        status.starts_with("Nothing matches") && status.contains("pod=\"nope\""),
+        "{status}"
+    );
+
+    // Kiln stops after the page is drawn: Refresh says it does not answer and keeps trying.
+    let seen = drive_pausing(
+        &view("{service_name=\"shop\"}", "now-1h"),
+        "unreachable",
+        &["--pause-then-refresh"],
+        || kiln.kill(),
+    )?;
+    ensure!(!frames(&seen["frames"]).is_empty(), "{seen}");
+    let after = seen["afterRefresh"].as_str().unwrap_or("");
+    ensure!(
+        after.starts_with("Kiln did not answer") && after.contains("Trying again every 5 s"),
+        "{after}"
     );
     Ok(())
 }

@@ -116,7 +116,7 @@ async function call(method, body) {
       body: JSON.stringify(body),
     });
   } catch (e) {
-    throw new UiError('unreachable', `Kiln did not answer (${e.message}). Is it running?`);
+    throw new UiError('unreachable', `Kiln did not answer (${e.message}): is it running?`);
   }
   const text = await resp.text();
   let json = {};
@@ -126,7 +126,8 @@ async function call(method, body) {
     json = { message: text };
   }
   if (!resp.ok) {
-    const kind = resp.status === 401 ? 'auth' : resp.status === 403 ? 'forbidden' : 'api';
+    const kinds = { 401: 'auth', 403: 'forbidden', 413: 'limit', 429: 'limit', 400: 'invalid', 422: 'invalid' };
+    const kind = kinds[resp.status] || (resp.status >= 502 && resp.status <= 504 ? 'unreachable' : 'api');
     throw new UiError(kind, json.message || `${resp.status} ${resp.statusText}`);
   }
   return json;
@@ -254,6 +255,25 @@ function decodeFlame(fg) {
   return { nodes, total: Number(fg.total || 0) };
 }
 
+// Each node's parent: the node one level up whose span holds it (levels are in x order).
+function linkParents(nodes) {
+  let previous = [];
+  let here = [];
+  let level = 0;
+  let p = 0;
+  nodes.forEach((node, i) => {
+    if (node.d !== level) {
+      previous = node.d === level + 1 ? here : [];
+      here = [];
+      level = node.d;
+      p = 0;
+    }
+    while (p < previous.length && nodes[previous[p]].x + nodes[previous[p]].total <= node.x) p++;
+    if (p < previous.length && nodes[previous[p]].x <= node.x) node.parent = previous[p];
+    here.push(i);
+  });
+}
+
 // A Diff's levels (left x delta, total, self; right x delta, total, self; name index per node):
 // nodes spanning both sides' values, each side's own too.
 function decodeDiff(fg) {
@@ -280,6 +300,7 @@ function decodeDiff(fg) {
       r += v[i + 4];
     }
   }
+  linkParents(nodes);
   const leftTicks = Number(fg.leftTicks || 0);
   const rightTicks = Number(fg.rightTicks || 0);
   return { nodes, total: leftTicks + rightTicks, leftTicks, rightTicks, diff: true };
@@ -301,8 +322,8 @@ function matches(name, q) {
 
 // The share of the matching frames: each matching node counted unless an ancestor matched.
 function searchShare(q) {
-  if (!flame || !q) return 0;
-  let sum = 0;
+  const sum = { total: 0, left: 0, right: 0 };
+  if (!flame || !q) return sum;
   for (const n of flame.nodes) {
     if (!matches(n.name, q)) continue;
     let p = n.parent;
@@ -314,7 +335,11 @@ function searchShare(q) {
       }
       p = flame.nodes[p].parent;
     }
-    if (!covered) sum += n.total;
+    if (!covered) {
+      sum.total += n.total;
+      sum.left += n.left || 0;
+      sum.right += n.right || 0;
+    }
   }
   return sum;
 }
@@ -364,9 +389,12 @@ function drawFlame() {
   svg.innerHTML = out.join('');
   $('reset-zoom').hidden = !zoom;
   const share = searchShare(q);
-  $('search-share').textContent = q
-    ? `${fmt(share)} of ${fmt(flame.total)} (${pct(share, flame.total)}) match`
-    : '';
+  $('search-share').textContent = !q
+    ? ''
+    : flame.diff
+      ? `baseline ${fmt(share.left)} (${pct(share.left, flame.leftTicks)}), ` +
+        `comparison ${fmt(share.right)} (${pct(share.right, flame.rightTicks)}) match`
+      : `${fmt(share.total)} of ${fmt(flame.total)} (${pct(share.total, flame.total)}) match`;
 }
 
 function nodeOf(event) {
@@ -501,6 +529,9 @@ function clearViews() {
 }
 
 let generation = 0;
+// While Kiln does not answer, the page asks again this often.
+const RETRY_MS = 5000;
+let retryTimer = 0;
 
 async function refresh() {
   const mine = ++generation;
@@ -561,7 +592,10 @@ async function refresh() {
     drawTable();
     drawTimeline();
     if (flame.total === 0) {
-      setStatus(`Nothing matches <code>${escapeXml(state.type + selector)}</code> in this range.`);
+      setStatus(
+        `Nothing matches <code>${escapeXml(state.type + selector)}</code> in this range: ` +
+          'widen the range, or loosen the selector (its label names are offered as you type).',
+      );
     } else {
       setStatus(`${escapeXml(state.type + selector)}: ${fmt(flame.total)} in all.`);
     }
@@ -572,6 +606,24 @@ async function refresh() {
       showToken(sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused: ' + e.message : '');
     } else if (e.kind === 'forbidden') {
       setStatus('This token cannot read profiles (it needs the read scope): ' + escapeXml(e.message), true);
+    } else if (e.kind === 'limit') {
+      setStatus(
+        `Over this tenant's query limits: ${escapeXml(e.message)}. ` +
+          'Press Refresh in a moment, or narrow the range or the selector.',
+        true,
+      );
+    } else if (e.kind === 'invalid') {
+      setStatus(
+        `Kiln refused this query: ${escapeXml(e.message)}. ` +
+          (/range/.test(e.message) ? 'Choose a shorter range.' : 'Check the selector, e.g. <code>{pod="a"}</code>.'),
+        true,
+      );
+    } else if (e.kind === 'unreachable') {
+      setStatus(`${escapeXml(e.message)} Trying again every ${RETRY_MS / 1000} s…`, true);
+      clearTimeout(retryTimer);
+      retryTimer = setTimeout(() => {
+        if (mine === generation) refresh();
+      }, RETRY_MS);
     } else {
       setStatus(escapeXml(e.message), true);
     }
