@@ -374,17 +374,18 @@ impl DatasetBuilder {
             row.series = new_id[row.series as usize];
         }
         rows.sort_unstable_by(|a, b| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key())));
+        let mut table = crate::series_labels::LabelTableBuilder::default();
+        for &old in &order {
+            table.add(series[old as usize].labels.iter());
+        }
         let mut series_meta: Vec<SeriesMeta> = order
             .iter()
-            .map(|&old| {
+            .zip(table.finish())
+            .map(|(&old, labels)| {
                 let s = &series[old as usize];
                 SeriesMeta {
-                    labels: s
-                        .labels
-                        .iter()
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect(),
-                    profile_type: s.profile_type.clone(),
+                    labels,
+                    profile_type: s.profile_type.as_str().into(),
                     min_time_nanos: s.min,
                     max_time_nanos: s.max,
                     first_row: 0,
@@ -440,6 +441,7 @@ impl DatasetBuilder {
             stack_nodes,
             compacted_from: Vec::new(),
             rollups: Vec::new(),
+            index: Default::default(),
         };
         Ok(BuiltDataset {
             meta,
@@ -462,13 +464,9 @@ pub fn series_order<'a>(series: impl Iterator<Item = (&'a str, &'a Labels)>) -> 
 
 /// The sort key of a series in [`series_order`], from its metadata.
 pub fn series_sort_key(s: &SeriesMeta) -> (&str, Option<&str>, Vec<(&str, &str)>) {
-    let mut labels: Vec<(&str, &str)> = s
-        .labels
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let mut labels: Vec<(&str, &str)> = s.labels.iter().collect();
     labels.sort_unstable();
-    (s.profile_type.as_str(), s.label(LABEL_SERVICE_NAME), labels)
+    (&s.profile_type, s.label(LABEL_SERVICE_NAME), labels)
 }
 
 /// Places datasets in one object with its footer: returns the object and each dataset's

@@ -566,6 +566,7 @@ impl Output {
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
             rollups,
+            index: Default::default(),
             format_version: BLOCK_FORMAT_VERSION,
             id: self.id.clone(),
             tenant: template.tenant.clone(),
@@ -923,7 +924,7 @@ impl Compactor {
 
 /// Labels of a series as a `Labels` set (for tests comparing series).
 pub fn series_labels(s: &SeriesMeta) -> Labels {
-    Labels::from_pairs(s.labels.iter().cloned())
+    Labels::from_pairs(s.labels.to_vec())
 }
 
 #[cfg(test)]

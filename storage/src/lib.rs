@@ -10,7 +10,7 @@
 //!            ──► block one level up ──► metastore.complete_job (sources tombstoned)
 //!
 //!  query ──► metastore.query_blocks(tenant, time, service, type): partitions in range only
-//!        ──► series selected on block metadata ──► Parquet rows of those series' ranges
+//!        ──► series selected by each block's series index ──► Parquet rows of those series' ranges
 //!        ──► stack values summed per block ──► merged by frame name ──► FlameGraph / pprof / series
 //! ```
 
@@ -24,6 +24,8 @@ pub mod names;
 pub mod query;
 pub mod rollup;
 pub mod selector;
+pub mod series_index;
+pub mod series_labels;
 pub mod spool;
 pub mod store;
 pub mod symbols;

@@ -20,6 +20,8 @@ use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
 
 use crate::error::DecodeError;
+use crate::series_index::SeriesIndex;
+use crate::series_labels::{LabelTableBuilder, SeriesLabels};
 
 /// Current block format version (see `docs/adr/0002-block-format.md`): 3 added the samples'
 /// `profile_id` column.
@@ -98,8 +100,9 @@ impl Section {
 /// time range and rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeriesMeta {
-    pub labels: Vec<(String, String)>,
-    pub profile_type: String,
+    /// Sorted by name; shared with the entry's other series ([`SeriesLabels`]).
+    pub labels: SeriesLabels,
+    pub profile_type: Arc<str>,
     pub min_time_nanos: i64,
     pub max_time_nanos: i64,
     /// The series' rows are `first_row..first_row + rows` of the samples section.
@@ -110,10 +113,7 @@ pub struct SeriesMeta {
 impl SeriesMeta {
     /// The value of a label.
     pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.labels.get(name)
     }
 
     /// Whether the series has samples in `[start, end)`.
@@ -153,6 +153,37 @@ pub struct BlockMeta {
     pub compacted_from: Vec<String>,
     /// Pre-aggregated copies of the samples (compacted blocks only), finest first.
     pub rollups: Vec<Rollup>,
+    /// The index of `series`, built on first use ([`BlockMeta::series_index`]).
+    pub index: IndexCell,
+}
+
+/// A block's [`SeriesIndex`], built once on first use. Entries are immutable once they are in
+/// the metastore; a clone starts empty, so an entry changed after cloning is indexed afresh.
+#[derive(Default)]
+pub struct IndexCell(std::sync::OnceLock<SeriesIndex>);
+
+impl Clone for IndexCell {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for IndexCell {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for IndexCell {}
+
+impl std::fmt::Debug for IndexCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "IndexCell(built)"
+        } else {
+            "IndexCell(empty)"
+        })
+    }
 }
 
 /// Bucket width of a rollup that holds profile totals rather than stacks.
@@ -215,7 +246,15 @@ impl BlockMeta {
         ulid::Ulid::from_string(&self.id).map_or(0, |u| u.timestamp_ms())
     }
 
-    /// Distinct `service_name` values, sorted.
+    /// The index of the block's series (built on first use, then kept with the entry).
+    pub fn series_index(&self) -> &SeriesIndex {
+        self.index
+            .0
+            .get_or_init(|| SeriesIndex::build(&self.series))
+    }
+
+    /// Distinct `service_name` values, sorted. (A scan: called when an entry is written, where
+    /// building the index would be wasted.)
     pub fn service_names(&self) -> Vec<&str> {
         let mut v: Vec<&str> = self
             .series
@@ -229,11 +268,7 @@ impl BlockMeta {
 
     /// Distinct profile type ids, sorted.
     pub fn profile_types(&self) -> Vec<&str> {
-        let mut v: Vec<&str> = self
-            .series
-            .iter()
-            .map(|s| s.profile_type.as_str())
-            .collect();
+        let mut v: Vec<&str> = self.series.iter().map(|s| &*s.profile_type).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -400,26 +435,50 @@ pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeE
             .cloned()
             .ok_or(DecodeError::StringIndex(i))
     };
+    let text = |i: u32| -> Result<&str, DecodeError> {
+        msg.strings
+            .get(i as usize)
+            .map(String::as_str)
+            .ok_or(DecodeError::StringIndex(i))
+    };
     let mut out = Vec::with_capacity(msg.datasets.len());
     for d in &msg.datasets {
-        let mut series = Vec::with_capacity(d.series.len());
+        // The dataset's series share one label table and their profile type ids.
+        let mut table = LabelTableBuilder::default();
+        let mut types: HashMap<u32, Arc<str>> = HashMap::new();
+        let mut parts = Vec::with_capacity(d.series.len());
         for x in &d.series {
             if x.labels.len() % 2 != 0 {
                 return Err(DecodeError::OddLabels);
             }
-            series.push(SeriesMeta {
-                labels: x
-                    .labels
-                    .chunks_exact(2)
-                    .map(|kv| Ok((s(kv[0])?, s(kv[1])?)))
-                    .collect::<Result<_, DecodeError>>()?,
-                profile_type: s(x.profile_type)?,
+            let pairs = x
+                .labels
+                .chunks_exact(2)
+                .map(|kv| Ok((text(kv[0])?, text(kv[1])?)))
+                .collect::<Result<Vec<_>, DecodeError>>()?;
+            table.add(pairs);
+            let profile_type = match types.get(&x.profile_type) {
+                Some(t) => Arc::clone(t),
+                None => {
+                    let t: Arc<str> = text(x.profile_type)?.into();
+                    types.insert(x.profile_type, Arc::clone(&t));
+                    t
+                }
+            };
+            parts.push((profile_type, x));
+        }
+        let series: Vec<SeriesMeta> = parts
+            .into_iter()
+            .zip(table.finish())
+            .map(|((profile_type, x), labels)| SeriesMeta {
+                labels,
+                profile_type,
                 min_time_nanos: x.min_time,
                 max_time_nanos: x.max_time,
                 first_row: x.first_row,
                 rows: x.rows,
-            });
-        }
+            })
+            .collect();
         let rows: u64 = series.iter().map(|x| x.rows).sum();
         if rows != d.rows {
             return Err(DecodeError::Rows {
@@ -454,6 +513,7 @@ pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeE
                 .iter()
                 .map(|r| decode_rollup(r, d.series.len()))
                 .collect::<Result<_, DecodeError>>()?,
+            index: Default::default(),
         });
     }
     Ok(out)
@@ -568,7 +628,7 @@ mod tests {
             samples: Section { offset: 0, size: 5 },
             symbols: Section { offset: 5, size: 3 },
             series: vec![SeriesMeta {
-                labels: vec![("service_name".into(), "api".into())],
+                labels: SeriesLabels::new([("service_name", "api")]),
                 profile_type: "p:c:n:c:n".into(),
                 min_time_nanos: 10,
                 max_time_nanos: 20,
@@ -580,6 +640,7 @@ mod tests {
             stack_nodes: 4,
             compacted_from: vec![],
             rollups: vec![],
+            index: Default::default(),
         }
     }
 

@@ -59,17 +59,21 @@ impl<'a> BlockQuery<'a> {
         Self::new(tenant, i64::MIN, i64::MAX)
     }
 
-    /// Whether a block matches.
+    /// Whether a block matches: a series of it meets the range, the service and the type
+    /// (answered by the block's series index).
     pub fn matches(&self, b: &BlockMeta) -> bool {
-        b.tenant == self.tenant
-            && b.overlaps(self.start_nanos, self.end_nanos)
-            && b.series.iter().any(|s| {
-                s.overlaps(self.start_nanos, self.end_nanos)
-                    && self
-                        .service_name
-                        .is_none_or(|n| s.label(kiln_otel::model::LABEL_SERVICE_NAME) == Some(n))
-                    && self.profile_type.is_none_or(|p| s.profile_type == p)
-            })
+        if b.tenant != self.tenant || !b.overlaps(self.start_nanos, self.end_nanos) {
+            return false;
+        }
+        let index = b.series_index();
+        let mut set = index.in_range(self.start_nanos, self.end_nanos);
+        if let Some(n) = self.service_name {
+            set.intersect_with(&index.with_value(kiln_otel::model::LABEL_SERVICE_NAME, n));
+        }
+        if let Some(p) = self.profile_type {
+            set.intersect_with(&index.with_value(crate::series_index::PROFILE_TYPE_LABEL, p));
+        }
+        !set.is_clear()
     }
 }
 
@@ -262,14 +266,34 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
 /// once written, so both backends cache their decoding.
 pub(crate) type EntryCache = moka::sync::Cache<(String, String, i64), Arc<BlockMeta>>;
 
-/// An [`EntryCache`] of 64 MiB.
+/// An [`EntryCache`] of 512 MiB, entries weighed by the memory their series and series index
+/// hold, so a tenant of a million series keeps its entries decoded and indexed (one query's
+/// worth) rather than decoding them again for every query.
 pub(crate) fn entry_cache() -> EntryCache {
     moka::sync::Cache::builder()
-        .weigher(|_, b: &Arc<BlockMeta>| {
-            (256 + b.series.len() * 160).try_into().unwrap_or(u32::MAX)
-        })
-        .max_capacity(64 << 20)
+        // Least recently used: TinyLFU's admission would turn away a tenant's one large entry,
+        // new and so seldom seen, and decode it again on every query.
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
+        .weigher(|_, b: &Arc<BlockMeta>| entry_weight(b).try_into().unwrap_or(u32::MAX))
+        .max_capacity(512 << 20)
         .build()
+}
+
+/// Approximate bytes an entry holds once decoded and indexed: its label tables (each shared by
+/// many series, counted once), per series its struct, label pairs and index postings, and per
+/// distinct string a value of the index.
+fn entry_weight(b: &BlockMeta) -> usize {
+    let mut tables: Vec<*const crate::series_labels::LabelTable> = Vec::new();
+    let mut bytes = 512;
+    for s in &b.series {
+        let table = Arc::as_ptr(s.labels.table());
+        if tables.last() != Some(&table) && !tables.contains(&table) {
+            tables.push(table);
+            bytes += s.labels.table().heap_bytes() + 40 * s.labels.table().strings();
+        }
+        bytes += 96 + 12 * s.labels.len();
+    }
+    bytes
 }
 
 /// Decodes the entry `data` stored under (tenant, id, partition) through `cache`; an entry

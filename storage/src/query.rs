@@ -84,10 +84,18 @@ pub struct SampleFilter {
 }
 
 impl SampleFilter {
-    fn series_matches(&self, s: &SeriesMeta) -> bool {
-        s.profile_type == self.profile_type
-            && s.overlaps(self.start_nanos, self.end_nanos)
-            && self.selector.matches(|name| series_label(s, name))
+    /// The series of a block this filter selects: of its profile type, in its range, matched
+    /// by its selector.
+    fn select(&self, index: &crate::series_index::SeriesIndex) -> fixedbitset::FixedBitSet {
+        let mut set = index.select(
+            std::slice::from_ref(&self.selector),
+            self.start_nanos,
+            self.end_nanos,
+        );
+        if !set.is_clear() {
+            set.intersect_with(&index.with_value(PROFILE_TYPE_LABEL, &self.profile_type));
+        }
+        set
     }
 
     /// The metastore lookup: an equality matcher on `service_name` narrows it.

@@ -258,8 +258,8 @@ mod tests {
 
     fn series(min: i64, max: i64) -> SeriesMeta {
         SeriesMeta {
-            labels: vec![],
-            profile_type: String::new(),
+            labels: Default::default(),
+            profile_type: "".into(),
             min_time_nanos: min,
             max_time_nanos: max,
             first_row: 0,

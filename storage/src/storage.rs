@@ -468,12 +468,7 @@ impl Storage {
         let mut out: Vec<u64> = blocks
             .iter()
             .flat_map(|b| b.series.iter())
-            .map(|s| {
-                series_hash(
-                    &s.profile_type,
-                    s.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                )
-            })
+            .map(|s| series_hash(&s.profile_type, s.labels.iter()))
             .collect();
         out.sort_unstable();
         out.dedup();

@@ -486,7 +486,7 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::Bl
             size: 500,
         },
         series: vec![SeriesMeta {
-            labels: vec![("service_name".into(), "api".into())],
+            labels: crate::series_labels::SeriesLabels::new([("service_name", "api")]),
             profile_type: CPU.into(),
             min_time_nanos: time_nanos,
             max_time_nanos: time_nanos,
@@ -498,5 +498,6 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::Bl
         stack_nodes: 1,
         compacted_from: vec![],
         rollups: vec![],
+        index: Default::default(),
     }
 }

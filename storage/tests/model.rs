@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kiln_storage::meta::{PARTITION_NANOS, partition_of};
 use kiln_storage::query::{Aggregation, Exemplars};
+use kiln_storage::selector::parse_selector;
 use kiln_storage::testing::{config_with_clock, filter, frames, profile};
 use kiln_storage::{Storage, StorageConfig};
 use proptest::prelude::*;
@@ -141,6 +142,37 @@ async fn check(s: &Storage, model: &Model) -> Result<(), TestCaseError> {
             .map(|x| (x.labels, x.points))
             .collect();
         prop_assert_eq!(&got, &model.series(t), "series of {}", tenant);
+
+        // Label values and names, read from each block's series index (ADR 0017).
+        let services: Vec<String> = model
+            .series(t)
+            .into_iter()
+            .map(|(l, _)| l[0].1.clone())
+            .collect();
+        let (start, end) = (T0 - PARTITION_NANOS, T0 + 10 * SLOT);
+        let q = s.query();
+        let got = q
+            .label_values(tenant, "service_name", &[], start, end)
+            .await
+            .unwrap();
+        prop_assert_eq!(&got, &services, "services of {}", tenant);
+        for svc in SERVICES {
+            let sel = parse_selector(&format!("{{service_name=~\"{svc}|nothing\"}}")).unwrap();
+            let got = q
+                .label_values(tenant, "service_name", &[sel], start, end)
+                .await
+                .unwrap();
+            let want: Vec<String> = services.iter().filter(|s| *s == svc).cloned().collect();
+            prop_assert_eq!(&got, &want, "{} of {}", svc, tenant);
+        }
+        let names = q.label_names(tenant, &[], start, end).await.unwrap();
+        prop_assert_eq!(
+            names.contains(&"service_name".to_string()),
+            !services.is_empty(),
+            "label names of {}: {:?}",
+            tenant,
+            names
+        );
     }
     Ok(())
 }

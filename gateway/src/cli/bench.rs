@@ -9,6 +9,7 @@
 //! the test venv) on them. One table on stdout (a progress bar on stderr while it runs), and
 //! JSON with `--json`.
 
+pub mod cardinality;
 pub mod recording;
 pub mod workload;
 
@@ -111,6 +112,10 @@ pub struct BenchArgs {
     /// `--recording-interval` of the server (with rules).
     #[arg(long, default_value = "15s")]
     pub recording_interval: String,
+    /// Instead of the preset: one tenant with this many series (a label per sample, as request
+    /// ids make them), and the time of label names and values, series and per-minute series.
+    #[arg(long)]
+    pub series: Option<usize>,
 }
 
 /// p50 and p99 of repeated measurements, in milliseconds.
@@ -190,6 +195,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             temp.path().to_owned()
         }
     };
+    if let Some(series) = args.series {
+        let r = cardinality::run(&args, series, &dir).await?;
+        if let Some(path) = &args.json {
+            std::fs::write(
+                path,
+                serde_json::to_vec_pretty(&json!({ "cardinality": r }))?,
+            )
+            .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     let corpus = args
         .corpus
         .clone()
@@ -421,11 +437,20 @@ impl Server {
 
     /// The server's peak resident memory, MiB.
     fn peak_rss_mib(&self) -> f64 {
+        self.status_mib("VmHWM:")
+    }
+
+    /// The server's resident memory now, MiB.
+    fn rss_mib(&self) -> f64 {
+        self.status_mib("VmRSS:")
+    }
+
+    fn status_mib(&self, field: &str) -> f64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .ok()
             .and_then(|s| {
                 s.lines()
-                    .find(|l| l.starts_with("VmHWM:"))
+                    .find(|l| l.starts_with(field))
                     .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
             })
             .unwrap_or(0.0)
@@ -536,26 +561,8 @@ async fn bench_kiln(
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
 
-    // Compaction has caught up when no L0 segment and no job is left and the blocks stayed the
-    // same for longer than the largest merge age (a lone block waits at its level).
     let started = Instant::now();
-    let blocks_url = format!("{}/api/v1/tenants/anonymous/blocks", server.url);
-    let (mut last, mut since) = (serde_json::Value::Null, Instant::now());
-    let blocks = loop {
-        let b: serde_json::Value = http.get(&blocks_url).send().await?.json().await?;
-        if b["levels"] != last["levels"] {
-            (last, since) = (b.clone(), Instant::now());
-        }
-        let l0 = b["levels"]["0"].as_u64().unwrap_or(0);
-        if l0 == 0 && b["jobs"].as_u64() == Some(0) && since.elapsed() > Duration::from_secs(10) {
-            break b;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(1800),
-            "compaction did not catch up in 30 min: {b}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let blocks = wait_compacted(&http, server).await?;
     let compaction_seconds = started.elapsed().as_secs_f64();
     let bytes_at_rest = dir_bytes(&server.data.join("objects"));
 
@@ -733,6 +740,33 @@ async fn bench_kiln(
         reads,
         totals,
     })
+}
+
+/// Waits until compaction has caught up: no L0 segment and no job left, and the blocks the same
+/// for longer than the largest merge age (a lone block waits at its level). Returns the
+/// tenant's blocks as `/api/v1/tenants/anonymous/blocks` states them.
+async fn wait_compacted(
+    http: &reqwest::Client,
+    server: &Server,
+) -> anyhow::Result<serde_json::Value> {
+    let started = Instant::now();
+    let blocks_url = format!("{}/api/v1/tenants/anonymous/blocks", server.url);
+    let (mut last, mut since) = (serde_json::Value::Null, Instant::now());
+    loop {
+        let b: serde_json::Value = http.get(&blocks_url).send().await?.json().await?;
+        if b["levels"] != last["levels"] {
+            (last, since) = (b.clone(), Instant::now());
+        }
+        let l0 = b["levels"]["0"].as_u64().unwrap_or(0);
+        if l0 == 0 && b["jobs"].as_u64() == Some(0) && since.elapsed() > Duration::from_secs(10) {
+            return Ok(b);
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(1800),
+            "compaction did not catch up in 30 min: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Bytes of every file under `dir`.

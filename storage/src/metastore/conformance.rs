@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use super::{BlockMeta, BlockQuery, Job, Metastore, PARTITION_NANOS, QueuedBlock};
 use crate::Error;
 use crate::meta::{BLOCK_FORMAT_VERSION, Section, SeriesMeta};
+use crate::series_labels::SeriesLabels;
 
 /// Stamps the conformance tests onto a backend.
 #[macro_export]
@@ -71,10 +72,7 @@ pub fn entry(
         .iter()
         .enumerate()
         .map(|(i, (service, pt))| SeriesMeta {
-            labels: vec![
-                ("__name__".into(), "process_cpu".into()),
-                ("service_name".into(), (*service).into()),
-            ],
+            labels: SeriesLabels::new([("__name__", "process_cpu"), ("service_name", *service)]),
             profile_type: (*pt).into(),
             min_time_nanos: min,
             max_time_nanos: max,
@@ -105,6 +103,7 @@ pub fn entry(
         stack_nodes: 5,
         compacted_from: vec![],
         rollups: vec![],
+        index: Default::default(),
     }
 }
 

@@ -6,9 +6,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use fixedbitset::FixedBitSet;
+
 use kiln_otel::model::ProfileType;
 
-use super::{PROFILE_TYPE_LABEL, QueryEngine, SampleFilter, series_label};
+use super::{PROFILE_TYPE_LABEL, QueryEngine, SampleFilter};
 use crate::Result;
 use crate::metastore::{BlockMeta, BlockQuery};
 use crate::selector::Selector;
@@ -39,6 +41,29 @@ pub struct QueryAnalysis {
 }
 
 impl QueryEngine {
+    /// The tenant's blocks in `[start, end)`, each with the series (by index) in range that
+    /// match any of `selectors` (all in range when there is none), from each block's series
+    /// index; blocks without one left out.
+    async fn selected_series(
+        &self,
+        tenant: &str,
+        selectors: &[Selector],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<(Arc<BlockMeta>, FixedBitSet)>> {
+        let blocks = self
+            .metastore
+            .query_blocks(BlockQuery::new(tenant, start, end))
+            .await?;
+        Ok(blocks
+            .into_iter()
+            .filter_map(|b| {
+                let set = b.series_index().select(selectors, start, end);
+                (!set.is_clear()).then_some((b, set))
+            })
+            .collect())
+    }
+
     /// Series (label sets with the synthetic `__profile_type__`) of `tenant` in `[start, end)` that
     /// match any of `selectors` (all series when there is none).
     async fn matching_series(
@@ -49,25 +74,13 @@ impl QueryEngine {
         end: i64,
     ) -> Result<BTreeSet<Vec<(String, String)>>> {
         let mut out = BTreeSet::new();
-        let blocks = self
-            .metastore
-            .query_blocks(BlockQuery::new(tenant, start, end))
-            .await?;
-        for block in blocks {
-            for s in &block.series {
-                if !s.overlaps(start, end) {
-                    continue;
-                }
-                let hit = selectors.is_empty()
-                    || selectors
-                        .iter()
-                        .any(|sel| sel.matches(|n| series_label(s, n)));
-                if hit {
-                    let mut labels = s.labels.clone();
-                    labels.push((PROFILE_TYPE_LABEL.to_owned(), s.profile_type.clone()));
-                    labels.sort();
-                    out.insert(labels);
-                }
+        for (block, set) in self.selected_series(tenant, selectors, start, end).await? {
+            for i in set.ones() {
+                let s = &block.series[i];
+                let mut labels = s.labels.to_vec();
+                labels.push((PROFILE_TYPE_LABEL.to_owned(), s.profile_type.to_string()));
+                labels.sort();
+                out.insert(labels);
             }
         }
         Ok(out)
@@ -81,16 +94,13 @@ impl QueryEngine {
         end: i64,
     ) -> Result<Vec<ProfileType>> {
         let mut ids = BTreeSet::new();
-        let blocks = self
-            .metastore
-            .query_blocks(BlockQuery::new(tenant, start, end))
-            .await?;
-        for block in blocks {
-            for s in &block.series {
-                if s.overlaps(start, end) {
-                    ids.insert(s.profile_type.clone());
-                }
-            }
+        for (block, set) in self.selected_series(tenant, &[], start, end).await? {
+            ids.extend(
+                block
+                    .series_index()
+                    .values_in(PROFILE_TYPE_LABEL, &set)
+                    .map(str::to_owned),
+            );
         }
         Ok(ids.iter().filter_map(|id| ProfileType::parse(id)).collect())
     }
@@ -103,8 +113,14 @@ impl QueryEngine {
         start: i64,
         end: i64,
     ) -> Result<Vec<String>> {
-        let series = self.matching_series(tenant, selectors, start, end).await?;
-        let names: BTreeSet<String> = series.into_iter().flatten().map(|(k, _)| k).collect();
+        let mut names = BTreeSet::new();
+        for (block, set) in self.selected_series(tenant, selectors, start, end).await? {
+            for name in block.series_index().names_in(&set) {
+                if !names.contains(name) {
+                    names.insert(name.to_owned());
+                }
+            }
+        }
         Ok(names.into_iter().collect())
     }
 
@@ -117,13 +133,14 @@ impl QueryEngine {
         start: i64,
         end: i64,
     ) -> Result<Vec<String>> {
-        let series = self.matching_series(tenant, selectors, start, end).await?;
-        let values: BTreeSet<String> = series
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v)
-            .collect();
+        let mut values = BTreeSet::new();
+        for (block, set) in self.selected_series(tenant, selectors, start, end).await? {
+            for value in block.series_index().values_in(name, &set) {
+                if !values.contains(value) {
+                    values.insert(value.to_owned());
+                }
+            }
+        }
         Ok(values.into_iter().collect())
     }
 
@@ -174,12 +191,10 @@ impl QueryEngine {
         Ok(blocks
             .into_iter()
             .filter_map(|b| {
-                let series: Vec<u32> = b
-                    .series
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| filter.series_matches(s))
-                    .map(|(i, _)| i as u32)
+                let series: Vec<u32> = filter
+                    .select(b.series_index())
+                    .ones()
+                    .map(|i| i as u32)
                     .collect();
                 (!series.is_empty()).then_some((b, series))
             })

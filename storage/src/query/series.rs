@@ -18,6 +18,7 @@ use crate::block::col;
 use crate::meta::PROFILE_TOTALS;
 use crate::metastore::BlockMeta;
 use crate::rollup::Source;
+use crate::series_labels::SeriesLabels;
 use crate::{Error, Result};
 
 /// Time-series aggregation across the profiles of a step.
@@ -363,7 +364,7 @@ impl QueryEngine {
         // group labels -> bucket -> (sum, profiles, span or profile -> exemplar)
         type Bucket = (
             i64,
-            HashSet<(Vec<(String, String)>, i64, Option<[u8; 16]>)>,
+            HashSet<(SeriesLabels, i64, Option<[u8; 16]>)>,
             HashMap<ExemplarKey, Exemplar>,
         );
         let mut group_of: HashMap<Vec<(String, String)>, usize> = HashMap::new();
@@ -412,7 +413,7 @@ impl QueryEngine {
                     trace_id: cell.trace,
                     profile_id: cell.profile,
                     labels: if cell.profile.is_some() {
-                        s.labels.clone()
+                        s.labels.to_vec()
                     } else {
                         Vec::new()
                     },
@@ -472,7 +473,7 @@ impl QueryEngine {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum PointKey {
-    Profile(Vec<(String, String)>, i64, Option<[u8; 16]>),
+    Profile(SeriesLabels, i64, Option<[u8; 16]>),
     Span(u64),
 }
 
