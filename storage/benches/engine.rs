@@ -16,6 +16,7 @@ use kiln_otel::model::{
 use kiln_storage::block::DatasetBuilder;
 use kiln_storage::query::{FlameTree, SampleFilter};
 use kiln_storage::selector::parse_selector;
+use kiln_storage::symbols::SymbolsBuilder;
 use kiln_storage::{Storage, StorageConfig};
 
 const T0: i64 = 1_700_000_000_000_000_000;
@@ -106,6 +107,40 @@ fn block_build(c: &mut Criterion) {
     g.finish();
 }
 
+/// Interning a profile's symbols into a dataset that holds them already: what every request
+/// after a service's first one in a flush window does (each string, function and location a
+/// hit).
+fn symbols_interning(c: &mut Criterion) {
+    // Names and files as long as Go's: module path, package, receiver, method.
+    let mut symbols = Symbols::default();
+    for i in 0..2_000u32 {
+        let pkg = i % 17;
+        symbols.functions.push(Function {
+            name: format!("github.com/example/service/internal/pkg{pkg}.(*Handler).Method{i}"),
+            system_name: format!(
+                "github.com/example/service/internal/pkg{pkg}.(*Handler).Method{i}"
+            ),
+            filename: format!(
+                "/src/github.com/example/service/internal/pkg{pkg}/file{}.go",
+                i % 40
+            ),
+            ..Default::default()
+        });
+        symbols.locations.push(Location {
+            lines: vec![Line {
+                function: i,
+                line: 1 + i64::from(i),
+            }],
+            ..Default::default()
+        });
+    }
+    let mut builder = SymbolsBuilder::default();
+    builder.add_locations(&symbols);
+    c.bench_function("symbols_add_locations_hits_2000", |b| {
+        b.iter(|| builder.add_locations(&symbols))
+    });
+}
+
 fn flamegraph(c: &mut Criterion) {
     let mut g = c.benchmark_group("flamegraph");
     let mut rng = Rng(11);
@@ -191,5 +226,5 @@ fn query(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, block_build, flamegraph, query);
+criterion_group!(benches, block_build, symbols_interning, flamegraph, query);
 criterion_main!(benches);

@@ -8,7 +8,7 @@
 //! On disk (format version 1): `b"KSYM"`, `u32` LE version, then the zstd-free protobuf
 //! `kiln.storage.v1.Symbols`, then a `u32` LE CRC32 of everything before it.
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 
@@ -30,7 +30,9 @@ pub struct SymbolsBuilder {
     strings: Vec<String>,
     /// Bytes of `strings`, kept as they are added ([`Self::estimated_bytes`] runs per write).
     string_bytes: usize,
-    string_index: HashMap<String, u32>,
+    /// Indices into `strings` by the string's 128-bit xxh3: a hit reads no stored string, and
+    /// each string is held once (a collision of two strings is a 2^-128 chance).
+    string_index: HashMap<u128, u32, BuildHasherDefault<PreHashed>>,
     mappings: Vec<pb::Mapping>,
     mapping_index: HashMap<(u64, u64, u64, u32, u32), u32>,
     functions: Vec<pb::Function>,
@@ -47,12 +49,33 @@ pub struct SymbolsBuilder {
     children: HashMap<(u32, u32), u32>,
 }
 
+/// The hasher of keys that are hashes already: the low 64 bits of the key.
+#[derive(Default)]
+pub(crate) struct PreHashed(u64);
+
+impl std::hash::Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u128 keys are hashed with it; fold anything else in so it stays a hash.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
 impl Default for SymbolsBuilder {
     fn default() -> Self {
         let mut b = Self {
             strings: Vec::new(),
             string_bytes: 0,
-            string_index: HashMap::new(),
+            string_index: HashMap::default(),
             mappings: Vec::new(),
             mapping_index: HashMap::new(),
             functions: Vec::new(),
@@ -73,13 +96,13 @@ impl Default for SymbolsBuilder {
 
 impl SymbolsBuilder {
     fn string(&mut self, s: &str) -> u32 {
-        if let Some(&i) = self.string_index.get(s) {
-            return i;
+        let key = xxhash_rust::xxh3::xxh3_128(s.as_bytes());
+        let next = self.strings.len() as u32;
+        let i = *self.string_index.entry(key).or_insert(next);
+        if i == next {
+            self.strings.push(s.to_owned());
+            self.string_bytes += s.len();
         }
-        let i = self.strings.len() as u32;
-        self.strings.push(s.to_owned());
-        self.string_bytes += s.len();
-        self.string_index.insert(s.to_owned(), i);
         i
     }
 
