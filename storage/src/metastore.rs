@@ -65,6 +65,14 @@ impl<'a> BlockQuery<'a> {
         if b.tenant != self.tenant || !b.overlaps(self.start_nanos, self.end_nanos) {
             return false;
         }
+        if self.service_name.is_none() && self.profile_type.is_none() {
+            // Any series in range will do, usually the first: no index is built for the
+            // listings (gauges, series limits) that read every entry.
+            return b
+                .series
+                .iter()
+                .any(|s| s.overlaps(self.start_nanos, self.end_nanos));
+        }
         let index = b.series_index();
         let mut set = index.in_range(self.start_nanos, self.end_nanos);
         if let Some(n) = self.service_name {

@@ -218,14 +218,6 @@ impl SeriesIndex {
             .map(|(k, _)| &**k)
     }
 
-    /// Every value of label `name`, sorted.
-    pub fn values<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> + 'a {
-        self.names
-            .get(name)
-            .into_iter()
-            .flat_map(|p| p.values.iter().map(|v| &**v))
-    }
-
     /// Series whose label `name` is `value`.
     pub fn with_value(&self, name: &str, value: &str) -> FixedBitSet {
         let mut out = FixedBitSet::with_capacity(self.len);
@@ -254,20 +246,6 @@ impl SeriesIndex {
                 })
                 .map(|(_, value)| &**value)
         })
-    }
-
-    /// Approximate bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        let per_name: usize = self
-            .names
-            .values()
-            .map(|p| {
-                p.values.iter().map(|v| v.len() + 16).sum::<usize>()
-                    + 4 * (p.offsets.len() + p.series.len())
-                    + p.present.len() / 8
-            })
-            .sum();
-        per_name + 16 * self.len
     }
 }
 
