@@ -138,6 +138,15 @@ fn api_frames(kiln: &Kiln, tenant: &str, selector: &str) -> Result<(Vec<(String,
     Ok((want, fg.total))
 }
 
+/// A selector as a URL query value.
+fn encode(sel: &str) -> String {
+    sel.replace('{', "%7B")
+        .replace('}', "%7D")
+        .replace('"', "%22")
+        .replace('=', "%3D")
+        .replace(',', "%2C")
+}
+
 fn now_secs() -> Result<i64> {
     Ok(std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -275,17 +284,10 @@ fn the_page_draws_searches_and_zooms_what_the_api_answers() -> Result<()> {
 
     // The diff view, from a link as Pyroscope's UI makes it: pod a's stacks against the whole
     // service; the root's baseline and comparison are the two queries' totals.
-    let q = |sel: &str| {
-        sel.replace('{', "%7B")
-            .replace('}', "%7D")
-            .replace('"', "%22")
-            .replace('=', "%3D")
-            .replace(',', "%2C")
-    };
     let diff_url = kiln.url(&format!(
         "/comparison-diff?leftQuery={CPU}{}&leftFrom=now-1h&leftUntil=now&rightQuery={CPU}{}&rightFrom=now-1h&rightUntil=now",
-        q("{service_name=\"shop\"}"),
-        q("{service_name=\"shop\",pod=\"a\"}"),
+        encode("{service_name=\"shop\"}"),
+        encode("{service_name=\"shop\",pod=\"a\"}"),
     ));
     let seen = drive(&diff_url, "diff", &["--search", "checkout"])?;
     let root = seen["frames"]
@@ -358,11 +360,7 @@ fn the_page_says_what_went_wrong() -> Result<()> {
     let view = |sel: &str, from: &str| {
         kiln.url(&format!(
             "/?query={CPU}{}&from={from}&until=now",
-            sel.replace('{', "%7B")
-                .replace('}', "%7D")
-                .replace('"', "%22")
-                .replace('=', "%3D")
-                .replace(',', "%2C")
+            encode(sel)
         ))
     };
 

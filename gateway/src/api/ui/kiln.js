@@ -519,13 +519,19 @@ function emptyState() {
   );
 }
 
-function clearViews() {
-  flame = null;
-  functions = [];
-  series = [];
+// Shows a flame graph (or none), its table and its timeline, unzoomed.
+function showViews(newFlame, newFunctions, newSeries) {
+  flame = newFlame;
+  zoom = null;
+  functions = newFunctions;
+  series = newSeries;
   drawFlame();
   drawTable();
   drawTimeline();
+}
+
+function clearViews() {
+  showViews(null, [], []);
 }
 
 let generation = 0;
@@ -578,19 +584,17 @@ async function refresh() {
       call('SelectSeries', { ...query, step, groupBy: [] }),
     ]);
     if (mine !== generation) return;
-    flame = decodeFlame(fg.flamegraph || {});
-    zoom = null;
-    functions = ((table.functions || {}).functions || []).map((f) => ({
-      name: f.name,
-      self: Number(f.self || 0),
-      total: Number(f.total || 0),
-    }));
-    series = (((sel.series || [])[0] || {}).points || []).map((p) => [Number(p.timestamp), Number(p.value)]);
     seriesStart = start;
     seriesStep = step * 1000;
-    drawFlame();
-    drawTable();
-    drawTimeline();
+    showViews(
+      decodeFlame(fg.flamegraph || {}),
+      ((table.functions || {}).functions || []).map((f) => ({
+        name: f.name,
+        self: Number(f.self || 0),
+        total: Number(f.total || 0),
+      })),
+      (((sel.series || [])[0] || {}).points || []).map((p) => [Number(p.timestamp), Number(p.value)]),
+    );
     if (flame.total === 0) {
       setStatus(
         `Nothing matches <code>${escapeXml(state.type + selector)}</code> in this range: ` +
@@ -647,13 +651,7 @@ async function refreshDiff(mine) {
   writeUrl();
   const d = await call('Diff', { left: side(state.diff.left), right: side(state.diff.right) });
   if (mine !== generation) return;
-  flame = decodeDiff(d.flamegraph || {});
-  zoom = null;
-  functions = [];
-  series = [];
-  drawFlame();
-  drawTable();
-  drawTimeline();
+  showViews(decodeDiff(d.flamegraph || {}), [], []);
   setStatus(
     `Diff of ${escapeXml(state.type)}: baseline ${escapeXml(state.diff.left.selector)} ` +
       `${fmt(flame.leftTicks)}, comparison ${escapeXml(state.diff.right.selector)} ${fmt(flame.rightTicks)}.`,
