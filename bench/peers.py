@@ -3,12 +3,14 @@
 the same flame-graph, series and label-value queries, and bytes at rest; JSON on stdout.
 
 Input (written by `kiln bench`): samples.parquet (service, pod, ts ns, stack_id, value),
-stacks.parquet (stack_id, path: the trie node ids of the root-first stack) and nodes.parquet
-(node_id, parent_id, name). Each peer gets the design its users would give it: samples sorted
-by (service, ts), stacks stored once as a trie, a flame graph computed as the full tree of node
-totals with names (what Kiln answers), and, for comparison, the cheaper sum by stack id.
+stacks.parquet (stack_id, path: the trie node ids of the root-first stack), nodes.parquet
+(node_id, parent_id, name) and queries.json (the queries Kiln was timed on: key, kind of
+flame / series / label_values, services selected (none: all), start and end ns, step_nanos).
+Each peer gets the design its users would give it: samples sorted by (service, ts), stacks
+stored once as a trie, a flame graph computed as the full tree of node totals with names (what
+Kiln answers), and, for comparison, the cheaper sum by stack id (which gives the total).
 
-usage: peers.py --dir DIR --end-ns NS --service NAME [--runs N]
+usage: peers.py --dir DIR --queries FILE [--runs N]
 """
 
 import argparse
@@ -16,9 +18,6 @@ import json
 import os
 import sys
 import time
-
-HOUR = 3_600_000_000_000
-MINUTE = 60_000_000_000
 
 
 def timed(fn, runs):
@@ -33,20 +32,17 @@ def timed(fn, runs):
     return {"p50_ms": pick(50), "p99_ms": pick(99)}, out
 
 
-# How far the unaligned hour ends before the data's end (Grafana's "last hour" ends now).
-UNALIGNED_SHIFT = 433_000_000_000
+def where(query):
+    """The query's selection as SQL: its services (names the bench made: no quoting needed)
+    and its time range."""
+    clauses = [f"ts >= {query['start']}", f"ts < {query['end']}"]
+    if query["services"]:
+        names = ", ".join(f"'{s}'" for s in query["services"])
+        clauses.insert(0, f"service IN ({names})")
+    return " AND ".join(clauses)
 
 
-def windows(end):
-    return {
-        "flame_1h": (end - HOUR, end),
-        "flame_12h": (end - 12 * HOUR, end),
-        "flame_1h_unaligned": (end - HOUR - UNALIGNED_SHIFT, end - UNALIGNED_SHIFT),
-        "flame_30d": (end - 30 * 24 * HOUR, end),
-    }
-
-
-def duckdb_peer(d, end, service, runs):
+def duckdb_peer(d, queries, runs):
     import duckdb
 
     path = os.path.join(d, "peer.duckdb")
@@ -66,53 +62,44 @@ def duckdb_peer(d, end, service, runs):
     rows = con.execute("SELECT count(*) FROM samples").fetchone()[0]
     size = sum(os.path.getsize(f) for f in (path, path + ".wal") if os.path.exists(f))
 
-    def flame(start, stop):
+    def flame(w):
         return con.execute(
-            """
-            WITH agg AS (
-                SELECT stack_id, sum(value) AS v FROM samples
-                WHERE service = ? AND ts >= ? AND ts < ? GROUP BY stack_id),
+            f"""
+            WITH agg AS (SELECT stack_id, sum(value) AS v FROM samples WHERE {w} GROUP BY stack_id),
             totals AS (
                 SELECT node_id, sum(v) AS total
                 FROM (SELECT unnest(path) AS node_id, v FROM agg JOIN stacks USING (stack_id))
                 GROUP BY node_id)
             SELECT n.name, n.parent_id, t.total FROM totals t JOIN nodes n USING (node_id)
-            """,
-            [service, start, stop],
-        ).fetchall()
-
-    def by_stack(start, stop):
-        return con.execute(
-            "SELECT stack_id, sum(value) FROM samples WHERE service = ? AND ts >= ? AND ts < ? "
-            "GROUP BY stack_id",
-            [service, start, stop],
+            """
         ).fetchall()
 
     out = {"load_s": load_s, "rows": rows, "bytes": size, "bytes_per_row": size / max(rows, 1)}
-    for key, (start, stop) in windows(end).items():
-        out[key], _ = timed(lambda: flame(start, stop), runs)
-        out[key + "_by_stack"], result = timed(lambda: by_stack(start, stop), runs)
-        out[key + "_total"] = sum(v for _, v in result)
-    out["series_12h"], _ = timed(
-        lambda: con.execute(
-            "SELECT pod, ts // ? AS m, sum(value) FROM samples "
-            "WHERE service = ? AND ts >= ? AND ts < ? GROUP BY pod, m",
-            [MINUTE, service, end - 12 * HOUR, end],
-        ).fetchall(),
-        runs,
-    )
-    out["label_values"], _ = timed(
-        lambda: con.execute(
-            "SELECT DISTINCT pod FROM samples WHERE service = ? AND ts >= ? AND ts < ?",
-            [service, end - 12 * HOUR, end],
-        ).fetchall(),
-        runs,
-    )
+    for query in queries:
+        key, w = query["key"], where(query)
+        if query["kind"] == "flame":
+            out[key], _ = timed(lambda: flame(w), runs)
+            out[key + "_by_stack"], result = timed(
+                lambda: con.execute(
+                    f"SELECT stack_id, sum(value) FROM samples WHERE {w} GROUP BY stack_id"
+                ).fetchall(),
+                runs,
+            )
+            out[key + "_total"] = sum(v for _, v in result)
+        elif query["kind"] == "series":
+            sql = (
+                f"SELECT pod, ts // {query['step_nanos']} AS m, sum(value) FROM samples "
+                f"WHERE {w} GROUP BY pod, m"
+            )
+            out[key], _ = timed(lambda: con.execute(sql).fetchall(), runs)
+        else:
+            sql = f"SELECT DISTINCT pod FROM samples WHERE {w}"
+            out[key], _ = timed(lambda: con.execute(sql).fetchall(), runs)
     con.close()
     return out
 
 
-def chdb_peer(d, end, service, runs):
+def chdb_peer(d, queries, runs):
     from chdb import session
 
     path = os.path.join(d, "peer.chdb")
@@ -148,12 +135,11 @@ def chdb_peer(d, end, service, runs):
         str(q("SELECT sum(bytes_on_disk) FROM system.parts WHERE database = 'bench' AND active")).strip()
     )
 
-    def flame(start, stop):
+    def flame(w):
         return q(
             f"""
             WITH agg AS (
-                SELECT stack_id, sum(value) AS v FROM bench.samples
-                WHERE service = '{service}' AND ts >= {start} AND ts < {stop} GROUP BY stack_id)
+                SELECT stack_id, sum(value) AS v FROM bench.samples WHERE {w} GROUP BY stack_id)
             SELECT n.name, n.parent_id, t.total FROM (
                 SELECT node_id, sum(v) AS total FROM agg
                 INNER JOIN bench.stacks AS s USING (stack_id)
@@ -162,31 +148,24 @@ def chdb_peer(d, end, service, runs):
             """
         )
 
-    def by_stack(start, stop):
-        return q(
-            f"SELECT stack_id, sum(value) FROM bench.samples WHERE service = '{service}' "
-            f"AND ts >= {start} AND ts < {stop} GROUP BY stack_id"
-        )
-
     out = {"load_s": load_s, "rows": rows, "bytes": size, "bytes_per_row": size / max(rows, 1)}
-    for key, (start, stop) in windows(end).items():
-        out[key], _ = timed(lambda: flame(start, stop), runs)
-        out[key + "_by_stack"], result = timed(lambda: by_stack(start, stop), runs)
-        out[key + "_total"] = sum(int(line.split(",")[1]) for line in str(result).splitlines() if line)
-    out["series_12h"], _ = timed(
-        lambda: q(
-            f"SELECT pod, intDiv(ts, {MINUTE}) AS m, sum(value) FROM bench.samples "
-            f"WHERE service = '{service}' AND ts >= {end - 12 * HOUR} AND ts < {end} GROUP BY pod, m"
-        ),
-        runs,
-    )
-    out["label_values"], _ = timed(
-        lambda: q(
-            f"SELECT DISTINCT pod FROM bench.samples WHERE service = '{service}' "
-            f"AND ts >= {end - 12 * HOUR} AND ts < {end}"
-        ),
-        runs,
-    )
+    for query in queries:
+        key, w = query["key"], where(query)
+        if query["kind"] == "flame":
+            out[key], _ = timed(lambda: flame(w), runs)
+            out[key + "_by_stack"], result = timed(
+                lambda: q(f"SELECT stack_id, sum(value) FROM bench.samples WHERE {w} GROUP BY stack_id"),
+                runs,
+            )
+            out[key + "_total"] = sum(int(line.split(",")[1]) for line in str(result).splitlines() if line)
+        elif query["kind"] == "series":
+            sql = (
+                f"SELECT pod, intDiv(ts, {query['step_nanos']}) AS m, sum(value) FROM bench.samples "
+                f"WHERE {w} GROUP BY pod, m"
+            )
+            out[key], _ = timed(lambda: q(sql), runs)
+        else:
+            out[key], _ = timed(lambda: q(f"SELECT DISTINCT pod FROM bench.samples WHERE {w}"), runs)
     s.close()
     return out
 
@@ -194,15 +173,16 @@ def chdb_peer(d, end, service, runs):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
-    p.add_argument("--end-ns", type=int, required=True)
-    p.add_argument("--service", required=True)
+    p.add_argument("--queries", required=True)
     p.add_argument("--runs", type=int, default=20)
     a = p.parse_args()
     d = os.path.abspath(a.dir)
+    with open(a.queries) as f:
+        queries = json.load(f)
     print("peers: DuckDB", file=sys.stderr)
-    duck = duckdb_peer(d, a.end_ns, a.service, a.runs)
+    duck = duckdb_peer(d, queries, a.runs)
     print("peers: chDB", file=sys.stderr)
-    ch = chdb_peer(d, a.end_ns, a.service, a.runs)
+    ch = chdb_peer(d, queries, a.runs)
     json.dump({"duckdb": duck, "chdb": ch}, sys.stdout)
 
 

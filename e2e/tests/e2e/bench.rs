@@ -38,14 +38,21 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
     let kiln = &v["kiln"];
     let rows = kiln["rows"].as_u64().unwrap_or(0);
     ensure!(rows > 0 && kiln["profiles"] == 240, "{kiln}");
-    for window in 0..2 {
-        let (got, sent) = (&kiln["totals"][window][0], &kiln["totals"][window][1]);
-        ensure!(got == sent && sent.as_i64() > Some(0), "{kiln}");
+    let queries = kiln["queries"].as_array().cloned().unwrap_or_default();
+    ensure!(queries.len() == 6, "{kiln}");
+    let flames: Vec<_> = queries.iter().filter(|q| q["kind"] == "flame").collect();
+    ensure!(flames.len() == 4, "{kiln}");
+    for q in &flames {
+        let (got, sent) = (&q["total"][0], &q["total"][1]);
+        ensure!(got == sent && sent.as_i64() > Some(0), "{q}");
     }
     for peer in ["duckdb", "chdb"] {
         let p = &v["peers"][peer];
         ensure!(p["rows"].as_u64() == Some(rows), "{peer}: {p}");
-        ensure!(p["flame_1h_total"] == kiln["totals"][0][1], "{peer}: {p}");
+        for q in &flames {
+            let key = format!("{}_total", q["key"].as_str().unwrap_or_default());
+            ensure!(p[&key] == q["total"][1], "{peer} {key}: {p}");
+        }
         ensure!(p["bytes_per_row"].as_f64() > Some(0.0), "{peer}: {p}");
     }
     Ok(())

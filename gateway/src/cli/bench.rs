@@ -10,10 +10,10 @@
 //! JSON with `--json`.
 
 pub mod cardinality;
+pub mod queries;
 pub mod recording;
 pub mod workload;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,24 +22,12 @@ use anyhow::{Context, bail, ensure};
 use clap::{Args, ValueEnum};
 use futures::StreamExt;
 use kiln_proto::querier::v1 as q;
-use kiln_proto::types::v1 as t;
 use prost::Message;
 use serde::Serialize;
 use serde_json::json;
 
-use workload::{PeerRows, Shape, Workload, service_name};
-
-const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
-const HOUR_NANOS: i64 = 3_600_000_000_000;
-/// How far the unaligned 1 h window ends before the data's end: Grafana's "last hour" ends
-/// now, not on a bucket boundary, so the rollups' edges are read from samples.
-const UNALIGNED_SHIFT_NANOS: i64 = 433_000_000_000;
-/// The service the queries look at (the last one when there are fewer).
-fn queried_service(shape: &Shape) -> usize {
-    3.min(shape.services.saturating_sub(1))
-}
-/// Grafana's default `max_nodes` for a flame graph.
-const MAX_NODES: i64 = 16_384;
+use queries::{BenchQuery, Kind, MAX_NODES};
+use workload::{PROFILE_NANOS, PeerRows, Shape, Workload, service_name};
 
 /// Workload sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -50,25 +38,41 @@ pub enum Preset {
     Small,
     /// 20 services × 8 pods × 12 h (691,200 profiles, about 50 M rows): the issue's workload.
     Day,
+    /// A month of a fleet: 50 services × 8 pods × 30 d, a profile per pod every 10 min, pods
+    /// replaced every 12 h (24,000 series; 1,728,000 profiles, over 100 M rows).
+    Month,
 }
 
 impl Preset {
-    fn shape(self) -> Shape {
+    pub fn shape(self) -> Shape {
         match self {
             Self::Tiny => Shape {
                 services: 2,
                 pods: 2,
                 minutes: 10,
+                step_nanos: PROFILE_NANOS,
+                churn_hours: None,
             },
             Self::Small => Shape {
                 services: 20,
                 pods: 8,
                 minutes: 40,
+                step_nanos: PROFILE_NANOS,
+                churn_hours: None,
             },
             Self::Day => Shape {
                 services: 20,
                 pods: 8,
                 minutes: 12 * 60,
+                step_nanos: PROFILE_NANOS,
+                churn_hours: None,
+            },
+            Self::Month => Shape {
+                services: 50,
+                pods: 8,
+                minutes: 30 * 24 * 60,
+                step_nanos: 60 * PROFILE_NANOS,
+                churn_hours: Some(12),
             },
         }
     }
@@ -160,20 +164,23 @@ pub struct KilnResults {
     pub blocks: u64,
     pub bytes_at_rest: u64,
     pub bytes_per_row: f64,
-    pub flame_1h: Timing,
-    /// 1 h ending 7 min 13 s before the data's end (not on a bucket boundary).
-    pub flame_1h_unaligned: Timing,
-    pub flame_12h: Timing,
-    pub flame_30d: Timing,
-    pub series_12h: Timing,
-    pub label_values: Timing,
-    /// The same queries answered with the partial-result cache, by query.
-    pub cached: BTreeMap<String, Timing>,
-    /// Bytes each query read from the object store, by query.
-    pub reads: BTreeMap<String, QueryRead>,
-    /// Flame graph totals (1 h, 12 h, 1 h unaligned) and what the workload sent for the same
-    /// windows.
-    pub totals: [(i64, i64); 3],
+    /// The preset's queries, in its order.
+    pub queries: Vec<QueryResult>,
+}
+
+/// What `kiln bench` measured of one query.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryResult {
+    #[serde(flatten)]
+    pub query: BenchQuery,
+    /// Without the partial-result cache (the first run is cold).
+    pub timing: Timing,
+    /// With the partial-result cache.
+    pub cached: Timing,
+    /// Bytes read from the object store.
+    pub read: QueryRead,
+    /// A flame graph's total and what the workload sent for its selection.
+    pub total: Option<(i64, i64)>,
 }
 
 /// Runs `kiln bench`.
@@ -310,26 +317,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let peers = match peer_rows {
         Some(rows) => {
             rows.finish(&peers_dir, &workload.stacks)?;
-            Some(run_peers(&args, &peers_dir, &shape)?)
+            Some(run_peers(&args, &peers_dir, &kiln.queries)?)
         }
         None => None,
     };
     drop(server);
     if let Some(p) = &peers {
         for peer in ["duckdb", "chdb"] {
-            for (i, key) in [
-                "flame_1h_total",
-                "flame_12h_total",
-                "flame_1h_unaligned_total",
-            ]
-            .iter()
-            .enumerate()
-            {
-                let got = p[peer][key].as_i64();
+            for r in &kiln.queries {
+                let Some((_, sent)) = r.total else { continue };
+                let key = format!("{}_total", r.query.key);
+                let got = p[peer][&key].as_i64();
                 ensure!(
-                    got == Some(kiln.totals[i].1),
-                    "{peer}'s {key} is {got:?}, the workload sent {}",
-                    kiln.totals[i].1
+                    got == Some(sent),
+                    "{peer}'s {key} is {got:?}, the workload sent {sent}"
                 );
             }
             ensure!(
@@ -344,7 +345,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         let out = json!({
             "preset": format!("{:?}", args.preset).to_lowercase(),
-            "shape": {"services": shape.services, "pods": shape.pods, "minutes": shape.minutes},
+            "shape": {
+                "services": shape.services,
+                "pods": shape.pods,
+                "minutes": shape.minutes,
+                "step_s": shape.step_nanos / 1_000_000_000,
+                "churn_hours": shape.churn_hours,
+            },
             "kiln": kiln,
             "peers": peers,
             "recording": recording,
@@ -489,16 +496,8 @@ async fn bench_kiln(
         .pool_max_idle_per_host(args.concurrency)
         .build()?;
     let shape = workload.shape;
-    let end = shape.end_nanos();
-    let windows = [
-        (end - HOUR_NANOS, end),
-        (end - 12 * HOUR_NANOS, end),
-        (
-            end - HOUR_NANOS - UNALIGNED_SHIFT_NANOS,
-            end - UNALIGNED_SHIFT_NANOS,
-        ),
-    ];
-    let mut sent_totals = [0i64; 3];
+    let plan = queries::plan(&shape);
+    let mut sent_totals = vec![0i64; plan.len()];
     let (mut rows, mut bytes, mut latencies) = (0u64, 0u64, Vec::new());
     let mut peer_error = None;
     let cpu_before = server.cpu_seconds();
@@ -511,11 +510,10 @@ async fn bench_kiln(
         let mut batch = Vec::with_capacity(profiles.len());
         for p in &profiles {
             rows += p.samples.len() as u64;
-            if p.service == queried_service(&shape) {
-                for (i, (from, to)) in windows.iter().enumerate() {
-                    if p.time_nanos >= *from && p.time_nanos < *to {
-                        sent_totals[i] += p.samples.iter().map(|s| s.1).sum::<i64>();
-                    }
+            let service = service_name(p.service);
+            for (query, sent) in plan.iter().zip(&mut sent_totals) {
+                if query.kind == Kind::Flame && query.selects(&service, p.time_nanos) {
+                    *sent += p.samples.iter().map(|s| s.1).sum::<i64>();
                 }
             }
             let body = workload.pprof(p);
@@ -526,7 +524,7 @@ async fn bench_kiln(
             ));
         }
         if let Some(r) = peer_rows.as_deref_mut()
-            && let Err(e) = r.add(&profiles)
+            && let Err(e) = r.add(&shape, &profiles)
         {
             peer_error.get_or_insert(e);
         }
@@ -591,80 +589,17 @@ async fn bench_kiln(
             Ok::<_, anyhow::Error>((body, read))
         }
     };
-    let ms = |ns: i64| ns / 1_000_000;
-    let selector = format!(
-        r#"{{service_name="{}"}}"#,
-        service_name(queried_service(&shape))
-    );
-    let flame = |(start, end): (i64, i64)| {
-        q::SelectMergeStacktracesRequest {
-            profile_type_id: CPU.into(),
-            label_selector: selector.clone(),
-            start: ms(start),
-            end: ms(end),
-            max_nodes: Some(MAX_NODES),
-            ..Default::default()
-        }
-        .encode_to_vec()
-    };
-    let queries: Vec<(&str, &'static str, Vec<u8>)> = vec![
-        (
-            "flame 1h",
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(windows[0]),
-        ),
-        (
-            "flame 12h",
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(windows[1]),
-        ),
-        (
-            "flame 1h unaligned",
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame(windows[2]),
-        ),
-        (
-            "flame 30d",
-            "/querier.v1.QuerierService/SelectMergeStacktraces",
-            flame((end - 30 * 24 * HOUR_NANOS, end)),
-        ),
-        (
-            "series 12h",
-            "/querier.v1.QuerierService/SelectSeries",
-            q::SelectSeriesRequest {
-                profile_type_id: CPU.into(),
-                label_selector: selector.clone(),
-                start: ms(end - 12 * HOUR_NANOS),
-                end: ms(end),
-                group_by: vec!["pod".into()],
-                step: 60.0,
-                ..Default::default()
-            }
-            .encode_to_vec(),
-        ),
-        (
-            "label values",
-            "/querier.v1.QuerierService/LabelValues",
-            t::LabelValuesRequest {
-                name: "pod".into(),
-                matchers: vec![selector.clone()],
-                start: ms(end - 12 * HOUR_NANOS),
-                end: ms(end),
-            }
-            .encode_to_vec(),
-        ),
-    ];
     // Each query `runs` times without the partial-result cache (the engine against the peers,
     // which keep no results either; the first run is cold), then `runs` times with it (a
     // dashboard refreshing the same range).
-    let bar = progress((2 * queries.len() * args.runs) as u64, "queries");
-    let mut timings = Vec::new();
-    let mut cached = Vec::new();
-    let mut reads = BTreeMap::new();
-    let mut totals = [(0i64, 0i64); 3];
-    for (i, (name, path, body)) in queries.iter().enumerate() {
+    let bar = progress((2 * plan.len() * args.runs) as u64, "queries");
+    let mut results = Vec::with_capacity(plan.len());
+    for (query, sent) in plan.into_iter().zip(sent_totals) {
+        let (path, body) = query.request();
         let mut read = QueryRead::default();
-        for cache in [false, true] {
+        let mut total = None;
+        let mut timings = [None, None];
+        for (i, cache) in [false, true].into_iter().enumerate() {
             let mut runs = Vec::with_capacity(args.runs);
             let mut bytes = Vec::with_capacity(args.runs);
             for _ in 0..args.runs {
@@ -672,39 +607,50 @@ async fn bench_kiln(
                 let (answer, n) = call(path, body.clone(), cache).await?;
                 runs.push(t.elapsed().as_secs_f64() * 1000.0);
                 bytes.push(n);
-                if i < 3 {
-                    let fg = q::SelectMergeStacktracesResponse::decode(answer)?
+                if query.kind == Kind::Flame {
+                    let got = q::SelectMergeStacktracesResponse::decode(answer)?
                         .flamegraph
-                        .unwrap_or_default();
+                        .unwrap_or_default()
+                        .total;
                     ensure!(
-                        totals[i].0 == 0 || totals[i].0 == fg.total,
-                        "{name}: the total changed between runs"
+                        total.is_none_or(|(before, _)| before == got),
+                        "{}: the total changed between runs",
+                        query.title
                     );
-                    totals[i] = (fg.total, sent_totals[i]);
+                    total = Some((got, sent));
                 }
                 bar.inc(1);
             }
             if cache {
-                cached.push(timing(runs));
                 bytes.sort_unstable();
                 read.cached = bytes[bytes.len() / 2];
             } else {
-                timings.push(timing(runs));
                 read.cold = bytes[0];
                 bytes.sort_unstable();
                 read.warm = bytes[bytes.len() / 2];
             }
+            timings[i] = Some(timing(runs));
         }
-        reads.insert((*name).to_owned(), read);
+        if let Some((got, sent)) = total {
+            ensure!(sent > 0, "the workload sent nothing for {}", query.title);
+            ensure!(
+                got == sent,
+                "the {} total is {got}, the workload sent {sent}",
+                query.title
+            );
+        }
+        let [Some(timing), Some(cached)] = timings else {
+            unreachable!("both passes ran")
+        };
+        results.push(QueryResult {
+            query,
+            timing,
+            cached,
+            read,
+            total,
+        });
     }
     bar.finish_and_clear();
-    for (name, (got, sent)) in ["1 h", "12 h", "1 h unaligned"].iter().zip(totals) {
-        ensure!(sent > 0, "the workload sent nothing for the {name} window");
-        ensure!(
-            got == sent,
-            "the {name} flame graph's total is {got}, the workload sent {sent}"
-        );
-    }
     let rows_stored = blocks["rows"].as_u64().unwrap_or(0);
     ensure!(
         rows_stored == rows,
@@ -726,19 +672,7 @@ async fn bench_kiln(
         blocks: blocks["blocks"].as_u64().unwrap_or(0),
         bytes_at_rest,
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
-        flame_1h: timings[0],
-        flame_12h: timings[1],
-        flame_1h_unaligned: timings[2],
-        flame_30d: timings[3],
-        series_12h: timings[4],
-        label_values: timings[5],
-        cached: queries
-            .iter()
-            .zip(cached)
-            .map(|((name, _, _), t)| ((*name).to_owned(), t))
-            .collect(),
-        reads,
-        totals,
+        queries: results,
     })
 }
 
@@ -785,7 +719,11 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 /// Runs `bench/peers.py` on the rows in `dir`; returns its JSON.
-fn run_peers(args: &BenchArgs, dir: &Path, shape: &Shape) -> anyhow::Result<serde_json::Value> {
+fn run_peers(
+    args: &BenchArgs,
+    dir: &Path,
+    queries: &[QueryResult],
+) -> anyhow::Result<serde_json::Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let script = root.join("bench/peers.py");
     ensure!(script.exists(), "{} is missing", script.display());
@@ -801,18 +739,16 @@ fn run_peers(args: &BenchArgs, dir: &Path, shape: &Shape) -> anyhow::Result<serd
         }
     });
     eprintln!("kiln bench: peers (DuckDB, chDB) with {}", python.display());
+    let plan = dir.join("queries.json");
+    let list: Vec<&BenchQuery> = queries.iter().map(|r| &r.query).collect();
+    std::fs::write(&plan, serde_json::to_vec_pretty(&list)?)?;
     let out = Command::new(&python)
         .arg(&script)
         .arg("--dir")
         .arg(dir)
-        .args([
-            "--end-ns",
-            &shape.end_nanos().to_string(),
-            "--service",
-            &service_name(queried_service(shape)),
-            "--runs",
-            &args.runs.to_string(),
-        ])
+        .arg("--queries")
+        .arg(&plan)
+        .args(["--runs", &args.runs.to_string()])
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", python.display()))?;
@@ -852,25 +788,20 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
             format!("{:.2}×", kiln / best)
         }
     };
-    for (name, key, t) in [
-        ("flame graph, 1 service, 1 h", "flame_1h", k.flame_1h),
-        ("flame graph, 1 service, 12 h", "flame_12h", k.flame_12h),
-        (
-            "flame graph, 1 service, 1 h unaligned",
-            "flame_1h_unaligned",
-            k.flame_1h_unaligned,
-        ),
-        ("flame graph, 1 service, 30 d", "flame_30d", k.flame_30d),
-        ("per-minute series by pod, 12 h", "series_12h", k.series_12h),
-        ("label values (pod), 12 h", "label_values", k.label_values),
-    ] {
+    for r in &k.queries {
+        let key = r.query.key.as_str();
         let (d, c) = (peer("duckdb", key), peer("chdb", key));
+        let series = match r.query.series {
+            0..=8 => String::new(),
+            n => format!(", {n} series"),
+        };
         println!(
-            "| {name} (p50 / p99) | {} | {} | {} | {} |",
-            fmt_ms(t),
+            "| {}{series} (p50 / p99) | {} | {} | {} | {} |",
+            r.query.title,
+            fmt_ms(r.timing),
             cell(d, " ms"),
             cell(c, " ms"),
-            ratio(t.p50_ms, d, c)
+            ratio(r.timing.p50_ms, d, c)
         );
     }
     let (d, c) = (
@@ -894,13 +825,14 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
         "\n| query | read from the store: first run / later runs | with the partial-result cache (p50 / p99) | read |"
     );
     println!("|---|---|---|---|");
-    for (name, read) in &k.reads {
+    for r in &k.queries {
         println!(
-            "| {name} | {} / {} | {} | {} |",
-            fmt_bytes(read.cold),
-            fmt_bytes(read.warm),
-            k.cached.get(name).map_or("—".to_owned(), |t| fmt_ms(*t)),
-            fmt_bytes(read.cached),
+            "| {} | {} / {} | {} | {} |",
+            r.query.title,
+            fmt_bytes(r.read.cold),
+            fmt_bytes(r.read.warm),
+            fmt_ms(r.cached),
+            fmt_bytes(r.read.cached),
         );
     }
     println!(

@@ -15,7 +15,8 @@ use kiln_proto::types::v1 as t;
 use prost::Message;
 use serde::Serialize;
 
-use super::{BenchArgs, CPU, Server, Timing, progress, timing, wait_compacted};
+use super::queries::CPU;
+use super::{BenchArgs, Server, Timing, progress, timing, wait_compacted};
 
 /// Samples (so series) per request.
 const PER_REQUEST: usize = 16_000;

@@ -1,5 +1,6 @@
-//! The bench's deterministic workload: services × pods, one CPU profile per pod every 10 s, each
-//! built from real stacks (the corpus's pprof files, one pool per file; synthetic stacks when the
+//! The bench's deterministic workload: services × pods, one 10-second CPU profile per pod every
+//! step (10 s, or longer for the month preset), pods replaced every `churn` hours when the shape
+//! says so (as a Kubernetes deployment replaces them), each profile built from real stacks (the corpus's pprof files, one pool per file; synthetic stacks when the
 //! corpus is absent), as pprof bytes for Kiln and as Parquet rows for the peers.
 //!
 //! The same seed gives the same profiles on every run. Each profile's stacks are distinct (a
@@ -18,8 +19,10 @@ use arrow::datatypes::Int32Type;
 use kiln_proto::google::v1 as pprof;
 use prost::Message;
 
-/// One step of the workload: every pod's profile at one time.
-pub const STEP_NANOS: i64 = 10_000_000_000;
+/// How long a profile covers (an agent's upload interval), and the step of the presets that
+/// profile every pod all the time.
+pub const PROFILE_NANOS: i64 = 10_000_000_000;
+const HOUR_NANOS: i64 = 3_600_000_000_000;
 /// Samples per profile (fewer when a corpus pool holds fewer distinct stacks).
 const SAMPLES_PER_PROFILE: usize = 90;
 /// The sampling period: 100 Hz.
@@ -31,8 +34,13 @@ pub const T0_NANOS: i64 = 1_767_225_600_000_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub services: usize,
+    /// Pods of a service at any time.
     pub pods: usize,
     pub minutes: i64,
+    /// Time between a pod's profiles.
+    pub step_nanos: i64,
+    /// Pods are replaced (new names, new series) every this many hours; never when `None`.
+    pub churn_hours: Option<i64>,
 }
 
 impl Shape {
@@ -41,14 +49,41 @@ impl Shape {
         (self.services * self.pods) as u64 * self.steps() as u64
     }
 
-    /// Steps of 10 s.
+    /// Steps of `step_nanos`.
     pub fn steps(&self) -> i64 {
-        self.minutes * 60 * 1_000_000_000 / STEP_NANOS
+        self.minutes * 60 * 1_000_000_000 / self.step_nanos
     }
 
     /// End of the data (exclusive), Unix nanoseconds.
     pub fn end_nanos(&self) -> i64 {
-        T0_NANOS + self.steps() * STEP_NANOS
+        T0_NANOS + (self.steps() - 1) * self.step_nanos + PROFILE_NANOS
+    }
+
+    /// The generation of pods (0, 1, …) alive at `time_nanos`.
+    pub fn generation(&self, time_nanos: i64) -> u32 {
+        self.churn_hours
+            .map_or(0, |h| ((time_nanos - T0_NANOS) / (h * HOUR_NANOS)) as u32)
+    }
+
+    /// The `pod` label of pod `pod` of service `service` at `time_nanos`.
+    pub fn pod_name(&self, service: usize, pod: usize, time_nanos: i64) -> String {
+        match self.churn_hours {
+            None => format!("service-{service:02}-pod-{pod}"),
+            Some(_) => format!(
+                "service-{service:02}-g{:03}-pod-{pod}",
+                self.generation(time_nanos)
+            ),
+        }
+    }
+
+    /// Series (service × pod names) with a profile in `[start, end)`, of `services` services.
+    pub fn series_in(&self, services: usize, start: i64, end: i64) -> u64 {
+        let (start, end) = (start.max(T0_NANOS), end.min(self.end_nanos()));
+        if start >= end {
+            return 0;
+        }
+        let generations = u64::from(self.generation(end - 1) - self.generation(start) + 1);
+        (services * self.pods) as u64 * generations
     }
 }
 
@@ -121,7 +156,7 @@ impl Workload {
 
     /// The profiles of step `step`, one per pod.
     pub fn step(&mut self, step: i64) -> Vec<Profile> {
-        let t = T0_NANOS + step * STEP_NANOS;
+        let t = T0_NANOS + step * self.shape.step_nanos;
         let mut out = Vec::with_capacity(self.shape.services * self.shape.pods);
         for service in 0..self.shape.services {
             let pool_index = service % self.pools.len();
@@ -164,7 +199,7 @@ impl Workload {
             period_type: Some(pprof::ValueType { r#type: 1, unit: 2 }),
             period: PERIOD_NANOS,
             time_nanos: p.time_nanos,
-            duration_nanos: STEP_NANOS,
+            duration_nanos: PROFILE_NANOS,
             ..Default::default()
         };
         for (stack, value) in &p.samples {
@@ -212,8 +247,8 @@ impl Workload {
         format!(
             "name={}%7Bpod%3D{}%7D&from={from}&until={}&format=pprof&sampleRate=100&spyName=gospy",
             service_name(p.service),
-            pod_name(p.service, p.pod),
-            from + STEP_NANOS / 1_000_000_000,
+            self.shape.pod_name(p.service, p.pod, p.time_nanos),
+            from + PROFILE_NANOS / 1_000_000_000,
         )
     }
 }
@@ -221,11 +256,6 @@ impl Workload {
 /// The `service_name` of service `i`.
 pub fn service_name(i: usize) -> String {
     format!("service-{i:02}")
-}
-
-/// The `pod` label of pod `pod` of service `service`.
-pub fn pod_name(service: usize, pod: usize) -> String {
-    format!("service-{service:02}-pod-{pod}")
 }
 
 fn synthetic_pools(services: usize) -> Vec<Vec<Vec<String>>> {
@@ -278,12 +308,15 @@ impl PeerRows {
     }
 
     /// Appends the rows of `profiles`.
-    pub fn add(&mut self, profiles: &[Profile]) -> anyhow::Result<()> {
+    pub fn add(&mut self, shape: &Shape, profiles: &[Profile]) -> anyhow::Result<()> {
         let mut service = StringDictionaryBuilder::<Int32Type>::new();
         let mut pod = StringDictionaryBuilder::<Int32Type>::new();
         let (mut ts, mut stack, mut value) = (Vec::new(), Vec::new(), Vec::new());
         for p in profiles {
-            let (s, pd) = (service_name(p.service), pod_name(p.service, p.pod));
+            let (s, pd) = (
+                service_name(p.service),
+                shape.pod_name(p.service, p.pod, p.time_nanos),
+            );
             for (id, v) in &p.samples {
                 service.append_value(&s);
                 pod.append_value(&pd);
@@ -362,6 +395,8 @@ mod tests {
             services: 2,
             pods: 2,
             minutes: 1,
+            step_nanos: PROFILE_NANOS,
+            churn_hours: None,
         };
         let mut a = Workload::new(shape, None);
         let mut b = Workload::new(shape, None);
@@ -382,6 +417,8 @@ mod tests {
             services: 1,
             pods: 1,
             minutes: 1,
+            step_nanos: PROFILE_NANOS,
+            churn_hours: None,
         };
         let mut w = Workload::new(shape, None);
         let p = w.step(0).remove(0);
