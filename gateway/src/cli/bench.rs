@@ -239,20 +239,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
 
     let mut extra: Vec<String> = Vec::new();
+    let mut limits = String::new();
+    if shape.churn_hours.is_some() {
+        // The month arrives in about an hour of wall time, so all of its series are active at
+        // once: room for them (a real month has a day's pods active, 400 here).
+        let all = shape.series_in(shape.services, i64::MIN / 2, i64::MAX / 2);
+        limits.push_str(&format!("max_series = {}\n", all + 1000));
+    }
+    if args.recording_rules > 0 {
+        // Room for the rules and their series (the tenant file's defaults are 25 rules).
+        limits.push_str(&format!(
+            "max_recording_rules = {}\nmax_recording_series = 1000000\n",
+            args.recording_rules
+        ));
+    }
+    if !limits.is_empty() {
+        let tenants = dir.join("tenants.toml");
+        std::fs::write(&tenants, format!("[defaults]\n{limits}"))?;
+        extra.extend(["--tenants".into(), tenants.display().to_string()]);
+    }
     let receiver = if args.recording_rules > 0 {
         let (url, counts) = recording::receiver().await?;
-        // Room for the rules and their series (the tenant file's defaults are 25 rules).
-        let tenants = dir.join("tenants.toml");
-        std::fs::write(
-            &tenants,
-            format!(
-                "[defaults]\nmax_recording_rules = {}\nmax_recording_series = 1000000\n",
-                args.recording_rules
-            ),
-        )?;
         extra.extend([
-            "--tenants".into(),
-            tenants.display().to_string(),
             "--remote-write-url".into(),
             url,
             "--recording-interval".into(),

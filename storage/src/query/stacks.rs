@@ -317,41 +317,151 @@ fn dense_values(dense: Vec<i64>) -> Vec<StackValue> {
         .collect()
 }
 
-/// Adds one block's stack values to a name-keyed tree, resolving each stack node once.
+/// Adds one block's stack values to a name-keyed tree. The block's values are summed up its
+/// stack trie first (a parent's index is below its children's, so one pass from the leaves), then
+/// each block node with values below it is resolved once to its tree node and adds its self
+/// value and total there: O(block nodes) rather than a walk to the root per stack.
 fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
     const UNSEEN: u32 = u32::MAX;
     let s = &symbols.symbols;
-    // Block stack node -> tree node, and block function -> tree name id, each resolved once.
-    let mut memo = vec![UNSEEN; s.stack_parents.len()];
-    if let Some(root) = memo.first_mut() {
-        *root = FlameTree::ROOT;
+    let n = s.stack_parents.len();
+    if n == 0 {
+        return;
     }
-    let mut name_ids = vec![UNSEEN; s.functions.len()];
-    let mut path = Vec::new();
+    let mut self_values = vec![0i64; n];
     for &StackValue { stack, value, .. } in values {
-        if stack as usize >= memo.len() {
+        if let Some(slot) = self_values.get_mut(stack as usize) {
+            *slot = slot.saturating_add(value);
+        }
+    }
+    // Totals, and whether a node's subtree holds any value (a total can be zero when values of
+    // both signs cancel).
+    let mut totals = self_values.clone();
+    let mut live: Vec<bool> = self_values.iter().map(|v| *v != 0).collect();
+    for i in (1..n).rev() {
+        let p = s.stack_parents[i] as usize;
+        totals[p] = totals[p].saturating_add(totals[i]);
+        live[p] |= live[i];
+    }
+    // Block stack node -> tree node, and block function -> tree name id, each resolved once.
+    let mut memo = vec![UNSEEN; n];
+    memo[0] = FlameTree::ROOT;
+    tree.add_counts(FlameTree::ROOT, self_values[0], totals[0]);
+    let mut name_ids = vec![UNSEEN; s.functions.len()];
+    for i in 1..n {
+        if !live[i] {
             continue;
         }
-        // Walk up to the first resolved ancestor, then resolve down.
-        path.clear();
-        let mut n = stack;
-        while memo[n as usize] == UNSEEN {
-            path.push(n);
-            n = s.stack_parents[n as usize];
-        }
-        let mut tree_node = memo[n as usize];
-        for &node in path.iter().rev() {
-            let loc = &s.locations[s.stack_locations[node as usize] as usize];
-            // Lines are innermost first; the tree goes root (outermost) first.
-            for &f in loc.line_functions.iter().rev() {
-                let id = &mut name_ids[f as usize];
-                if *id == UNSEEN {
-                    *id = tree.name_id(symbols.string(s.functions[f as usize].name));
-                }
-                tree_node = tree.child_by_id(tree_node, *id);
+        // The parent's subtree holds this one's, so it is live and resolved.
+        let mut tree_node = memo[s.stack_parents[i] as usize];
+        let loc = &s.locations[s.stack_locations[i] as usize];
+        // Lines are innermost first; the tree goes root (outermost) first.
+        for &f in loc.line_functions.iter().rev() {
+            let id = &mut name_ids[f as usize];
+            if *id == UNSEEN {
+                *id = tree.name_id(symbols.string(s.functions[f as usize].name));
             }
-            memo[node as usize] = tree_node;
+            tree_node = tree.child_by_id(tree_node, *id);
+            tree.add_counts(tree_node, 0, totals[i]);
         }
-        tree.add_value(tree_node, value);
+        memo[i] = tree_node;
+        tree.add_counts(tree_node, self_values[i], 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kiln_otel::model::{Function, Line, Location, Symbols as ProfileSymbols};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::symbols::SymbolsBuilder;
+
+    /// Locations of a block: one per name; `ab` holds `b` inlined into `a` (lines innermost
+    /// first) and `none` has no line at all, as an unsymbolized frame can.
+    fn locations() -> (ProfileSymbols, Vec<Vec<&'static str>>) {
+        let names = ["main", "a", "b", "c"];
+        let mut s = ProfileSymbols::default();
+        for n in names {
+            s.functions.push(Function {
+                name: n.into(),
+                ..Default::default()
+            });
+        }
+        let mut frames: Vec<Vec<&str>> = Vec::new();
+        for (i, n) in names.iter().enumerate() {
+            s.locations.push(Location {
+                lines: vec![Line {
+                    function: i as u32,
+                    line: 1,
+                }],
+                ..Default::default()
+            });
+            frames.push(vec![n]);
+        }
+        s.locations.push(Location {
+            lines: vec![
+                Line {
+                    function: 2,
+                    line: 2,
+                },
+                Line {
+                    function: 1,
+                    line: 3,
+                },
+            ],
+            ..Default::default()
+        });
+        frames.push(vec!["a", "b"]);
+        s.locations.push(Location {
+            address: 0x1234,
+            ..Default::default()
+        });
+        frames.push(vec![]);
+        (s, frames)
+    }
+
+    proptest! {
+        /// Summing a block up its trie gives every tree node the self value and total of adding
+        /// each stack on its own, walking to the root.
+        #[test]
+        fn block_stacks_agree_with_a_walk_per_stack(
+            stacks in prop::collection::vec(
+                (prop::collection::vec(0usize..6, 0..6), -50i64..100), 1..30),
+            other_block in prop::collection::vec(
+                (prop::collection::vec(0usize..6, 0..6), 1i64..100), 0..10),
+        ) {
+            let (symbols, frames) = locations();
+            let mut tree = FlameTree::default();
+            let mut naive = FlameTree::default();
+            for input in [&stacks, &other_block] {
+                let mut b = SymbolsBuilder::default();
+                let map = b.add_locations(&symbols);
+                let mut values = Vec::new();
+                for (root_first, value) in input.iter() {
+                    let stack = b.add_stack(root_first.iter().rev().map(|&l| map[l]));
+                    values.push(StackValue { stack, labels: None, value: *value });
+                    let names = root_first.iter().flat_map(|&l| frames[l].iter().copied());
+                    naive.add_stack(names, *value);
+                }
+                let table = SymbolTable::decode(&b.encode()).unwrap();
+                add_block_stacks(&mut tree, &table, &values);
+            }
+            prop_assert_eq!(tree.total(), naive.total());
+            let mut nodes = vec![(FlameTree::ROOT, FlameTree::ROOT)];
+            while let Some((t, n)) = nodes.pop() {
+                prop_assert_eq!(tree.node_total(t), naive.node_total(n));
+                prop_assert_eq!(tree.self_value(t), naive.self_value(n));
+                for &c in naive.children(n) {
+                    let name = naive.name_str(naive.node_name(c));
+                    let id = tree.find_name(name);
+                    match id.and_then(|id| tree.find_child(t, id)) {
+                        Some(tc) => nodes.push((tc, c)),
+                        // A subtree whose values cancel need not exist.
+                        None => prop_assert_eq!(naive.node_total(c), 0),
+                    }
+                }
+            }
+        }
     }
 }

@@ -115,6 +115,14 @@ impl FlameTree {
         }
     }
 
+    /// Adds `self_value` to `node`'s self value and `total` to its total, and nothing to its
+    /// ancestors: for callers that sum whole subtrees themselves.
+    pub fn add_counts(&mut self, node: u32, self_value: i64, total: i64) {
+        let n = &mut self.nodes[node as usize];
+        n.self_value = n.self_value.saturating_add(self_value);
+        n.total = n.total.saturating_add(total);
+    }
+
     /// Adds a root-first stack of frame names.
     pub fn add_stack<'a>(&mut self, root_first: impl IntoIterator<Item = &'a str>, value: i64) {
         let mut node = Self::ROOT;
