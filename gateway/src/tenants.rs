@@ -34,6 +34,30 @@ struct Bucket {
     updated: Instant,
 }
 
+/// How long a series counts against `max_series` after a profile of it last arrived. The limit
+/// is on active series, as Pyroscope's `max_global_series_per_user` is: the pods a deployment
+/// replaced stop counting an hour after their last profile, so a fleet with churn does not
+/// run into the limit as its history grows.
+pub const ACTIVE_SERIES_WINDOW: Duration = Duration::from_secs(3600);
+
+/// A tenant's active series.
+#[derive(Debug, Default)]
+struct ActiveSeries {
+    /// Series hash -> when a profile of it last arrived, in seconds of [`Tenants`]' clock.
+    last_seen: HashMap<u64, u64>,
+    /// When series past the window were last dropped.
+    swept: u64,
+}
+
+impl ActiveSeries {
+    /// Drops the series not seen within the window before `now`.
+    fn sweep(&mut self, now: u64) {
+        let since = now.saturating_sub(ACTIVE_SERIES_WINDOW.as_secs());
+        self.last_seen.retain(|_, seen| *seen >= since);
+        self.swept = now;
+    }
+}
+
 /// Limits in force and the state enforcing them.
 #[derive(Debug)]
 pub struct Tenants {
@@ -42,7 +66,9 @@ pub struct Tenants {
     config: RwLock<Arc<TenantConfig>>,
     stamp: Mutex<Option<(SystemTime, u64)>>,
     buckets: Mutex<HashMap<String, Bucket>>,
-    series: Mutex<HashMap<String, HashSet<u64>>>,
+    series: Mutex<HashMap<String, ActiveSeries>>,
+    /// The clock of active series.
+    started: Instant,
     /// Per tenant: the slot count in force and the semaphore handing slots out.
     queries: Mutex<HashMap<String, (usize, Arc<Semaphore>)>>,
 }
@@ -71,6 +97,7 @@ impl Tenants {
             stamp: Mutex::new(path.and_then(stamp_of)),
             buckets: Mutex::new(HashMap::new()),
             series: Mutex::new(HashMap::new()),
+            started: Instant::now(),
             queries: Mutex::new(HashMap::new()),
         })
     }
@@ -186,29 +213,55 @@ impl Tenants {
             .contains_key(tenant)
     }
 
-    /// Seeds a tenant's series set (from the metastore).
+    /// Seeds a tenant's active series (from the metastore: the series with profiles in the
+    /// last [`ACTIVE_SERIES_WINDOW`]), as seen now.
     pub fn seed_series(&self, tenant: &str, hashes: impl IntoIterator<Item = u64>) {
+        let now = self.started.elapsed().as_secs();
         let mut series = self.series.lock().expect("series lock");
-        series.entry(tenant.to_owned()).or_default().extend(hashes);
+        let active = series.entry(tenant.to_owned()).or_default();
+        active
+            .last_seen
+            .extend(hashes.into_iter().map(|h| (h, now)));
     }
 
-    /// Admits the series of a write, or refuses all of it when new series would pass the limit.
+    /// Admits the series of a write, or refuses all of it when new series would take the
+    /// tenant's active series past the limit.
     pub fn admit_series(&self, tenant: &str, hashes: &[u64]) -> Result<(), ApiError> {
+        self.admit_series_at(tenant, hashes, self.started.elapsed().as_secs())
+    }
+
+    fn admit_series_at(&self, tenant: &str, hashes: &[u64], now: u64) -> Result<(), ApiError> {
         let max = self.limits(tenant).max_series;
         let mut series = self.series.lock().expect("series lock");
-        let known = series.entry(tenant.to_owned()).or_default();
-        let new: HashSet<u64> = hashes
-            .iter()
-            .copied()
-            .filter(|h| !known.contains(h))
-            .collect();
-        if max > 0 && known.len() + new.len() > max {
+        let active = series.entry(tenant.to_owned()).or_default();
+        if now.saturating_sub(active.swept) >= 60 {
+            active.sweep(now);
+        }
+        let count_new = |active: &ActiveSeries| {
+            hashes
+                .iter()
+                .filter(|h| !active.last_seen.contains_key(*h))
+                .collect::<HashSet<_>>()
+                .len()
+        };
+        let mut new = count_new(active);
+        if max > 0 && new > 0 && active.last_seen.len() + new > max {
+            // Series may have gone quiet since the last sweep.
+            active.sweep(now);
+            new = count_new(active);
+        }
+        if max > 0 && active.last_seen.len() + new > max {
             return Err(ApiError::new(
                 ErrorKind::ResourceExhausted,
-                format!("tenant {tenant:?} would have more than its limit of {max} series"),
+                format!(
+                    "tenant {tenant:?} would have more than its limit of {max} active series \
+                     (series with a profile in the last hour)"
+                ),
             ));
         }
-        known.extend(new);
+        for h in hashes {
+            active.last_seen.insert(*h, now);
+        }
         Ok(())
     }
 
@@ -347,6 +400,30 @@ mod tests {
         );
         assert!(t.admit_series("a", &[3]).is_err());
         assert!(t.admit_series("b", &[3]).is_ok());
+    }
+
+    #[test]
+    fn series_count_while_active() {
+        let t = Tenants::load(None, {
+            let mut b = toml::Table::new();
+            b.insert("max_series".into(), toml::Value::Integer(2));
+            b
+        })
+        .unwrap();
+        let hour = ACTIVE_SERIES_WINDOW.as_secs();
+        assert!(t.admit_series_at("a", &[1, 2], 0).is_ok());
+        // Series 2 keeps sending; series 1 (a replaced pod) stops.
+        assert!(t.admit_series_at("a", &[2], hour / 2).is_ok());
+        let err = t.admit_series_at("a", &[3], hour).unwrap_err();
+        assert!(err.to_string().contains("active series"), "{err}");
+        // An hour after its last profile, series 1 no longer counts.
+        assert!(t.admit_series_at("a", &[3], hour + 1).is_ok());
+        // 2 and 3 are active: a fourth is refused, and a refused write marks nothing seen.
+        assert!(t.admit_series_at("a", &[4], hour + 2).is_err());
+        assert!(t.admit_series_at("a", &[2, 3], hour + 3).is_ok());
+        // Seeded series (after a restart) count as seen now.
+        t.seed_series("b", [7, 8]);
+        assert!(t.admit_series("b", &[9]).is_err());
     }
 }
 

@@ -462,12 +462,17 @@ impl Storage {
         Ok(())
     }
 
-    /// Hashes of every series `tenant` has (profile type and labels), for series limits.
-    pub async fn series_hashes(&self, tenant: &str) -> Result<Vec<u64>> {
-        let blocks = self.metastore.query_blocks(BlockQuery::all(tenant)).await?;
+    /// Hashes of the series of `tenant` (profile type and labels) with profiles at or after
+    /// `since_nanos`, for the limit on active series.
+    pub async fn series_hashes(&self, tenant: &str, since_nanos: i64) -> Result<Vec<u64>> {
+        let blocks = self
+            .metastore
+            .query_blocks(BlockQuery::new(tenant, since_nanos, i64::MAX))
+            .await?;
         let mut out: Vec<u64> = blocks
             .iter()
             .flat_map(|b| b.series.iter())
+            .filter(|s| s.max_time_nanos >= since_nanos)
             .map(|s| series_hash(&s.profile_type, s.labels.iter()))
             .collect();
         out.sort_unstable();

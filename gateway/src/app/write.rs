@@ -19,7 +19,9 @@ pub async fn store(
     app.tenants
         .charge_ingest(tenant, decompressed_bytes as u64)?;
     if !app.tenants.series_loaded(tenant) {
-        let known = app.storage.series_hashes(tenant).await?;
+        let window = crate::tenants::ACTIVE_SERIES_WINDOW.as_nanos() as i64;
+        let since = crate::time::now_nanos().saturating_sub(window);
+        let known = app.storage.series_hashes(tenant, since).await?;
         app.tenants.seed_series(tenant, known);
     }
     let hashes: Vec<u64> = profiles
