@@ -10,6 +10,7 @@
 //! JSON with `--json`.
 
 pub mod cardinality;
+pub mod deployment;
 pub mod queries;
 pub mod recording;
 pub mod workload;
@@ -26,6 +27,7 @@ use prost::Message;
 use serde::Serialize;
 use serde_json::json;
 
+use deployment::Deployment;
 use queries::{BenchQuery, Kind, MAX_NODES};
 use workload::{PROFILE_NANOS, PeerRows, Shape, Workload, service_name};
 
@@ -120,6 +122,18 @@ pub struct BenchArgs {
     /// ids make them), and the time of label names and values, series and per-minute series.
     #[arg(long)]
     pub series: Option<usize>,
+    /// After the single embedded process, the same workload again on three processes, one
+    /// per role, sharing the metastore at `--metastore` and the object store at
+    /// `--object-store` (endpoint and credentials from the environment, as `kiln serve` reads
+    /// them), and the two side by side.
+    #[arg(long, requires_all = ["metastore", "object_store"])]
+    pub scaled_out: bool,
+    /// The scaled-out processes' metastore (`postgres://…`).
+    #[arg(long)]
+    pub metastore: Option<String>,
+    /// The scaled-out processes' object store (`s3://bucket/prefix`, …).
+    #[arg(long)]
+    pub object_store: Option<String>,
 }
 
 /// p50 and p99 of repeated measurements, in milliseconds.
@@ -272,11 +286,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let server = Server::start(&dir.join("data"), &extra)?;
+    let server = Deployment::single(&dir.join("data"), &extra)?;
     if args.recording_rules > 0 {
         recording::make_rules(
             &reqwest::Client::new(),
-            &server.url,
+            &server.ingest,
             args.recording_rules,
             shape.services,
         )
@@ -287,7 +301,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(counts) => {
             // Two intervals past the data's last seal, so what it sealed has been sent.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let metrics = reqwest::get(format!("{}/metrics", server.url))
+            let metrics = reqwest::get(format!("{}/metrics", server.ingest))
                 .await?
                 .text()
                 .await?;
@@ -330,6 +344,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         None => None,
     };
     drop(server);
+    let scaled_out = match (&args.metastore, &args.object_store) {
+        (Some(metastore), Some(object_store)) if args.scaled_out => {
+            eprintln!(
+                "kiln bench: the same workload on three processes ({metastore}, {object_store})"
+            );
+            let split =
+                Deployment::scaled_out(&dir.join("scaled-out"), metastore, object_store, &extra)?;
+            let mut again = Workload::new(shape, workload.from_corpus.then_some(corpus.as_path()));
+            Some(bench_kiln(&args, &split, &mut again, None).await?)
+        }
+        _ => None,
+    };
     if let Some(p) = &peers {
         for peer in ["duckdb", "chdb"] {
             for r in &kiln.queries {
@@ -350,6 +376,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     print_table(&kiln, peers.as_ref());
+    if let Some(split) = &scaled_out {
+        print_scaled_out(&kiln, split);
+    }
     if let Some(path) = &args.json {
         let out = json!({
             "preset": format!("{:?}", args.preset).to_lowercase(),
@@ -363,6 +392,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "kiln": kiln,
             "peers": peers,
             "recording": recording,
+            "scaled_out": scaled_out,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -495,7 +525,7 @@ fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
 
 async fn bench_kiln(
     args: &BenchArgs,
-    server: &Server,
+    server: &Deployment,
     workload: &mut Workload,
     mut peer_rows: Option<&mut PeerRows>,
 ) -> anyhow::Result<KilnResults> {
@@ -527,7 +557,7 @@ async fn bench_kiln(
             let body = workload.pprof(p);
             bytes += body.len() as u64;
             batch.push((
-                format!("{}/ingest?{}", server.url, workload.ingest_query(p)),
+                format!("{}/ingest?{}", server.ingest, workload.ingest_query(p)),
                 body,
             ));
         }
@@ -568,13 +598,13 @@ async fn bench_kiln(
     let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
 
     let started = Instant::now();
-    let blocks = wait_compacted(&http, server).await?;
+    let blocks = wait_compacted(&http, &server.compact).await?;
     let compaction_seconds = started.elapsed().as_secs_f64();
-    let bytes_at_rest = dir_bytes(&server.data.join("objects"));
+    let bytes_at_rest = server.bytes_at_rest().await?;
 
     // Returns the answer and the bytes the server read for it (its `kiln-query-stats`).
     let call = |path: &'static str, body: Vec<u8>, cache: bool| {
-        let (http, url) = (http.clone(), format!("{}{path}", server.url));
+        let (http, url) = (http.clone(), format!("{}{path}", server.query));
         async move {
             let mut req = http.post(url).header("content-type", "application/proto");
             if !cache {
@@ -687,12 +717,9 @@ async fn bench_kiln(
 /// Waits until compaction has caught up: no L0 segment and no job left, and the blocks the same
 /// for longer than the largest merge age (a lone block waits at its level). Returns the
 /// tenant's blocks as `/api/v1/tenants/anonymous/blocks` states them.
-async fn wait_compacted(
-    http: &reqwest::Client,
-    server: &Server,
-) -> anyhow::Result<serde_json::Value> {
+async fn wait_compacted(http: &reqwest::Client, server: &str) -> anyhow::Result<serde_json::Value> {
     let started = Instant::now();
-    let blocks_url = format!("{}/api/v1/tenants/anonymous/blocks", server.url);
+    let blocks_url = format!("{server}/api/v1/tenants/anonymous/blocks");
     let (mut last, mut since) = (serde_json::Value::Null, Instant::now());
     loop {
         let b: serde_json::Value = http.get(&blocks_url).send().await?.json().await?;
@@ -778,6 +805,61 @@ fn fmt_bytes(n: u64) -> String {
 
 fn fmt_ms(t: Timing) -> String {
     format!("{:.1} / {:.1} ms", t.p50_ms, t.p99_ms)
+}
+
+/// The embedded single process and the three scaled-out processes side by side.
+fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
+    println!(
+        "\n| measure | one process, embedded | three processes (ingest, query, compact), shared metastore and object store | ratio |"
+    );
+    println!("|---|---|---|---|");
+    let row = |name: &str, a: String, b: String, ratio: f64| {
+        println!("| {name} | {a} | {b} | {ratio:.2}× |");
+    };
+    for (a, b) in single.queries.iter().zip(&split.queries) {
+        row(
+            &format!("{} (p50 / p99)", a.query.title),
+            fmt_ms(a.timing),
+            fmt_ms(b.timing),
+            b.timing.p50_ms / a.timing.p50_ms,
+        );
+    }
+    row(
+        "ingest, MB/s per busy core (all processes' CPU)",
+        format!("{:.1}", single.ingest_mb_per_busy_core_s),
+        format!("{:.1}", split.ingest_mb_per_busy_core_s),
+        split.ingest_mb_per_busy_core_s / single.ingest_mb_per_busy_core_s,
+    );
+    row(
+        "ingest, profiles/s",
+        format!("{:.0}", single.profiles_per_s),
+        format!("{:.0}", split.profiles_per_s),
+        split.profiles_per_s / single.profiles_per_s,
+    );
+    row(
+        "ack latency (p50 / p99)",
+        fmt_ms(single.ack),
+        fmt_ms(split.ack),
+        split.ack.p50_ms / single.ack.p50_ms,
+    );
+    row(
+        "compaction caught up after the last write",
+        format!("{:.1} s", single.compaction_seconds),
+        format!("{:.1} s", split.compaction_seconds),
+        split.compaction_seconds / single.compaction_seconds,
+    );
+    row(
+        "bytes at rest per sample row",
+        format!("{:.2} B", single.bytes_per_row),
+        format!("{:.2} B", split.bytes_per_row),
+        split.bytes_per_row / single.bytes_per_row,
+    );
+    row(
+        "peak RSS (sum of the processes)",
+        format!("{:.0} MiB", single.peak_rss_mib),
+        format!("{:.0} MiB", split.peak_rss_mib),
+        split.peak_rss_mib / single.peak_rss_mib,
+    );
 }
 
 fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {

@@ -170,7 +170,7 @@ pub async fn run(
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = server.cpu_seconds() - cpu_before;
     let started = Instant::now();
-    let blocks = wait_compacted(&http, &server).await?;
+    let blocks = wait_compacted(&http, &server.url).await?;
     let compaction_seconds = started.elapsed().as_secs_f64();
     let bytes_at_rest = super::dir_bytes(&server.data.join("objects"));
     tokio::time::sleep(Duration::from_secs(1)).await;
