@@ -1,6 +1,7 @@
 //! `kiln bench --preset tiny --peers`: the whole benchmark runs (a real `kiln serve`, HTTP
 //! ingest, compaction, Connect queries, DuckDB and chDB on the same rows from the test venv)
-//! and its totals agree across the three. A smoke test: no timing is asserted.
+//! and its totals agree across the three; then a few seconds more under load; and the same
+//! workload on three processes sharing PostgreSQL and S3. Smoke tests: no timing is asserted.
 
 use anyhow::{Result, ensure};
 use kiln_e2e::kiln_bin;
@@ -11,7 +12,15 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
     let json = dir.path().join("bench.json");
     let out = std::process::Command::new(kiln_bin())
         .args([
-            "bench", "--preset", "tiny", "--peers", "--runs", "2", "--dir",
+            "bench",
+            "--preset",
+            "tiny",
+            "--peers",
+            "--runs",
+            "2",
+            "--load-seconds",
+            "3",
+            "--dir",
         ])
         .arg(dir.path().join("work"))
         .arg("--json")
@@ -55,5 +64,60 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
         }
         ensure!(p["bytes_per_row"].as_f64() > Some(0.0), "{peer}: {p}");
     }
+    let load = &v["under_load"];
+    ensure!(
+        load["queries"].as_u64() > Some(0) && load["profiles_per_s"].as_f64() > Some(0.0),
+        "{load}"
+    );
+    ensure!(
+        stdout.contains("flame graph of the last 5 minutes"),
+        "{stdout}"
+    );
+    Ok(())
+}
+
+#[test]
+fn bench_tiny_scaled_out_on_postgres_and_s3() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let pg = rt.block_on(kiln_storage::testing::postgres_database());
+    let (s3_url, s3_options) = kiln_storage::testing::s3_location();
+    let dir = tempfile::tempdir()?;
+    let json = dir.path().join("bench.json");
+    let out = std::process::Command::new(kiln_bin())
+        .args(["bench", "--preset", "tiny", "--runs", "2", "--scaled-out"])
+        .args(["--metastore", &pg, "--object-store", &s3_url, "--dir"])
+        .arg(dir.path().join("work"))
+        .arg("--json")
+        .arg(&json)
+        .envs(s3_options.iter().map(|(k, v)| (k.to_ascii_uppercase(), v)))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(
+        out.status.success(),
+        "kiln bench failed:\n{stdout}\n{stderr}"
+    );
+    ensure!(
+        stdout.contains("| three processes (ingest, query, compact)"),
+        "{stdout}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let (single, split) = (&v["kiln"], &v["scaled_out"]);
+    ensure!(split["rows"] == single["rows"], "{split}");
+    ensure!(split["bytes_at_rest"].as_u64() > Some(0), "{split}");
+    let totals = |k: &serde_json::Value| -> Vec<serde_json::Value> {
+        k["queries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|q| q["total"].clone())
+            .collect()
+    };
+    ensure!(totals(single) == totals(split), "{single}\n{split}");
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 pub mod cardinality;
 pub mod deployment;
+pub mod load;
 pub mod queries;
 pub mod recording;
 pub mod workload;
@@ -128,6 +129,10 @@ pub struct BenchArgs {
     /// them), and the two side by side.
     #[arg(long, requires_all = ["metastore", "object_store"])]
     pub scaled_out: bool,
+    /// After the main run, this many seconds more of the workload at 80 % of the rate it
+    /// reached, while the flame graph of the last 5 minutes is asked for over and over.
+    #[arg(long, default_value_t = 0)]
+    pub load_seconds: u64,
     /// The scaled-out processes' metastore (`postgres://…`).
     #[arg(long)]
     pub metastore: Option<String>,
@@ -297,6 +302,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .await?;
     }
     let kiln = bench_kiln(&args, &server, &mut workload, peer_rows.as_mut()).await?;
+    let under_load = if args.load_seconds > 0 {
+        eprintln!(
+            "kiln bench: {} s more at 80 % of {:.0} profiles/s, querying the last 5 minutes",
+            args.load_seconds, kiln.profiles_per_s
+        );
+        Some(
+            load::run(
+                &server,
+                &mut workload,
+                kiln.profiles_per_s,
+                args.load_seconds,
+                args.concurrency,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let recording = match &receiver {
         Some(counts) => {
             // Two intervals past the data's last seal, so what it sealed has been sent.
@@ -376,6 +399,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     }
     print_table(&kiln, peers.as_ref());
+    if let Some(l) = &under_load {
+        println!(
+            "\nUnder load ({:.0} s at {:.0} profiles/s, asked {:.0}): flame graph of the last 5 \
+             minutes {} ({} queries), acks {}, server peak RSS over the whole run {:.0} MiB.",
+            l.seconds,
+            l.profiles_per_s,
+            l.target_profiles_per_s,
+            fmt_ms(l.flame_5m),
+            l.queries,
+            fmt_ms(l.ack),
+            l.peak_rss_mib
+        );
+    }
     if let Some(split) = &scaled_out {
         print_scaled_out(&kiln, split);
     }
@@ -393,6 +429,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "peers": peers,
             "recording": recording,
             "scaled_out": scaled_out,
+            "under_load": under_load,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)
             .with_context(|| format!("writing {}", path.display()))?;

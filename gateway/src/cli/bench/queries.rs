@@ -146,6 +146,21 @@ pub fn queried_service(shape: &Shape) -> usize {
     3.min(shape.services.saturating_sub(1))
 }
 
+/// The flame graph of the queried service over the `nanos` before `end` (a live dashboard's
+/// "last 5 minutes").
+pub fn fresh_flame(shape: &Shape, end: i64, nanos: i64) -> BenchQuery {
+    let mut q = BenchQuery::new(
+        shape,
+        "flame_fresh",
+        "flame graph, 1 service, the last minutes",
+        Kind::Flame,
+        &[queried_service(shape)],
+    );
+    q.end = end;
+    q.start = end - nanos;
+    q
+}
+
 /// The queries of a workload: the month preset's (its shape has pod churn) or the others'.
 pub fn plan(shape: &Shape) -> Vec<BenchQuery> {
     let one = [queried_service(shape)];

@@ -1,0 +1,138 @@
+//! `kiln bench --load-seconds N`: fresh data under load. After the main run, the workload goes
+//! on (the steps after its end) at 80 % of the rate the main run reached, paced, while a
+//! dashboard asks for the queried service's flame graph of the last 5 minutes of data over and
+//! over; measured: that query's latency, the acks', and the server's peak memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use kiln_proto::querier::v1 as q;
+use prost::Message;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use super::deployment::Deployment;
+use super::queries::fresh_flame;
+use super::workload::Workload;
+use super::{Timing, timing};
+
+/// How far back the dashboard looks.
+const WINDOW_NANOS: i64 = 5 * 60 * 1_000_000_000;
+/// Its refresh interval (a hurried user; Grafana's fastest auto-refresh is 5 s).
+const QUERY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What the load phase measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadResults {
+    pub seconds: f64,
+    /// The rate asked for: 80 % of the main run's profiles/s.
+    pub target_profiles_per_s: f64,
+    pub profiles_per_s: f64,
+    pub ack: Timing,
+    /// The flame graph of the last 5 minutes of data, while ingesting.
+    pub flame_5m: Timing,
+    pub queries: usize,
+    /// The server's peak resident memory over the whole bench, MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// Runs the load phase for `seconds` at 80 % of `max_profiles_per_s`.
+pub async fn run(
+    server: &Deployment,
+    workload: &mut Workload,
+    max_profiles_per_s: f64,
+    seconds: u64,
+    concurrency: usize,
+) -> anyhow::Result<LoadResults> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let shape = workload.shape;
+    let target = 0.8 * max_profiles_per_s;
+    let per_step = (shape.services * shape.pods) as f64;
+    let interval = Duration::from_secs_f64(per_step / target.max(1e-9));
+    // The end of the newest data acknowledged (exclusive), Unix nanoseconds.
+    let newest = Arc::new(AtomicI64::new(shape.end_nanos()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let querier = {
+        let (http, url) = (
+            http.clone(),
+            format!(
+                "{}/querier.v1.QuerierService/SelectMergeStacktraces",
+                server.query
+            ),
+        );
+        let (newest, stop) = (Arc::clone(&newest), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut ms = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let end = newest.load(Ordering::Relaxed);
+                let (_, body) = fresh_flame(&shape, end, WINDOW_NANOS).request();
+                let t = Instant::now();
+                let resp = http
+                    .post(&url)
+                    .header("content-type", "application/proto")
+                    .header("cache-control", "no-store")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let answer = resp.bytes().await?;
+                ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                ensure!(status.is_success(), "fresh flame graph: {status}");
+                let total = q::SelectMergeStacktracesResponse::decode(answer)?
+                    .flamegraph
+                    .unwrap_or_default()
+                    .total;
+                ensure!(total > 0, "the last 5 minutes' flame graph is empty");
+                tokio::time::sleep(QUERY_INTERVAL).await;
+            }
+            Ok::<_, anyhow::Error>(ms)
+        })
+    };
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let started = Instant::now();
+    let mut sends = tokio::task::JoinSet::new();
+    let mut step = shape.steps();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let due = started + interval.mul_f64((step - shape.steps()) as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let profiles = workload.step(step);
+        let step_end = profiles.first().map_or(0, |p| p.time_nanos) + shape.step_nanos;
+        for p in &profiles {
+            let permit = Arc::clone(&slots).acquire_owned().await?;
+            let url = format!("{}/ingest?{}", server.ingest, workload.ingest_query(p));
+            let (http, body, newest) = (http.clone(), workload.pprof(p), Arc::clone(&newest));
+            sends.spawn(async move {
+                let t = Instant::now();
+                let resp = http.post(url).body(body).send().await?;
+                ensure!(resp.status().is_success(), "ingest: {}", resp.status());
+                drop(permit);
+                newest.fetch_max(step_end, Ordering::Relaxed);
+                Ok::<_, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+            });
+            sent += 1;
+        }
+        step += 1;
+    }
+    let mut acks = Vec::with_capacity(sent as usize);
+    while let Some(ack) = sends.join_next().await {
+        acks.push(ack??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let flame = querier.await??;
+    ensure!(!flame.is_empty(), "no query ran under load");
+    Ok(LoadResults {
+        seconds: elapsed,
+        target_profiles_per_s: target,
+        profiles_per_s: sent as f64 / elapsed,
+        ack: timing(acks),
+        queries: flame.len(),
+        flame_5m: timing(flame),
+        peak_rss_mib: server.peak_rss_mib(),
+    })
+}
