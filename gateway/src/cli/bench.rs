@@ -918,13 +918,10 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
     for r in &k.queries {
         let key = r.query.key.as_str();
         let (d, c) = (peer("duckdb", key), peer("chdb", key));
-        let series = match r.query.series {
-            0..=8 => String::new(),
-            n => format!(", {n} series"),
-        };
         println!(
-            "| {}{series} (p50 / p99) | {} | {} | {} | {} |",
+            "| {}, {} series (p50 / p99) | {} | {} | {} | {} |",
             r.query.title,
+            r.query.series,
             fmt_ms(r.timing),
             cell(d, " ms"),
             cell(c, " ms"),
