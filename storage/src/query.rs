@@ -176,6 +176,8 @@ pub struct QueryEngine {
     /// Block symbols with their native frames named, by block and the tenant's naming
     /// generation ([`crate::names`]).
     named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
+    /// Pages read from a remote object store (none for the local file system).
+    pages: Option<scan::PageCache>,
     counters: Arc<QueryCounters>,
 }
 
@@ -187,13 +189,23 @@ impl std::fmt::Debug for QueryEngine {
 
 impl QueryEngine {
     /// A query engine over `store`, with caches of about `cache_bytes` for symbols (and a quarter
-    /// of it for Parquet metadata) and `results_bytes` for partial results (0: none kept).
+    /// of it for Parquet metadata), `results_bytes` for partial results (0: none kept) and,
+    /// when the store is remote, `pages_bytes` for the byte ranges queries read (0: none).
     pub fn new(
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
         cache_bytes: u64,
         results_bytes: u64,
+        pages_bytes: u64,
     ) -> Self {
+        let pages = (!store.is_local() && pages_bytes > 0).then(|| {
+            moka::future::Cache::builder()
+                .weigher(|_: &(Arc<str>, u64, u64), b: &bytes::Bytes| {
+                    u32::try_from(b.len() + 64).unwrap_or(u32::MAX)
+                })
+                .max_capacity(pages_bytes)
+                .build()
+        });
         let symbols = moka::future::Cache::builder()
             .weigher(|_: &EntryKey, t: &Arc<SymbolTable>| {
                 u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
@@ -230,6 +242,7 @@ impl QueryEngine {
             results,
             naming: Arc::default(),
             named,
+            pages,
             counters: Arc::new(QueryCounters::default()),
         }
     }

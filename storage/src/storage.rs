@@ -38,6 +38,9 @@ pub struct StorageConfig {
     /// Memory for cached partial results: the stack totals of blocks a query's range covers
     /// whole (0: none kept).
     pub results_cache_bytes: u64,
+    /// Memory for the byte ranges queries read from a remote object store (the local file
+    /// system's pages are the OS page cache's); 0: none kept.
+    pub pages_cache_bytes: u64,
     pub compaction: CompactionConfig,
     /// How long an object that lost its last metastore entry stays readable before deletion
     /// (queries that looked it up just before still finish).
@@ -61,6 +64,7 @@ impl StorageConfig {
             writer: WriterConfig::default(),
             symbols_cache_bytes: 256 << 20,
             results_cache_bytes: 64 << 20,
+            pages_cache_bytes: 128 << 20,
             compaction: CompactionConfig::default(),
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
@@ -178,6 +182,7 @@ impl Storage {
             Arc::clone(&metastore),
             config.symbols_cache_bytes,
             config.results_cache_bytes,
+            config.pages_cache_bytes,
         );
         let compactor = Arc::new(Compactor::new(
             config.compaction.clone(),

@@ -251,6 +251,11 @@ impl ObjectStorage {
         Ok(())
     }
 
+    /// Whether this is the local file system (whose pages the OS caches).
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
     /// Reads a byte range of an object.
     pub async fn get_range(&self, path: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
         self.store

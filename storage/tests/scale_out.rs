@@ -167,3 +167,61 @@ async fn two_compactors_at_once_never_compact_the_same_blocks() {
     assert_eq!(stacks(&front, "a").await, expected_a(48));
     assert!(stacks(&front, "other").await.is_empty());
 }
+
+/// Over S3, the pages a query read come from memory the next time (a dashboard refreshing the
+/// same range), with the same answer; with the page cache off they are read again. The
+/// compactor's reads never enter it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_read_from_s3_are_read_once() {
+    use kiln_storage::query::with_report;
+    use kiln_storage::testing::filter;
+
+    let (pg, s3) = (postgres_database().await, s3_location());
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let front = shared_storage(role(d1.path(), true), &pg, &s3).await;
+    ingest(&front, 12).await;
+    front.compactor().compact_all(now_ms()).await.unwrap();
+    // No partial results: every run reads pages.
+    let uncached = |dir: &std::path::Path, pages: u64| {
+        let mut c = role(dir, false);
+        c.results_cache_bytes = 0;
+        c.pages_cache_bytes = pages;
+        c
+    };
+    let reader = shared_storage(uncached(d2.path(), 64 << 20), &pg, &s3).await;
+    let no_pages = shared_storage(uncached(d3.path(), 0), &pg, &s3).await;
+    let f = filter("a", "{}", T0 - PARTITION_NANOS, T0 + PARTITION_NANOS);
+    let run = |s: &Storage| {
+        let (q, f) = (s.query().clone(), f.clone());
+        async move {
+            let (tree, report) = with_report(q.merge_tree(&f)).await;
+            (tree.unwrap().stacks(), report.stats.bytes_read)
+        }
+    };
+    let (first, cold) = run(&reader).await;
+    assert_eq!(first, expected_a(12));
+    assert!(cold > 0);
+    let (again, warm) = run(&reader).await;
+    assert_eq!(again, first);
+    assert_eq!(warm, 0, "every page from the cache");
+    let _ = run(&no_pages).await;
+    let (without, read) = run(&no_pages).await;
+    assert_eq!(without, first);
+    assert!(read > 0, "no page cache: read again");
+    // Another tenant's query reads nothing of a's.
+    let (other, _) = with_report(reader.query().merge_tree(&filter(
+        "b",
+        r#"{service_name="api"}"#,
+        T0 - PARTITION_NANOS,
+        T0 + PARTITION_NANOS,
+    )))
+    .await;
+    assert!(other.unwrap().stacks().is_empty());
+    for s in [front, reader, no_pages] {
+        s.close().await;
+    }
+}

@@ -342,6 +342,11 @@ pub struct StorageArgs {
     /// whole), in bytes; 0 keeps none.
     #[arg(long, env = "KILN_RESULTS_CACHE_BYTES", default_value_t = 64 << 20)]
     pub results_cache_bytes: u64,
+
+    /// Memory for the byte ranges queries read from a remote object store (S3, GCS, Azure),
+    /// in bytes; 0 keeps none. The local file system's are the OS page cache's.
+    #[arg(long, env = "KILN_PAGES_CACHE_BYTES", default_value_t = 128 << 20)]
+    pub pages_cache_bytes: u64,
 }
 
 /// `kiln serve` flags: background upkeep of the stored blocks.
@@ -502,6 +507,7 @@ impl ServeArgs {
         c.writer.flush_bytes = s.flush_bytes;
         c.symbols_cache_bytes = s.symbols_cache_bytes;
         c.results_cache_bytes = s.results_cache_bytes;
+        c.pages_cache_bytes = s.pages_cache_bytes;
         let compaction = &self.compaction;
         c.compaction.enabled = compaction.enabled && self.roles().is_ok_and(|r| r.compact);
         if let Ok(levels) = compaction.levels() {

@@ -235,7 +235,7 @@ impl QueryEngine {
 
 /// An error shared by a cache's waiters, as an owned one of the same kind (corruption stays
 /// corruption, so the block is still quarantined).
-fn unshare(e: Arc<Error>) -> Error {
+pub(super) fn unshare(e: Arc<Error>) -> Error {
     match Arc::try_unwrap(e) {
         Ok(e) => e,
         Err(e) if is_corruption(&e) => Error::Corrupt {

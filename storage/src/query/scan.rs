@@ -30,12 +30,18 @@ use crate::{Error, Result};
 /// Rows per decoded batch.
 const BATCH_ROWS: usize = 8192;
 
+/// Byte ranges of objects read before (object path, start, end): a remote store's pages are
+/// kept in memory, as the local file system's are in the OS page cache. Objects never change.
+pub(crate) type PageCache = moka::future::Cache<(Arc<str>, u64, u64), Bytes>;
+
 /// A dataset's samples section as a Parquet file, read by ranges from its object.
 pub(crate) struct SectionReader {
     store: ObjectStorage,
-    path: String,
+    path: Arc<str>,
     section: Range<u64>,
     counters: Arc<QueryCounters>,
+    /// The engine's page cache, for queries (the compactor reads each block once: uncached).
+    pages: Option<PageCache>,
 }
 
 impl SectionReader {
@@ -47,10 +53,21 @@ impl SectionReader {
         };
         Self {
             store: engine.store.clone(),
-            path: block.path(),
+            path: block.path().into(),
             section,
             counters: Arc::clone(&engine.counters),
+            pages: engine.pages.clone(),
         }
+    }
+
+    /// The same reader without the page cache.
+    fn uncached(mut self) -> Self {
+        self.pages = None;
+        self
+    }
+
+    fn page_key(&self, r: &Range<u64>) -> (Arc<str>, u64, u64) {
+        (Arc::clone(&self.path), r.start, r.end)
     }
 
     fn shift(&self, r: Range<u64>) -> Range<u64> {
@@ -66,13 +83,18 @@ impl AsyncFileReader for SectionReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         let r = self.shift(range);
         async move {
-            let b = self
-                .store
-                .get_range(&self.path, r)
-                .await
-                .map_err(external)?;
-            read_bytes(&self.counters, b.len() as u64);
-            Ok(b)
+            let fetch = async {
+                let b = self.store.get_range(&self.path, r.clone()).await?;
+                read_bytes(&self.counters, b.len() as u64);
+                Ok::<_, Error>(b)
+            };
+            match &self.pages {
+                Some(pages) => pages
+                    .try_get_with(self.page_key(&r), fetch)
+                    .await
+                    .map_err(|e| external(super::cache::unshare(e))),
+                None => fetch.await.map_err(external),
+            }
         }
         .boxed()
     }
@@ -83,21 +105,38 @@ impl AsyncFileReader for SectionReader {
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
         async move {
-            let location = object_store::path::Path::from(self.path.as_str());
-            let out = self
-                .store
-                .inner()
-                .get_ranges(&location, &ranges)
-                .await
-                .map_err(|source| {
-                    external(Error::ObjectStore {
-                        path: self.path.clone(),
-                        source,
-                    })
-                })?;
-            let n: usize = out.iter().map(Bytes::len).sum();
-            read_bytes(&self.counters, n as u64);
-            Ok(out)
+            // Pages read before come from the cache; the others in one request.
+            let mut out: Vec<Option<Bytes>> = vec![None; ranges.len()];
+            if let Some(pages) = &self.pages {
+                for (slot, r) in out.iter_mut().zip(&ranges) {
+                    *slot = pages.get(&self.page_key(r)).await;
+                }
+            }
+            let missing: Vec<usize> = (0..ranges.len()).filter(|&i| out[i].is_none()).collect();
+            if !missing.is_empty() {
+                let location = object_store::path::Path::from(&*self.path);
+                let wanted: Vec<Range<u64>> = missing.iter().map(|&i| ranges[i].clone()).collect();
+                let got = self
+                    .store
+                    .inner()
+                    .get_ranges(&location, &wanted)
+                    .await
+                    .map_err(|source| {
+                        external(Error::ObjectStore {
+                            path: self.path.to_string(),
+                            source,
+                        })
+                    })?;
+                let n: usize = got.iter().map(Bytes::len).sum();
+                read_bytes(&self.counters, n as u64);
+                for (i, b) in missing.into_iter().zip(got) {
+                    if let Some(pages) = &self.pages {
+                        pages.insert(self.page_key(&ranges[i]), b.clone()).await;
+                    }
+                    out[i] = Some(b);
+                }
+            }
+            Ok(out.into_iter().map(Option::unwrap_or_default).collect())
         }
         .boxed()
     }
@@ -325,7 +364,7 @@ impl QueryEngine {
     ) -> Result<parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>> {
         let metadata = self.parquet_metadata(block, Source::Samples).await?;
         Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
-            SectionReader::new(self, block, Source::Samples),
+            SectionReader::new(self, block, Source::Samples).uncached(),
             metadata,
         )
         .with_batch_size(batch_rows)
