@@ -862,41 +862,43 @@ fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
         );
     }
     row(
-        "ingest, MB/s per busy core (all processes' CPU)",
-        format!("{:.1}", single.ingest_mb_per_busy_core_s),
-        format!("{:.1}", split.ingest_mb_per_busy_core_s),
-        split.ingest_mb_per_busy_core_s / single.ingest_mb_per_busy_core_s,
-    );
-    row(
-        "ingest, profiles/s",
-        format!("{:.0}", single.profiles_per_s),
-        format!("{:.0}", split.profiles_per_s),
-        split.profiles_per_s / single.profiles_per_s,
-    );
-    row(
         "ack latency (p50 / p99)",
         fmt_ms(single.ack),
         fmt_ms(split.ack),
         split.ack.p50_ms / single.ack.p50_ms,
     );
-    row(
-        "compaction caught up after the last write",
-        format!("{:.1} s", single.compaction_seconds),
-        format!("{:.1} s", split.compaction_seconds),
-        split.compaction_seconds / single.compaction_seconds,
-    );
-    row(
-        "bytes at rest per sample row",
-        format!("{:.2} B", single.bytes_per_row),
-        format!("{:.2} B", split.bytes_per_row),
-        split.bytes_per_row / single.bytes_per_row,
-    );
-    row(
-        "peak RSS (sum of the processes)",
-        format!("{:.0} MiB", single.peak_rss_mib),
-        format!("{:.0} MiB", split.peak_rss_mib),
-        split.peak_rss_mib / single.peak_rss_mib,
-    );
+    type Measure = (&'static str, fn(&KilnResults) -> f64, fn(f64) -> String);
+    let measures: [Measure; 5] = [
+        (
+            "ingest, MB/s per busy core (all processes' CPU)",
+            |k| k.ingest_mb_per_busy_core_s,
+            |v| format!("{v:.1}"),
+        ),
+        (
+            "ingest, profiles/s",
+            |k| k.profiles_per_s,
+            |v| format!("{v:.0}"),
+        ),
+        (
+            "compaction caught up after the last write",
+            |k| k.compaction_seconds,
+            |v| format!("{v:.1} s"),
+        ),
+        (
+            "bytes at rest per sample row",
+            |k| k.bytes_per_row,
+            |v| format!("{v:.2} B"),
+        ),
+        (
+            "peak RSS (sum of the processes)",
+            |k| k.peak_rss_mib,
+            |v| format!("{v:.0} MiB"),
+        ),
+    ];
+    for (name, get, show) in measures {
+        let (a, b) = (get(single), get(split));
+        row(name, show(a), show(b), b / a);
+    }
 }
 
 fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
