@@ -164,110 +164,81 @@ pub fn fresh_flame(shape: &Shape, end: i64, nanos: i64) -> BenchQuery {
 /// The queries of a workload: the month preset's (its shape has pod churn) or the others'.
 pub fn plan(shape: &Shape) -> Vec<BenchQuery> {
     let one = [queried_service(shape)];
+    let q =
+        |key, title, kind, services: &[usize]| BenchQuery::new(shape, key, title, kind, services);
+    let hour = q("flame_1h", "flame graph, 1 service, 1 h", Kind::Flame, &one);
+    let days = |n: i64| n * DAY_NANOS;
+    let month = q(
+        "flame_30d",
+        "flame graph, 1 service, 30 d",
+        Kind::Flame,
+        &one,
+    )
+    .last(days(30));
     let mut queries = if shape.churn_hours.is_some() {
         // A selector matching about 10 k series over 30 days: the first 21 services.
         let many: Vec<usize> = (0..shape.services.min(21)).collect();
         vec![
-            BenchQuery::new(
-                shape,
-                "flame_1h",
-                "flame graph, 1 service, 1 h",
-                Kind::Flame,
-                &one,
-            ),
-            BenchQuery::new(
-                shape,
+            hour,
+            q(
                 "flame_24h",
                 "flame graph, 1 service, 24 h",
                 Kind::Flame,
                 &one,
             )
-            .last(DAY_NANOS),
-            BenchQuery::new(
-                shape,
-                "flame_30d",
-                "flame graph, 1 service, 30 d",
-                Kind::Flame,
-                &one,
-            )
-            .last(30 * DAY_NANOS),
-            BenchQuery::new(
-                shape,
+            .last(days(1)),
+            month,
+            q(
                 "fleet_24h",
                 "flame graph, every service, 24 h",
                 Kind::Flame,
                 &[],
             )
-            .last(DAY_NANOS),
-            BenchQuery::new(
-                shape,
+            .last(days(1)),
+            q(
                 "selector_30d",
                 "flame graph, 21 services, 30 d",
                 Kind::Flame,
                 &many,
             )
-            .last(30 * DAY_NANOS),
-            BenchQuery::new(
-                shape,
+            .last(days(30)),
+            q(
                 "series_7d",
                 "series by pod, 1 service, 7 d (10 min step)",
                 Kind::Series,
                 &one,
             )
-            .last(7 * DAY_NANOS)
+            .last(days(7))
             .step(600_000_000_000),
-            BenchQuery::new(
-                shape,
+            q(
                 "label_values",
                 "label values (pod), 1 service, 30 d",
                 Kind::LabelValues,
                 &one,
             )
-            .last(30 * DAY_NANOS),
+            .last(days(30)),
         ]
     } else {
+        let unaligned = "flame graph, 1 service, 1 h unaligned";
         vec![
-            BenchQuery::new(
-                shape,
-                "flame_1h",
-                "flame graph, 1 service, 1 h",
-                Kind::Flame,
-                &one,
-            ),
-            BenchQuery::new(
-                shape,
+            hour,
+            q(
                 "flame_12h",
                 "flame graph, 1 service, 12 h",
                 Kind::Flame,
                 &one,
             )
             .last(12 * HOUR_NANOS),
-            BenchQuery::new(
-                shape,
-                "flame_1h_unaligned",
-                "flame graph, 1 service, 1 h unaligned",
-                Kind::Flame,
-                &one,
-            )
-            .shifted(UNALIGNED_SHIFT_NANOS),
-            BenchQuery::new(
-                shape,
-                "flame_30d",
-                "flame graph, 1 service, 30 d",
-                Kind::Flame,
-                &one,
-            )
-            .last(30 * DAY_NANOS),
-            BenchQuery::new(
-                shape,
+            q("flame_1h_unaligned", unaligned, Kind::Flame, &one).shifted(UNALIGNED_SHIFT_NANOS),
+            month,
+            q(
                 "series_12h",
                 "per-minute series by pod, 12 h",
                 Kind::Series,
                 &one,
             )
             .last(12 * HOUR_NANOS),
-            BenchQuery::new(
-                shape,
+            q(
                 "label_values",
                 "label values (pod), 12 h",
                 Kind::LabelValues,
