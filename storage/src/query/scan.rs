@@ -131,7 +131,10 @@ impl AsyncFileReader for SectionReader {
                 read_bytes(&self.counters, n as u64);
                 for (i, b) in missing.into_iter().zip(got) {
                     if let Some(pages) = &self.pages {
-                        pages.insert(self.page_key(&ranges[i]), b.clone()).await;
+                        // A copy: the store may hand out slices of one coalesced read, which
+                        // would keep all of it alive under a page's weight.
+                        let page = Bytes::copy_from_slice(&b);
+                        pages.insert(self.page_key(&ranges[i]), page).await;
                     }
                     out[i] = Some(b);
                 }
