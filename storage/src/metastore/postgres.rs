@@ -15,7 +15,7 @@
 //! serialization failure is retried; a lost connection answers "unavailable" (503) and the pool
 //! reconnects on the next call.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -562,6 +562,17 @@ impl Postgres {
     }
 }
 
+/// The blocks of a [`BlockQuery`] (`$1` tenant, `$2` start, `$3` end, `$4` service, `$5`
+/// profile type), in partition, shard and id order: the `FROM` onward of its `SELECT`.
+const QUERY_BLOCKS: &str = "FROM kiln_blocks b
+     JOIN kiln_partitions p ON p.tenant = b.tenant AND p.partition = b.partition
+     WHERE b.tenant = $1
+       AND p.min_time < $3 AND p.max_time >= $2
+       AND b.min_time < $3 AND b.max_time >= $2
+       AND ($4::TEXT IS NULL OR $4 = ANY (b.services))
+       AND ($5::TEXT IS NULL OR $5 = ANY (b.profile_types))
+     ORDER BY b.partition, b.shard, b.id";
+
 #[async_trait::async_trait]
 impl Metastore for Postgres {
     async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
@@ -588,27 +599,73 @@ impl Metastore for Postgres {
 
     async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
         let client = self.client().await?;
-        let rows = client
-            .query(
-                "SELECT b.partition, b.id, b.entry FROM kiln_blocks b
-                 JOIN kiln_partitions p ON p.tenant = b.tenant AND p.partition = b.partition
-                 WHERE b.tenant = $1
-                   AND p.min_time < $3 AND p.max_time >= $2
-                   AND b.min_time < $3 AND b.max_time >= $2
-                   AND ($4::TEXT IS NULL OR $4 = ANY (b.services))
-                   AND ($5::TEXT IS NULL OR $5 = ANY (b.profile_types))
-                 ORDER BY b.partition, b.shard, b.id",
-                &[
-                    &q.tenant,
-                    &q.start_nanos,
-                    &q.end_nanos,
-                    &q.service_name,
-                    &q.profile_type,
-                ],
-            )
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &q.tenant,
+            &q.start_nanos,
+            &q.end_nanos,
+            &q.service_name,
+            &q.profile_type,
+        ];
+        // The listing first, then the entries not decoded yet: an entry never changes, and one
+        // of a million series is tens of megabytes, too much to send for every query.
+        let listed = client
+            .query(&format!("SELECT b.partition, b.id {QUERY_BLOCKS}"), &params)
             .await
             .map_err(pg_err)?;
-        Ok(self.decode_rows(q.tenant, &rows, |b| q.matches(b)))
+        let mut found: Vec<Option<Arc<BlockMeta>>> = Vec::with_capacity(listed.len());
+        let mut missing: Vec<&str> = Vec::new();
+        for r in &listed {
+            let (partition, id): (i64, &str) = (r.get(0), r.get(1));
+            let cached = self
+                .cache
+                .get(&(q.tenant.to_owned(), id.to_owned(), partition));
+            if cached.is_none() {
+                missing.push(id);
+            }
+            found.push(cached);
+        }
+        if !missing.is_empty() {
+            let rows = client
+                .query(
+                    "SELECT partition, id, entry FROM kiln_blocks
+                     WHERE tenant = $1 AND id = ANY ($2)",
+                    &[&q.tenant, &missing],
+                )
+                .await
+                .map_err(pg_err)?;
+            let mut fetched: HashMap<(&str, i64), &tokio_postgres::Row> = HashMap::new();
+            for r in &rows {
+                fetched.insert((r.get(1), r.get(0)), r);
+            }
+            for (slot, r) in found.iter_mut().zip(&listed) {
+                if slot.is_some() {
+                    continue;
+                }
+                let (partition, id): (i64, &str) = (r.get(0), r.get(1));
+                let Some(row) = fetched.get(&(id, partition)) else {
+                    // Compacted away between the two reads: one read of the entries with the
+                    // listing is a consistent view.
+                    let rows = client
+                        .query(
+                            &format!("SELECT b.partition, b.id, b.entry {QUERY_BLOCKS}"),
+                            &params,
+                        )
+                        .await
+                        .map_err(pg_err)?;
+                    return Ok(self.decode_rows(q.tenant, &rows, |b| q.matches(b)));
+                };
+                match self.decode(q.tenant, id, partition, row.get::<_, &[u8]>(2)) {
+                    Ok(b) => *slot = Some(b),
+                    Err(e) => tracing::error!(tenant = q.tenant, block = id, error = %e,
+                        "unreadable metastore entry left out of a query"),
+                }
+            }
+        }
+        Ok(found
+            .into_iter()
+            .flatten()
+            .filter(|b| q.matches(b))
+            .collect())
     }
 
     async fn get_blocks(&self, tenant: &str, ids: &[String]) -> Result<Vec<Arc<BlockMeta>>> {
