@@ -6,25 +6,18 @@
 use anyhow::{Result, ensure};
 use kiln_e2e::kiln_bin;
 
-#[test]
-fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
+/// Runs `kiln bench --preset tiny --runs 2` with `args` and `env`; its stdout and JSON.
+fn run_bench(args: &[&str], env: &[(String, String)]) -> Result<(String, serde_json::Value)> {
     let dir = tempfile::tempdir()?;
     let json = dir.path().join("bench.json");
     let out = std::process::Command::new(kiln_bin())
-        .args([
-            "bench",
-            "--preset",
-            "tiny",
-            "--peers",
-            "--runs",
-            "2",
-            "--load-seconds",
-            "3",
-            "--dir",
-        ])
+        .args(["bench", "--preset", "tiny", "--runs", "2"])
+        .args(args)
+        .arg("--dir")
         .arg(dir.path().join("work"))
         .arg("--json")
         .arg(&json)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()?;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
@@ -34,6 +27,13 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
         out.status.success(),
         "kiln bench failed:\n{stdout}\n{stderr}"
     );
+    let v = serde_json::from_slice(&std::fs::read(&json)?)?;
+    Ok((stdout.into_owned(), v))
+}
+
+#[test]
+fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
+    let (stdout, v) = run_bench(&["--peers", "--load-seconds", "3"], &[])?;
     for row in [
         "| flame graph, 1 service, 1 h",
         "| flame graph, 1 service, 30 d",
@@ -43,7 +43,6 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
     ] {
         ensure!(stdout.contains(row), "no {row:?} row in:\n{stdout}");
     }
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let kiln = &v["kiln"];
     let rows = kiln["rows"].as_u64().unwrap_or(0);
     ensure!(rows > 0 && kiln["profiles"] == 240, "{kiln}");
@@ -83,30 +82,25 @@ fn bench_tiny_scaled_out_on_postgres_and_s3() -> Result<()> {
         .build()?;
     let pg = rt.block_on(kiln_storage::testing::postgres_database());
     let (s3_url, s3_options) = kiln_storage::testing::s3_location();
-    let dir = tempfile::tempdir()?;
-    let json = dir.path().join("bench.json");
-    let out = std::process::Command::new(kiln_bin())
-        .args(["bench", "--preset", "tiny", "--runs", "2", "--scaled-out"])
-        .args(["--metastore", &pg, "--object-store", &s3_url, "--dir"])
-        .arg(dir.path().join("work"))
-        .arg("--json")
-        .arg(&json)
-        .envs(s3_options.iter().map(|(k, v)| (k.to_ascii_uppercase(), v)))
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()?;
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    ensure!(
-        out.status.success(),
-        "kiln bench failed:\n{stdout}\n{stderr}"
-    );
+    let mut env: Vec<(String, String)> = s3_options
+        .iter()
+        .map(|(k, v)| (k.to_ascii_uppercase(), v.clone()))
+        .collect();
+    env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+    let (stdout, v) = run_bench(
+        &[
+            "--scaled-out",
+            "--metastore",
+            &pg,
+            "--object-store",
+            &s3_url,
+        ],
+        &env,
+    )?;
     ensure!(
         stdout.contains("| three processes (ingest, query, compact)"),
         "{stdout}"
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let (single, split) = (&v["kiln"], &v["scaled_out"]);
     ensure!(split["rows"] == single["rows"], "{split}");
     ensure!(split["bytes_at_rest"].as_u64() > Some(0), "{split}");

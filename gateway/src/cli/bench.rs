@@ -643,11 +643,7 @@ async fn bench_kiln(
     let call = |path: &'static str, body: Vec<u8>, cache: bool| {
         let (http, url) = (http.clone(), format!("{}{path}", server.query));
         async move {
-            let mut req = http.post(url).header("content-type", "application/proto");
-            if !cache {
-                req = req.header("cache-control", "no-store");
-            }
-            let resp = req.body(body).send().await?;
+            let resp = connect(&http, url, body, cache).send().await?;
             let status = resp.status();
             let read = resp
                 .headers()
@@ -749,6 +745,24 @@ async fn bench_kiln(
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
         queries: results,
     })
+}
+
+/// A Connect call with a protobuf body; without the partial-result cache unless `cache`.
+fn connect(
+    http: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: Vec<u8>,
+    cache: bool,
+) -> reqwest::RequestBuilder {
+    let req = http
+        .post(url)
+        .header("content-type", "application/proto")
+        .body(body);
+    if cache {
+        req
+    } else {
+        req.header("cache-control", "no-store")
+    }
 }
 
 /// Waits until compaction has caught up: no L0 segment and no job left, and the blocks the same

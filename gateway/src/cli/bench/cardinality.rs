@@ -182,13 +182,7 @@ pub async fn run(
     let call = |path: &'static str, body: Vec<u8>| {
         let (http, url) = (http.clone(), format!("{}{path}", server.url));
         async move {
-            let resp = http
-                .post(url)
-                .header("content-type", "application/proto")
-                .header("cache-control", "no-store")
-                .body(body)
-                .send()
-                .await?;
+            let resp = super::connect(&http, url, body, false).send().await?;
             let status = resp.status();
             let body = resp.bytes().await?;
             ensure!(

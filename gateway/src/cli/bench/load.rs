@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use super::deployment::Deployment;
 use super::queries::fresh_flame;
 use super::workload::Workload;
-use super::{Timing, timing};
+use super::{Timing, connect, timing};
 
 /// How far back the dashboard looks.
 const WINDOW_NANOS: i64 = 5 * 60 * 1_000_000_000;
@@ -71,13 +71,7 @@ pub async fn run(
                 let end = newest.load(Ordering::Relaxed);
                 let (_, body) = fresh_flame(&shape, end, WINDOW_NANOS).request();
                 let t = Instant::now();
-                let resp = http
-                    .post(&url)
-                    .header("content-type", "application/proto")
-                    .header("cache-control", "no-store")
-                    .body(body)
-                    .send()
-                    .await?;
+                let resp = connect(&http, &url, body, false).send().await?;
                 let status = resp.status();
                 let answer = resp.bytes().await?;
                 ms.push(t.elapsed().as_secs_f64() * 1000.0);
