@@ -158,6 +158,9 @@ pub enum DecodeError {
     /// Symbols: the stack tree's parent and location arrays differ in length (or are empty).
     #[error("stack tree arrays differ in length")]
     StackTreeLength,
+    /// A compressed section does not decompress to its recorded length.
+    #[error("{what} does not decompress: {reason}")]
+    Decompress { what: &'static str, reason: String },
     /// Symbols: a stack node's parent does not come before it, or its location is not there.
     #[error("stack node {0} is out of order")]
     StackNodeOrder(usize),

@@ -63,6 +63,13 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
         }
         ensure!(p["bytes_per_row"].as_f64() > Some(0.0), "{peer}: {p}");
     }
+    // Fresh data was looked at (at least once, at the end of ingest) and held rows then.
+    let fresh = &kiln["fresh"];
+    ensure!(fresh["looks"].as_u64() >= Some(1), "{fresh}");
+    ensure!(
+        stdout.contains("| all below the top |"),
+        "no fresh data table in:\n{stdout}"
+    );
     let load = &v["under_load"];
     ensure!(
         load["queries"].as_u64() > Some(0) && load["profiles_per_s"].as_f64() > Some(0.0),

@@ -95,8 +95,16 @@ pub async fn blocks(
         .query_blocks(kiln_storage::metastore::BlockQuery::all(&id))
         .await?;
     let mut levels: std::collections::BTreeMap<u32, u64> = Default::default();
+    let mut by_level: std::collections::BTreeMap<u32, LevelBytes> = Default::default();
     for b in &blocks {
         *levels.entry(b.level).or_default() += 1;
+        let l = by_level.entry(b.level).or_default();
+        l.blocks += 1;
+        l.rows += b.rows;
+        l.object_bytes += b.object_size;
+        l.samples_bytes += b.samples.size;
+        l.symbols_bytes += b.symbols.size;
+        l.rollup_bytes += b.rollup_bytes();
     }
     let jobs = metastore
         .jobs()
@@ -108,11 +116,25 @@ pub async fn blocks(
         "tenant": id,
         "blocks": blocks.len(),
         "levels": levels,
+        "by_level": by_level,
         "top_level": kiln_storage::meta::TOP_LEVEL,
         "rows": blocks.iter().map(|b| b.rows).sum::<u64>(),
         "bytes": blocks.iter().map(|b| b.dataset_bytes()).sum::<u64>(),
         "jobs": jobs,
     })))
+}
+
+/// One compaction level's share of a tenant's data: where fresh data's bytes go.
+#[derive(Debug, Default, serde::Serialize)]
+struct LevelBytes {
+    blocks: u64,
+    rows: u64,
+    samples_bytes: u64,
+    symbols_bytes: u64,
+    rollup_bytes: u64,
+    /// The objects holding them, footers included (an L0 segment is counted once for each
+    /// tenant it holds).
+    object_bytes: u64,
 }
 
 /// `GET /api/v1/quarantine` (every tenant's, for the operator): blocks taken out of the index

@@ -11,6 +11,7 @@
 
 pub mod cardinality;
 pub mod deployment;
+pub mod fresh;
 pub mod load;
 pub mod queries;
 pub mod recording;
@@ -183,6 +184,8 @@ pub struct KilnResults {
     pub blocks: u64,
     pub bytes_at_rest: u64,
     pub bytes_per_row: f64,
+    /// Bytes at rest of the data below the top level while ingest ran.
+    pub fresh: fresh::FreshBytes,
     /// The preset's queries, in its order.
     pub queries: Vec<QueryResult>,
 }
@@ -576,6 +579,7 @@ async fn bench_kiln(
     let (mut rows, mut bytes, mut latencies) = (0u64, 0u64, Vec::new());
     let mut peer_error = None;
     let cpu_before = server.cpu_seconds();
+    let watch = fresh::Watch::start(http.clone(), &server.compact);
     let started = Instant::now();
     let bar = progress(shape.profiles(), "ingest");
     // Requests are generated step by step and sent with up to `concurrency` in flight, so
@@ -633,6 +637,7 @@ async fn bench_kiln(
     bar.finish_and_clear();
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
+    let fresh = watch.stop().await?;
 
     let started = Instant::now();
     let blocks = wait_compacted(&http, &server.compact).await?;
@@ -743,6 +748,7 @@ async fn bench_kiln(
         blocks: blocks["blocks"].as_u64().unwrap_or(0),
         bytes_at_rest,
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
+        fresh,
         queries: results,
     })
 }
@@ -975,6 +981,7 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
             fmt_bytes(r.read.cached),
         );
     }
+    print!("{}", k.fresh.report());
     println!(
         "\n{} profiles, {} sample rows, {:.1} MB of pprof in {:.1} s ({:.1} s of server CPU); \
          compaction caught up {:.1} s later: {} blocks, {} bytes at rest. Flame graphs with \
