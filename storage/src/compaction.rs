@@ -412,16 +412,18 @@ const UNMAPPED: u32 = u32::MAX;
 impl Output {
     /// A new output whose id carries `created_ms` (the oldest source's time, so the output
     /// stays in its sources' partition).
+    /// `resolutions`: the rollups to compute (`rollup::worth_computing` of the job's span).
     fn new(
         dir: &std::path::Path,
         sources: usize,
         config: &CompactionConfig,
+        resolutions: &[i64],
         created_ms: u64,
     ) -> Result<Self> {
         let row_group_rows = config.row_group_rows;
         let id = ulid::Ulid::from_parts(created_ms, ulid::Ulid::generate().random()).to_string();
-        let mut rollups = Vec::with_capacity(config.rollups.len());
-        for (i, &r) in config.rollups.iter().enumerate() {
+        let mut rollups = Vec::with_capacity(resolutions.len());
+        for (i, &r) in resolutions.iter().enumerate() {
             let path = dir.join(format!("{id}.rollup{i}.part"));
             match RollupWriter::new(r, path, row_group_rows, config.batch_rows) {
                 Ok(w) => rollups.push(w),
@@ -853,8 +855,23 @@ impl Compactor {
         let created_ms = metas.iter().map(|m| m.created_ms()).min().unwrap_or(0);
         let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
         let mut outputs: Vec<(PathBuf, BlockMeta)> = Vec::new();
-        let mut out =
-            Output::new(&self.scratch, sources.len(), &self.config, created_ms).map_err(local)?;
+        let resolutions = crate::rollup::worth_computing(
+            &self.config.rollups,
+            metas.iter().map(|m| m.min_time_nanos).min().unwrap_or(0),
+            metas.iter().map(|m| m.max_time_nanos).max().unwrap_or(0),
+        );
+        let n_sources = sources.len();
+        let new_output = || {
+            Output::new(
+                &self.scratch,
+                n_sources,
+                &self.config,
+                &resolutions,
+                created_ms,
+            )
+            .map_err(local)
+        };
+        let mut out = new_output()?;
         let mut group: Vec<Row> = Vec::new();
         while let Some(Reverse((series, t, _))) = heap.peek().copied() {
             // Every source's rows of this (series, timestamp), stacks remapped.
@@ -897,8 +914,7 @@ impl Compactor {
             if out.symbols.stack_nodes() >= self.config.max_output_stack_nodes {
                 let next_series = heap.peek().map(|Reverse((s, _, _))| *s);
                 if next_series != Some(series) {
-                    let next = Output::new(&self.scratch, sources.len(), &self.config, created_ms)
-                        .map_err(local)?;
+                    let next = new_output()?;
                     let done = std::mem::replace(&mut out, next);
                     let p = if outputs.is_empty() { profiles } else { 0 };
                     outputs.push(

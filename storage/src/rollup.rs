@@ -243,6 +243,32 @@ pub(crate) fn worth_keeping(rollups: &[FinishedRollup], sample_rows: u64) -> Vec
     keep
 }
 
+/// Of `resolutions` (finest first), those worth computing for a block whose rows lie in
+/// `[min_time, max_time]`: a stack resolution is skipped when the whole block lies in one
+/// bucket of the finer stack resolution computed before it (buckets are epoch-aligned and each
+/// resolution a multiple of the finer, so its rows would be that rollup's rows again, which
+/// [`worth_keeping`] never keeps). Young blocks span minutes, so they compute one stack rollup
+/// instead of three; what is kept is the same.
+pub(crate) fn worth_computing(resolutions: &[i64], min_time: i64, max_time: i64) -> Vec<i64> {
+    let mut finer: Option<i64> = None;
+    let mut out = Vec::with_capacity(resolutions.len());
+    for &r in resolutions {
+        if r == PROFILE_TOTALS {
+            out.push(r);
+            continue;
+        }
+        if let Some(f) = finer
+            && r % f == 0
+            && floor(min_time, f) == floor(max_time, f)
+        {
+            continue;
+        }
+        out.push(r);
+        finer = Some(r);
+    }
+    out
+}
+
 /// Removes scratch files.
 pub(crate) fn remove_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) {
     for p in paths {
@@ -253,6 +279,34 @@ pub(crate) fn remove_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resolutions_a_block_fits_in_one_bucket_of_are_not_computed() {
+        let all = DEFAULT_RESOLUTIONS;
+        let t = 1_700_000_400 * 1_000_000_000; // a 10-min boundary
+        let m = MINUTE;
+        // Inside one 10-min bucket: only profile totals and 10 min.
+        assert_eq!(
+            worth_computing(&all, t, t + 9 * m),
+            [PROFILE_TOTALS, 10 * m]
+        );
+        // Across 10-min buckets inside one hour: 10 min and 1 h, not 1 d.
+        let hour = floor(t, 60 * m);
+        assert_eq!(
+            worth_computing(&all, hour, hour + 59 * m),
+            [PROFILE_TOTALS, 10 * m, 60 * m]
+        );
+        // Across hours: all of them.
+        assert_eq!(worth_computing(&all, hour, hour + 61 * m), all);
+        // A resolution that is not a multiple of the finer one is computed.
+        assert_eq!(
+            worth_computing(&[PROFILE_TOTALS, 10 * m, 25 * m], t, t + m),
+            [PROFILE_TOTALS, 10 * m, 25 * m]
+        );
+        // Totals alone, or none.
+        assert_eq!(worth_computing(&[PROFILE_TOTALS], t, t), [PROFILE_TOTALS]);
+        assert!(worth_computing(&[], t, t).is_empty());
+    }
 
     const H: i64 = 60 * MINUTE;
 

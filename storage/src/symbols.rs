@@ -35,10 +35,6 @@ pub const MIN_SYMBOLS_VERSION: u32 = 1;
 /// segments' sections measured 22.2 / 21.3 / 18.7 B a row at levels 1 / 3 / 9, compacted blocks
 /// 0.36 / 0.34 / 0.32).
 const SYMBOLS_ZSTD_LEVEL: i32 = 1;
-/// The largest decompressed size a section may claim for each compressed byte: far above what
-/// names and a stack tree compress by, so only a corrupt length reaches it (the CRC passes
-/// first), and a decode never allocates more than this.
-const MAX_SYMBOLS_RATIO: usize = 256;
 
 /// Accumulates the symbols of one block, deduplicating as profiles are added.
 #[derive(Debug)]
@@ -401,7 +397,7 @@ impl SymbolsBuilder {
             .enumerate()
             .map(|(i, &p)| i as u32 - p)
             .collect();
-        let msg = pb::Symbols {
+        let mut msg = pb::Symbols {
             strings: self.strings,
             mappings: self.mappings,
             functions: self.functions,
@@ -411,11 +407,17 @@ impl SymbolsBuilder {
             stack_parent_distances: distances,
         };
         let raw = msg.encode_to_vec();
+        let Ok(raw_len) = u32::try_from(raw.len()) else {
+            // Past what the length field holds (never met: outputs are cut far below it).
+            msg.stack_parent_distances = Vec::new();
+            msg.stack_parents = self.parents;
+            return v1_section(&msg);
+        };
         let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw));
         let mut out = Vec::with_capacity(compressed.len() + 16);
         out.extend_from_slice(SYMBOLS_MAGIC);
         out.extend_from_slice(&SYMBOLS_VERSION.to_le_bytes());
-        out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        out.extend_from_slice(&raw_len.to_le_bytes());
         out.extend_from_slice(&compressed);
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -426,7 +428,7 @@ impl SymbolsBuilder {
     /// check old blocks still read and compact.
     #[cfg(any(test, feature = "testing"))]
     pub fn encode_v1(self) -> Bytes {
-        let msg = pb::Symbols {
+        v1_section(&pb::Symbols {
             strings: self.strings,
             mappings: self.mappings,
             functions: self.functions,
@@ -434,15 +436,19 @@ impl SymbolsBuilder {
             stack_parents: self.parents,
             stack_locations: self.node_locations,
             stack_parent_distances: Vec::new(),
-        };
-        let mut out = Vec::with_capacity(msg.encoded_len() + 12);
-        out.extend_from_slice(SYMBOLS_MAGIC);
-        out.extend_from_slice(&1u32.to_le_bytes());
-        msg.encode(&mut out).expect("a Vec grows as needed");
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Bytes::from(out)
+        })
     }
+}
+
+/// A section of format version 1: `msg` (with its parents) uncompressed.
+fn v1_section(msg: &pb::Symbols) -> Bytes {
+    let mut out = Vec::with_capacity(msg.encoded_len() + 12);
+    out.extend_from_slice(SYMBOLS_MAGIC);
+    out.extend_from_slice(&1u32.to_le_bytes());
+    msg.encode(&mut out).expect("a Vec grows as needed");
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Bytes::from(out)
 }
 
 /// A decoded symbols section.
@@ -499,10 +505,16 @@ impl SymbolTable {
             }
             let len = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes")) as usize;
             let frame = &body[12..];
-            if len > frame.len().saturating_mul(MAX_SYMBOLS_RATIO) {
+            // The frame records its own size too: the two must agree before anything is
+            // allocated. (No ratio cap: a deep recursive stack's distances and locations are
+            // long runs that compress past 1,000×.)
+            let content = zstd::zstd_safe::get_frame_content_size(frame)
+                .ok()
+                .flatten();
+            if content != Some(len as u64) {
                 return Err(DecodeError::Decompress {
                     what: "symbols",
-                    reason: format!("{len} bytes claimed from {}", frame.len()),
+                    reason: format!("the frame holds {content:?} bytes, the section records {len}"),
                 });
             }
             let raw = ZSTD
@@ -705,6 +717,24 @@ mod tests {
             "names compress: {} vs {v1_len}",
             v2_bytes.len()
         );
+    }
+
+    #[test]
+    fn a_deep_recursive_stack_compresses_past_any_ratio_and_still_reads() {
+        let mut b = SymbolsBuilder::default();
+        let map = b.add_locations(&profile_symbols(&["recurse"]));
+        let deep = b.add_stack(std::iter::repeat_n(map[0], 50_000));
+        let bytes = b.encode();
+        let raw = decoded_len(&bytes[..12], bytes.len() as u64).unwrap();
+        assert!(
+            raw > 1000 * bytes.len() as u64,
+            "{raw} from {}",
+            bytes.len()
+        );
+        let t = SymbolTable::decode(&bytes).unwrap();
+        let mut locs = Vec::new();
+        t.stack_locations(deep, &mut locs);
+        assert_eq!(locs.len(), 50_000);
     }
 
     #[test]

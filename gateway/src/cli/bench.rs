@@ -637,7 +637,7 @@ async fn bench_kiln(
     bar.finish_and_clear();
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
-    let fresh = watch.stop().await?;
+    let fresh = watch.stop().await;
 
     let started = Instant::now();
     let blocks = wait_compacted(&http, &server.compact).await?;

@@ -97,9 +97,18 @@ impl Default for QueryOptions {
     }
 }
 
+/// The options and report of one query, shared by the tasks it runs.
+type Shared = std::sync::Arc<std::sync::Mutex<(QueryOptions, QueryReport)>>;
+
 tokio::task_local! {
-    /// The options and report of the query running in this task (see [`with_report`]).
-    static REPORT: std::cell::RefCell<(QueryOptions, QueryReport)>;
+    /// The options and report of the query running in this task (see [`with_report`]) and in
+    /// the tasks it spawned for it ([`spawned`]).
+    static REPORT: Shared;
+}
+
+/// The shared report, also when a task holding it panicked (the figures stay usable).
+fn lock(r: &Shared) -> std::sync::MutexGuard<'_, (QueryOptions, QueryReport)> {
+    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs a query, collecting its warnings and [`QueryStats`] so the caller can hand them to the
@@ -113,26 +122,44 @@ pub async fn with_options<F: std::future::Future>(
     options: QueryOptions,
     f: F,
 ) -> (F::Output, QueryReport) {
-    let context = (options, QueryReport::default());
-    REPORT
-        .scope(std::cell::RefCell::new(context), async move {
-            let out = f.await;
-            let report = REPORT.with(|r| std::mem::take(&mut r.borrow_mut().1));
-            (out, report)
-        })
-        .await
+    let shared: Shared =
+        std::sync::Arc::new(std::sync::Mutex::new((options, QueryReport::default())));
+    let out = REPORT.scope(std::sync::Arc::clone(&shared), f).await;
+    let report = std::mem::take(&mut lock(&shared).1);
+    (out, report)
+}
+
+/// Runs `f` as a task of its own on the runtime (another worker thread can take it), counted
+/// in the running query's report as it goes. Dropping the returned future aborts the task, so
+/// a query that stops waiting (it failed, or its client went) leaves no work running.
+pub(super) async fn spawned<T: Send + 'static>(
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> std::result::Result<T, tokio::task::JoinError> {
+    use tracing::Instrument;
+    struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+    impl<T> Drop for AbortOnDrop<T> {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let task = match REPORT.try_with(std::sync::Arc::clone) {
+        Ok(shared) => tokio::spawn(REPORT.scope(shared, f).in_current_span()),
+        Err(_) => tokio::spawn(f.in_current_span()),
+    };
+    let mut task = AbortOnDrop(task);
+    (&mut task.0).await
 }
 
 pub(super) fn options() -> QueryOptions {
-    REPORT.try_with(|r| r.borrow().0).unwrap_or_default()
+    REPORT.try_with(|r| lock(r).0).unwrap_or_default()
 }
 
 pub(super) fn warn(message: String) {
-    let _ = REPORT.try_with(|r| r.borrow_mut().1.warnings.push(message));
+    let _ = REPORT.try_with(|r| lock(r).1.warnings.push(message));
 }
 
 pub(super) fn count(f: impl FnOnce(&mut QueryStats)) {
-    let _ = REPORT.try_with(|r| f(&mut r.borrow_mut().1.stats));
+    let _ = REPORT.try_with(|r| f(&mut lock(r).1.stats));
 }
 
 /// Counts bytes read from the store, for the engine and for the query running in this task.
@@ -192,5 +219,47 @@ mod tests {
             "blocks=x".parse::<QueryStats>(),
             Err(QueryStatsError::Value { name, .. }) if name == "blocks"
         ));
+    }
+
+    /// What a scan task counts and warns reaches its query's report, also when the query
+    /// stopped waiting for it; and a task the query stopped waiting for is aborted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spawned_tasks_report_into_their_query_and_stop_with_it() {
+        let (out, report) = with_report(async {
+            let n = spawned(async {
+                count(|s| s.blocks += 2);
+                warn("block x quarantined".into());
+                options().results_cache
+            })
+            .await
+            .unwrap();
+            // A task the query drops before it ends: it warns, then is aborted while waiting.
+            let (started, release) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
+            let (started, release) = (std::sync::Arc::new(started), std::sync::Arc::new(release));
+            let (s, r) = (started.clone(), release.clone());
+            let dropped = spawned(async move {
+                warn("from a task dropped early".into());
+                s.notify_one();
+                r.notified().await;
+                count(|s| s.blocks += 100);
+            });
+            tokio::select! {
+                _ = dropped => unreachable!("it waits for the release"),
+                _ = started.notified() => {}
+            }
+            release.notify_one();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            n
+        })
+        .await;
+        assert!(out, "the query's options reach the task");
+        assert_eq!(
+            report.stats.blocks, 2,
+            "the aborted task counted nothing after its abort"
+        );
+        assert_eq!(
+            report.warnings,
+            ["block x quarantined", "from a task dropped early"]
+        );
     }
 }

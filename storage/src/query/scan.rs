@@ -167,6 +167,12 @@ pub(crate) type SectionReaderHandle = SectionReader;
 /// Whether an error means the block itself is bad (as opposed to the store being unreachable).
 pub(crate) fn is_corruption(e: &Error) -> bool {
     match e {
+        // A format newer than this build reads (a block from an upgraded writer, seen by a
+        // reader not yet upgraded or rolled back): the block is fine, this process is old.
+        Error::Decode {
+            source: crate::error::DecodeError::Version { .. },
+            ..
+        } => false,
         Error::Corrupt { .. } | Error::Decode { .. } => true,
         Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
         Error::Parquet(ParquetError::External(inner)) => {

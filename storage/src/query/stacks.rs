@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
+use std::sync::Arc;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
@@ -11,7 +12,7 @@ use futures::StreamExt;
 use kiln_otel::model::ProfileType;
 use tracing::Instrument;
 
-use super::report::count;
+use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{FlameTree, QueryEngine, SCAN_CONCURRENCY, SampleFilter, pprof};
 use crate::block::col;
@@ -59,21 +60,33 @@ impl QueryEngine {
             columns.push(col::PROFILE_ID);
         }
         columns.sort_unstable();
-        let columns = &columns;
+        let columns: Arc<[usize]> = columns.into();
+        let shared = Arc::new(filter.clone());
+        // Each block's scan is a task of its own, so the runtime's workers decode blocks in
+        // parallel while this task merges what has come back.
         let mut scans = futures::stream::iter(blocks)
-            .map(|(block, series)| async move {
-                count(|s| s.blocks += 1);
-                let result = async {
-                    let symbols = self.named_symbols(&block).await?;
-                    let values = self
-                        .cached_block_stacks(&block, series, filter, columns, with_labels)
-                        .await?;
-                    Ok::<_, Error>((symbols, values))
-                }
-                .await;
-                match result {
-                    Ok(v) => Ok(Some(v)),
-                    Err(e) => self.quarantine_or_fail(&block, e).await.map(|()| None),
+            .map(|(block, series)| {
+                let (engine, filter, columns) =
+                    (self.clone(), Arc::clone(&shared), Arc::clone(&columns));
+                let scan = async move {
+                    count(|s| s.blocks += 1);
+                    let result = async {
+                        let symbols = engine.named_symbols(&block).await?;
+                        let values = engine
+                            .cached_block_stacks(&block, series, &filter, &columns, with_labels)
+                            .await?;
+                        Ok::<_, Error>((symbols, values))
+                    }
+                    .await;
+                    match result {
+                        Ok(v) => Ok(Some(v)),
+                        Err(e) => engine.quarantine_or_fail(&block, e).await.map(|()| None),
+                    }
+                };
+                async move {
+                    spawned(scan)
+                        .await
+                        .map_err(|e| Error::Task(e.to_string()))?
                 }
             })
             .buffer_unordered(SCAN_CONCURRENCY);

@@ -123,16 +123,23 @@ impl Watch {
         }
     }
 
-    /// Stops looking, after one last look (so a run shorter than a second is seen too).
-    pub async fn stop(self) -> anyhow::Result<FreshBytes> {
+    /// Stops looking, after one last look (so a run shorter than a second is seen too; one
+    /// that fails is skipped as the others are).
+    pub async fn stop(self) -> FreshBytes {
         self.task.abort();
-        look(&self.http, &self.url, &self.seen).await?;
-        Ok(self.seen.lock().expect("not poisoned").clone())
+        let _ = look(&self.http, &self.url, &self.seen).await;
+        self.seen.lock().expect("not poisoned").clone()
     }
 }
 
 async fn look(http: &reqwest::Client, url: &str, seen: &Mutex<FreshBytes>) -> anyhow::Result<()> {
-    let b: Blocks = http.get(url).send().await?.json().await?;
+    let b: Blocks = http
+        .get(url)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
     let mut seen = seen.lock().expect("not poisoned");
     seen.looks += 1;
     for (level, l) in b.by_level.range(..b.top_level) {
