@@ -483,6 +483,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_newer_format_is_not_corruption() {
+        let decode = |source| Error::Decode {
+            tenant: "t".into(),
+            block: "b".into(),
+            what: "symbols section",
+            source,
+        };
+        use crate::error::DecodeError;
+        assert!(!is_corruption(&decode(DecodeError::Version {
+            what: "symbols",
+            version: 3,
+            supported: 2,
+        })));
+        assert!(is_corruption(&decode(DecodeError::Checksum("symbols"))));
+    }
+
+    #[test]
     fn coalesce_merges_touching_ranges() {
         assert_eq!(
             coalesce(vec![5..7, 0..2, 2..3, 7..7, 6..9]),
