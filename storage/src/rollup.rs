@@ -247,8 +247,8 @@ pub(crate) fn worth_keeping(rollups: &[FinishedRollup], sample_rows: u64) -> Vec
 /// `[min_time, max_time]`: a stack resolution is skipped when the whole block lies in one
 /// bucket of the finer stack resolution computed before it (buckets are epoch-aligned and each
 /// resolution a multiple of the finer, so its rows would be that rollup's rows again, which
-/// [`worth_keeping`] never keeps). Young blocks span minutes, so they compute one stack rollup
-/// instead of three; what is kept is the same.
+/// [`worth_keeping`] never keeps). A block inside one 10-minute bucket computes one stack
+/// rollup instead of three; what is kept is the same.
 pub(crate) fn worth_computing(resolutions: &[i64], min_time: i64, max_time: i64) -> Vec<i64> {
     let mut finer: Option<i64> = None;
     let mut out = Vec::with_capacity(resolutions.len());
