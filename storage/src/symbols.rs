@@ -414,14 +414,7 @@ impl SymbolsBuilder {
             return v1_section(&msg);
         };
         let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw));
-        let mut out = Vec::with_capacity(compressed.len() + 16);
-        out.extend_from_slice(SYMBOLS_MAGIC);
-        out.extend_from_slice(&SYMBOLS_VERSION.to_le_bytes());
-        out.extend_from_slice(&raw_len.to_le_bytes());
-        out.extend_from_slice(&compressed);
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Bytes::from(out)
+        sealed(SYMBOLS_VERSION, &[&raw_len.to_le_bytes(), &compressed])
     }
 
     /// The format version 1 encoding (uncompressed, parents themselves), for the tests that
@@ -442,10 +435,18 @@ impl SymbolsBuilder {
 
 /// A section of format version 1: `msg` (with its parents) uncompressed.
 fn v1_section(msg: &pb::Symbols) -> Bytes {
-    let mut out = Vec::with_capacity(msg.encoded_len() + 12);
+    sealed(1, &[&msg.encode_to_vec()])
+}
+
+/// A section: magic, `version`, the `body` parts, and the CRC32 of all of it.
+fn sealed(version: u32, body: &[&[u8]]) -> Bytes {
+    let len = body.iter().map(|b| b.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(len + 12);
     out.extend_from_slice(SYMBOLS_MAGIC);
-    out.extend_from_slice(&1u32.to_le_bytes());
-    msg.encode(&mut out).expect("a Vec grows as needed");
+    out.extend_from_slice(&version.to_le_bytes());
+    for b in body {
+        out.extend_from_slice(b);
+    }
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     Bytes::from(out)
@@ -693,16 +694,6 @@ mod tests {
         b
     }
 
-    /// A section with the given version and body, sealed with its CRC as the writer does.
-    fn sealed(version: u32, body: &[u8]) -> Vec<u8> {
-        let mut out = SYMBOLS_MAGIC.to_vec();
-        out.extend_from_slice(&version.to_le_bytes());
-        out.extend_from_slice(body);
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
-    }
-
     #[test]
     fn version_1_sections_still_read_as_version_2_does() {
         let v1 = SymbolTable::decode(&sample_builder().encode_v1()).unwrap();
@@ -753,7 +744,7 @@ mod tests {
         let v2 = |raw: &[u8], claimed: u32| {
             let mut body = claimed.to_le_bytes().to_vec();
             body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
-            SymbolTable::decode(&sealed(2, &body))
+            SymbolTable::decode(&sealed(2, &[&body]))
         };
         let good = msg(vec![0, 1, 2, 1], vec![]);
         let t = v2(&good, good.len() as u32).unwrap();
@@ -780,11 +771,11 @@ mod tests {
             DecodeError::StackTreeLength
         );
         assert_eq!(
-            SymbolTable::decode(&sealed(2, &[1, 2])).unwrap_err(),
+            SymbolTable::decode(&sealed(2, &[&[1, 2]])).unwrap_err(),
             DecodeError::Truncated("symbols")
         );
         assert!(matches!(
-            SymbolTable::decode(&sealed(3, &good)).unwrap_err(),
+            SymbolTable::decode(&sealed(3, &[&good])).unwrap_err(),
             DecodeError::Version { version: 3, .. }
         ));
     }
@@ -794,7 +785,7 @@ mod tests {
         /// allocation beyond the ratio cap).
         #[test]
         fn any_sealed_body_decodes_or_errs(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512), version in 1u32..=2) {
-            let _ = SymbolTable::decode(&sealed(version, &body));
+            let _ = SymbolTable::decode(&sealed(version, &[&body]));
         }
     }
 

@@ -98,13 +98,14 @@ pub async fn blocks(
     let mut by_level: std::collections::BTreeMap<u32, LevelBytes> = Default::default();
     for b in &blocks {
         *levels.entry(b.level).or_default() += 1;
-        let l = by_level.entry(b.level).or_default();
-        l.blocks += 1;
-        l.rows += b.rows;
-        l.object_bytes += b.object_size;
-        l.samples_bytes += b.samples.size;
-        l.symbols_bytes += b.symbols.size;
-        l.rollup_bytes += b.rollup_bytes();
+        by_level.entry(b.level).or_default().add(&LevelBytes {
+            blocks: 1,
+            rows: b.rows,
+            samples_bytes: b.samples.size,
+            symbols_bytes: b.symbols.size,
+            rollup_bytes: b.rollup_bytes(),
+            object_bytes: b.object_size,
+        });
     }
     let jobs = metastore
         .jobs()
@@ -124,17 +125,35 @@ pub async fn blocks(
     })))
 }
 
-/// One compaction level's share of a tenant's data: where fresh data's bytes go.
-#[derive(Debug, Default, serde::Serialize)]
-struct LevelBytes {
-    blocks: u64,
-    rows: u64,
-    samples_bytes: u64,
-    symbols_bytes: u64,
-    rollup_bytes: u64,
+/// One compaction level's share of a tenant's data (`by_level`): where fresh data's bytes go.
+/// `kiln bench` reads it back and sums it over its looks.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct LevelBytes {
+    pub blocks: u64,
+    pub rows: u64,
+    pub samples_bytes: u64,
+    pub symbols_bytes: u64,
+    pub rollup_bytes: u64,
     /// The objects holding them, footers included (an L0 segment is counted once for each
     /// tenant it holds).
-    object_bytes: u64,
+    pub object_bytes: u64,
+}
+
+impl LevelBytes {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &Self) {
+        self.blocks += o.blocks;
+        self.rows += o.rows;
+        self.samples_bytes += o.samples_bytes;
+        self.symbols_bytes += o.symbols_bytes;
+        self.rollup_bytes += o.rollup_bytes;
+        self.object_bytes += o.object_bytes;
+    }
+
+    /// Bytes of `part` per row.
+    pub fn per_row(&self, part: u64) -> f64 {
+        part as f64 / self.rows.max(1) as f64
+    }
 }
 
 /// `GET /api/v1/quarantine` (every tenant's, for the operator): blocks taken out of the index

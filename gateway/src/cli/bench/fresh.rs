@@ -13,33 +13,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::api::admin::LevelBytes;
+
 /// How often the blocks are looked at.
 const INTERVAL: Duration = Duration::from_secs(1);
-
-/// One level's blocks, summed over every look.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-pub struct LevelBytes {
-    pub rows: u64,
-    pub samples_bytes: u64,
-    pub symbols_bytes: u64,
-    pub rollup_bytes: u64,
-    pub object_bytes: u64,
-}
-
-impl LevelBytes {
-    fn add(&mut self, o: &Self) {
-        self.rows += o.rows;
-        self.samples_bytes += o.samples_bytes;
-        self.symbols_bytes += o.symbols_bytes;
-        self.rollup_bytes += o.rollup_bytes;
-        self.object_bytes += o.object_bytes;
-    }
-
-    /// Bytes of `part` per row.
-    pub fn per_row(&self, part: u64) -> f64 {
-        part as f64 / self.rows.max(1) as f64
-    }
-}
 
 /// Fresh data's bytes at rest, by level.
 #[derive(Debug, Clone, Default, Serialize)]
