@@ -160,7 +160,7 @@ pub fn with_names(table: &SymbolTable, at: &[usize], named: &Named) -> SymbolTab
             mapping.has_functions = true;
         }
     }
-    SymbolTable { symbols: s }
+    SymbolTable::new(s)
 }
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ impl Default for SymbolsBuilder {
 
 impl SymbolsBuilder {
     fn string(&mut self, s: &str) -> u32 {
-        let key = xxhash_rust::xxh3::xxh3_128(s.as_bytes());
+        let key = string_hash(s);
         let next = self.strings.len() as u32;
         let i = *self.string_index.entry(key).or_insert(next);
         if i == next {
@@ -452,10 +452,99 @@ fn sealed(version: u32, body: &[&[u8]]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The 128-bit hash a string is known by where strings are interned (the symbols writer,
+/// flame trees): equal hashes are taken as equal strings.
+pub fn string_hash(s: &str) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(s.as_bytes())
+}
+
 /// A decoded symbols section.
 #[derive(Debug)]
 pub struct SymbolTable {
     pub symbols: pb::Symbols,
+    /// The stack tree folded by function name, made on first use ([`SymbolTable::name_trie`]).
+    name_trie: std::sync::OnceLock<NameTrie>,
+}
+
+/// A block's stack tree as a flame graph draws it: each node's location replaced by its
+/// function names (inlined lines in turn, outermost first), and nodes whose name paths are the
+/// same merged. A location without lines adds no node: its stacks' values stay with the
+/// caller's. Flame graph queries add a block's values through this, so the walk over the
+/// locations and the merge of same-named frames happen once per table rather than per query.
+#[derive(Debug, Default)]
+pub struct NameTrie {
+    /// Stack node -> trie node (0, the root, for the stack tree's root).
+    pub of_stack: Vec<u32>,
+    /// Per trie node: its parent, whose index is below its own (the root's is 0).
+    pub parents: Vec<u32>,
+    /// Per trie node: its name, an index into [`NameTrie::names`] (the root's is unused).
+    pub names_of: Vec<u32>,
+    /// The distinct names, as string indices of the table.
+    pub names: Vec<u32>,
+    /// Per distinct name: its [`string_hash`].
+    pub name_hashes: Vec<u128>,
+}
+
+impl NameTrie {
+    fn new(s: &pb::Symbols) -> Self {
+        const UNSEEN: u32 = u32::MAX;
+        let n = s.stack_parents.len();
+        let mut t = NameTrie {
+            of_stack: Vec::with_capacity(n),
+            parents: vec![0],
+            names_of: vec![0],
+            names: Vec::new(),
+            name_hashes: Vec::new(),
+        };
+        let mut children: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut by_string: HashMap<u32, u32> = HashMap::new();
+        let mut of_function = vec![UNSEEN; s.functions.len()];
+        for i in 0..n {
+            if i == 0 {
+                t.of_stack.push(0);
+                continue;
+            }
+            // Parents come before their nodes (checked when decoding).
+            let mut node = t.of_stack[s.stack_parents[i] as usize];
+            let lines = s
+                .locations
+                .get(s.stack_locations[i] as usize)
+                .map_or(&[][..], |l| &l.line_functions[..]);
+            for &f in lines.iter().rev() {
+                let Some(slot) = of_function.get_mut(f as usize) else {
+                    continue;
+                };
+                if *slot == UNSEEN {
+                    let string = s.functions[f as usize].name;
+                    *slot = *by_string.entry(string).or_insert_with(|| {
+                        t.names.push(string);
+                        t.name_hashes.push(string_hash(
+                            s.strings.get(string as usize).map_or("", String::as_str),
+                        ));
+                        t.names.len() as u32 - 1
+                    });
+                }
+                let name = *slot;
+                node = *children.entry((node, name)).or_insert_with(|| {
+                    t.parents.push(node);
+                    t.names_of.push(name);
+                    t.parents.len() as u32 - 1
+                });
+            }
+            t.of_stack.push(node);
+        }
+        t
+    }
+
+    /// Number of nodes, the root included.
+    pub fn len(&self) -> usize {
+        self.parents.len()
+    }
+
+    /// Whether the trie is the root alone.
+    pub fn is_empty(&self) -> bool {
+        self.parents.len() <= 1
+    }
 }
 
 /// The length of a section's protobuf once decompressed, from its first 12 bytes (`None` when
@@ -546,9 +635,22 @@ impl SymbolTable {
             symbols.stack_parents = parents;
             symbols
         };
-        let t = Self { symbols };
+        let t = Self::new(symbols);
         t.validate()?;
         Ok(t)
+    }
+
+    /// A table of `symbols` (not checked: [`SymbolTable::decode`] checks what it reads).
+    pub fn new(symbols: pb::Symbols) -> Self {
+        Self {
+            symbols,
+            name_trie: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The stack tree folded by function name, made on the first call and kept with the table.
+    pub fn name_trie(&self) -> &NameTrie {
+        self.name_trie.get_or_init(|| NameTrie::new(&self.symbols))
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
@@ -627,7 +729,8 @@ impl SymbolTable {
         s.strings.iter().map(|x| x.len() + 24).sum::<usize>()
             + s.functions.len() * 24
             + s.locations.len() * 64
-            + s.stack_parents.len() * 8
+            // The stack tree, and room for its name trie (4 bytes a node, 8 a trie node).
+            + s.stack_parents.len() * 16
     }
 }
 
@@ -653,6 +756,74 @@ mod tests {
             });
         }
         s
+    }
+
+    /// The name trie merges locations of one function (other lines, other addresses), splits
+    /// inlined lines into a node each, and leaves a location without lines out.
+    #[test]
+    fn name_trie_folds_stacks_by_function_name() {
+        let mut s = profile_symbols(&["main", "work", "inlined"]);
+        // main at another line; work with `inlined` inlined into it (innermost first); and an
+        // unsymbolized address.
+        s.locations.push(Location {
+            lines: vec![Line {
+                function: 0,
+                line: 7,
+            }],
+            ..Default::default()
+        });
+        s.locations.push(Location {
+            lines: vec![
+                Line {
+                    function: 2,
+                    line: 3,
+                },
+                Line {
+                    function: 1,
+                    line: 4,
+                },
+            ],
+            ..Default::default()
+        });
+        s.locations.push(Location {
+            address: 0xdead,
+            ..Default::default()
+        });
+        let mut b = SymbolsBuilder::default();
+        let map = b.add_locations(&s);
+        let stack = |b: &mut SymbolsBuilder, root_first: &[usize]| {
+            b.add_stack(root_first.iter().rev().map(|&l| map[l]))
+        };
+        let a = stack(&mut b, &[0, 1]);
+        let other_line = stack(&mut b, &[3, 1]);
+        let inlined = stack(&mut b, &[0, 4]);
+        let address = stack(&mut b, &[0, 1, 5]);
+        let t = SymbolTable::decode(&b.encode()).unwrap();
+        let trie = t.name_trie();
+        let name = |node: u32| t.string(trie.names[trie.names_of[node as usize] as usize]);
+        let path = |stack: u32| {
+            let mut out = Vec::new();
+            let mut node = trie.of_stack[stack as usize];
+            while node != 0 {
+                out.push(name(node));
+                node = trie.parents[node as usize];
+            }
+            out.reverse();
+            out
+        };
+        assert_eq!(path(a), ["main", "work"]);
+        assert_eq!(
+            trie.of_stack[other_line as usize],
+            trie.of_stack[a as usize]
+        );
+        assert_eq!(path(inlined), ["main", "work", "inlined"]);
+        assert_eq!(trie.of_stack[address as usize], trie.of_stack[a as usize]);
+        // root, main, main/work, main/work/inlined
+        assert_eq!(trie.len(), 4);
+        assert_eq!(trie.names.len(), 3);
+        for (i, &n) in trie.names.iter().enumerate() {
+            assert_eq!(trie.name_hashes[i], string_hash(t.string(n)));
+        }
     }
 
     #[test]

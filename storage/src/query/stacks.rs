@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
@@ -32,14 +33,17 @@ pub struct StackValue {
 }
 
 impl QueryEngine {
-    /// Calls `f` with each selected block's symbols and the summed value of every selected stack
-    /// (and per-sample label set, with `with_labels`), as scans complete. At most
+    /// Scans each selected block for the summed value of every selected stack (and per-sample
+    /// label set, with `with_labels`), each block on a task of its own so the runtime's workers
+    /// decode blocks in parallel. `per_block` runs on that task with the block's symbols and
+    /// values; `on_block` gets its result on this one, as scans complete. At most
     /// [`SCAN_CONCURRENCY`] blocks are held at once.
-    async fn for_each_block_stacks(
+    async fn scan_block_stacks<T: Send + 'static>(
         &self,
         filter: &SampleFilter,
         with_labels: bool,
-        mut f: impl FnMut(&SymbolTable, &[StackValue]),
+        per_block: impl Fn(Arc<SymbolTable>, Arc<[StackValue]>) -> T + Send + Sync + 'static,
+        mut on_block: impl FnMut(T),
     ) -> Result<()> {
         let blocks = self
             .candidate_blocks(filter)
@@ -62,12 +66,15 @@ impl QueryEngine {
         columns.sort_unstable();
         let columns: Arc<[usize]> = columns.into();
         let shared = Arc::new(filter.clone());
-        // Each block's scan is a task of its own, so the runtime's workers decode blocks in
-        // parallel while this task merges what has come back.
+        let per_block = Arc::new(per_block);
         let mut scans = futures::stream::iter(blocks)
             .map(|(block, series)| {
-                let (engine, filter, columns) =
-                    (self.clone(), Arc::clone(&shared), Arc::clone(&columns));
+                let (engine, filter, columns, per_block) = (
+                    self.clone(),
+                    Arc::clone(&shared),
+                    Arc::clone(&columns),
+                    Arc::clone(&per_block),
+                );
                 let scan = async move {
                     count(|s| s.blocks += 1);
                     let result = async {
@@ -79,7 +86,7 @@ impl QueryEngine {
                     }
                     .await;
                     match result {
-                        Ok(v) => Ok(Some(v)),
+                        Ok((symbols, values)) => Ok(Some(per_block(symbols, values))),
                         Err(e) => engine.quarantine_or_fail(&block, e).await.map(|()| None),
                     }
                 };
@@ -92,8 +99,8 @@ impl QueryEngine {
             .buffer_unordered(SCAN_CONCURRENCY);
         async {
             while let Some(scan) = scans.next().await {
-                if let Some((symbols, values)) = scan? {
-                    f(&symbols, &values);
+                if let Some(out) = scan? {
+                    on_block(out);
                 }
             }
             Ok(())
@@ -250,12 +257,19 @@ impl QueryEngine {
     #[tracing::instrument(name = "query.merge_tree", skip_all, fields(tenant = %filter.tenant, profile_type = %filter.profile_type))]
     pub async fn merge_tree(&self, filter: &SampleFilter) -> Result<FlameTree> {
         retrying(|| async {
-            let mut tree = FlameTree::default();
-            self.for_each_block_stacks(filter, false, |symbols, values| {
-                add_block_stacks(&mut tree, symbols, values)
-            })
+            // Blocks are added to the tree on the scans' tasks, into one tree per worker thread
+            // (the fleet-wide flame graph spent half its time adding blocks on this one task),
+            // and the few trees merged at the end.
+            let folds = Arc::new(Folds::<FlameTree>::per_worker());
+            let into = Arc::clone(&folds);
+            self.scan_block_stacks(
+                filter,
+                false,
+                move |symbols, values| into.fold(|tree| add_block_stacks(tree, &symbols, &values)),
+                |()| {},
+            )
             .await?;
-            Ok(tree)
+            Ok(FlameTree::merged(folds.take()))
         })
         .await
     }
@@ -293,13 +307,61 @@ impl QueryEngine {
             let mut builder = pprof::PprofBuilder::new(&profile_type)
                 .with_call_site(call_site.to_vec())
                 .with_frame_filter(frame_filter.clone());
-            self.for_each_block_stacks(filter, true, |symbols, values| {
-                builder.add_block(symbols, values)
-            })
+            self.scan_block_stacks(
+                filter,
+                true,
+                |symbols, values| (symbols, values),
+                |(symbols, values)| builder.add_block(&symbols, &values),
+            )
             .await?;
             Ok(builder.finish(filter.start_nanos, filter.end_nanos))
         })
         .await
+    }
+}
+
+/// Accumulators that tasks running on the runtime's workers fold into at once: one per worker
+/// thread, each taken by whichever task finds it free.
+struct Folds<A> {
+    slots: Box<[Mutex<A>]>,
+    next: AtomicUsize,
+}
+
+impl<A: Default> Folds<A> {
+    /// One accumulator per worker thread of the current runtime.
+    fn per_worker() -> Self {
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1)
+            .max(1);
+        Self {
+            slots: (0..workers).map(|_| Mutex::default()).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Runs `f` on a free accumulator, or waits for one when every one is taken.
+    fn fold(&self, f: impl FnOnce(&mut A)) {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        for i in 0..n {
+            match self.slots[(start + i) % n].try_lock() {
+                Ok(mut a) => return f(&mut a),
+                Err(TryLockError::Poisoned(p)) => return f(&mut p.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+        }
+        f(&mut self.slots[start]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The accumulators, each left empty.
+    fn take(&self) -> Vec<A> {
+        self.slots
+            .iter()
+            .map(|s| std::mem::take(&mut *s.lock().unwrap_or_else(PoisonError::into_inner)))
+            .collect()
     }
 }
 
@@ -330,20 +392,21 @@ fn dense_values(dense: Vec<i64>) -> Vec<StackValue> {
         .collect()
 }
 
-/// Adds one block's stack values to a name-keyed tree. The block's values are summed up its
-/// stack trie first (a parent's index is below its children's, so one pass from the leaves), then
-/// each block node with values below it is resolved once to its tree node and adds its self
-/// value and total there: O(block nodes) rather than a walk to the root per stack.
+/// Adds one block's stack values to a name-keyed tree, through the block's [`NameTrie`]
+/// (made once per table): each value goes to its stack's trie node, the trie is summed from
+/// its leaves (a parent's index is below its children's), and each trie node with values below
+/// it is resolved once to its tree node and adds its self value and total there: O(values +
+/// trie nodes), with a name looked up once per distinct name of the block.
+///
+/// [`NameTrie`]: crate::symbols::NameTrie
 fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
     const UNSEEN: u32 = u32::MAX;
-    let s = &symbols.symbols;
-    let n = s.stack_parents.len();
-    if n == 0 {
-        return;
-    }
-    let mut self_values = vec![0i64; n];
+    let trie = symbols.name_trie();
+    let m = trie.len();
+    let mut self_values = vec![0i64; m];
     for &StackValue { stack, value, .. } in values {
-        if let Some(slot) = self_values.get_mut(stack as usize) {
+        if let Some(&node) = trie.of_stack.get(stack as usize) {
+            let slot = &mut self_values[node as usize];
             *slot = slot.saturating_add(value);
         }
     }
@@ -351,34 +414,30 @@ fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[Stack
     // both signs cancel).
     let mut totals = self_values.clone();
     let mut live: Vec<bool> = self_values.iter().map(|v| *v != 0).collect();
-    for i in (1..n).rev() {
-        let p = s.stack_parents[i] as usize;
-        totals[p] = totals[p].saturating_add(totals[i]);
-        live[p] |= live[i];
+    for j in (1..m).rev() {
+        let p = trie.parents[j] as usize;
+        totals[p] = totals[p].saturating_add(totals[j]);
+        live[p] |= live[j];
     }
-    // Block stack node -> tree node, and block function -> tree name id, each resolved once.
-    let mut memo = vec![UNSEEN; n];
+    // Trie node -> tree node, and trie name -> tree name id, each resolved once.
+    let mut memo = vec![UNSEEN; m];
     memo[0] = FlameTree::ROOT;
     tree.add_counts(FlameTree::ROOT, self_values[0], totals[0]);
-    let mut name_ids = vec![UNSEEN; s.functions.len()];
-    for i in 1..n {
-        if !live[i] {
+    let mut name_ids = vec![UNSEEN; trie.names.len()];
+    for j in 1..m {
+        if !live[j] {
             continue;
         }
         // The parent's subtree holds this one's, so it is live and resolved.
-        let mut tree_node = memo[s.stack_parents[i] as usize];
-        let loc = &s.locations[s.stack_locations[i] as usize];
-        // Lines are innermost first; the tree goes root (outermost) first.
-        for &f in loc.line_functions.iter().rev() {
-            let id = &mut name_ids[f as usize];
-            if *id == UNSEEN {
-                *id = tree.name_id(symbols.string(s.functions[f as usize].name));
-            }
-            tree_node = tree.child_by_id(tree_node, *id);
-            tree.add_counts(tree_node, 0, totals[i]);
+        let parent = memo[trie.parents[j] as usize];
+        let name = trie.names_of[j] as usize;
+        if name_ids[name] == UNSEEN {
+            name_ids[name] =
+                tree.name_id_hashed(symbols.string(trie.names[name]), trie.name_hashes[name]);
         }
-        memo[i] = tree_node;
-        tree.add_counts(tree_node, self_values[i], 0);
+        let node = tree.child_by_id(parent, name_ids[name]);
+        memo[j] = node;
+        tree.add_counts(node, self_values[j], totals[j]);
     }
 }
 

@@ -11,13 +11,18 @@ use hashbrown::HashMap;
 use kiln_proto::flamegraph::{self, FlameGraphError};
 
 use crate::query::frame_filter::FrameFilter;
+use crate::symbols::string_hash;
 use kiln_proto::querier::v1::{FlameGraph, Level};
 
 /// A tree of frames keyed by function name, root first.
 #[derive(Debug, Clone)]
 pub struct FlameTree {
     names: Vec<String>,
-    name_index: HashMap<String, u32>,
+    /// Per name id: its [`string_hash`].
+    hashes: Vec<u128>,
+    /// Name id by the name's 128-bit hash ([`string_hash`]), the identity the symbols writer
+    /// interns strings by too: a lookup hashes no bytes when the caller has the hash.
+    name_index: HashMap<u128, u32>,
     nodes: Vec<Node>,
     children: HashMap<(u32, u32), u32>,
 }
@@ -35,17 +40,21 @@ struct Node {
 pub const ROOT_NAME: &str = "total";
 /// Name of the node that collects what `max_nodes` cut off.
 pub const OTHER_NAME: &str = "other";
+/// The name id of [`OTHER_NAME`]: every tree names it second, after the root.
+const OTHER: u32 = 1;
 
 impl Default for FlameTree {
     fn default() -> Self {
         let mut t = Self {
             names: Vec::new(),
+            hashes: Vec::new(),
             name_index: HashMap::new(),
             nodes: Vec::new(),
             children: HashMap::new(),
         };
         let root = t.name(ROOT_NAME);
-        t.name(OTHER_NAME);
+        let other = t.name(OTHER_NAME);
+        debug_assert_eq!(other, OTHER);
         t.nodes.push(Node {
             name: root,
             parent: 0,
@@ -66,14 +75,21 @@ impl FlameTree {
         self.name(name)
     }
 
-    fn name(&mut self, name: &str) -> u32 {
-        if let Some(&i) = self.name_index.get(name) {
+    /// [`FlameTree::name_id`] with the name's [`string_hash`] already made.
+    pub fn name_id_hashed(&mut self, name: &str, hash: u128) -> u32 {
+        debug_assert_eq!(hash, string_hash(name));
+        if let Some(&i) = self.name_index.get(&hash) {
             return i;
         }
         let i = self.names.len() as u32;
         self.names.push(name.to_owned());
-        self.name_index.insert(name.to_owned(), i);
+        self.hashes.push(hash);
+        self.name_index.insert(hash, i);
         i
+    }
+
+    fn name(&mut self, name: &str) -> u32 {
+        self.name_id_hashed(name, string_hash(name))
     }
 
     /// The child of `parent` called `name`, created if missing.
@@ -98,6 +114,41 @@ impl FlameTree {
         self.nodes[parent as usize].children.push(c);
         self.children.insert((parent, name), c);
         c
+    }
+
+    /// Adds every node of `other` to this tree, nodes of the same name path merging.
+    pub fn merge(&mut self, other: &FlameTree) {
+        const UNSEEN: u32 = u32::MAX;
+        let mut names = vec![UNSEEN; other.names.len()];
+        // `other`'s node -> this tree's; a parent's id is below its children's.
+        let mut nodes = vec![Self::ROOT; other.nodes.len()];
+        for (i, n) in other.nodes.iter().enumerate() {
+            let node = if i == Self::ROOT as usize {
+                Self::ROOT
+            } else {
+                let name = &mut names[n.name as usize];
+                if *name == UNSEEN {
+                    let i = n.name as usize;
+                    *name = self.name_id_hashed(&other.names[i], other.hashes[i]);
+                }
+                self.child_by_id(nodes[n.parent as usize], *name)
+            };
+            nodes[i] = node;
+            self.add_counts(node, n.self_value, n.total);
+        }
+    }
+
+    /// Trees merged into one ([`FlameTree::merge`]), the largest taking the others.
+    pub fn merged(trees: impl IntoIterator<Item = FlameTree>) -> FlameTree {
+        let mut trees: Vec<FlameTree> = trees.into_iter().collect();
+        let Some(largest) = (0..trees.len()).max_by_key(|&i| trees[i].nodes.len()) else {
+            return FlameTree::default();
+        };
+        let mut tree = trees.swap_remove(largest);
+        for other in &trees {
+            tree.merge(other);
+        }
+        tree
     }
 
     /// Adds `value` as self value of `node` (and to the totals up to the root).
@@ -219,9 +270,8 @@ impl FlameTree {
         let mut at = Self::ROOT;
         for name in call_site {
             let found = self
-                .name_index
-                .get(*name)
-                .and_then(|id| self.children.get(&(at, *id)));
+                .find_name(name)
+                .and_then(|id| self.children.get(&(at, id)));
             match found {
                 Some(&c) => at = c,
                 None => return FlameTree::default(),
@@ -273,7 +323,7 @@ impl FlameTree {
             }
             *slot
         };
-        let other_name = self.name_index[OTHER_NAME];
+        let other_name = OTHER;
         let mut levels: Vec<Vec<i64>> = Vec::new();
         let mut max_self = 0i64;
 
@@ -363,7 +413,7 @@ impl FlameTree {
 
     /// The id of a name, if the tree has it.
     pub fn find_name(&self, name: &str) -> Option<u32> {
-        self.name_index.get(name).copied()
+        self.name_index.get(&string_hash(name)).copied()
     }
 
     /// The name id of a node.
@@ -426,7 +476,7 @@ impl FlameTree {
             return Vec::new();
         }
         let min_value = self.min_value(max_nodes);
-        let other_name = self.name_index[OTHER_NAME];
+        let other_name = OTHER;
         let name_of = |item: &Item| -> &str {
             match item {
                 Item::Node(n, _) if *n == Self::ROOT => "",
@@ -800,6 +850,27 @@ mod tests {
             let got = flamegraph_stacks(&fg).unwrap();
             prop_assert_eq!(&got, &want);
             prop_assert_eq!(t.stacks(), want);
+        }
+
+        /// Trees merged draw the same flame graph as one tree of all their stacks, whatever
+        /// tree each stack went into (as blocks fold into whichever worker's tree is free).
+        #[test]
+        fn merged_trees_are_one_tree(stacks in prop::collection::vec(
+            (prop::collection::vec(prop::sample::select(vec!["a", "b", "c", "other", "total"]), 0..5),
+             -50i64..1000, 0usize..3),
+            0..40)
+        ) {
+            let mut one = FlameTree::default();
+            let mut parts = vec![FlameTree::default(), FlameTree::default(), FlameTree::default()];
+            for (s, v, part) in &stacks {
+                one.add_stack(s.iter().copied(), *v);
+                parts[*part].add_stack(s.iter().copied(), *v);
+            }
+            let merged = FlameTree::merged(parts);
+            prop_assert_eq!(merged.stacks(), one.stacks());
+            prop_assert_eq!(merged.to_flamegraph(1 << 20), one.to_flamegraph(1 << 20));
+            prop_assert_eq!(merged.to_flamegraph(3), one.to_flamegraph(3));
+            prop_assert_eq!(merged.to_tree_bytes(4), one.to_tree_bytes(4));
         }
 
         /// With a node budget, totals are kept and no more than the budget (plus `other` nodes) is drawn.
