@@ -11,7 +11,7 @@ use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use futures::{StreamExt, TryStreamExt};
 
 use super::frame_filter::{FrameFilter, StackVerdicts};
-use super::report::count;
+use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{QueryEngine, SCAN_CONCURRENCY, SampleFilter, series_label};
 use crate::block::col;
@@ -137,7 +137,7 @@ impl QueryEngine {
                 aggregation,
                 limit,
                 exemplars,
-                frames.as_deref(),
+                frames.as_ref(),
             )
         })
         .await
@@ -216,7 +216,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
         exemplars: Exemplars,
-        frames: Option<&FrameFilter>,
+        frames: Option<&Arc<FrameFilter>>,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> {
         let blocks = self.candidate_blocks(filter).await?;
         let spans_asked = exemplars == Exemplars::Spans;
@@ -234,107 +234,127 @@ impl QueryEngine {
             columns.push(col::STACK_ID);
         }
         columns.sort_unstable();
-        let columns = &columns;
-        let window = filter.start_nanos..filter.end_nanos;
-        let window = std::slice::from_ref(&window);
+        let columns: Arc<[usize]> = columns.into();
+        let shared = Arc::new(filter.clone());
         // Per block: cells and their sums. Rows come in the block's sort order (series, then
         // time), so equal keys are mostly adjacent: they are summed as they come, without
         // hashing; repeats that are not adjacent stay separate cells and are summed into their
-        // bucket below.
+        // bucket below. Each block's scan is a task of its own, so blocks decode on every worker.
         let per_block: Vec<Option<(Arc<BlockMeta>, Vec<(Cell, i64)>)>> =
             futures::stream::iter(blocks)
-                .map(|(block, series)| async move {
-                    count(|s| s.blocks += 1);
-                    let mut cells: Vec<(Cell, i64)> = Vec::new();
-                    let pos = |c: usize| columns.iter().position(|&x| x == c);
-                    // With a frame filter: the block's symbols, and whether each stack is
-                    // kept, judged once per stack.
-                    let judged = match frames {
-                        Some(f) => match self.symbols(&block).await {
-                            Ok(symbols) => Some((f, symbols, StackVerdicts::default())),
-                            Err(e) => {
-                                return self.quarantine_or_fail(&block, e).await.map(|()| None);
-                            }
-                        },
-                        None => None,
+                .map(|(block, series)| {
+                    let (engine, filter, columns, frames) = (
+                        self.clone(),
+                        Arc::clone(&shared),
+                        Arc::clone(&columns),
+                        frames.cloned(),
+                    );
+                    let scan = async move {
+                        let (engine, filter) = (&engine, &*filter);
+                        let window = filter.start_nanos..filter.end_nanos;
+                        let window = std::slice::from_ref(&window);
+                        count(|s| s.blocks += 1);
+                        let mut cells: Vec<(Cell, i64)> = Vec::new();
+                        let pos = |c: usize| columns.iter().position(|&x| x == c);
+                        // With a frame filter: the block's symbols, and whether each stack is
+                        // kept, judged once per stack.
+                        let judged = match frames.as_deref() {
+                            Some(f) => match engine.symbols(&block).await {
+                                Ok(symbols) => Some((f, symbols, StackVerdicts::default())),
+                                Err(e) => {
+                                    return engine
+                                        .quarantine_or_fail(&block, e)
+                                        .await
+                                        .map(|()| None);
+                                }
+                            },
+                            None => None,
+                        };
+                        let mut judged = judged;
+                        // Profile totals (kept per profile id) answer exactly when no span or
+                        // trace is asked about.
+                        let totals = block
+                            .rollups
+                            .iter()
+                            .position(|r| r.resolution_nanos == PROFILE_TOTALS)
+                            .filter(|_| {
+                                !spans_asked
+                                    && filter.span_ids.is_empty()
+                                    && filter.trace_ids.is_empty()
+                                    && frames.is_none()
+                            });
+                        let source = totals.map_or(Source::Samples, Source::Rollup);
+                        let result = engine
+                            .read_series(&block, source, &series, window, &columns, |batch| {
+                                let sid = batch
+                                    .column(pos(col::SERIES_ID).expect("projected"))
+                                    .as_primitive::<UInt32Type>();
+                                let ts = batch
+                                    .column(pos(col::TIMESTAMP).expect("projected"))
+                                    .as_primitive::<Int64Type>();
+                                let values = batch
+                                    .column(pos(col::VALUE).expect("projected"))
+                                    .as_primitive::<Int64Type>();
+                                let spans = pos(col::SPAN_ID)
+                                    .map(|i| batch.column(i).as_primitive::<UInt64Type>());
+                                let traces = pos(col::TRACE_ID)
+                                    .map(|i| batch.column(i).as_fixed_size_binary());
+                                let profiles = pos(col::PROFILE_ID)
+                                    .map(|i| batch.column(i).as_fixed_size_binary());
+                                let stacks = pos(col::STACK_ID)
+                                    .map(|i| batch.column(i).as_primitive::<UInt32Type>());
+                                for r in 0..batch.num_rows() {
+                                    if let (Some((f, symbols, verdicts)), Some(stacks)) =
+                                        (judged.as_mut(), stacks)
+                                        && !verdicts.keeps(f, symbols, stacks.value(r))
+                                    {
+                                        continue;
+                                    }
+                                    let trace =
+                                        traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
+                                    let profile =
+                                        profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
+                                    let span = spans.map(|s| s.value(r));
+                                    if !filter.keeps(ts.value(r), span, trace, profile) {
+                                        continue;
+                                    }
+                                    let id = |b: Option<&[u8]>| {
+                                        b.and_then(|b| <[u8; 16]>::try_from(b).ok())
+                                    };
+                                    let mut key = Cell {
+                                        series: sid.value(r),
+                                        timestamp: ts.value(r),
+                                        span: 0,
+                                        trace: None,
+                                        profile: None,
+                                    };
+                                    match exemplars {
+                                        Exemplars::None => {}
+                                        Exemplars::Spans => {
+                                            key.span = span.unwrap_or(0);
+                                            key.trace = id(trace);
+                                        }
+                                        Exemplars::Profiles => key.profile = id(profile),
+                                    }
+                                    match cells.last_mut() {
+                                        Some((last, sum)) if *last == key => {
+                                            *sum = sum.saturating_add(values.value(r));
+                                        }
+                                        _ => cells.push((key, values.value(r))),
+                                    }
+                                }
+                                Ok(())
+                            })
+                            .await;
+                        match result {
+                            Ok(()) => Ok(Some((block, cells))),
+                            Err(e) => engine.quarantine_or_fail(&block, e).await.map(|()| None),
+                        }
                     };
-                    let mut judged = judged;
-                    // Profile totals (kept per profile id) answer exactly when no span or
-                    // trace is asked about.
-                    let totals = block
-                        .rollups
-                        .iter()
-                        .position(|r| r.resolution_nanos == PROFILE_TOTALS)
-                        .filter(|_| {
-                            !spans_asked
-                                && filter.span_ids.is_empty()
-                                && filter.trace_ids.is_empty()
-                                && frames.is_none()
-                        });
-                    let source = totals.map_or(Source::Samples, Source::Rollup);
-                    let result = self
-                        .read_series(&block, source, &series, window, columns, |batch| {
-                            let sid = batch
-                                .column(pos(col::SERIES_ID).expect("projected"))
-                                .as_primitive::<UInt32Type>();
-                            let ts = batch
-                                .column(pos(col::TIMESTAMP).expect("projected"))
-                                .as_primitive::<Int64Type>();
-                            let values = batch
-                                .column(pos(col::VALUE).expect("projected"))
-                                .as_primitive::<Int64Type>();
-                            let spans = pos(col::SPAN_ID)
-                                .map(|i| batch.column(i).as_primitive::<UInt64Type>());
-                            let traces =
-                                pos(col::TRACE_ID).map(|i| batch.column(i).as_fixed_size_binary());
-                            let profiles = pos(col::PROFILE_ID)
-                                .map(|i| batch.column(i).as_fixed_size_binary());
-                            let stacks = pos(col::STACK_ID)
-                                .map(|i| batch.column(i).as_primitive::<UInt32Type>());
-                            for r in 0..batch.num_rows() {
-                                if let (Some((f, symbols, verdicts)), Some(stacks)) =
-                                    (judged.as_mut(), stacks)
-                                    && !verdicts.keeps(f, symbols, stacks.value(r))
-                                {
-                                    continue;
-                                }
-                                let trace = traces.filter(|t| !t.is_null(r)).map(|t| t.value(r));
-                                let profile =
-                                    profiles.filter(|p| !p.is_null(r)).map(|p| p.value(r));
-                                let span = spans.map(|s| s.value(r));
-                                if !filter.keeps(ts.value(r), span, trace, profile) {
-                                    continue;
-                                }
-                                let id =
-                                    |b: Option<&[u8]>| b.and_then(|b| <[u8; 16]>::try_from(b).ok());
-                                let mut key = Cell {
-                                    series: sid.value(r),
-                                    timestamp: ts.value(r),
-                                    span: 0,
-                                    trace: None,
-                                    profile: None,
-                                };
-                                match exemplars {
-                                    Exemplars::None => {}
-                                    Exemplars::Spans => {
-                                        key.span = span.unwrap_or(0);
-                                        key.trace = id(trace);
-                                    }
-                                    Exemplars::Profiles => key.profile = id(profile),
-                                }
-                                match cells.last_mut() {
-                                    Some((last, sum)) if *last == key => {
-                                        *sum = sum.saturating_add(values.value(r));
-                                    }
-                                    _ => cells.push((key, values.value(r))),
-                                }
-                            }
-                            Ok(())
-                        })
-                        .await;
-                    match result {
-                        Ok(()) => Ok(Some((block, cells))),
-                        Err(e) => self.quarantine_or_fail(&block, e).await.map(|()| None),
+                    async move {
+                        spawned(scan)
+                            .await
+                            .map_err(|e| Error::Task(e.to_string()))?
                     }
                 })
                 .buffer_unordered(SCAN_CONCURRENCY)
@@ -352,7 +372,7 @@ impl QueryEngine {
         aggregation: Aggregation,
         limit: Option<usize>,
         exemplars: Exemplars,
-        frames: Option<&FrameFilter>,
+        frames: Option<&Arc<FrameFilter>>,
     ) -> Result<Vec<SeriesPoints>> {
         // Averages count profiles: cells per profile id where blocks keep them.
         let scan = if exemplars == Exemplars::None && aggregation == Aggregation::Average {

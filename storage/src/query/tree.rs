@@ -25,15 +25,25 @@ pub struct FlameTree {
     name_index: HashMap<u128, u32>,
     nodes: Vec<Node>,
     children: HashMap<(u32, u32), u32>,
+    /// Each node's children in one list, made when first read after the tree last grew: the
+    /// merges that build a tree only ever look children up by name ([`FlameTree::children`]).
+    lists: std::sync::OnceLock<ChildLists>,
 }
 
 #[derive(Debug, Clone)]
 struct Node {
     name: u32,
     parent: u32,
-    children: Vec<u32>,
     self_value: i64,
     total: i64,
+}
+
+/// Children of every node: node `i`'s are `list[offsets[i]..offsets[i + 1]]`, by id (the order
+/// they were added in).
+#[derive(Debug, Clone, Default)]
+struct ChildLists {
+    offsets: Vec<u32>,
+    list: Vec<u32>,
 }
 
 /// Name of the root node.
@@ -51,6 +61,7 @@ impl Default for FlameTree {
             name_index: HashMap::new(),
             nodes: Vec::new(),
             children: HashMap::new(),
+            lists: std::sync::OnceLock::new(),
         };
         let root = t.name(ROOT_NAME);
         let other = t.name(OTHER_NAME);
@@ -58,7 +69,6 @@ impl Default for FlameTree {
         t.nodes.push(Node {
             name: root,
             parent: 0,
-            children: Vec::new(),
             self_value: 0,
             total: 0,
         });
@@ -100,19 +110,21 @@ impl FlameTree {
 
     /// The child of `parent` whose name has id `name` (from [`FlameTree::name_id`]).
     pub fn child_by_id(&mut self, parent: u32, name: u32) -> u32 {
-        if let Some(&c) = self.children.get(&(parent, name)) {
-            return c;
-        }
-        let c = self.nodes.len() as u32;
-        self.nodes.push(Node {
-            name,
-            parent,
-            children: Vec::new(),
-            self_value: 0,
-            total: 0,
+        let nodes = &mut self.nodes;
+        let mut grew = false;
+        let c = *self.children.entry((parent, name)).or_insert_with(|| {
+            grew = true;
+            nodes.push(Node {
+                name,
+                parent,
+                self_value: 0,
+                total: 0,
+            });
+            nodes.len() as u32 - 1
         });
-        self.nodes[parent as usize].children.push(c);
-        self.children.insert((parent, name), c);
+        if grew {
+            self.lists.take();
+        }
         c
     }
 
@@ -291,7 +303,7 @@ impl FlameTree {
             let to = out.child(parent, &self.names[node.name as usize]);
             out.nodes[to as usize].self_value = node.self_value;
             out.nodes[to as usize].total = node.total;
-            copy.extend(node.children.iter().map(|&c| (c, to)));
+            copy.extend(self.children(from).iter().map(|&c| (c, to)));
         }
         let mut n = chain;
         loop {
@@ -348,7 +360,7 @@ impl FlameTree {
                     let id = name_id(node.name, &mut names);
                     levels[depth].extend([offset, node.total, node.self_value, id]);
                     max_self = max_self.max(node.self_value);
-                    let mut children: Vec<u32> = node.children.clone();
+                    let mut children: Vec<u32> = self.children(n).to_vec();
                     children.sort_by(|a, b| {
                         self.names[self.nodes[*a as usize].name as usize]
                             .cmp(&self.names[self.nodes[*b as usize].name as usize])
@@ -428,7 +440,26 @@ impl FlameTree {
 
     /// The children of a node, in insertion order.
     pub fn children(&self, node: u32) -> &[u32] {
-        &self.nodes[node as usize].children
+        let lists = self.lists.get_or_init(|| {
+            let n = self.nodes.len();
+            let mut offsets = vec![0u32; n + 1];
+            for node in &self.nodes[1..] {
+                offsets[node.parent as usize + 1] += 1;
+            }
+            for i in 0..n {
+                offsets[i + 1] += offsets[i];
+            }
+            let mut next = offsets.clone();
+            let mut list = vec![0u32; n.saturating_sub(1)];
+            for (i, node) in self.nodes.iter().enumerate().skip(1) {
+                let slot = &mut next[node.parent as usize];
+                list[*slot as usize] = i as u32;
+                *slot += 1;
+            }
+            ChildLists { offsets, list }
+        });
+        let i = node as usize;
+        &lists.list[lists.offsets[i] as usize..lists.offsets[i + 1] as usize]
     }
 
     /// The child of `parent` with name id `name`, if there is one.
@@ -472,7 +503,7 @@ impl FlameTree {
             Other(i64),
         }
         let live = |c: &u32| self.nodes[*c as usize].total != 0;
-        if !self.nodes[Self::ROOT as usize].children.iter().any(live) {
+        if !self.children(Self::ROOT).iter().any(live) {
             return Vec::new();
         }
         let min_value = self.min_value(max_nodes);
@@ -504,7 +535,7 @@ impl FlameTree {
             children.clear();
             let mut cut = 0i64;
             let mut other_at = None;
-            for &c in node.children.iter().filter(|c| live(c)) {
+            for &c in self.children(n).iter().filter(|c| live(c)) {
                 let child = &self.nodes[c as usize];
                 if child.name == other_name {
                     other_at = Some(children.len());
