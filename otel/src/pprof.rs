@@ -228,6 +228,24 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     Ok((profile, size))
 }
 
+/// [`decode_sized`] of a body whose shape has been walked already (its decoded estimate taken
+/// and held to a limit by the caller): a plain one is decoded without walking it again; one
+/// that is still gzip (gzip inside gzip) goes through [`decode_sized`], whose walk is of the
+/// inflated bytes.
+pub fn decode_checked(
+    checked: kiln_proto::wire::Checked,
+    max_bytes: usize,
+) -> Result<(Profile, usize)> {
+    let size = checked.bytes().len();
+    if size == 0 || crate::compress::is_gzip(checked.bytes()) {
+        return decode_sized(checked.bytes().clone(), max_bytes);
+    }
+    let profile = checked
+        .decode()
+        .map_err(|e| Error::Protobuf(e.to_string()))?;
+    Ok((profile, size))
+}
+
 /// How many times a request's `max_decompressed_bytes` its protobuf may hold once decoded
 /// ([`kiln_proto::wire::decoded_estimate`]): real profiles decode to 1–4× their bytes, a body
 /// of empty messages to 18×.
@@ -396,6 +414,33 @@ mod tests {
             for (s, want) in decoded.sample.iter().zip(&p.sample) {
                 prop_assert_eq!(s.location_ids().collect::<Vec<_>>(), want.location_id.clone());
                 prop_assert_eq!(s.location_count(), want.location_id.len());
+            }
+        }
+
+        /// A body walked once ([`kiln_proto::wire::check`]) decodes as [`decode_sized`] does,
+        /// plain, or still gzip (gzip inside gzip); a prefix of it decodes or errs the same way.
+        #[test]
+        fn checked_decodes_as_decode_sized(p in arb_profile(), gzip in any::<bool>(), cut in 0usize..400) {
+            let mut bytes = encode(&p);
+            if gzip {
+                let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                enc.write_all(&bytes).unwrap();
+                bytes = enc.finish().unwrap();
+            }
+            for body in [&bytes[..], &bytes[..cut.min(bytes.len())]] {
+                let body = Bytes::copy_from_slice(body);
+                let want = decode_sized(body.clone(), 1 << 20);
+                let got = kiln_proto::wire::check(body)
+                    .map_err(|e| Error::Protobuf(e.to_string()))
+                    .and_then(|c| decode_checked(c, 1 << 20));
+                match (want, got) {
+                    (Ok((w, wn)), Ok((g, gn))) => {
+                        prop_assert_eq!(wn, gn);
+                        prop_assert_eq!(w.encode_to_vec(), g.encode_to_vec());
+                    }
+                    (Err(_), Err(_)) => {}
+                    (w, g) => prop_assert!(false, "decode_sized {:?}, checked {:?}", w.is_ok(), g.is_ok()),
+                }
             }
         }
 

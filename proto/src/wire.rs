@@ -89,6 +89,40 @@ pub fn decode_within<M: Message + Default, B: Buf + AsRef<[u8]>>(
     Ok(M::decode(buf)?)
 }
 
+/// Bytes whose shape [`check`] has walked: they nest no deeper than [`MAX_DEPTH`] and decode
+/// to about [`Checked::estimate`] bytes. Decoding them ([`Checked::decode`]) does not walk them
+/// again: a caller that sizes a request's budget from the estimate reads its bytes twice, not
+/// three times.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    bytes: bytes::Bytes,
+    estimate: usize,
+}
+
+/// Walks `bytes` as [`decoded_estimate`] does (refusing what nests deeper than [`MAX_DEPTH`])
+/// and keeps them with the estimate, to decode later without another walk.
+pub fn check(bytes: bytes::Bytes) -> Result<Checked, WireError> {
+    let estimate = decoded_estimate(&bytes, MAX_DEPTH)?;
+    Ok(Checked { bytes, estimate })
+}
+
+impl Checked {
+    /// What decoding may allocate ([`decoded_estimate`]).
+    pub fn estimate(&self) -> usize {
+        self.estimate
+    }
+
+    /// The bytes walked.
+    pub fn bytes(&self) -> &bytes::Bytes {
+        &self.bytes
+    }
+
+    /// Decodes the walked bytes as `M`.
+    pub fn decode<M: Message + Default>(self) -> Result<M, WireError> {
+        Ok(M::decode(self.bytes)?)
+    }
+}
+
 /// The walk of [`check_depth`]; returns the length-delimited fields and groups it read.
 fn check_shape(buf: &[u8], max: usize) -> Result<usize, WireError> {
     let mut frames: Vec<Frame> = Vec::new();

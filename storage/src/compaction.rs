@@ -43,7 +43,7 @@ use crate::meta::{
 use crate::metastore::{Job, Metastore, QueuedBlock};
 use crate::metrics::CompactionLabels;
 use crate::query::{QueryEngine, now_ms};
-use crate::rollup::{FinishedRollup, RollupWriter};
+use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
 use crate::store::ObjectStorage;
 use crate::symbols::{SymbolTable, SymbolsBuilder};
 use crate::{Error, Result};
@@ -404,7 +404,7 @@ struct Output {
     /// Output (job-wide) series index of the last series in `series`.
     last_series: Option<u32>,
     rows: u64,
-    rollups: Vec<RollupWriter>,
+    rollups: Rollups,
 }
 
 const UNMAPPED: u32 = u32::MAX;
@@ -452,7 +452,7 @@ impl Output {
             series: Vec::new(),
             last_series: None,
             rows: 0,
-            rollups,
+            rollups: Rollups::new(rollups),
         })
     }
 
@@ -507,9 +507,7 @@ impl Output {
         s.min_time_nanos = s.min_time_nanos.min(row.timestamp);
         s.max_time_nanos = s.max_time_nanos.max(row.timestamp);
         row.series = (self.series.len() - 1) as u32;
-        for r in &mut self.rollups {
-            r.push(&row)?;
-        }
+        self.rollups.push(&row)?;
         self.batch.push(&row);
         self.rows += 1;
         if self.batch.len() >= batch_rows {
@@ -537,10 +535,7 @@ impl Output {
         };
         let samples_size = file.metadata().map_err(io)?.len();
         // Rollups worth keeping follow the samples.
-        let finished: Vec<FinishedRollup> = std::mem::take(&mut self.rollups)
-            .into_iter()
-            .map(|r| r.finish(self.series.len()))
-            .collect::<Result<_>>()?;
+        let finished: Vec<FinishedRollup> = self.rollups.finish(self.series.len())?;
         let keep = crate::rollup::worth_keeping(&finished, self.rows);
         let mut rollups = Vec::new();
         let mut offset = samples_size;
@@ -932,7 +927,7 @@ impl Compactor {
             );
         } else {
             let _ = std::fs::remove_file(&out.file_path);
-            crate::rollup::remove_files(out.rollups.iter().map(RollupWriter::path));
+            crate::rollup::remove_files(out.rollups.paths());
         }
         Ok(outputs)
     }

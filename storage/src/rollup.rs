@@ -7,9 +7,13 @@
 //!      ├─► samples section (every row)
 //!      ├─► rollup "profile totals": Σ value per (series, timestamp, profile id) → series queries
 //!      ├─► rollup 10 min: Σ value per (series, 10-min bucket, stack)           ┐
-//!      ├─► rollup 1 h:    Σ value per (series, hour, stack)                     ├─► flame graphs
-//!      └─► rollup 1 d:    Σ value per (series, day, stack)                     ┘
+//!      │     └─► rollup 1 h:    Σ value per (series, hour, stack)               ├─► flame graphs
+//!      │           └─► rollup 1 d:    Σ value per (series, day, stack)         ┘
 //! ```
+//!
+//! A stack rollup whose resolution is a multiple of the one before it is summed from that one's
+//! rows as they are written, not from every sample again ([`Rollups`]): an hour's buckets are
+//! whole 10-minute buckets, so the sums are the same and the hour reads a fraction of the rows.
 //!
 //! A query splits each series' time range: the buckets of the coarsest resolution that lie
 //! wholly inside it come from that rollup, what is left at the edges from the next finer one,
@@ -22,7 +26,6 @@
 //! mostly distinct stacks would gain nothing from it), so rollups never cost more than half
 //! of what they save a query from reading.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -112,10 +115,10 @@ pub(crate) struct RollupWriter {
     writer: ArrowWriter<std::fs::File>,
     batch: RowBatchBuilder,
     batch_rows: usize,
-    /// The (series, bucket) being summed, and its values by stack (by profile id for profile
-    /// totals).
+    /// The (series, bucket) being summed, and its values keyed by stack (by profile id for
+    /// profile totals), as they came: sorted and summed when the bucket is written.
     current: Option<(u32, i64)>,
-    sums: BTreeMap<(u32, Option<[u8; 16]>), i64>,
+    sums: Vec<((u32, Option<[u8; 16]>), i64)>,
     rows: u64,
     series_rows: Vec<Range<u64>>,
 }
@@ -136,14 +139,15 @@ impl RollupWriter {
             batch: RowBatchBuilder::default(),
             batch_rows,
             current: None,
-            sums: BTreeMap::new(),
+            sums: Vec::new(),
             rows: 0,
             series_rows: Vec::new(),
         })
     }
 
-    /// Adds a sample row (of its output series; series come in order, each once).
-    pub(crate) fn push(&mut self, row: &Row) -> Result<()> {
+    /// Adds a sample row (of its output series; series come in order, each once). The rows of
+    /// a (series, bucket) it finishes are written, and given to `sink`.
+    fn push(&mut self, row: &Row, sink: Sink<'_>) -> Result<()> {
         let (series, timestamp, value) = (row.series, row.timestamp, row.value);
         let (bucket, key) = if self.resolution == PROFILE_TOTALS {
             (timestamp, (0, row.profile_id))
@@ -151,24 +155,35 @@ impl RollupWriter {
             (floor(timestamp, self.resolution), (row.stack, None))
         };
         if self.current != Some((series, bucket)) {
-            self.emit()?;
+            self.emit(sink)?;
             while self.series_rows.len() <= series as usize {
                 self.series_rows.push(self.rows..self.rows);
             }
             self.current = Some((series, bucket));
         }
-        let slot = self.sums.entry(key).or_insert(0);
-        *slot = slot.saturating_add(value);
+        self.sums.push((key, value));
         Ok(())
     }
 
-    /// Writes the sums of the current (series, bucket).
-    fn emit(&mut self) -> Result<()> {
+    /// Writes the sums of the current (series, bucket), in key order, and gives each row to
+    /// `sink`.
+    fn emit(&mut self, sink: Sink<'_>) -> Result<()> {
         let Some((series, bucket)) = self.current.take() else {
             return Ok(());
         };
-        for ((stack, profile_id), value) in std::mem::take(&mut self.sums) {
-            self.batch.push(&Row {
+        let mut sums = std::mem::take(&mut self.sums);
+        sums.sort_unstable_by_key(|(key, _)| *key);
+        let mut i = 0;
+        while i < sums.len() {
+            let ((stack, profile_id), mut value) = sums[i];
+            i += 1;
+            while let Some(&(key, v)) = sums.get(i)
+                && key == (stack, profile_id)
+            {
+                value = value.saturating_add(v);
+                i += 1;
+            }
+            let row = Row {
                 series,
                 timestamp: bucket,
                 stack,
@@ -177,12 +192,16 @@ impl RollupWriter {
                 trace_id: None,
                 labels: None,
                 profile_id,
-            });
+            };
+            self.batch.push(&row);
+            sink(&row)?;
             self.rows += 1;
             if self.batch.len() >= self.batch_rows {
                 self.writer.write(&self.batch.finish()?)?;
             }
         }
+        sums.clear();
+        self.sums = sums;
         if let Some(r) = self.series_rows.get_mut(series as usize) {
             r.end = self.rows;
         }
@@ -195,9 +214,10 @@ impl RollupWriter {
     }
 
     /// Closes the Parquet file: its path, rows, resolution and per-series row ranges (one per
-    /// of `series` output series).
-    pub(crate) fn finish(mut self, series: usize) -> Result<FinishedRollup> {
-        self.emit()?;
+    /// of `series` output series). What is left to write is written ([`RollupWriter::emit`]
+    /// to a sink first, for a chain).
+    fn finish(mut self, series: usize) -> Result<FinishedRollup> {
+        self.emit(&mut |_| Ok(()))?;
         if !self.batch.is_empty() {
             self.writer.write(&self.batch.finish()?)?;
         }
@@ -211,6 +231,74 @@ impl RollupWriter {
             rows: self.rows,
             series_rows: self.series_rows,
         })
+    }
+}
+
+/// Where a rollup's written rows go besides its file: the next rollup of its chain.
+type Sink<'a> = &'a mut dyn FnMut(&Row) -> Result<()>;
+
+/// The rollups of one compaction output, finest first. A stack rollup whose resolution is a
+/// multiple of the stack rollup before it is chained to it: it is fed that rollup's rows as they
+/// are written, not the samples (its buckets are whole buckets of the finer one, both aligned
+/// to the epoch, so the sums are the same).
+pub(crate) struct Rollups {
+    writers: Vec<RollupWriter>,
+    /// Per writer: whether it is fed by the one before it.
+    chained: Vec<bool>,
+}
+
+impl Rollups {
+    pub(crate) fn new(writers: Vec<RollupWriter>) -> Self {
+        let chained = (0..writers.len())
+            .map(|i| {
+                i > 0 && {
+                    let (finer, r) = (writers[i - 1].resolution, writers[i].resolution);
+                    finer != PROFILE_TOTALS && r != PROFILE_TOTALS && r % finer == 0
+                }
+            })
+            .collect();
+        Self { writers, chained }
+    }
+
+    /// Adds a sample row to every rollup not chained, and what they write down their chains.
+    pub(crate) fn push(&mut self, row: &Row) -> Result<()> {
+        for i in 0..self.writers.len() {
+            if !self.chained[i] {
+                push_chain(&mut self.writers[i..], &self.chained[i..], row)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The scratch files.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.writers.iter().map(RollupWriter::path)
+    }
+
+    /// Writes what each rollup has left, finest first (so it reaches its chain before the
+    /// next one closes), and closes them: one [`FinishedRollup`] per rollup, in order.
+    pub(crate) fn finish(mut self, series: usize) -> Result<Vec<FinishedRollup>> {
+        for i in 0..self.writers.len() {
+            let (head, tail) = self.writers.split_at_mut(i + 1);
+            let chained = &self.chained[i + 1..];
+            if chained.first() == Some(&true) {
+                head[i].emit(&mut |row| push_chain(tail, chained, row))?;
+            }
+        }
+        self.writers.into_iter().map(|w| w.finish(series)).collect()
+    }
+}
+
+/// Pushes `row` into `writers[0]`, and what it writes into the rest of its chain.
+fn push_chain(writers: &mut [RollupWriter], chained: &[bool], row: &Row) -> Result<()> {
+    let Some((first, rest)) = writers.split_first_mut() else {
+        return Ok(());
+    };
+    if chained.get(1) == Some(&true) {
+        let rest_chained = &chained[1..];
+        first.push(row, &mut |r| push_chain(rest, rest_chained, r))
+    } else {
+        first.push(row, &mut |_| Ok(()))
     }
 }
 
@@ -278,7 +366,128 @@ pub(crate) fn remove_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) {
 
 #[cfg(test)]
 mod tests {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Int64Type, UInt32Type};
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// The (series, bucket, stack, value) rows of a finished rollup file.
+    fn rows_of(r: &FinishedRollup) -> Vec<(u32, i64, u32, i64)> {
+        let file = std::fs::File::open(&r.path).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let c = |i| batch.column(i);
+            let (series, ts) = (
+                c(crate::block::col::SERIES_ID).as_primitive::<UInt32Type>(),
+                c(crate::block::col::TIMESTAMP).as_primitive::<Int64Type>(),
+            );
+            let (stack, value) = (
+                c(crate::block::col::STACK_ID).as_primitive::<UInt32Type>(),
+                c(crate::block::col::VALUE).as_primitive::<Int64Type>(),
+            );
+            for i in 0..batch.num_rows() {
+                out.push((series.value(i), ts.value(i), stack.value(i), value.value(i)));
+            }
+        }
+        out
+    }
+
+    /// Writes `rows` through [`Rollups`] of `resolutions`, chained where they divide.
+    fn write(
+        dir: &Path,
+        name: &str,
+        resolutions: &[i64],
+        rows: &[Row],
+        series: usize,
+    ) -> Vec<FinishedRollup> {
+        let writers = resolutions
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| RollupWriter::new(r, dir.join(format!("{name}{i}")), 64, 16).unwrap())
+            .collect();
+        let mut rollups = Rollups::new(writers);
+        for row in rows {
+            rollups.push(row).unwrap();
+        }
+        rollups.finish(series).unwrap()
+    }
+
+    #[test]
+    fn multiples_of_the_finer_resolution_are_chained() {
+        let chain = |resolutions: &[i64]| {
+            let dir = tempfile::tempdir().unwrap();
+            let writers = resolutions
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| RollupWriter::new(r, dir.path().join(i.to_string()), 64, 16))
+                .collect::<Result<Vec<_>>>()
+                .unwrap();
+            Rollups::new(writers).chained
+        };
+        assert_eq!(chain(&DEFAULT_RESOLUTIONS), [false, false, true, true]);
+        // 15 minutes are not whole 10-minute buckets; the hour is whole 15-minute ones.
+        assert_eq!(
+            chain(&[PROFILE_TOTALS, 10 * MINUTE, 15 * MINUTE, 60 * MINUTE]),
+            [false, false, false, true]
+        );
+    }
+
+    proptest! {
+        /// A chained rollup holds exactly the rows it would summed from the samples alone.
+        #[test]
+        fn chained_rollups_are_the_samples_rollups(
+            series in prop::collection::vec(
+                prop::collection::vec((0i64..3000, 0u32..5, -20i64..100), 1..40), 1..4),
+            shuffled in any::<bool>(),
+        ) {
+            let resolutions = [PROFILE_TOTALS, 10 * MINUTE, 15 * MINUTE, 60 * MINUTE, 1440 * MINUTE];
+            let mut rows = Vec::new();
+            for (s, samples) in series.iter().enumerate() {
+                let mut samples = samples.clone();
+                if !shuffled {
+                    samples.sort();
+                }
+                for &(minute, stack, value) in &samples {
+                    rows.push(Row {
+                        series: s as u32,
+                        timestamp: 1_700_000_000_000_000_000 + minute * MINUTE / 7,
+                        stack,
+                        value,
+                        span_id: 0,
+                        trace_id: None,
+                        labels: None,
+                        profile_id: None,
+                    });
+                }
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let chained = write(dir.path(), "chained", &resolutions, &rows, series.len());
+            for (i, &r) in resolutions.iter().enumerate() {
+                let alone = write(dir.path(), &format!("alone{i}-"), &[r], &rows, series.len());
+                let (want, got) = (rows_of(&alone[0]), rows_of(&chained[i]));
+                // Unsorted input can split a bucket into runs; the sums per key are the same.
+                let sum = |rows: &[(u32, i64, u32, i64)]| {
+                    let mut m = std::collections::BTreeMap::new();
+                    for &(s, t, k, v) in rows.iter() {
+                        *m.entry((s, t, k)).or_insert(0i64) += v;
+                    }
+                    m
+                };
+                if shuffled {
+                    prop_assert_eq!(sum(&want), sum(&got));
+                } else {
+                    prop_assert_eq!(&want, &got);
+                    prop_assert_eq!(&alone[0].series_rows, &chained[i].series_rows);
+                }
+            }
+        }
+    }
 
     #[test]
     fn resolutions_a_block_fits_in_one_bucket_of_are_not_computed() {

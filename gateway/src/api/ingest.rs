@@ -193,13 +193,11 @@ async fn ingest(
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
             let body = budget::maybe_gunzip(&mut share, body, max_decompressed, 0).await?;
-            let decoded =
-                budget::decoded_estimate(body.clone(), pprof::decoded_limit(max_decompressed))
-                    .await?;
-            share.cover(decoded).await?;
+            let body = budget::checked(body, pprof::decoded_limit(max_decompressed)).await?;
+            share.cover(body.estimate()).await?;
             let meta = meta.clone();
             blocking(move || {
-                let (mut p, size) = pprof::decode_sized(body, max_decompressed)?;
+                let (mut p, size) = pprof::decode_checked(body, max_decompressed)?;
                 if dotnet {
                     pprof::repair_dotnet(&mut p);
                 }
@@ -216,10 +214,8 @@ async fn ingest(
             let (profile, sample_type_config) = read_multipart(&ct, body).await?;
             let held = sample_type_config.as_ref().map_or(0, Bytes::len);
             let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
-            let decoded =
-                budget::decoded_estimate(profile.clone(), pprof::decoded_limit(max_decompressed))
-                    .await?;
-            share.cover(held + decoded).await?;
+            let profile = budget::checked(profile, pprof::decoded_limit(max_decompressed)).await?;
+            share.cover(held + profile.estimate()).await?;
             let mut dotnet = dotnet;
             if let Some(config) = sample_type_config {
                 let (names, keys) = parse_sample_type_config(&config)?;
@@ -227,7 +223,7 @@ async fn ingest(
                 meta.display_names = names;
             }
             blocking(move || {
-                let (mut p, size) = pprof::decode_sized(profile, max_decompressed)?;
+                let (mut p, size) = pprof::decode_checked(profile, max_decompressed)?;
                 if dotnet {
                     pprof::repair_dotnet(&mut p);
                 }

@@ -208,20 +208,28 @@ pub async fn maybe_gunzip(
 /// messages is. Refused (413) past `max_decoded`, before any of it is decoded; the caller grows
 /// its share to cover it.
 pub async fn decoded_estimate(body: bytes::Bytes, max_decoded: usize) -> Result<usize, ApiError> {
-    let estimate = crate::app::write::blocking(move || {
-        kiln_proto::wire::decoded_estimate(&body, kiln_proto::wire::MAX_DEPTH)
-            .map_err(|e| ApiError::invalid(e.to_string()))
+    Ok(checked(body, max_decoded).await?.estimate())
+}
+
+/// [`decoded_estimate`], keeping the walked body ([`kiln_proto::wire::Checked`]) so decoding it
+/// later does not walk it again.
+pub async fn checked(
+    body: bytes::Bytes,
+    max_decoded: usize,
+) -> Result<kiln_proto::wire::Checked, ApiError> {
+    let checked = crate::app::write::blocking(move || {
+        kiln_proto::wire::check(body).map_err(|e| ApiError::invalid(e.to_string()))
     })
     .await?;
-    if estimate > max_decoded {
+    if checked.estimate() > max_decoded {
         return Err(kiln_otel::Error::DecodesTooLarge {
-            estimate,
+            estimate: checked.estimate(),
             max: max_decoded,
             factor: kiln_otel::pprof::DECODED_FACTOR,
         }
         .into());
     }
-    Ok(estimate)
+    Ok(checked)
 }
 
 /// The bytes decoding `body` produces, as far as can be told before doing it: a gzip body's

@@ -172,3 +172,27 @@ proptest! {
         prop_assert_eq!(check_depth(&bytes, MAX_DEPTH).is_ok(), depth <= MAX_DEPTH);
     }
 }
+
+#[test]
+fn checked_bytes_keep_their_estimate_and_decode_without_another_walk() {
+    let profile = pb::Profile {
+        string_table: vec![String::new(), "main".into()],
+        sample: vec![pb::Sample {
+            location_id: vec![1, 2, 3],
+            value: vec![7],
+            label: vec![],
+        }],
+        ..Default::default()
+    };
+    let bytes = bytes::Bytes::from(profile.encode_to_vec());
+    let checked = check(bytes.clone()).unwrap();
+    assert_eq!(
+        checked.estimate(),
+        decoded_estimate(&bytes, MAX_DEPTH).unwrap()
+    );
+    assert_eq!(checked.bytes(), &bytes);
+    assert_eq!(checked.decode::<pb::Profile>().unwrap(), profile);
+    // What the walk refuses is never a `Checked`.
+    let deep = bytes::Bytes::from(nested_messages(MAX_DEPTH + 1, &[0x08, 0x01]));
+    assert!(matches!(check(deep), Err(WireError::TooDeep { .. })));
+}

@@ -247,6 +247,10 @@ mod tests {
                 _ = dropped => unreachable!("it waits for the release"),
                 _ = started.notified() => {}
             }
+            // Released only once the task is parked: one still running between its two
+            // notifications would take the permit without yielding, before its abort can act
+            // (seen under load).
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             release.notify_one();
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             n

@@ -265,7 +265,11 @@ impl QueryEngine {
             self.scan_block_stacks(
                 filter,
                 false,
-                move |symbols, values| into.fold(|tree| add_block_stacks(tree, &symbols, &values)),
+                move |symbols, values| {
+                    // Made (once per cached table) before a tree is taken.
+                    symbols.name_trie();
+                    into.fold(|tree| add_block_stacks(tree, &symbols, &values))
+                },
                 |()| {},
             )
             .await?;
