@@ -228,10 +228,10 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     Ok((profile, size))
 }
 
-/// [`decode_sized`] of a body whose shape has been walked already (its decoded estimate taken
-/// and held to a limit by the caller): a plain one is decoded without walking it again; one
-/// that is still gzip (gzip inside gzip) goes through [`decode_sized`], whose walk is of the
-/// inflated bytes.
+/// [`decode_sized`] of a body whose shape has been walked already ([`kiln_proto::wire::check`]):
+/// a plain one is held to the same limits from the walk's estimate and decoded without walking
+/// it again; one that is still gzip (gzip inside gzip) goes through [`decode_sized`], whose
+/// walk is of the inflated bytes.
 pub fn decode_checked(
     checked: kiln_proto::wire::Checked,
     max_bytes: usize,
@@ -239,6 +239,18 @@ pub fn decode_checked(
     let size = checked.bytes().len();
     if size == 0 || crate::compress::is_gzip(checked.bytes()) {
         return decode_sized(checked.bytes().clone(), max_bytes);
+    }
+    // The limits decode_sized holds a plain body to, from the walk already made.
+    if size > max_bytes {
+        return Err(Error::TooLarge { limit: max_bytes });
+    }
+    let max_decoded = decoded_limit(max_bytes);
+    if checked.estimate() > max_decoded {
+        return Err(Error::DecodesTooLarge {
+            estimate: checked.estimate(),
+            max: max_decoded,
+            factor: DECODED_FACTOR,
+        });
     }
     let profile = checked
         .decode()
@@ -418,9 +430,15 @@ mod tests {
         }
 
         /// A body walked once ([`kiln_proto::wire::check`]) decodes as [`decode_sized`] does,
-        /// plain, or still gzip (gzip inside gzip); a prefix of it decodes or errs the same way.
+        /// plain, or still gzip (gzip inside gzip); a prefix of it decodes or errs the same way,
+        /// and a limit its bytes or its decoded estimate pass refuses it both ways.
         #[test]
-        fn checked_decodes_as_decode_sized(p in arb_profile(), gzip in any::<bool>(), cut in 0usize..400) {
+        fn checked_decodes_as_decode_sized(
+            p in arb_profile(),
+            gzip in any::<bool>(),
+            cut in 0usize..400,
+            limit in prop_oneof![Just(1usize << 20), 1usize..256],
+        ) {
             let mut bytes = encode(&p);
             if gzip {
                 let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -429,16 +447,23 @@ mod tests {
             }
             for body in [&bytes[..], &bytes[..cut.min(bytes.len())]] {
                 let body = Bytes::copy_from_slice(body);
-                let want = decode_sized(body.clone(), 1 << 20);
-                let got = kiln_proto::wire::check(body)
-                    .map_err(|e| Error::Protobuf(e.to_string()))
-                    .and_then(|c| decode_checked(c, 1 << 20));
-                match (want, got) {
+                let want = decode_sized(body.clone(), limit);
+                // What the walk refuses never reaches decode_checked (the caller answers it).
+                let Ok(checked) = kiln_proto::wire::check(body) else {
+                    prop_assert!(want.is_err());
+                    continue;
+                };
+                match (want, decode_checked(checked, limit)) {
                     (Ok((w, wn)), Ok((g, gn))) => {
                         prop_assert_eq!(wn, gn);
                         prop_assert_eq!(w.encode_to_vec(), g.encode_to_vec());
                     }
-                    (Err(_), Err(_)) => {}
+                    // The same refusal: too large, decoding too large, or not a profile.
+                    (Err(w), Err(g)) => prop_assert_eq!(
+                        std::mem::discriminant(&w),
+                        std::mem::discriminant(&g),
+                        "decode_sized: {}; checked: {}", w, g
+                    ),
                     (w, g) => prop_assert!(false, "decode_sized {:?}, checked {:?}", w.is_ok(), g.is_ok()),
                 }
             }

@@ -104,6 +104,22 @@ fn split(
     }
 }
 
+/// Entries a bucket's sums reach before they are first collapsed (2 MiB).
+const MIN_COLLAPSE: usize = 64 << 10;
+
+/// Sorts `sums` by key (stably: values are added in the order they came) and sums each key's
+/// values into one entry.
+fn collapse(sums: &mut Vec<((u32, Option<[u8; 16]>), i64)>) {
+    sums.sort_by_key(|(key, _)| *key);
+    sums.dedup_by(|next, kept| {
+        let same = next.0 == kept.0;
+        if same {
+            kept.1 = kept.1.saturating_add(next.1);
+        }
+        same
+    });
+}
+
 fn floor(t: i64, r: i64) -> i64 {
     t.div_euclid(r).saturating_mul(r)
 }
@@ -116,9 +132,12 @@ pub(crate) struct RollupWriter {
     batch: RowBatchBuilder,
     batch_rows: usize,
     /// The (series, bucket) being summed, and its values keyed by stack (by profile id for
-    /// profile totals), as they came: sorted and summed when the bucket is written.
+    /// profile totals), as they came: sorted and summed when the bucket is written, and
+    /// whenever they reach `collapse_at` entries, so they hold about twice the bucket's distinct
+    /// keys at most, however many rows it has.
     current: Option<(u32, i64)>,
     sums: Vec<((u32, Option<[u8; 16]>), i64)>,
+    collapse_at: usize,
     rows: u64,
     series_rows: Vec<Range<u64>>,
 }
@@ -140,6 +159,7 @@ impl RollupWriter {
             batch_rows,
             current: None,
             sums: Vec::new(),
+            collapse_at: MIN_COLLAPSE,
             rows: 0,
             series_rows: Vec::new(),
         })
@@ -162,6 +182,10 @@ impl RollupWriter {
             self.current = Some((series, bucket));
         }
         self.sums.push((key, value));
+        if self.sums.len() >= self.collapse_at {
+            collapse(&mut self.sums);
+            self.collapse_at = (self.sums.len() * 2).max(MIN_COLLAPSE);
+        }
         Ok(())
     }
 
@@ -172,17 +196,9 @@ impl RollupWriter {
             return Ok(());
         };
         let mut sums = std::mem::take(&mut self.sums);
-        sums.sort_unstable_by_key(|(key, _)| *key);
-        let mut i = 0;
-        while i < sums.len() {
-            let ((stack, profile_id), mut value) = sums[i];
-            i += 1;
-            while let Some(&(key, v)) = sums.get(i)
-                && key == (stack, profile_id)
-            {
-                value = value.saturating_add(v);
-                i += 1;
-            }
+        collapse(&mut sums);
+        self.collapse_at = MIN_COLLAPSE;
+        for &((stack, profile_id), value) in &sums {
             let row = Row {
                 series,
                 timestamp: bucket,
@@ -436,6 +452,36 @@ mod tests {
             chain(&[PROFILE_TOTALS, 10 * MINUTE, 15 * MINUTE, 60 * MINUTE]),
             [false, false, false, true]
         );
+    }
+
+    /// A bucket of many rows over few stacks is summed as it fills: the writer holds about
+    /// twice its distinct stacks, not its rows, and writes the same sums.
+    #[test]
+    fn a_long_bucket_is_summed_as_it_fills() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = RollupWriter::new(60 * MINUTE, dir.path().join("r"), 64, 16).unwrap();
+        let rows = 5 * MIN_COLLAPSE as u32;
+        let mut most = 0;
+        for i in 0..rows {
+            let row = Row {
+                series: 0,
+                timestamp: i64::from(i),
+                stack: i % 7,
+                value: 1,
+                span_id: 0,
+                trace_id: None,
+                labels: None,
+                profile_id: None,
+            };
+            w.push(&row, &mut |_| Ok(())).unwrap();
+            most = most.max(w.sums.len());
+        }
+        assert!(most <= MIN_COLLAPSE, "held {most} entries for 7 stacks");
+        let finished = w.finish(1).unwrap();
+        let want: Vec<_> = (0..7)
+            .map(|s| (0, 0, s, i64::from((rows - s).div_ceil(7))))
+            .collect();
+        assert_eq!(rows_of(&finished), want);
     }
 
     proptest! {

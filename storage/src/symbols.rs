@@ -726,11 +726,24 @@ impl SymbolTable {
     /// Approximate memory use, for the cache weigher.
     pub fn estimated_bytes(&self) -> usize {
         let s = &self.symbols;
+        // The name trie's nodes: at most one per line of each stack node's location (inlined
+        // functions).
+        let trie_nodes: usize = s
+            .stack_locations
+            .iter()
+            .map(|&l| {
+                s.locations
+                    .get(l as usize)
+                    .map_or(1, |l| l.line_functions.len().max(1))
+            })
+            .sum();
         s.strings.iter().map(|x| x.len() + 24).sum::<usize>()
             + s.functions.len() * 24
             + s.locations.len() * 64
-            // The stack tree, and room for its name trie (4 bytes a node, 8 a trie node).
-            + s.stack_parents.len() * 16
+            // The stack tree (parent and location, 8 bytes a node), the node's trie node (4),
+            // and the trie (8 bytes a node).
+            + s.stack_parents.len() * 12
+            + trie_nodes * 8
     }
 }
 

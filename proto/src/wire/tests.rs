@@ -174,7 +174,7 @@ proptest! {
 }
 
 #[test]
-fn checked_bytes_keep_their_estimate_and_decode_without_another_walk() {
+fn checked_bytes_keep_their_walk_estimate_and_decode_to_the_message() {
     let profile = pb::Profile {
         string_table: vec![String::new(), "main".into()],
         sample: vec![pb::Sample {

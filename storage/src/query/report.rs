@@ -241,17 +241,17 @@ mod tests {
                 warn("from a task dropped early".into());
                 s.notify_one();
                 r.notified().await;
+                // Notified once its abort was asked for: this yield is where the abort acts.
+                tokio::task::yield_now().await;
                 count(|s| s.blocks += 100);
             });
             tokio::select! {
                 _ = dropped => unreachable!("it waits for the release"),
                 _ = started.notified() => {}
             }
-            // Released only once the task is parked: one still running between its two
-            // notifications would take the permit without yielding, before its abort can act
-            // (seen under load).
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            release.notify_one();
+            // The task is aborted (dropped above) before it is released; released while still
+            // running (seen under load), it yields before counting, and the abort acts there.
+            release.notify_waiters();
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             n
         })

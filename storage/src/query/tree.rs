@@ -610,6 +610,29 @@ mod tests {
         t
     }
 
+    /// Child lists read before the tree grows are made again after it grew, in insertion order.
+    #[test]
+    fn child_lists_follow_a_growing_tree() {
+        let mut t = tree(&[(&["main", "a"], 1)]);
+        let main = t.find_child(0, t.find_name("main").unwrap()).unwrap();
+        let names = |t: &FlameTree, n: u32| -> Vec<String> {
+            t.children(n)
+                .iter()
+                .map(|&c| t.name_str(t.node_name(c)).to_owned())
+                .collect()
+        };
+        assert_eq!(names(&t, main), ["a"]);
+        t.add_stack(["main", "b"], 2);
+        t.add_stack(["other", "c"], 3);
+        assert_eq!(names(&t, main), ["a", "b"]);
+        assert_eq!(names(&t, 0), ["main", "other"]);
+        let mut merged = FlameTree::default();
+        assert!(merged.children(0).is_empty());
+        merged.merge(&t);
+        assert_eq!(names(&merged, 0), ["main", "other"]);
+        assert_eq!(merged.stacks(), t.stacks());
+    }
+
     #[test]
     fn focus_keeps_the_stacks_through_a_call_site() {
         let t = tree(&[
