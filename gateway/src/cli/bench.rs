@@ -184,6 +184,11 @@ pub struct KilnResults {
     pub blocks: u64,
     pub bytes_at_rest: u64,
     pub bytes_per_row: f64,
+    /// Sample rows compaction wrote, per row ingested, once it caught up (rows rewritten: the
+    /// write amplification of the levels and the top-level merges).
+    pub compaction_rows_per_row: f64,
+    /// Bytes of blocks compaction read, per byte at rest once it caught up.
+    pub compaction_read_per_byte: f64,
     /// Bytes at rest of the data below the top level while ingest ran.
     pub fresh: fresh::FreshBytes,
     /// The preset's queries, in its order.
@@ -643,6 +648,15 @@ async fn bench_kiln(
     let blocks = wait_compacted(&http, &server.compact).await?;
     let compaction_seconds = started.elapsed().as_secs_f64();
     let bytes_at_rest = server.bytes_at_rest().await?;
+    let compacted = metric_values(
+        &http,
+        &server.compact,
+        &[
+            "kiln_storage_compaction_output_rows_total",
+            "kiln_storage_compaction_input_bytes_total",
+        ],
+    )
+    .await?;
 
     // Returns the answer and the bytes the server read for it (its `kiln-query-stats`).
     let call = |path: &'static str, body: Vec<u8>, cache: bool| {
@@ -748,9 +762,35 @@ async fn bench_kiln(
         blocks: blocks["blocks"].as_u64().unwrap_or(0),
         bytes_at_rest,
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
+        compaction_rows_per_row: compacted[0] / rows.max(1) as f64,
+        compaction_read_per_byte: compacted[1] / bytes_at_rest.max(1) as f64,
         fresh,
         queries: results,
     })
+}
+
+/// The values of unlabelled counters or gauges `names` in the Prometheus exposition of the
+/// process at `url` (0 for one it does not show).
+async fn metric_values(
+    http: &reqwest::Client,
+    url: &str,
+    names: &[&str],
+) -> anyhow::Result<Vec<f64>> {
+    let text = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(names
+        .iter()
+        .map(|name| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+                .unwrap_or(0.0)
+        })
+        .collect())
 }
 
 /// A Connect call with a protobuf body; without the partial-result cache unless `cache`.
@@ -888,7 +928,7 @@ fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
         split.ack.p50_ms / single.ack.p50_ms,
     );
     type Measure = (&'static str, fn(&KilnResults) -> f64, fn(f64) -> String);
-    let measures: [Measure; 5] = [
+    let measures: [Measure; 6] = [
         (
             "ingest, MB/s per busy core (all processes' CPU)",
             |k| k.ingest_mb_per_busy_core_s,
@@ -908,6 +948,11 @@ fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
             "bytes at rest per sample row",
             |k| k.bytes_per_row,
             |v| format!("{v:.2} B"),
+        ),
+        (
+            "compaction: rows written per row ingested",
+            |k| k.compaction_rows_per_row,
+            |v| format!("{v:.2}"),
         ),
         (
             "peak RSS (sum of the processes)",
@@ -967,6 +1012,10 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
     );
     println!("| ack latency p50 / p99 | {} | — | — | |", fmt_ms(k.ack));
     println!("| server peak RSS | {:.0} MiB | — | — | |", k.peak_rss_mib);
+    println!(
+        "| compaction: rows written per row ingested; bytes read per byte at rest | {:.2}; {:.2} | — | — | |",
+        k.compaction_rows_per_row, k.compaction_read_per_byte
+    );
     println!(
         "\n| query | read from the store: first run / later runs | with the partial-result cache (p50 / p99) | read |"
     );
