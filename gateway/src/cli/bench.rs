@@ -332,18 +332,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(counts) => {
             // Two intervals past the data's last seal, so what it sealed has been sent.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let metrics = reqwest::get(format!("{}/metrics", server.ingest))
-                .await?
-                .text()
-                .await?;
-            let points_sealed = metrics
-                .lines()
-                .find_map(|l| {
-                    l.strip_prefix("kiln_recording_points_sealed_total ")?
-                        .parse()
-                        .ok()
-                })
-                .unwrap_or(0.0);
+            let points_sealed = metric_values(
+                &reqwest::Client::new(),
+                &server.ingest,
+                &["kiln_recording_points_sealed_total"],
+            )
+            .await?[0];
             use std::sync::atomic::Ordering::Relaxed;
             let r = recording::RecordingResults {
                 rules: args.recording_rules,
