@@ -1,6 +1,8 @@
 //! Storage engine benchmarks on seeded synthetic profiles.
 //!
 //! - `block_build/<rows>`: interning symbols, sorting and encoding one block (Parquet + symbols).
+//! - `dataset_add_four_types_2000_samples`: adding a four-type profile whose symbols and stacks
+//!   the dataset holds already (the writer's cost per sample).
 //! - `flamegraph/<nodes>`: merging stacks into a tree and encoding Pyroscope's FlameGraph.
 //! - `query/*`: a flame graph over 20 blocks × 10 services, unfiltered (the baseline) and with a
 //!   selector matching one service — the ratio shows what pushdown and block pruning save.
@@ -105,6 +107,30 @@ fn block_build(c: &mut Criterion) {
         });
     }
     g.finish();
+}
+
+/// Adding a profile of four sample types (Go's heap profile: four series over the same
+/// samples' stacks) to a dataset that holds its symbols and stacks already, as every request
+/// after a service's first in a flush window does: what a sample costs the writer.
+fn dataset_add(c: &mut Criterion) {
+    let mut p = profile(&mut Rng(5), "svc", 2_000, 2_000, T0);
+    let first = p.series[0].clone();
+    for t in [
+        "inuse_objects:count",
+        "inuse_space:bytes",
+        "alloc_objects:count",
+    ] {
+        let (sample, unit) = t.split_once(':').unwrap();
+        let mut s = first.clone();
+        s.profile_type =
+            ProfileType::parse(&format!("memory:{sample}:{unit}:space:bytes")).unwrap();
+        p.series.push(s);
+    }
+    let mut builder = DatasetBuilder::new("bench");
+    builder.add(&p);
+    c.bench_function("dataset_add_four_types_2000_samples", |b| {
+        b.iter(|| builder.add(&p))
+    });
 }
 
 /// Interning a profile's symbols into a dataset that holds them already: what every request
@@ -226,5 +252,12 @@ fn query(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, block_build, symbols_interning, flamegraph, query);
+criterion_group!(
+    benches,
+    block_build,
+    dataset_add,
+    symbols_interning,
+    flamegraph,
+    query
+);
 criterion_main!(benches);

@@ -332,6 +332,11 @@ impl DatasetBuilder {
             return;
         }
         let locations = self.symbols.add_locations(&profile.symbols);
+        // A profile's series (one per sample type: two for Go's CPU profile, four for its heap
+        // profile) share their stacks: each distinct stack is walked into the tree once, the
+        // other series' samples find its node here.
+        let shared = profile.series.len() > 1;
+        let mut nodes: hashbrown::HashMap<&[u32], u32> = hashbrown::HashMap::new();
         for series in &profile.series {
             if series.samples.is_empty() {
                 continue;
@@ -359,9 +364,14 @@ impl DatasetBuilder {
                 let entry = &mut self.series[id as usize];
                 entry.min = entry.min.min(timestamp);
                 entry.max = entry.max.max(timestamp);
-                let stack = self
-                    .symbols
-                    .add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
+                let symbols = &mut self.symbols;
+                let mut walk =
+                    || symbols.add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
+                let stack = if shared {
+                    *nodes.entry(sample.stack.as_slice()).or_insert_with(walk)
+                } else {
+                    walk()
+                };
                 let labels = (!sample.labels.is_empty()).then(|| {
                     let encoded = encode_sample_labels(&sample.labels);
                     Arc::clone(
@@ -576,7 +586,81 @@ fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
 mod tests {
     use std::collections::HashSet;
 
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Int64Type, UInt32Type};
+    use kiln_otel::model::ProfileType;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
     use super::*;
+    use crate::symbols::SymbolTable;
+    use crate::testing::{frames, profile};
+
+    /// A profile's series share their stacks (the walk of each distinct stack is reused across
+    /// series): every row still names its own sample's stack, in every series, including a
+    /// stack only one series has and a series whose samples come in another order.
+    #[test]
+    fn series_of_one_profile_share_stacks_and_each_row_keeps_its_own() {
+        let stacks = [
+            (frames("main;a;b"), 1),
+            (frames("main;a;c"), 2),
+            (frames("main;d"), 3),
+        ];
+        let mut p = profile("svc", &stacks, 1_000);
+        let mut second = p.series[0].clone();
+        second.profile_type = ProfileType::parse("process_cpu:samples:count:cpu:nanoseconds")
+            .expect("a profile type");
+        second.samples.reverse();
+        for s in &mut second.samples {
+            s.value *= 10;
+        }
+        // Only this series has the root alone (a prefix of the others' stacks).
+        let mut root = second.samples[0].clone();
+        root.stack = vec![*root.stack.last().expect("a frame")];
+        root.value = 70;
+        second.samples.push(root);
+        p.series.push(second);
+
+        let mut builder = DatasetBuilder::new("t");
+        builder.add(&p);
+        let built = builder.finish().expect("built");
+        let symbols = SymbolTable::decode(&built.symbols).expect("symbols");
+        let mut got = HashSet::new();
+        let mut locations = Vec::new();
+        let reader = ParquetRecordBatchReaderBuilder::try_new(built.samples.clone())
+            .expect("parquet")
+            .build()
+            .expect("reader");
+        for batch in reader {
+            let batch = batch.expect("batch");
+            let series = batch.column(0).as_primitive::<UInt32Type>();
+            let stack = batch.column(2).as_primitive::<UInt32Type>();
+            let value = batch.column(3).as_primitive::<Int64Type>();
+            for r in 0..batch.num_rows() {
+                symbols.stack_locations(stack.value(r), &mut locations);
+                let names: Vec<&str> = locations
+                    .iter()
+                    .rev()
+                    .flat_map(|&l| symbols.location_function_names(l))
+                    .collect();
+                let id = &built.meta.series[series.value(r) as usize].profile_type;
+                let sample_type = id.split(':').nth(1).expect("a profile type id");
+                got.insert((sample_type.to_owned(), names.join(";"), value.value(r)));
+            }
+        }
+        let want: HashSet<(String, String, i64)> = [
+            ("cpu", "main;a;b", 1),
+            ("cpu", "main;a;c", 2),
+            ("cpu", "main;d", 3),
+            ("samples", "main;a;b", 10),
+            ("samples", "main;a;c", 20),
+            ("samples", "main;d", 30),
+            ("samples", "main", 70),
+        ]
+        .into_iter()
+        .map(|(t, s, v)| (t.to_owned(), s.to_owned(), v))
+        .collect();
+        assert_eq!(got, want);
+    }
 
     /// Profile ids are version 7 UUIDs, distinct across threads, with the process's bits the
     /// same in each and the counter in the last five bytes.

@@ -330,11 +330,10 @@ impl Source {
 
     /// The (output series, timestamp) key of the current row.
     async fn key(&mut self) -> Result<Option<(u32, i64)>> {
-        let map = self.series_map.clone();
-        Ok(self
-            .peek()
-            .await?
-            .map(|r| (map[r.series as usize], r.timestamp)))
+        let Some((series, timestamp)) = self.peek().await?.map(|r| (r.series, r.timestamp)) else {
+            return Ok(None);
+        };
+        Ok(Some((self.series_map[series as usize], timestamp)))
     }
 }
 
@@ -880,13 +879,18 @@ impl Compactor {
                 let meta = Arc::clone(&src.meta);
                 let fail = |e| (Some(Arc::clone(&meta)), e);
                 loop {
-                    let Some(row) = src.peek().await.map_err(fail)? else {
+                    let Some((row_series, row_time)) = src
+                        .peek()
+                        .await
+                        .map_err(fail)?
+                        .map(|r| (r.series, r.timestamp))
+                    else {
                         break;
                     };
-                    let mut row = row.clone();
-                    if src.series_map[row.series as usize] != series || row.timestamp != t {
+                    if row_time != t || src.series_map[row_series as usize] != series {
                         break;
                     }
+                    let mut row = src.rows[src.pos].clone();
                     src.pos += 1;
                     row.stack = out.map_stack(i, &src.symbols, row.stack);
                     group.push(row);
@@ -895,7 +899,9 @@ impl Compactor {
                     heap.push(Reverse((key.0, key.1, i)));
                 }
             }
-            group.sort_by(|a, b| a.key().cmp(&b.key()));
+            if group.len() > 1 {
+                group.sort_by(|a, b| a.key().cmp(&b.key()));
+            }
             for row in group.drain(..) {
                 out.push(
                     series,
