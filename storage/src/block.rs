@@ -399,7 +399,7 @@ impl DatasetBuilder {
     pub fn finish(self) -> Result<BuiltDataset> {
         let Self {
             tenant,
-            symbols,
+            mut symbols,
             series,
             mut rows,
             profiles,
@@ -413,7 +413,23 @@ impl DatasetBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        rows.sort_unstable_by(|a, b| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key())));
+        let by_series_and_key =
+            |a: &Row, b: &Row| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key()));
+        rows.sort_unstable_by(by_series_and_key);
+        // Stack ids numbered as the sorted rows meet them, so a series' stacks have neighbouring
+        // ids; then sorted again, as ids within a profile changed order.
+        let renumbered = symbols.renumber_stacks(rows.iter().map(|r| r.stack));
+        for row in &mut rows {
+            row.stack = renumbered[row.stack as usize];
+        }
+        #[cfg(feature = "testing")]
+        if crate::symbols::testing::legacy_version().is_some() {
+            // Older formats have no stack ids: rows hold the tree's nodes.
+            for row in &mut rows {
+                row.stack = symbols.stack_node(row.stack);
+            }
+        }
+        rows.sort_unstable_by(by_series_and_key);
         let mut table = crate::series_labels::LabelTableBuilder::default();
         for &old in &order {
             table.add(series[old as usize].labels.iter());
@@ -449,7 +465,7 @@ impl DatasetBuilder {
         }
         let samples = write_parquet(&batch.finish()?)?;
         let stack_nodes = symbols.stack_nodes() as u64;
-        let symbols = symbols.encode();
+        let symbols = symbols.encode()?;
         let meta = BlockMeta {
             format_version: BLOCK_FORMAT_VERSION,
             id: String::new(),

@@ -455,11 +455,13 @@ impl Output {
         })
     }
 
-    /// The output stack of source `src`'s stack node `node`.
-    fn map_stack(&mut self, src: usize, symbols: &SymbolTable, node: u32) -> u32 {
+    /// The output stack id of source `src`'s stack id `id` (`None`: the source has no such
+    /// stack).
+    fn map_stack(&mut self, src: usize, symbols: &SymbolTable, id: u32) -> Option<u32> {
+        let node = symbols.stack_node(id)?;
         if self.locations[src].is_none() {
             self.locations[src] = Some(self.symbols.add_table_locations(symbols));
-            let mut memo = vec![UNMAPPED; symbols.stack_count()];
+            let mut memo = vec![UNMAPPED; symbols.node_count()];
             if let Some(root) = memo.first_mut() {
                 *root = 0;
             }
@@ -480,7 +482,7 @@ impl Output {
                 .child(out, locations[s.stack_locations[x as usize] as usize]);
             self.stacks[src][x as usize] = out;
         }
-        out
+        Some(self.symbols.stack_id(out))
     }
 
     fn push(
@@ -558,7 +560,7 @@ impl Output {
         appended.map_err(io)?;
         let rollup_end = offset;
         let stack_nodes = self.symbols.stack_nodes() as u64;
-        let symbols = self.symbols.encode();
+        let symbols = self.symbols.encode()?;
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
             rollups,
@@ -892,7 +894,13 @@ impl Compactor {
                     }
                     let mut row = src.rows[src.pos].clone();
                     src.pos += 1;
-                    row.stack = out.map_stack(i, &src.symbols, row.stack);
+                    row.stack = out.map_stack(i, &src.symbols, row.stack).ok_or_else(|| {
+                        fail(Error::Corrupt {
+                            tenant: meta.tenant.clone(),
+                            block: meta.id.clone(),
+                            reason: format!("a row's stack id {} is not in its symbols", row.stack),
+                        })
+                    })?;
                     group.push(row);
                 }
                 if let Some(key) = src.key().await.map_err(fail)? {

@@ -160,7 +160,7 @@ pub fn with_names(table: &SymbolTable, at: &[usize], named: &Named) -> SymbolTab
             mapping.has_functions = true;
         }
     }
-    SymbolTable::new(s)
+    table.with_tree_of(s)
 }
 
 #[cfg(test)]
@@ -209,7 +209,7 @@ mod tests {
         let mut b = SymbolsBuilder::default();
         let ids = b.add_locations(&p);
         b.add_stack(ids.iter().copied().rev());
-        SymbolTable::decode(&b.encode()).unwrap()
+        SymbolTable::decode(&b.encode().unwrap()).unwrap()
     }
 
     #[test]

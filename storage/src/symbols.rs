@@ -1,14 +1,17 @@
 //! The symbols section of a block: strings, mappings, functions, locations and a stack tree.
 //!
 //! Stacks are stored once, as a parent-pointer tree (a trie over root-first location paths):
-//! a stack id is a tree node, and the stack is the path from that node up to the root. Samples
-//! store only the stack id, so a stack shared by many samples, profiles and series costs four bytes
-//! a row.
+//! a stack is the path from a tree node up to the root. Samples store only a stack id, so a
+//! stack shared by many samples, profiles and series costs a few bits a row. Stack ids are
+//! numbered apart from the nodes, as the block's writer first meets them in its sorted rows
+//! (format version 3), so a series' stacks have neighbouring ids and its rows' delta-coded ids
+//! stay small; the section lists each id's node.
 //!
-//! On disk (format version 2): `b"KSYM"`, `u32` LE version, `u32` LE length of the protobuf
+//! On disk (format version 3): `b"KSYM"`, `u32` LE version, `u32` LE length of the protobuf
 //! `kiln.storage.v1.Symbols`, the protobuf in one zstd frame (the stack tree's parents as
-//! distances back), then a `u32` LE CRC32 of everything before it. Version 1, still read, had the
-//! protobuf uncompressed, with the parents themselves, and no length. Function and file names
+//! distances back, each stack id's node as a delta from the previous id's), then a `u32` LE
+//! CRC32 of everything before it. Version 2, still read, had no stack ids (an id was a node);
+//! version 1 had the protobuf uncompressed, with the parents themselves, and no length. Function and file names
 //! are most of a section's bytes, and a fresh segment's section is most of the segment (its
 //! names are amortised over a few profiles' rows): zstd takes a section to ~0.4× (ADR 0002).
 
@@ -25,8 +28,8 @@ use crate::error::DecodeError;
 
 /// Magic bytes of a symbols section.
 pub const SYMBOLS_MAGIC: &[u8; 4] = b"KSYM";
-/// Current symbols format version.
-pub const SYMBOLS_VERSION: u32 = 2;
+/// Current symbols format version: 3 added stack ids apart from tree nodes.
+pub const SYMBOLS_VERSION: u32 = 3;
 /// The oldest symbols format version still read.
 pub const MIN_SYMBOLS_VERSION: u32 = 1;
 /// zstd level of symbols sections. Every level of compaction writes its output's section
@@ -59,6 +62,10 @@ pub struct SymbolsBuilder {
     parents: Vec<u32>,
     node_locations: Vec<u32>,
     children: HashMap<(u32, u32), u32>,
+    /// Stack id -> tree node: the stacks rows refer to, numbered as they are first met.
+    stacks: Vec<u32>,
+    /// Tree node -> its stack id plus one (0: no row refers to the node yet).
+    node_stacks: Vec<u32>,
 }
 
 /// A thread's zstd contexts, made on first use and kept: making one per section (what
@@ -101,9 +108,18 @@ impl Zstd {
 /// Switches for the tests of old formats.
 #[cfg(feature = "testing")]
 pub mod testing {
-    /// While set, every symbols section is written in format version 1 (uncompressed), as
-    /// blocks written before version 2 are: for the tests that read and compact both.
-    pub static WRITE_V1: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    /// While not 0, every symbols section the writer makes is written in this older format
+    /// version (1: uncompressed; 2: zstd, rows holding tree nodes), as blocks written before
+    /// the current version are: for the tests that read and compact old and new together.
+    pub static WRITE_VERSION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// The older format version the writer is set to make, if any.
+    pub fn legacy_version() -> Option<u32> {
+        match WRITE_VERSION.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            v => Some(v),
+        }
+    }
 }
 
 /// The hasher of keys that are hashes already: the low 64 bits of the key.
@@ -145,6 +161,8 @@ impl Default for SymbolsBuilder {
             parents: vec![0],
             node_locations: vec![0],
             children: HashMap::new(),
+            stacks: Vec::new(),
+            node_stacks: vec![0],
         };
         b.string("");
         b
@@ -302,7 +320,45 @@ impl SymbolsBuilder {
         for loc in leaf_first.rev() {
             node = self.child(node, loc);
         }
-        node
+        self.stack_id(node)
+    }
+
+    /// The stack id of tree node `node` (of this builder), given the next id if no row refers
+    /// to it yet. Rows hold stack ids, not nodes: ids numbered as stacks are first met stay
+    /// close together within a series, where its stacks' nodes spread over every node their
+    /// paths added (`kiln bench`'s small preset: the stack id column 0.80 -> 0.22 B a row).
+    pub fn stack_id(&mut self, node: u32) -> u32 {
+        let slot = &mut self.node_stacks[node as usize];
+        if *slot == 0 {
+            self.stacks.push(node);
+            *slot = self.stacks.len() as u32;
+        }
+        *slot - 1
+    }
+
+    /// The tree node of stack id `id` (of this builder).
+    pub fn stack_node(&self, id: u32) -> u32 {
+        self.stacks[id as usize]
+    }
+
+    /// Numbers the stack ids again in the order `ids` (this builder's) first name them, those
+    /// it does not name after; returns, for every old id, its new one.
+    pub fn renumber_stacks(&mut self, ids: impl Iterator<Item = u32>) -> Vec<u32> {
+        const UNSET: u32 = u32::MAX;
+        let mut new_of = vec![UNSET; self.stacks.len()];
+        let mut stacks = Vec::with_capacity(self.stacks.len());
+        for id in ids.chain(0..self.stacks.len() as u32) {
+            let slot = &mut new_of[id as usize];
+            if *slot == UNSET {
+                *slot = stacks.len() as u32;
+                stacks.push(self.stacks[id as usize]);
+            }
+        }
+        for (id, &node) in stacks.iter().enumerate() {
+            self.node_stacks[node as usize] = id as u32 + 1;
+        }
+        self.stacks = stacks;
+        new_of
     }
 
     /// Interns every location of a decoded table (with its functions and mappings); returns,
@@ -367,6 +423,7 @@ impl SymbolsBuilder {
         let child = self.parents.len() as u32;
         self.parents.push(parent);
         self.node_locations.push(loc);
+        self.node_stacks.push(0);
         self.children.insert((parent, loc), child);
         child
     }
@@ -382,22 +439,47 @@ impl SymbolsBuilder {
             + self.strings.len() * 48
             + self.functions.len() * 64
             + self.locations.len() * 96
-            + self.parents.len() * 40
+            + self.parents.len() * 44
+            + self.stacks.len() * 4
     }
 
     /// Encodes the section.
-    pub fn encode(self) -> Bytes {
+    ///
+    /// The rows must hold this builder's stack ids; under [`testing::WRITE_VERSION`] 1 or 2
+    /// they must hold tree nodes ([`SymbolsBuilder::stack_node`]), as those versions have no
+    /// stack ids.
+    pub fn encode(self) -> crate::Result<Bytes> {
         #[cfg(feature = "testing")]
-        if testing::WRITE_V1.load(std::sync::atomic::Ordering::Relaxed) {
-            return self.encode_v1();
+        match testing::legacy_version() {
+            Some(1) => return Ok(self.encode_v1()),
+            Some(_) => return self.encode_version(2),
+            None => {}
         }
+        self.encode_version(SYMBOLS_VERSION)
+    }
+
+    /// The zstd encoding of format `version` (2: without stack ids; 3).
+    fn encode_version(self, version: u32) -> crate::Result<Bytes> {
         let distances = self
             .parents
             .iter()
             .enumerate()
             .map(|(i, &p)| i as u32 - p)
             .collect();
-        let mut msg = pb::Symbols {
+        let mut previous = 0i64;
+        let stack_node_deltas = if version >= 3 {
+            self.stacks
+                .iter()
+                .map(|&n| {
+                    let d = i64::from(n) - previous;
+                    previous = i64::from(n);
+                    d
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let msg = pb::Symbols {
             strings: self.strings,
             mappings: self.mappings,
             functions: self.functions,
@@ -405,16 +487,19 @@ impl SymbolsBuilder {
             stack_parents: Vec::new(),
             stack_locations: self.node_locations,
             stack_parent_distances: distances,
+            stack_node_deltas,
         };
         let raw = msg.encode_to_vec();
-        let Ok(raw_len) = u32::try_from(raw.len()) else {
-            // Past what the length field holds (never met: outputs are cut far below it).
-            msg.stack_parent_distances = Vec::new();
-            msg.stack_parents = self.parents;
-            return v1_section(&msg);
-        };
+        // Never met: flushes and compaction outputs are cut far below it (`flush_bytes`,
+        // `max_output_stack_nodes`).
+        let raw_len = u32::try_from(raw.len()).map_err(|_| {
+            crate::Error::InvalidWrite(format!(
+                "a symbols section of {} bytes is past the format's 4 GiB",
+                raw.len()
+            ))
+        })?;
         let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw));
-        sealed(SYMBOLS_VERSION, &[&raw_len.to_le_bytes(), &compressed])
+        Ok(sealed(version, &[&raw_len.to_le_bytes(), &compressed]))
     }
 
     /// The format version 1 encoding (uncompressed, parents themselves), for the tests that
@@ -429,6 +514,7 @@ impl SymbolsBuilder {
             stack_parents: self.parents,
             stack_locations: self.node_locations,
             stack_parent_distances: Vec::new(),
+            stack_node_deltas: Vec::new(),
         })
     }
 }
@@ -462,6 +548,8 @@ pub fn string_hash(s: &str) -> u128 {
 #[derive(Debug)]
 pub struct SymbolTable {
     pub symbols: pb::Symbols,
+    /// Stack id -> tree node (format version 3); empty where a stack id is a node id.
+    stacks: Vec<u32>,
     /// The stack tree folded by function name, made on first use ([`SymbolTable::name_trie`]).
     name_trie: std::sync::OnceLock<NameTrie>,
 }
@@ -473,7 +561,7 @@ pub struct SymbolTable {
 /// locations and the merge of same-named frames happen once per table rather than per query.
 #[derive(Debug, Default)]
 pub struct NameTrie {
-    /// Stack node -> trie node (0, the root, for the stack tree's root).
+    /// Stack id -> trie node (0, the root, for the stack tree's root).
     pub of_stack: Vec<u32>,
     /// Per trie node: its parent, whose index is below its own (the root's is 0).
     pub parents: Vec<u32>,
@@ -486,7 +574,8 @@ pub struct NameTrie {
 }
 
 impl NameTrie {
-    fn new(s: &pb::Symbols) -> Self {
+    /// The trie of `s`, whose stack ids are `stacks` (empty: the tree's nodes).
+    fn new(s: &pb::Symbols, stacks: &[u32]) -> Self {
         const UNSEEN: u32 = u32::MAX;
         let n = s.stack_parents.len();
         let mut t = NameTrie {
@@ -533,6 +622,10 @@ impl NameTrie {
             }
             t.of_stack.push(node);
         }
+        if !stacks.is_empty() {
+            // Checked against the tree when the table was made.
+            t.of_stack = stacks.iter().map(|&n| t.of_stack[n as usize]).collect();
+        }
         t
     }
 
@@ -555,7 +648,7 @@ pub fn decoded_len(head: &[u8], section_size: u64) -> Option<u64> {
     }
     match u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) {
         1 => Some(section_size.saturating_sub(12)),
-        2 => Some(u64::from(u32::from_le_bytes(
+        2 | 3 => Some(u64::from(u32::from_le_bytes(
             head[8..12].try_into().expect("4 bytes"),
         ))),
         _ => None,
@@ -635,22 +728,48 @@ impl SymbolTable {
             symbols.stack_parents = parents;
             symbols
         };
-        let t = Self::new(symbols);
+        if version < 3 && !symbols.stack_node_deltas.is_empty() {
+            return Err(DecodeError::OutOfRange("stack ids before format version 3"));
+        }
+        let t = Self::new(symbols)?;
         t.validate()?;
         Ok(t)
     }
 
-    /// A table of `symbols` (not checked: [`SymbolTable::decode`] checks what it reads).
-    pub fn new(symbols: pb::Symbols) -> Self {
+    /// A table of `symbols`, its stack ids resolved (the rest not checked:
+    /// [`SymbolTable::decode`] checks what it reads).
+    pub fn new(mut symbols: pb::Symbols) -> Result<Self, DecodeError> {
+        let nodes = symbols.stack_locations.len() as i64;
+        let mut node = 0i64;
+        let mut stacks = Vec::with_capacity(symbols.stack_node_deltas.len());
+        for d in std::mem::take(&mut symbols.stack_node_deltas) {
+            node = node.saturating_add(d);
+            if !(0..nodes).contains(&node) {
+                return Err(DecodeError::OutOfRange("stack id"));
+            }
+            stacks.push(node as u32);
+        }
+        Ok(Self {
+            symbols,
+            stacks,
+            name_trie: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// A table of `symbols`, which have this table's stack tree (other names for its
+    /// locations), with this table's stack ids.
+    pub(crate) fn with_tree_of(&self, symbols: pb::Symbols) -> Self {
         Self {
             symbols,
+            stacks: self.stacks.clone(),
             name_trie: std::sync::OnceLock::new(),
         }
     }
 
     /// The stack tree folded by function name, made on the first call and kept with the table.
     pub fn name_trie(&self) -> &NameTrie {
-        self.name_trie.get_or_init(|| NameTrie::new(&self.symbols))
+        self.name_trie
+            .get_or_init(|| NameTrie::new(&self.symbols, &self.stacks))
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
@@ -688,19 +807,37 @@ impl SymbolTable {
         Ok(())
     }
 
-    /// Number of stack nodes.
+    /// Number of stack ids: rows' stack ids are below it.
     pub fn stack_count(&self) -> usize {
+        if self.stacks.is_empty() {
+            self.symbols.stack_parents.len()
+        } else {
+            self.stacks.len()
+        }
+    }
+
+    /// Number of nodes of the stack tree, the root included.
+    pub fn node_count(&self) -> usize {
         self.symbols.stack_parents.len()
+    }
+
+    /// The tree node of stack id `id` (`None` past [`SymbolTable::stack_count`]).
+    pub fn stack_node(&self, id: u32) -> Option<u32> {
+        if self.stacks.is_empty() {
+            ((id as usize) < self.symbols.stack_parents.len()).then_some(id)
+        } else {
+            self.stacks.get(id as usize).copied()
+        }
     }
 
     /// The locations of stack `id`, leaf first. Unknown ids give an empty stack.
     pub fn stack_locations(&self, id: u32, out: &mut Vec<u32>) {
         out.clear();
         let s = &self.symbols;
-        let mut node = id as usize;
-        if node >= s.stack_parents.len() {
+        let Some(node) = self.stack_node(id) else {
             return;
-        }
+        };
+        let mut node = node as usize;
         while node != 0 {
             out.push(s.stack_locations[node]);
             node = s.stack_parents[node] as usize;
@@ -741,8 +878,10 @@ impl SymbolTable {
             + s.functions.len() * 24
             + s.locations.len() * 64
             // The stack tree (parent and location, 8 bytes a node), the node's trie node (4),
-            // and the trie (8 bytes a node).
+            // the stack ids (4 bytes each, twice: theirs and the trie's) and the trie (8 bytes
+            // a node).
             + s.stack_parents.len() * 12
+            + self.stacks.len() * 8
             + trie_nodes * 8
     }
 }
@@ -811,7 +950,7 @@ mod tests {
         let other_line = stack(&mut b, &[3, 1]);
         let inlined = stack(&mut b, &[0, 4]);
         let address = stack(&mut b, &[0, 1, 5]);
-        let t = SymbolTable::decode(&b.encode()).unwrap();
+        let t = SymbolTable::decode(&b.encode().unwrap()).unwrap();
         let trie = t.name_trie();
         let name = |node: u32| t.string(trie.names[trie.names_of[node as usize] as usize]);
         let path = |stack: u32| {
@@ -854,8 +993,10 @@ mod tests {
         let s3 = b.add_stack([map[1], map[0]].into_iter());
         assert_eq!(s1, s3);
         assert_ne!(s1, s2);
-        let t = SymbolTable::decode(&b.encode()).unwrap();
-        assert_eq!(t.stack_count(), 4, "root, main, main>a, main>b");
+        let t = SymbolTable::decode(&b.encode().unwrap()).unwrap();
+        assert_eq!(t.node_count(), 4, "root, main, main>a, main>b");
+        assert_eq!(t.stack_count(), 2, "the stacks rows name");
+        assert_eq!((s1, s2), (0, 1), "ids numbered as stacks are first met");
         let mut locs = Vec::new();
         t.stack_locations(s2, &mut locs);
         let names: Vec<&str> = locs
@@ -881,11 +1022,23 @@ mod tests {
     #[test]
     fn version_1_sections_still_read_as_version_2_does() {
         let v1 = SymbolTable::decode(&sample_builder().encode_v1()).unwrap();
-        let v2_bytes = sample_builder().encode();
-        assert_eq!(&v2_bytes[4..8], &2u32.to_le_bytes());
+        let v2_bytes = sample_builder().encode().unwrap();
+        assert_eq!(&v2_bytes[4..8], &SYMBOLS_VERSION.to_le_bytes());
         let v2 = SymbolTable::decode(&v2_bytes).unwrap();
         assert_eq!(v1.symbols, v2.symbols, "the same table from either format");
-        assert!(v2.stack_count() > 300, "{}", v2.stack_count());
+        assert!(v2.node_count() > 300, "{}", v2.node_count());
+        // Version 1 has no stack ids: an id is a node there.
+        assert_eq!(v1.stack_count(), v1.node_count());
+        let builder = sample_builder();
+        assert_eq!(v2.stack_count(), 199, "one a leaf");
+        for id in 0..199 {
+            assert_eq!(v2.stack_node(id), Some(builder.stack_node(id)));
+            assert_eq!(
+                v1.stack_node(builder.stack_node(id)),
+                Some(builder.stack_node(id))
+            );
+        }
+        assert_eq!(v2.stack_node(199), None);
         let v1_len = sample_builder().encode_v1().len();
         assert!(
             v2_bytes.len() * 3 < v1_len,
@@ -899,7 +1052,7 @@ mod tests {
         let mut b = SymbolsBuilder::default();
         let map = b.add_locations(&profile_symbols(&["recurse"]));
         let deep = b.add_stack(std::iter::repeat_n(map[0], 50_000));
-        let bytes = b.encode();
+        let bytes = b.encode().unwrap();
         let raw = decoded_len(&bytes[..12], bytes.len() as u64).unwrap();
         assert!(
             raw > 1000 * bytes.len() as u64,
@@ -959,16 +1112,48 @@ mod tests {
             DecodeError::Truncated("symbols")
         );
         assert!(matches!(
-            SymbolTable::decode(&sealed(3, &[&good])).unwrap_err(),
-            DecodeError::Version { version: 3, .. }
+            SymbolTable::decode(&sealed(4, &[&good])).unwrap_err(),
+            DecodeError::Version { version: 4, .. }
         ));
+        // Stack ids: a node of the tree each, and only from version 3 on.
+        let with_ids = |deltas: Vec<i64>| {
+            pb::Symbols {
+                strings: vec![String::new()],
+                locations: vec![pb::Location::default()],
+                stack_locations: vec![0; 4],
+                stack_parent_distances: vec![0, 1, 2, 1],
+                stack_node_deltas: deltas,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let sealed_as = |version: u32, raw: &[u8]| {
+            let mut body = (raw.len() as u32).to_le_bytes().to_vec();
+            body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
+            SymbolTable::decode(&sealed(version, &[&body]))
+        };
+        let t = sealed_as(3, &with_ids(vec![3, -2, 1])).unwrap();
+        assert_eq!(
+            (0..4).map(|i| t.stack_node(i)).collect::<Vec<_>>(),
+            [Some(3), Some(1), Some(2), None]
+        );
+        for bad in [vec![4], vec![1, -2], vec![i64::MAX, 1]] {
+            assert_eq!(
+                sealed_as(3, &with_ids(bad)).unwrap_err(),
+                DecodeError::OutOfRange("stack id")
+            );
+        }
+        assert_eq!(
+            sealed_as(2, &with_ids(vec![1])).unwrap_err(),
+            DecodeError::OutOfRange("stack ids before format version 3")
+        );
     }
 
     proptest::proptest! {
         /// Whatever follows a valid header and passes the CRC, a decode answers (no panic, no
         /// allocation beyond the ratio cap).
         #[test]
-        fn any_sealed_body_decodes_or_errs(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512), version in 1u32..=2) {
+        fn any_sealed_body_decodes_or_errs(body in proptest::collection::vec(proptest::num::u8::ANY, 0..512), version in 1u32..=SYMBOLS_VERSION) {
             let _ = SymbolTable::decode(&sealed(version, &[&body]));
         }
     }
@@ -978,7 +1163,7 @@ mod tests {
         let mut b = SymbolsBuilder::default();
         let map = b.add_locations(&profile_symbols(&["main"]));
         b.add_stack([map[0]].into_iter());
-        let mut bytes = b.encode().to_vec();
+        let mut bytes = b.encode().unwrap().to_vec();
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
         let err = SymbolTable::decode(&bytes).unwrap_err();

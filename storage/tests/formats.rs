@@ -1,16 +1,19 @@
 //! Blocks of older formats stay readable and compact with new ones: symbols sections of format
-//! version 1 (uncompressed) beside version 2 (zstd), read before and after a merge.
+//! version 1 (uncompressed) and 2 (zstd, rows holding tree nodes) beside version 3 (stack ids
+//! apart from nodes), read before and after a merge.
 //!
 //! One test in its own binary: it flips the process-wide switch that makes the writer emit
-//! version 1 sections.
+//! older sections.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
+use kiln_storage::symbols::SYMBOLS_VERSION;
+
 use kiln_storage::Storage;
 use kiln_storage::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
-use kiln_storage::symbols::testing::WRITE_V1;
+use kiln_storage::symbols::testing::WRITE_VERSION;
 use kiln_storage::testing::{config, filter, frames, now_ms, profile};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
@@ -47,21 +50,23 @@ async fn symbol_versions(s: &Storage, tenant: &str) -> Vec<u32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_1_and_2_symbols_read_and_compact_together() {
+async fn version_1_2_and_3_symbols_read_and_compact_together() {
     let dir = tempfile::tempdir().unwrap();
     let s = Storage::open(config(dir.path())).await.unwrap();
     let mut want: BTreeMap<Vec<String>, i64> = BTreeMap::new();
     for i in 0..12i64 {
-        // The first half as a build before format version 2 wrote it.
-        WRITE_V1.store(i < 6, Ordering::Relaxed);
+        // The first third as a build before format version 2 wrote it, the second as one before
+        // version 3 did.
+        WRITE_VERSION.store([1, 2, 0][i as usize / 4], Ordering::Relaxed);
         let stack = format!("main;serve;handler{}", i % 5);
-        s.write(
-            "a",
-            profile("api", &[(frames(&stack), 10 + i)], T0 + i * SEC),
-        )
-        .await
-        .unwrap();
-        *want.entry(frames(&stack)).or_default() += 10 + i;
+        // A stack that is a prefix of another (a node inside the tree) and one that is not.
+        let stacks = [(frames(&stack), 10 + i), (frames("main;serve"), 100 + i)];
+        s.write("a", profile("api", &stacks, T0 + i * SEC))
+            .await
+            .unwrap();
+        for (f, v) in stacks {
+            *want.entry(f).or_default() += v;
+        }
         s.write(
             "b",
             profile("api", &[(frames("main;b_only"), 1)], T0 + i * SEC),
@@ -70,10 +75,10 @@ async fn version_1_and_2_symbols_read_and_compact_together() {
         .unwrap();
         s.flush().await;
     }
-    WRITE_V1.store(false, Ordering::Relaxed);
+    WRITE_VERSION.store(0, Ordering::Relaxed);
     let versions = symbol_versions(&s, "a").await;
     assert!(
-        versions.contains(&1) && versions.contains(&2),
+        versions.contains(&1) && versions.contains(&2) && versions.contains(&SYMBOLS_VERSION),
         "{versions:?}"
     );
     assert_eq!(stacks(&s, "a").await, want, "both formats read");
@@ -81,8 +86,8 @@ async fn version_1_and_2_symbols_read_and_compact_together() {
     assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
     let versions = symbol_versions(&s, "a").await;
     assert!(
-        versions.iter().all(|&v| v == 2) && versions.len() < 12,
-        "merged into version 2: {versions:?}"
+        versions.iter().all(|&v| v == SYMBOLS_VERSION) && versions.len() < 12,
+        "merged into version {SYMBOLS_VERSION}: {versions:?}"
     );
     assert_eq!(stacks(&s, "a").await, want, "the merge keeps every value");
     let b = stacks(&s, "b").await;

@@ -520,7 +520,7 @@ mod tests {
                     let names = root_first.iter().flat_map(|&l| frames[l].iter().copied());
                     naive.add_stack(names, *value);
                 }
-                let table = SymbolTable::decode(&b.encode()).unwrap();
+                let table = SymbolTable::decode(&b.encode().unwrap()).unwrap();
                 add_block_stacks(&mut tree, &table, &values);
             }
             prop_assert_eq!(tree.total(), naive.total());
