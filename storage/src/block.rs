@@ -334,9 +334,9 @@ impl DatasetBuilder {
         let locations = self.symbols.add_locations(&profile.symbols);
         // A profile's series (one per sample type: two for Go's CPU profile, four for its heap
         // profile) share their stacks: each distinct stack is walked into the tree once, the
-        // other series' samples find its node here.
+        // other series' samples find its stack id here.
         let shared = profile.series.len() > 1;
-        let mut nodes: hashbrown::HashMap<&[u32], u32> = hashbrown::HashMap::new();
+        let mut ids: hashbrown::HashMap<&[u32], u32> = hashbrown::HashMap::new();
         for series in &profile.series {
             if series.samples.is_empty() {
                 continue;
@@ -368,7 +368,7 @@ impl DatasetBuilder {
                 let mut walk =
                     || symbols.add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
                 let stack = if shared {
-                    *nodes.entry(sample.stack.as_slice()).or_insert_with(walk)
+                    *ids.entry(sample.stack.as_slice()).or_insert_with(walk)
                 } else {
                     walk()
                 };
