@@ -413,11 +413,9 @@ impl DatasetBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        let by_series_and_key =
-            |a: &Row, b: &Row| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key()));
-        rows.sort_unstable_by(by_series_and_key);
+        rows.sort_unstable_by(|a, b| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key())));
         // Stack ids numbered as the sorted rows meet them, so a series' stacks have neighbouring
-        // ids; then sorted again, as ids within a profile changed order.
+        // ids; then each (series, timestamp)'s rows sorted again, their ids' order changed.
         let renumbered = symbols.renumber_stacks(rows.iter().map(|r| r.stack));
         for row in &mut rows {
             row.stack = renumbered[row.stack as usize];
@@ -429,7 +427,9 @@ impl DatasetBuilder {
                 row.stack = symbols.stack_node(row.stack);
             }
         }
-        rows.sort_unstable_by(by_series_and_key);
+        for group in rows.chunk_by_mut(|a, b| (a.series, a.timestamp) == (b.series, b.timestamp)) {
+            group.sort_unstable_by(|a, b| a.key().cmp(&b.key()));
+        }
         let mut table = crate::series_labels::LabelTableBuilder::default();
         for &old in &order {
             table.add(series[old as usize].labels.iter());

@@ -907,9 +907,7 @@ impl Compactor {
                     heap.push(Reverse((key.0, key.1, i)));
                 }
             }
-            if group.len() > 1 {
-                group.sort_by(|a, b| a.key().cmp(&b.key()));
-            }
+            group.sort_by(|a, b| a.key().cmp(&b.key()));
             for row in group.drain(..) {
                 out.push(
                     series,
