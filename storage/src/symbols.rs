@@ -145,8 +145,9 @@ impl std::hash::Hasher for PreHashed {
 
 impl Default for SymbolsBuilder {
     fn default() -> Self {
-        let mut b = Self {
-            strings: Vec::new(),
+        Self {
+            // String 0 is the empty string, as in pprof.
+            strings: vec![String::new()],
             string_bytes: 0,
             string_index: HashMap::default(),
             mappings: Vec::new(),
@@ -163,14 +164,15 @@ impl Default for SymbolsBuilder {
             children: HashMap::new(),
             stacks: Vec::new(),
             node_stacks: vec![0],
-        };
-        b.string("");
-        b
+        }
     }
 }
 
 impl SymbolsBuilder {
     fn string(&mut self, s: &str) -> u32 {
+        if s.is_empty() {
+            return 0; // interned first, by `Default`
+        }
         let key = string_hash(s);
         let next = self.strings.len() as u32;
         let i = *self.string_index.entry(key).or_insert(next);
@@ -279,9 +281,17 @@ impl SymbolsBuilder {
             .functions
             .iter()
             .map(|f| {
+                let name = self.string(&f.name);
+                // Most producers (Go's runtime/pprof among them) repeat the name here:
+                // comparing the bytes costs less than hashing them again.
+                let system_name = if f.system_name == f.name {
+                    name
+                } else {
+                    self.string(&f.system_name)
+                };
                 let function = pb::Function {
-                    name: self.string(&f.name),
-                    system_name: self.string(&f.system_name),
+                    name,
+                    system_name,
                     filename: self.string(&f.filename),
                     start_line: f.start_line,
                 };
@@ -417,15 +427,18 @@ impl SymbolsBuilder {
     /// The child of stack node `parent` at location `loc` (both of this builder), created if
     /// missing.
     pub fn child(&mut self, parent: u32, loc: u32) -> u32 {
-        if let Some(&child) = self.children.get(&(parent, loc)) {
-            return child;
-        }
-        let child = self.parents.len() as u32;
-        self.parents.push(parent);
-        self.node_locations.push(loc);
-        self.node_stacks.push(0);
-        self.children.insert((parent, loc), child);
-        child
+        // One probe, hit or miss: a fresh segment's profiles are mostly misses.
+        let (parents, node_locations, node_stacks) = (
+            &mut self.parents,
+            &mut self.node_locations,
+            &mut self.node_stacks,
+        );
+        *self.children.entry((parent, loc)).or_insert_with(|| {
+            parents.push(parent);
+            node_locations.push(loc);
+            node_stacks.push(0);
+            parents.len() as u32 - 1
+        })
     }
 
     /// Nodes of the stack tree, the root included.
@@ -520,6 +533,7 @@ impl SymbolsBuilder {
 }
 
 /// A section of format version 1: `msg` (with its parents) uncompressed.
+#[cfg(any(test, feature = "testing"))]
 fn v1_section(msg: &pb::Symbols) -> Bytes {
     sealed(1, &[&msg.encode_to_vec()])
 }
