@@ -421,7 +421,7 @@ impl DatasetBuilder {
             row.stack = renumbered[row.stack as usize];
         }
         #[cfg(feature = "testing")]
-        if crate::symbols::testing::legacy_version().is_some() {
+        if crate::symbols::testing::legacy_version().is_some_and(|v| v < 3) {
             // Older formats have no stack ids: rows hold the tree's nodes.
             for row in &mut rows {
                 row.stack = symbols.stack_node(row.stack);

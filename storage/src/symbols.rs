@@ -7,11 +7,12 @@
 //! (format version 3), so a series' stacks have neighbouring ids and its rows' delta-coded ids
 //! stay small; the section lists each id's node.
 //!
-//! On disk (format version 3): `b"KSYM"`, `u32` LE version, `u32` LE length of the protobuf
+//! On disk (format version 4): `b"KSYM"`, `u32` LE version, `u32` LE length of the protobuf
 //! `kiln.storage.v1.Symbols`, the protobuf in one zstd frame (the stack tree's parents as
-//! distances back, each stack id's node as a delta from the previous id's), then a `u32` LE
-//! CRC32 of everything before it. Version 2, still read, had no stack ids (an id was a node);
-//! version 1 had the protobuf uncompressed, with the parents themselves, and no length. Function and file names
+//! distances back, each stack id's node as a delta from the previous id's, the functions as
+//! four columns of differences), then a `u32` LE CRC32 of everything before it. Version 3,
+//! still read, had the functions as messages; version 2 had no stack ids either (an id was a
+//! node); version 1 had the protobuf uncompressed, with the parents themselves, and no length. Function and file names
 //! are most of a section's bytes, and a fresh segment's section is most of the segment (its
 //! names are amortised over a few profiles' rows): zstd takes a section to ~0.4× (ADR 0002).
 
@@ -28,8 +29,9 @@ use crate::error::DecodeError;
 
 /// Magic bytes of a symbols section.
 pub const SYMBOLS_MAGIC: &[u8; 4] = b"KSYM";
-/// Current symbols format version: 3 added stack ids apart from tree nodes.
-pub const SYMBOLS_VERSION: u32 = 3;
+/// Current symbols format version: 3 added stack ids apart from tree nodes, 4 the functions
+/// as delta-coded columns.
+pub const SYMBOLS_VERSION: u32 = 4;
 /// The oldest symbols format version still read.
 pub const MIN_SYMBOLS_VERSION: u32 = 1;
 /// zstd level of symbols sections. Every level of compaction writes its output's section
@@ -109,8 +111,9 @@ impl Zstd {
 #[cfg(feature = "testing")]
 pub mod testing {
     /// While not 0, every symbols section the writer makes is written in this older format
-    /// version (1: uncompressed; 2: zstd, rows holding tree nodes), as blocks written before
-    /// the current version are: for the tests that read and compact old and new together.
+    /// version (1: uncompressed; 2: zstd, rows holding tree nodes; 3: functions as messages),
+    /// as blocks written before the current version are: for the tests that read and compact
+    /// old and new together.
     pub static WRITE_VERSION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
     /// The older format version the writer is set to make, if any.
@@ -465,13 +468,14 @@ impl SymbolsBuilder {
         #[cfg(feature = "testing")]
         match testing::legacy_version() {
             Some(1) => return Ok(self.encode_v1()),
-            Some(_) => return self.encode_version(2),
+            Some(v) => return self.encode_version(v.min(SYMBOLS_VERSION)),
             None => {}
         }
         self.encode_version(SYMBOLS_VERSION)
     }
 
-    /// The zstd encoding of format `version` (2: without stack ids; 3).
+    /// The zstd encoding of format `version` (2: without stack ids; 3: functions as messages;
+    /// 4).
     fn encode_version(self, version: u32) -> crate::Result<Bytes> {
         let distances = self
             .parents
@@ -492,16 +496,22 @@ impl SymbolsBuilder {
         } else {
             Vec::new()
         };
-        let msg = pb::Symbols {
+        let mut msg = pb::Symbols {
             strings: self.strings,
             mappings: self.mappings,
-            functions: self.functions,
+            functions: Vec::new(),
             locations: self.locations,
             stack_parents: Vec::new(),
             stack_locations: self.node_locations,
             stack_parent_distances: distances,
             stack_node_deltas,
+            ..Default::default()
         };
+        if version >= 4 {
+            function_columns(&self.functions, &mut msg);
+        } else {
+            msg.functions = self.functions;
+        }
         let raw = msg.encode_to_vec();
         // Never met: flushes and compaction outputs are cut far below it (`flush_bytes`,
         // `max_output_stack_nodes`).
@@ -527,9 +537,59 @@ impl SymbolsBuilder {
             stack_parents: self.parents,
             stack_locations: self.node_locations,
             stack_parent_distances: Vec::new(),
-            stack_node_deltas: Vec::new(),
+            ..Default::default()
         })
     }
+}
+
+/// Writes `functions` into `msg` as format version 4's columns of differences.
+fn function_columns(functions: &[pb::Function], msg: &mut pb::Symbols) {
+    let n = functions.len();
+    msg.function_name_deltas.reserve_exact(n);
+    msg.function_system_name_deltas.reserve_exact(n);
+    msg.function_filename_deltas.reserve_exact(n);
+    msg.function_start_line_deltas.reserve_exact(n);
+    let (mut name, mut filename, mut start_line) = (0i64, 0i64, 0i64);
+    for f in functions {
+        let (n, file) = (i64::from(f.name), i64::from(f.filename));
+        msg.function_name_deltas.push(n - name);
+        msg.function_system_name_deltas
+            .push(i64::from(f.system_name) - n);
+        msg.function_filename_deltas.push(file - filename);
+        msg.function_start_line_deltas
+            .push(f.start_line.wrapping_sub(start_line));
+        (name, filename, start_line) = (n, file, f.start_line);
+    }
+}
+
+/// The functions of format version 4's columns (`msg`'s, taken), checked to be four columns of
+/// one length whose sums are string indexes (a `u32` each; [`SymbolTable::validate`] checks
+/// they name strings).
+fn functions_of_columns(msg: &mut pb::Symbols) -> Result<Vec<pb::Function>, DecodeError> {
+    let names = std::mem::take(&mut msg.function_name_deltas);
+    let system_names = std::mem::take(&mut msg.function_system_name_deltas);
+    let filenames = std::mem::take(&mut msg.function_filename_deltas);
+    let start_lines = std::mem::take(&mut msg.function_start_line_deltas);
+    if [system_names.len(), filenames.len(), start_lines.len()] != [names.len(); 3] {
+        return Err(DecodeError::OutOfRange(
+            "function columns of unequal lengths",
+        ));
+    }
+    let index = |v: i64| u32::try_from(v).map_err(|_| DecodeError::OutOfRange("function string"));
+    let (mut name, mut filename, mut start_line) = (0i64, 0i64, 0i64);
+    let mut out = Vec::with_capacity(names.len());
+    for i in 0..names.len() {
+        name = name.saturating_add(names[i]);
+        filename = filename.saturating_add(filenames[i]);
+        start_line = start_line.wrapping_add(start_lines[i]);
+        out.push(pb::Function {
+            name: index(name)?,
+            system_name: index(name.saturating_add(system_names[i]))?,
+            filename: index(filename)?,
+            start_line,
+        });
+    }
+    Ok(out)
 }
 
 /// A section of format version 1: `msg` (with its parents) uncompressed.
@@ -662,7 +722,7 @@ pub fn decoded_len(head: &[u8], section_size: u64) -> Option<u64> {
     }
     match u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) {
         1 => Some(section_size.saturating_sub(12)),
-        2 | 3 => Some(u64::from(u32::from_le_bytes(
+        2..=4 => Some(u64::from(u32::from_le_bytes(
             head[8..12].try_into().expect("4 bytes"),
         ))),
         _ => None,
@@ -744,6 +804,23 @@ impl SymbolTable {
         };
         if version < 3 && !symbols.stack_node_deltas.is_empty() {
             return Err(DecodeError::OutOfRange("stack ids before format version 3"));
+        }
+        let mut symbols = symbols;
+        if version >= 4 {
+            if !symbols.functions.is_empty() {
+                return Err(DecodeError::OutOfRange(
+                    "functions as messages in format version 4",
+                ));
+            }
+            symbols.functions = functions_of_columns(&mut symbols)?;
+        } else if !symbols.function_name_deltas.is_empty()
+            || !symbols.function_system_name_deltas.is_empty()
+            || !symbols.function_filename_deltas.is_empty()
+            || !symbols.function_start_line_deltas.is_empty()
+        {
+            return Err(DecodeError::OutOfRange(
+                "function columns before format version 4",
+            ));
         }
         let t = Self::new(symbols)?;
         t.validate()?;
@@ -1079,6 +1156,122 @@ mod tests {
         assert_eq!(locs.len(), 50_000);
     }
 
+    /// A Go-like function table: files shared by several functions, system names the names
+    /// but for a few, start lines going up and down (the first ones negative).
+    fn function_table_builder() -> SymbolsBuilder {
+        let mut p = ProfileSymbols::default();
+        for i in 0..300u32 {
+            let name = format!("github.com/acme/svc/pkg{}.Fn{i}", i % 7);
+            p.functions.push(Function {
+                system_name: if i % 50 == 7 {
+                    format!("sys{i}")
+                } else {
+                    name.clone()
+                },
+                name,
+                filename: format!("/src/pkg{}/file{}.go", i % 7, i % 13),
+                start_line: i64::from(i % 40) * 3 - 20,
+            });
+            p.locations.push(Location {
+                lines: vec![Line {
+                    function: i,
+                    line: 1,
+                }],
+                ..Default::default()
+            });
+        }
+        let mut b = SymbolsBuilder::default();
+        let map = b.add_locations(&p);
+        for leaf in 1..map.len() {
+            b.add_stack([map[leaf], map[0]].into_iter());
+        }
+        b
+    }
+
+    #[test]
+    fn function_columns_read_as_the_messages_did_and_are_smaller() {
+        let functions = function_table_builder().functions.clone();
+        assert!(functions.iter().any(|f| f.system_name != f.name));
+        assert!(functions.iter().any(|f| f.start_line < 0));
+        let v3 = function_table_builder().encode_version(3).unwrap();
+        let v4 = function_table_builder().encode().unwrap();
+        assert_eq!(&v4[4..8], &4u32.to_le_bytes());
+        let (t3, t4) = (
+            SymbolTable::decode(&v3).unwrap(),
+            SymbolTable::decode(&v4).unwrap(),
+        );
+        assert_eq!(t4.symbols.functions, functions);
+        assert_eq!(t3.symbols, t4.symbols, "the same table from either version");
+        assert!(v4.len() < v3.len(), "{} vs {}", v4.len(), v3.len());
+    }
+
+    #[test]
+    fn bad_function_columns_are_errors() {
+        let raw = |functions: Vec<pb::Function>, columns: [Vec<i64>; 4]| {
+            let [names, system_names, filenames, start_lines] = columns;
+            pb::Symbols {
+                strings: vec![String::new(), "main".into()],
+                functions,
+                locations: vec![pb::Location::default()],
+                stack_locations: vec![0],
+                stack_parent_distances: vec![0],
+                function_name_deltas: names,
+                function_system_name_deltas: system_names,
+                function_filename_deltas: filenames,
+                function_start_line_deltas: start_lines,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        let sealed_as = |version: u32, raw: &[u8]| {
+            let mut body = (raw.len() as u32).to_le_bytes().to_vec();
+            body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
+            SymbolTable::decode(&sealed(version, &[&body]))
+        };
+        let good = raw(
+            Vec::new(),
+            [vec![1, 0], vec![0, -1], vec![0, 1], vec![5, -7]],
+        );
+        let t = sealed_as(4, &good).unwrap();
+        let f = |name, system_name, filename, start_line| pb::Function {
+            name,
+            system_name,
+            filename,
+            start_line,
+        };
+        assert_eq!(t.symbols.functions, [f(1, 1, 0, 5), f(1, 0, 1, -2)]);
+        assert!(t.symbols.function_name_deltas.is_empty(), "taken");
+        for (columns, what) in [
+            (
+                [vec![1], vec![], vec![0], vec![0]],
+                "function columns of unequal lengths",
+            ),
+            ([vec![-1], vec![0], vec![0], vec![0]], "function string"),
+            ([vec![2], vec![0], vec![0], vec![0]], "function string"),
+            (
+                [vec![1], vec![i64::MAX], vec![0], vec![0]],
+                "function string",
+            ),
+            (
+                [vec![1], vec![0], vec![i64::from(u32::MAX) + 1], vec![0]],
+                "function string",
+            ),
+        ] {
+            assert_eq!(
+                sealed_as(4, &raw(Vec::new(), columns)).unwrap_err(),
+                DecodeError::OutOfRange(what)
+            );
+        }
+        assert_eq!(
+            sealed_as(4, &raw(vec![f(1, 1, 0, 0)], Default::default())).unwrap_err(),
+            DecodeError::OutOfRange("functions as messages in format version 4")
+        );
+        assert_eq!(
+            sealed_as(3, &good).unwrap_err(),
+            DecodeError::OutOfRange("function columns before format version 4")
+        );
+    }
+
     #[test]
     fn bad_lengths_and_parent_distances_are_errors() {
         let msg = |distances: Vec<u32>, parents: Vec<u32>| {
@@ -1126,8 +1319,8 @@ mod tests {
             DecodeError::Truncated("symbols")
         );
         assert!(matches!(
-            SymbolTable::decode(&sealed(4, &[&good])).unwrap_err(),
-            DecodeError::Version { version: 4, .. }
+            SymbolTable::decode(&sealed(SYMBOLS_VERSION + 1, &[&good])).unwrap_err(),
+            DecodeError::Version { version, .. } if version == SYMBOLS_VERSION + 1
         ));
         // Stack ids: a node of the tree each, and only from version 3 on.
         let with_ids = |deltas: Vec<i64>| {
@@ -1164,6 +1357,24 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Any function table comes back from format version 4's columns as it went in (the
+        /// naive model: the table itself).
+        #[test]
+        fn function_columns_round_trip(table in proptest::collection::vec((proptest::num::u32::ANY, proptest::num::u32::ANY, proptest::num::u32::ANY, proptest::num::i64::ANY), 0..64)) {
+            let functions: Vec<pb::Function> = table
+                .into_iter()
+                .map(|(name, system_name, filename, start_line)| pb::Function {
+                    name,
+                    system_name,
+                    filename,
+                    start_line,
+                })
+                .collect();
+            let mut msg = pb::Symbols::default();
+            function_columns(&functions, &mut msg);
+            proptest::prop_assert_eq!(functions_of_columns(&mut msg).unwrap(), functions);
+        }
+
         /// Whatever follows a valid header and passes the CRC, a decode answers (no panic, no
         /// allocation beyond the ratio cap).
         #[test]

@@ -1,6 +1,7 @@
 //! Blocks of older formats stay readable and compact with new ones: symbols sections of format
-//! version 1 (uncompressed) and 2 (zstd, rows holding tree nodes) beside version 3 (stack ids
-//! apart from nodes), read before and after a merge.
+//! version 1 (uncompressed), 2 (zstd, rows holding tree nodes) and 3 (stack ids apart from
+//! nodes, functions as messages) beside version 4 (functions as columns), read before and after
+//! a merge.
 //!
 //! One test in its own binary: it flips the process-wide switch that makes the writer emit
 //! older sections.
@@ -50,14 +51,14 @@ async fn symbol_versions(s: &Storage, tenant: &str) -> Vec<u32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn version_1_2_and_3_symbols_read_and_compact_together() {
+async fn symbols_of_versions_1_to_4_read_and_compact_together() {
     let dir = tempfile::tempdir().unwrap();
     let s = Storage::open(config(dir.path())).await.unwrap();
     let mut want: BTreeMap<Vec<String>, i64> = BTreeMap::new();
     for i in 0..12i64 {
-        // The first third as a build before format version 2 wrote it, the second as one before
-        // version 3 did.
-        WRITE_VERSION.store([1, 2, 0][i as usize / 4], Ordering::Relaxed);
+        // The first quarter as a build before format version 2 wrote it, the second as one before
+        // version 3 did, the third as one before version 4.
+        WRITE_VERSION.store([1, 2, 3, 0][i as usize / 3], Ordering::Relaxed);
         let stack = format!("main;serve;handler{}", i % 5);
         // A stack that is a prefix of another (a node inside the tree) and one that is not.
         let stacks = [(frames(&stack), 10 + i), (frames("main;serve"), 100 + i)];
@@ -78,10 +79,12 @@ async fn version_1_2_and_3_symbols_read_and_compact_together() {
     WRITE_VERSION.store(0, Ordering::Relaxed);
     let versions = symbol_versions(&s, "a").await;
     assert!(
-        versions.contains(&1) && versions.contains(&2) && versions.contains(&SYMBOLS_VERSION),
+        [1, 2, 3, SYMBOLS_VERSION]
+            .iter()
+            .all(|v| versions.contains(v)),
         "{versions:?}"
     );
-    assert_eq!(stacks(&s, "a").await, want, "both formats read");
+    assert_eq!(stacks(&s, "a").await, want, "every format reads");
 
     assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
     let versions = symbol_versions(&s, "a").await;
