@@ -1156,6 +1156,13 @@ mod tests {
         assert_eq!(locs.len(), 50_000);
     }
 
+    /// Decodes `raw` (a `Symbols` protobuf) sealed as a zstd section of format `version`.
+    fn decode_as(version: u32, raw: &[u8]) -> Result<SymbolTable, DecodeError> {
+        let mut body = (raw.len() as u32).to_le_bytes().to_vec();
+        body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
+        SymbolTable::decode(&sealed(version, &[&body]))
+    }
+
     /// A Go-like function table: files shared by several functions, system names the names
     /// but for a few, start lines going up and down (the first ones negative).
     fn function_table_builder() -> SymbolsBuilder {
@@ -1223,16 +1230,11 @@ mod tests {
             }
             .encode_to_vec()
         };
-        let sealed_as = |version: u32, raw: &[u8]| {
-            let mut body = (raw.len() as u32).to_le_bytes().to_vec();
-            body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
-            SymbolTable::decode(&sealed(version, &[&body]))
-        };
         let good = raw(
             Vec::new(),
             [vec![1, 0], vec![0, -1], vec![0, 1], vec![5, -7]],
         );
-        let t = sealed_as(4, &good).unwrap();
+        let t = decode_as(4, &good).unwrap();
         let f = |name, system_name, filename, start_line| pb::Function {
             name,
             system_name,
@@ -1258,16 +1260,16 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                sealed_as(4, &raw(Vec::new(), columns)).unwrap_err(),
+                decode_as(4, &raw(Vec::new(), columns)).unwrap_err(),
                 DecodeError::OutOfRange(what)
             );
         }
         assert_eq!(
-            sealed_as(4, &raw(vec![f(1, 1, 0, 0)], Default::default())).unwrap_err(),
+            decode_as(4, &raw(vec![f(1, 1, 0, 0)], Default::default())).unwrap_err(),
             DecodeError::OutOfRange("functions as messages in format version 4")
         );
         assert_eq!(
-            sealed_as(3, &good).unwrap_err(),
+            decode_as(3, &good).unwrap_err(),
             DecodeError::OutOfRange("function columns before format version 4")
         );
     }
@@ -1334,24 +1336,19 @@ mod tests {
             }
             .encode_to_vec()
         };
-        let sealed_as = |version: u32, raw: &[u8]| {
-            let mut body = (raw.len() as u32).to_le_bytes().to_vec();
-            body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
-            SymbolTable::decode(&sealed(version, &[&body]))
-        };
-        let t = sealed_as(3, &with_ids(vec![3, -2, 1])).unwrap();
+        let t = decode_as(3, &with_ids(vec![3, -2, 1])).unwrap();
         assert_eq!(
             (0..4).map(|i| t.stack_node(i)).collect::<Vec<_>>(),
             [Some(3), Some(1), Some(2), None]
         );
         for bad in [vec![4], vec![1, -2], vec![i64::MAX, 1]] {
             assert_eq!(
-                sealed_as(3, &with_ids(bad)).unwrap_err(),
+                decode_as(3, &with_ids(bad)).unwrap_err(),
                 DecodeError::OutOfRange("stack id")
             );
         }
         assert_eq!(
-            sealed_as(2, &with_ids(vec![1])).unwrap_err(),
+            decode_as(2, &with_ids(vec![1])).unwrap_err(),
             DecodeError::OutOfRange("stack ids before format version 3")
         );
     }
