@@ -1,5 +1,6 @@
 //! A fault-injecting [`ObjectStore`] for tests: puts, reads or deletes fail on demand with the
-//! error an unreachable store gives, and succeed again when the fault is lifted.
+//! error an unreachable store gives, and succeed again when the fault is lifted; puts can also
+//! be held (a slow store) until released.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -26,6 +27,12 @@ pub struct FaultyStore {
     pub fail_deletes: AtomicBool,
     /// Puts that were refused.
     pub refused_puts: AtomicU64,
+    /// Puts wait while this is set.
+    pub hold_puts: AtomicBool,
+    /// Puts waiting now.
+    pub held_puts: AtomicU64,
+    /// Puts passed to the inner store.
+    pub puts: AtomicU64,
 }
 
 impl FaultyStore {
@@ -37,7 +44,22 @@ impl FaultyStore {
             fail_gets: AtomicBool::new(false),
             fail_deletes: AtomicBool::new(false),
             refused_puts: AtomicU64::new(0),
+            hold_puts: AtomicBool::new(false),
+            held_puts: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
         }
+    }
+
+    /// Waits while puts are held.
+    async fn hold(&self) {
+        if !self.hold_puts.load(Ordering::SeqCst) {
+            return;
+        }
+        self.held_puts.fetch_add(1, Ordering::SeqCst);
+        while self.hold_puts.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        self.held_puts.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Sets or lifts every fault at once.
@@ -80,6 +102,8 @@ impl ObjectStore for FaultyStore {
             self.refused_puts.fetch_add(1, Ordering::SeqCst);
             return Err(Self::fault(location));
         }
+        self.hold().await;
+        self.puts.fetch_add(1, Ordering::SeqCst);
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -92,6 +116,8 @@ impl ObjectStore for FaultyStore {
             self.refused_puts.fetch_add(1, Ordering::SeqCst);
             return Err(Self::fault(location));
         }
+        self.hold().await;
+        self.puts.fetch_add(1, Ordering::SeqCst);
         self.inner.put_multipart_opts(location, opts).await
     }
 

@@ -1,0 +1,163 @@
+//! The shard writer's flushes against a slow object store: one flush at a time per shard, the
+//! writes that arrive meanwhile flushed together right after it (group commit), no buffer
+//! taking writes past its size limit, and a close waiting for the flush it interrupts. Nothing
+//! is acknowledged before its segment is stored, and nothing acknowledged is lost.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kiln_storage::store::faulty::FaultyStore;
+use kiln_storage::testing::{config, faulty_storage, filter, frames, profile};
+use kiln_storage::{Storage, StorageConfig};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+const SEC: i64 = 1_000_000_000;
+
+fn one_shard(dir: &std::path::Path) -> StorageConfig {
+    let mut c = config(dir);
+    c.writer.shards = 1;
+    // Only the writer's PUTs are counted.
+    c.compaction.enabled = false;
+    c
+}
+
+async fn stacks(s: &Storage, tenant: &str) -> BTreeMap<Vec<String>, i64> {
+    s.query()
+        .merge_tree(&filter(tenant, "{}", T0 - 3600 * SEC, T0 + 3600 * SEC))
+        .await
+        .unwrap()
+        .stacks()
+}
+
+/// Waits until `n` PUTs are held.
+async fn held(store: &FaultyStore, n: u64) {
+    for _ in 0..5000 {
+        if store.held_puts.load(Ordering::SeqCst) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("{n} PUTs were never held");
+}
+
+/// Writes `value` of the stack `main;<name>` to `tenant` on a task of its own.
+fn write(
+    s: &Arc<Storage>,
+    tenant: &'static str,
+    name: &str,
+    value: i64,
+) -> tokio::task::JoinHandle<kiln_storage::Result<()>> {
+    let (s, p) = (
+        Arc::clone(s),
+        profile("api", &[(frames(&format!("main;{name}")), value)], T0),
+    );
+    tokio::spawn(async move { s.write(tenant, p).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_during_a_flush_are_flushed_together_right_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, store) = faulty_storage(one_shard(dir.path())).await;
+    let s = Arc::new(s);
+    store.hold_puts.store(true, Ordering::SeqCst);
+    let first = write(&s, "a", "first", 1);
+    held(&store, 1).await;
+    let later = [
+        write(&s, "a", "second", 2),
+        write(&s, "a", "third", 3),
+        write(&s, "b", "other", 4),
+    ];
+    // Many flush intervals later, the first flush still runs and no other has started: the
+    // later writes wait, unacknowledged.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.held_puts.load(Ordering::SeqCst), 1);
+    assert_eq!(store.puts.load(Ordering::SeqCst), 0);
+    assert!(!first.is_finished() && later.iter().all(|w| !w.is_finished()));
+    store.hold_puts.store(false, Ordering::SeqCst);
+    first.await.unwrap().unwrap();
+    for w in later {
+        w.await.unwrap().unwrap();
+    }
+    // The first segment, then one for everything that came while it was written.
+    assert_eq!(store.puts.load(Ordering::SeqCst), 2);
+    let a: BTreeMap<Vec<String>, i64> = [
+        (frames("main;first"), 1),
+        (frames("main;second"), 2),
+        (frames("main;third"), 3),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(stacks(&s, "a").await, a);
+    assert_eq!(
+        stacks(&s, "b").await,
+        [(frames("main;other"), 4)].into_iter().collect()
+    );
+    assert!(stacks(&s, "c").await.is_empty());
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_buffer_holds_later_writes_back_until_the_flush_before_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = one_shard(dir.path());
+    // Every write fills the buffer.
+    c.writer.flush_bytes = 1;
+    let (s, store) = faulty_storage(c).await;
+    let s = Arc::new(s);
+    store.hold_puts.store(true, Ordering::SeqCst);
+    let first = write(&s, "a", "f0", 1);
+    held(&store, 1).await;
+    let later: Vec<_> = (1..=5)
+        .map(|i| write(&s, "a", &format!("f{i}"), 1 + i))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.held_puts.load(Ordering::SeqCst), 1);
+    store.hold_puts.store(false, Ordering::SeqCst);
+    first.await.unwrap().unwrap();
+    for w in later {
+        w.await.unwrap().unwrap();
+    }
+    // No buffer took a write past its limit: a segment each.
+    assert_eq!(store.puts.load(Ordering::SeqCst), 6);
+    let want: BTreeMap<Vec<String>, i64> = (0..=5)
+        .map(|i| (frames(&format!("main;f{i}")), 1 + i))
+        .collect();
+    assert_eq!(stacks(&s, "a").await, want);
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_waits_for_the_running_flush_and_flushes_what_waits_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (s, store) = faulty_storage(one_shard(dir.path())).await;
+        let s = Arc::new(s);
+        store.hold_puts.store(true, Ordering::SeqCst);
+        let first = write(&s, "a", "first", 1);
+        held(&store, 1).await;
+        let second = write(&s, "a", "second", 2);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let closing = {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move { s.close().await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!closing.is_finished(), "close returned during a flush");
+        store.hold_puts.store(false, Ordering::SeqCst);
+        closing.await.unwrap();
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        assert_eq!(store.puts.load(Ordering::SeqCst), 2);
+    }
+    // Both are durable: a new process reads them.
+    let s = Storage::open(one_shard(dir.path())).await.unwrap();
+    let want: BTreeMap<Vec<String>, i64> = [(frames("main;first"), 1), (frames("main;second"), 2)]
+        .into_iter()
+        .collect();
+    assert_eq!(stacks(&s, "a").await, want);
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
