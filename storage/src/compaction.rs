@@ -694,7 +694,7 @@ impl Compactor {
                 })
                 .inc();
         };
-        match self.merge(job).await {
+        match self.merge_off_the_workers(job).await {
             Ok(outputs) => {
                 let rows: u64 = outputs.iter().map(|(_, m)| m.rows).sum();
                 let bytes: u64 = outputs.iter().map(|(_, m)| m.object_size).sum();
@@ -763,6 +763,23 @@ impl Compactor {
                 outcome("error");
                 Err(e)
             }
+        }
+    }
+
+    /// [`Compactor::merge`] on a thread the runtime has handed its worker's other tasks away
+    /// from (`block_in_place`): a merge computes for long stretches between the points where
+    /// it yields, and the queries and writes queued on its worker would wait that long; the
+    /// operating system shares the cores among threads instead. On a current-thread runtime
+    /// (tests) it runs in place.
+    async fn merge_off_the_workers(
+        &self,
+        job: &Job,
+    ) -> std::result::Result<Vec<(PathBuf, BlockMeta)>, (Option<Arc<BlockMeta>>, Error)> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| rt.block_on(self.merge(job)))
+            }
+            _ => self.merge(job).await,
         }
     }
 

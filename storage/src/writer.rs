@@ -335,7 +335,12 @@ async fn run_shard(
                         tenant,
                         profiles,
                         ack,
-                    }) => size += buffer(&mut pending, tenant, &profiles, ack),
+                    }) => {
+                        size += buffer(&mut pending, tenant, &profiles, ack);
+                        // `try_recv` never yields: under load hundreds of writes queue here,
+                        // and the worker's other tasks (queries) would wait for all of them.
+                        tokio::task::consume_budget().await;
+                    }
                     Ok(other) => {
                         control = Some(other);
                         break;
