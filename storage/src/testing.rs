@@ -1,7 +1,7 @@
 //! Helpers for tests of the storage engine (feature `testing`): profiles built from root-first
 //! stacks of function names, and a storage on a temporary directory.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,6 +86,16 @@ pub fn profile_with_labels(
 /// Root-first frames from `a;b;c`.
 pub fn frames(folded: &str) -> Vec<String> {
     folded.split(';').map(str::to_owned).collect()
+}
+
+/// Every CPU stack of `tenant` within an hour either side of `around`, summed (root first).
+pub async fn stacks_around(s: &Storage, tenant: &str, around: i64) -> BTreeMap<Vec<String>, i64> {
+    const HOUR: i64 = 3600 * 1_000_000_000;
+    s.query()
+        .merge_tree(&filter(tenant, "{}", around - HOUR, around + HOUR))
+        .await
+        .expect("a query")
+        .stacks()
 }
 
 /// A filter over every CPU sample of `tenant` matching `selector` in `[start, end)`.

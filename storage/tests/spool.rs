@@ -4,19 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use kiln_storage::testing::{config, faulty_storage, filter, frames, profile};
+use kiln_storage::testing::{config, faulty_storage, frames, profile, stacks_around};
 use kiln_storage::{ErrorKind, Storage};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 const SEC: i64 = 1_000_000_000;
-
-async fn stacks(s: &Storage, tenant: &str) -> BTreeMap<Vec<String>, i64> {
-    s.query()
-        .merge_tree(&filter(tenant, "{}", T0 - 3600 * SEC, T0 + 3600 * SEC))
-        .await
-        .unwrap()
-        .stacks()
-}
 
 fn spooled(s: &Storage) -> u64 {
     s.metrics().spool_bytes.get() as u64
@@ -52,12 +44,16 @@ async fn writes_wait_in_the_spool_while_the_store_is_down() {
     let want: BTreeMap<Vec<String>, i64> = [(frames("main;up"), 1), (frames("main;down"), 6)]
         .into_iter()
         .collect();
-    assert_eq!(stacks(&s, "a").await, want);
+    assert_eq!(stacks_around(&s, "a", T0).await, want);
     assert_eq!(
-        stacks(&s, "b").await,
+        stacks_around(&s, "b", T0).await,
         [(frames("main;b_only"), 5)].into_iter().collect()
     );
-    assert!(!stacks(&s, "c").await.contains_key(&frames("main;down")));
+    assert!(
+        !stacks_around(&s, "c", T0)
+            .await
+            .contains_key(&frames("main;down"))
+    );
     s.close().await;
 }
 
@@ -93,8 +89,8 @@ async fn past_the_budget_writes_are_refused_and_nothing_acknowledged_is_lost() {
     assert!(spooled(&s) > 0, "the reopened spool counts its files");
     store.set_down(false);
     s.drain_spool().await;
-    let total: i64 = stacks(&s, "a").await.values().sum();
+    let total: i64 = stacks_around(&s, "a", T0).await.values().sum();
     assert_eq!(total, acknowledged, "exactly what was acknowledged");
-    assert!(stacks(&s, "b").await.is_empty());
+    assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }

@@ -9,11 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kiln_storage::store::faulty::FaultyStore;
-use kiln_storage::testing::{config, faulty_storage, filter, frames, profile};
+use kiln_storage::testing::{config, faulty_storage, frames, profile, stacks_around};
 use kiln_storage::{Storage, StorageConfig};
 
 const T0: i64 = 1_700_000_000_000_000_000;
-const SEC: i64 = 1_000_000_000;
 
 fn one_shard(dir: &std::path::Path) -> StorageConfig {
     let mut c = config(dir);
@@ -23,23 +22,27 @@ fn one_shard(dir: &std::path::Path) -> StorageConfig {
     c
 }
 
-async fn stacks(s: &Storage, tenant: &str) -> BTreeMap<Vec<String>, i64> {
-    s.query()
-        .merge_tree(&filter(tenant, "{}", T0 - 3600 * SEC, T0 + 3600 * SEC))
-        .await
-        .unwrap()
-        .stacks()
-}
-
-/// Waits until `n` PUTs are held.
-async fn held(store: &FaultyStore, n: u64) {
+/// A storage on `c` whose PUTs are held, and a write of `main;<first>` (value 1) to tenant `a`
+/// whose flush is waiting in its PUT.
+async fn first_write_held(
+    c: StorageConfig,
+    first: &str,
+) -> (
+    Arc<Storage>,
+    Arc<FaultyStore>,
+    tokio::task::JoinHandle<kiln_storage::Result<()>>,
+) {
+    let (s, store) = faulty_storage(c).await;
+    let s = Arc::new(s);
+    store.hold_puts.store(true, Ordering::SeqCst);
+    let write = write(&s, "a", first, 1);
     for _ in 0..5000 {
-        if store.held_puts.load(Ordering::SeqCst) == n {
-            return;
+        if store.held_puts.load(Ordering::SeqCst) == 1 {
+            return (s, store, write);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    panic!("{n} PUTs were never held");
+    panic!("the first write's PUT was never held");
 }
 
 /// Writes `value` of the stack `main;<name>` to `tenant` on a task of its own.
@@ -59,11 +62,7 @@ fn write(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_flush_are_flushed_together_right_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, store) = faulty_storage(one_shard(dir.path())).await;
-    let s = Arc::new(s);
-    store.hold_puts.store(true, Ordering::SeqCst);
-    let first = write(&s, "a", "first", 1);
-    held(&store, 1).await;
+    let (s, store, first) = first_write_held(one_shard(dir.path()), "first").await;
     let later = [
         write(&s, "a", "second", 2),
         write(&s, "a", "third", 3),
@@ -89,12 +88,12 @@ async fn writes_during_a_flush_are_flushed_together_right_after_it() {
     ]
     .into_iter()
     .collect();
-    assert_eq!(stacks(&s, "a").await, a);
+    assert_eq!(stacks_around(&s, "a", T0).await, a);
     assert_eq!(
-        stacks(&s, "b").await,
+        stacks_around(&s, "b", T0).await,
         [(frames("main;other"), 4)].into_iter().collect()
     );
-    assert!(stacks(&s, "c").await.is_empty());
+    assert!(stacks_around(&s, "c", T0).await.is_empty());
     s.close().await;
 }
 
@@ -104,11 +103,7 @@ async fn a_full_buffer_holds_later_writes_back_until_the_flush_before_it_ends() 
     let mut c = one_shard(dir.path());
     // Every write fills the buffer.
     c.writer.flush_bytes = 1;
-    let (s, store) = faulty_storage(c).await;
-    let s = Arc::new(s);
-    store.hold_puts.store(true, Ordering::SeqCst);
-    let first = write(&s, "a", "f0", 1);
-    held(&store, 1).await;
+    let (s, store, first) = first_write_held(c, "f0").await;
     let later: Vec<_> = (1..=5)
         .map(|i| write(&s, "a", &format!("f{i}"), 1 + i))
         .collect();
@@ -124,8 +119,8 @@ async fn a_full_buffer_holds_later_writes_back_until_the_flush_before_it_ends() 
     let want: BTreeMap<Vec<String>, i64> = (0..=5)
         .map(|i| (frames(&format!("main;f{i}")), 1 + i))
         .collect();
-    assert_eq!(stacks(&s, "a").await, want);
-    assert!(stacks(&s, "b").await.is_empty());
+    assert_eq!(stacks_around(&s, "a", T0).await, want);
+    assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
 
@@ -133,11 +128,7 @@ async fn a_full_buffer_holds_later_writes_back_until_the_flush_before_it_ends() 
 async fn a_close_waits_for_the_running_flush_and_flushes_what_waits_behind_it() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let (s, store) = faulty_storage(one_shard(dir.path())).await;
-        let s = Arc::new(s);
-        store.hold_puts.store(true, Ordering::SeqCst);
-        let first = write(&s, "a", "first", 1);
-        held(&store, 1).await;
+        let (s, store, first) = first_write_held(one_shard(dir.path()), "first").await;
         let second = write(&s, "a", "second", 2);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let closing = {
@@ -157,7 +148,7 @@ async fn a_close_waits_for_the_running_flush_and_flushes_what_waits_behind_it() 
     let want: BTreeMap<Vec<String>, i64> = [(frames("main;first"), 1), (frames("main;second"), 2)]
         .into_iter()
         .collect();
-    assert_eq!(stacks(&s, "a").await, want);
-    assert!(stacks(&s, "b").await.is_empty());
+    assert_eq!(stacks_around(&s, "a", T0).await, want);
+    assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
