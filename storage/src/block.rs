@@ -293,6 +293,8 @@ pub struct BuiltDataset {
     pub meta: BlockMeta,
     pub samples: Bytes,
     pub symbols: Bytes,
+    /// The symbols as a query reads them ([`crate::symbols::SymbolsBuilder::encode_with_table`]).
+    pub table: std::sync::Arc<crate::symbols::SymbolTable>,
 }
 
 impl DatasetBuilder {
@@ -465,7 +467,7 @@ impl DatasetBuilder {
         }
         let samples = write_parquet(&batch.finish()?)?;
         let stack_nodes = symbols.stack_nodes() as u64;
-        let symbols = symbols.encode()?;
+        let (symbols, table) = symbols.encode_with_table()?;
         let meta = BlockMeta {
             format_version: BLOCK_FORMAT_VERSION,
             id: String::new(),
@@ -503,6 +505,7 @@ impl DatasetBuilder {
             meta,
             samples,
             symbols,
+            table: std::sync::Arc::new(table),
         })
     }
 }

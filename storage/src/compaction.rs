@@ -187,6 +187,9 @@ pub struct Compactor {
     query: QueryEngine,
     scratch: PathBuf,
     delete_delay: Duration,
+    /// Whether the outputs' symbols go into `query`'s cache as they are registered (this
+    /// process answers queries).
+    warm: bool,
     /// This compactor's name in leases.
     owner: String,
 }
@@ -517,14 +520,15 @@ impl Output {
         Ok(())
     }
 
-    /// Closes the output: appends symbols and footer to the file. Returns its metadata.
+    /// Closes the output: appends symbols and footer to the file. Returns its metadata and its
+    /// symbols as a query reads them, their flame-graph trie made.
     fn finish(
         mut self,
         template: &BlockMeta,
         level: u32,
         sources: &[String],
         profiles: u64,
-    ) -> Result<(PathBuf, BlockMeta)> {
+    ) -> Result<Written> {
         use std::io::Write;
         if !self.batch.is_empty() {
             self.writer.write(&self.batch.finish()?)?;
@@ -560,7 +564,7 @@ impl Output {
         appended.map_err(io)?;
         let rollup_end = offset;
         let stack_nodes = self.symbols.stack_nodes() as u64;
-        let symbols = self.symbols.encode()?;
+        let (symbols, table) = self.symbols.encode_with_table()?;
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
             rollups,
@@ -601,12 +605,28 @@ impl Output {
         file.write_all(&footer).map_err(io)?;
         file.sync_all().map_err(io)?;
         meta.object_size = rollup_end + symbols.len() as u64 + footer.len() as u64;
-        Ok((self.file_path, meta))
+        // Made here, off the query path: the first query of the block would make it otherwise.
+        table.name_trie();
+        Ok(Written {
+            path: self.file_path,
+            meta,
+            symbols: Arc::new(table),
+        })
     }
 }
 
+/// A merge's output file, written and synced, not yet in the store.
+struct Written {
+    path: PathBuf,
+    meta: BlockMeta,
+    /// Its symbols as a query reads them: the query engine's cache gets them once the block
+    /// is registered.
+    symbols: Arc<SymbolTable>,
+}
+
 impl Compactor {
-    /// A compactor writing its scratch files under `scratch`.
+    /// A compactor writing its scratch files under `scratch`; with `warm`, the symbols of what
+    /// it writes go into `query`'s cache.
     pub fn new(
         config: CompactionConfig,
         store: ObjectStorage,
@@ -614,6 +634,7 @@ impl Compactor {
         query: QueryEngine,
         scratch: PathBuf,
         delete_delay: Duration,
+        warm: bool,
     ) -> Self {
         Self {
             config,
@@ -622,6 +643,7 @@ impl Compactor {
             query,
             scratch,
             delete_delay,
+            warm,
             owner: format!("compactor-{}", ulid::Ulid::generate()),
         }
     }
@@ -696,13 +718,21 @@ impl Compactor {
         };
         match self.merge_off_the_workers(job).await {
             Ok(outputs) => {
-                let rows: u64 = outputs.iter().map(|(_, m)| m.rows).sum();
-                let bytes: u64 = outputs.iter().map(|(_, m)| m.object_size).sum();
-                let metas: Vec<BlockMeta> = outputs.iter().map(|(_, m)| m.clone()).collect();
-                for (path, meta) in &outputs {
-                    let result = self.store.put_file_durable(&meta.path(), path).await;
-                    let _ = std::fs::remove_file(path);
+                let rows: u64 = outputs.iter().map(|o| o.meta.rows).sum();
+                let bytes: u64 = outputs.iter().map(|o| o.meta.object_size).sum();
+                let metas: Vec<BlockMeta> = outputs.iter().map(|o| o.meta.clone()).collect();
+                for o in &outputs {
+                    let result = self.store.put_file_durable(&o.meta.path(), &o.path).await;
+                    let _ = std::fs::remove_file(&o.path);
                     result?;
+                }
+                // Before the outputs are visible: a query that finds them finds their symbols.
+                if self.warm {
+                    for o in &outputs {
+                        self.query
+                            .warm_symbols(&o.meta, Arc::clone(&o.symbols))
+                            .await;
+                    }
                 }
                 let delay = self.delete_delay.as_millis() as u64;
                 match self
@@ -712,6 +742,16 @@ impl Compactor {
                 {
                     Ok(()) => {
                         outcome("ok");
+                        // Their blocks are read from the outputs now.
+                        for source in &job.sources {
+                            self.query
+                                .forget_symbols(&(
+                                    job.tenant.clone(),
+                                    source.id.clone(),
+                                    source.partition,
+                                ))
+                                .await;
+                        }
                         metrics
                             .compaction_duration
                             .observe(started.elapsed().as_secs_f64());
@@ -774,7 +814,7 @@ impl Compactor {
     async fn merge_off_the_workers(
         &self,
         job: &Job,
-    ) -> std::result::Result<Vec<(PathBuf, BlockMeta)>, (Option<Arc<BlockMeta>>, Error)> {
+    ) -> std::result::Result<Vec<Written>, (Option<Arc<BlockMeta>>, Error)> {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) if rt.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(|| rt.block_on(self.merge(job)))
@@ -788,7 +828,7 @@ impl Compactor {
     async fn merge(
         &self,
         job: &Job,
-    ) -> std::result::Result<Vec<(PathBuf, BlockMeta)>, (Option<Arc<BlockMeta>>, Error)> {
+    ) -> std::result::Result<Vec<Written>, (Option<Arc<BlockMeta>>, Error)> {
         let ids = job.source_ids();
         let metas: Vec<Arc<BlockMeta>> = self
             .metastore
@@ -867,7 +907,7 @@ impl Compactor {
         let local = |e| (None, e);
         let created_ms = metas.iter().map(|m| m.created_ms()).min().unwrap_or(0);
         let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
-        let mut outputs: Vec<(PathBuf, BlockMeta)> = Vec::new();
+        let mut outputs: Vec<Written> = Vec::new();
         let resolutions = crate::rollup::worth_computing(
             &self.config.rollups,
             metas.iter().map(|m| m.min_time_nanos).min().unwrap_or(0),

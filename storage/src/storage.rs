@@ -51,6 +51,10 @@ pub struct StorageConfig {
     /// Bytes of acknowledged segments the spool may hold while the object store is unreachable
     /// (`{data_dir}/spool`); 0: no spool (writes are refused while the store is down).
     pub spool_max_bytes: u64,
+    /// Whether the blocks this process writes (segments, compaction outputs) go into its query
+    /// engine's symbol cache as they are registered, so the first query of fresh data reads and
+    /// decodes no symbols: where this process answers queries.
+    pub warm_query_cache: bool,
 }
 
 impl StorageConfig {
@@ -69,6 +73,7 @@ impl StorageConfig {
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
             spool_max_bytes: 1 << 30,
+            warm_query_cache: true,
         }
     }
 
@@ -176,13 +181,19 @@ impl Storage {
         } else {
             None
         };
-        let writer = Writer::start(&config.writer, store.clone(), Arc::clone(&metastore), spool);
         let query = QueryEngine::new(
             store.clone(),
             Arc::clone(&metastore),
             config.symbols_cache_bytes,
             config.results_cache_bytes,
             config.pages_cache_bytes,
+        );
+        let writer = Writer::start(
+            &config.writer,
+            store.clone(),
+            Arc::clone(&metastore),
+            spool,
+            config.warm_query_cache.then(|| query.clone()),
         );
         let compactor = Arc::new(Compactor::new(
             config.compaction.clone(),
@@ -191,6 +202,7 @@ impl Storage {
             query.clone(),
             config.data_dir.join("compaction"),
             config.delete_delay,
+            config.warm_query_cache,
         ));
         Ok(Self {
             writer,

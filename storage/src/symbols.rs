@@ -465,9 +465,22 @@ impl SymbolsBuilder {
     /// they must hold tree nodes ([`SymbolsBuilder::stack_node`]), as those versions have no
     /// stack ids.
     pub fn encode(self) -> crate::Result<Bytes> {
+        Ok(self.encode_with_table()?.0)
+    }
+
+    /// [`Self::encode`], and the table a reader decodes from it, made of the builder's own
+    /// vectors rather than decoded: the writer and the compactor hand it to the query engine's
+    /// cache, so the first query of a new block neither reads nor decodes its symbols.
+    pub fn encode_with_table(self) -> crate::Result<(Bytes, SymbolTable)> {
         #[cfg(feature = "testing")]
         match testing::legacy_version() {
-            Some(1) => return Ok(self.encode_v1()),
+            Some(1) => {
+                let bytes = self.encode_v1();
+                let table = SymbolTable::decode(&bytes).map_err(|e| {
+                    crate::Error::InvalidWrite(format!("a version 1 symbols section: {e}"))
+                })?;
+                return Ok((bytes, table));
+            }
             Some(v) => return self.encode_version(v.min(SYMBOLS_VERSION)),
             None => {}
         }
@@ -475,8 +488,8 @@ impl SymbolsBuilder {
     }
 
     /// The zstd encoding of format `version` (2: without stack ids; 3: functions as messages;
-    /// 4).
-    fn encode_version(self, version: u32) -> crate::Result<Bytes> {
+    /// 4), and the table [`SymbolTable::decode`] makes of it.
+    fn encode_version(self, version: u32) -> crate::Result<(Bytes, SymbolTable)> {
         let distances = self
             .parents
             .iter()
@@ -507,10 +520,11 @@ impl SymbolsBuilder {
             stack_node_deltas,
             ..Default::default()
         };
+        let mut functions = self.functions;
         if version >= 4 {
-            function_columns(&self.functions, &mut msg);
+            function_columns(&functions, &mut msg);
         } else {
-            msg.functions = self.functions;
+            msg.functions = std::mem::take(&mut functions);
         }
         let raw = msg.encode_to_vec();
         // Never met: flushes and compaction outputs are cut far below it (`flush_bytes`,
@@ -522,7 +536,20 @@ impl SymbolsBuilder {
             ))
         })?;
         let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw));
-        Ok(sealed(version, &[&raw_len.to_le_bytes(), &compressed]))
+        let bytes = sealed(version, &[&raw_len.to_le_bytes(), &compressed]);
+        // What decoding makes of it: the tree as parents, functions as messages.
+        msg.stack_parent_distances = Vec::new();
+        msg.stack_parents = self.parents;
+        if version >= 4 {
+            msg.functions = functions;
+            msg.function_name_deltas = Vec::new();
+            msg.function_system_name_deltas = Vec::new();
+            msg.function_filename_deltas = Vec::new();
+            msg.function_start_line_deltas = Vec::new();
+        }
+        let table = SymbolTable::new(msg)
+            .map_err(|e| crate::Error::InvalidWrite(format!("a symbols section: {e}")))?;
+        Ok((bytes, table))
     }
 
     /// The format version 1 encoding (uncompressed, parents themselves), for the tests that
@@ -1139,6 +1166,21 @@ mod tests {
     }
 
     #[test]
+    fn the_table_made_while_encoding_is_the_one_decoding_makes() {
+        for version in 2..=SYMBOLS_VERSION {
+            let (bytes, made) = function_table_builder().encode_version(version).unwrap();
+            let decoded = SymbolTable::decode(&bytes).unwrap();
+            assert_eq!(made.symbols, decoded.symbols, "version {version}");
+            assert_eq!(made.stacks, decoded.stacks, "version {version}");
+            let (bytes, made) = sample_builder().encode_version(version).unwrap();
+            let decoded = SymbolTable::decode(&bytes).unwrap();
+            assert_eq!(made.symbols, decoded.symbols, "version {version}");
+            assert_eq!(made.stacks, decoded.stacks, "version {version}");
+            assert!(!made.symbols.functions.is_empty() && made.stack_count() > 0);
+        }
+    }
+
+    #[test]
     fn a_deep_recursive_stack_compresses_past_any_ratio_and_still_reads() {
         let mut b = SymbolsBuilder::default();
         let map = b.add_locations(&profile_symbols(&["recurse"]));
@@ -1200,7 +1242,7 @@ mod tests {
         let functions = function_table_builder().functions.clone();
         assert!(functions.iter().any(|f| f.system_name != f.name));
         assert!(functions.iter().any(|f| f.start_line < 0));
-        let v3 = function_table_builder().encode_version(3).unwrap();
+        let v3 = function_table_builder().encode_version(3).unwrap().0;
         let v4 = function_table_builder().encode().unwrap();
         assert_eq!(&v4[4..8], &4u32.to_le_bytes());
         let (t3, t4) = (

@@ -21,6 +21,7 @@ use crate::block::{DatasetBuilder, assemble_object};
 use crate::meta::{Clock, object_path};
 use crate::metastore::Metastore;
 use crate::metrics::OutcomeLabels;
+use crate::query::QueryEngine;
 use crate::spool::Spool;
 use crate::store::ObjectStorage;
 use crate::{Error, ErrorKind, Result};
@@ -132,6 +133,9 @@ struct FlushContext {
     metastore: Arc<dyn Metastore>,
     clock: Clock,
     spool: Option<Arc<Spool>>,
+    /// The query engine whose symbol cache gets each registered segment's symbols (where this
+    /// process answers queries).
+    warm: Option<QueryEngine>,
 }
 
 /// How often the drainer looks at the spool.
@@ -144,12 +148,14 @@ impl Writer {
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
         spool: Option<Arc<Spool>>,
+        warm: Option<QueryEngine>,
     ) -> Self {
         let ctx = Arc::new(FlushContext {
             store,
             metastore,
             clock: config.clock.clone(),
             spool,
+            warm,
         });
         let mut tasks = Vec::new();
         let drainer = ctx.spool.as_ref().map(|_| {
@@ -466,12 +472,26 @@ async fn flush_segment(
     let id =
         ulid::Ulid::from_parts(ctx.clock.now_ms(), ulid::Ulid::generate().random()).to_string();
     let id_for_task = id.clone();
-    let (object, metas) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let warm = ctx.warm.is_some();
+    let (object, metas, warmed) = tokio::task::spawn_blocking(move || -> Result<_> {
         let datasets = builders
             .into_iter()
             .map(DatasetBuilder::finish)
             .collect::<Result<Vec<_>>>()?;
-        Ok(assemble_object(&id_for_task, shard, 0, datasets))
+        // What a query reads first of each block, as it would read it.
+        let warmed = if warm {
+            datasets
+                .iter()
+                .map(|d| {
+                    let metadata = QueryEngine::samples_metadata(&d.samples)?;
+                    Ok((Arc::clone(&d.table), metadata))
+                })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        let (object, metas) = assemble_object(&id_for_task, shard, 0, datasets);
+        Ok((object, metas, warmed))
     })
     .await
     .map_err(|e| Error::Task(e.to_string()))??;
@@ -500,6 +520,13 @@ async fn flush_segment(
             return Ok(Some(flushed));
         }
         Err(e) => return Err(e),
+    }
+    // Before the blocks are visible: a query that finds them finds their symbols cached.
+    if let Some(query) = &ctx.warm {
+        for (meta, (table, metadata)) in metas.iter().zip(warmed) {
+            query.warm_symbols(meta, table).await;
+            query.warm_samples_metadata(meta, metadata).await;
+        }
     }
     ctx.metastore.add_blocks(metas).await?;
     Ok(Some(flushed))

@@ -134,6 +134,10 @@ pub struct BenchArgs {
     /// reached, while the flame graph of the last 5 minutes is asked for over and over.
     #[arg(long, default_value_t = 0)]
     pub load_seconds: u64,
+    /// The load phase's rate, profiles/s, instead of 80 % of what the main run reached: the
+    /// same load for two builds compared (`KILN_BENCH_SERVER` runs another build's server).
+    #[arg(long)]
+    pub load_rate: Option<f64>,
     /// The scaled-out processes' metastore (`postgres://…`).
     #[arg(long)]
     pub metastore: Option<String>,
@@ -311,15 +315,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let kiln = bench_kiln(&args, &server, &mut workload, peer_rows.as_mut()).await?;
     let under_load = if args.load_seconds > 0 {
+        let rate = args.load_rate.unwrap_or(0.8 * kiln.profiles_per_s);
         eprintln!(
-            "kiln bench: {} s more at 80 % of {:.0} profiles/s, querying the last 5 minutes",
+            "kiln bench: {} s more at {rate:.0} profiles/s (the main run reached {:.0}), \
+             querying the last 5 minutes",
             args.load_seconds, kiln.profiles_per_s
         );
         Some(
             load::run(
                 &server,
                 &mut workload,
-                kiln.profiles_per_s,
+                rate,
                 args.load_seconds,
                 args.concurrency,
             )
@@ -451,7 +457,12 @@ impl Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let exe = std::env::current_exe()?;
+        // Another build's server measured by this bench's client (before and after a change):
+        // `KILN_BENCH_SERVER`; by default this binary's.
+        let exe = match std::env::var_os("KILN_BENCH_SERVER") {
+            Some(exe) => PathBuf::from(exe),
+            None => std::env::current_exe()?,
+        };
         // Compaction policies that let a short run reach the state a long-running server is
         // in: merged by age within seconds rather than minutes and hours.
         let child = Command::new(exe)

@@ -508,6 +508,7 @@ impl ServeArgs {
         c.symbols_cache_bytes = s.symbols_cache_bytes;
         c.results_cache_bytes = s.results_cache_bytes;
         c.pages_cache_bytes = s.pages_cache_bytes;
+        c.warm_query_cache = self.roles().is_ok_and(|r| r.query);
         let compaction = &self.compaction;
         c.compaction.enabled = compaction.enabled && self.roles().is_ok_and(|r| r.compact);
         if let Ok(levels) = compaction.levels() {

@@ -31,6 +31,11 @@ pub(super) struct Naming {
     deadline: Duration,
 }
 
+/// How blocks' Parquet metadata is read: with the page index where there is one.
+fn reader_options() -> ArrowReaderOptions {
+    ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional)
+}
+
 impl QueryEngine {
     /// The symbols of a block, read and checked without the cache (the compactor reads each
     /// block once; keeping them would crowd out what queries use).
@@ -138,6 +143,31 @@ impl QueryEngine {
         Ok((Arc::new(table), complete))
     }
 
+    /// Puts the symbols of a block just written into the cache (the writer and the compactor
+    /// hold them as a query would read them), so a dashboard's first query of a fresh block
+    /// does not read and decode them.
+    pub async fn warm_symbols(&self, block: &BlockMeta, table: Arc<SymbolTable>) {
+        self.symbols.insert(block.key(), table).await;
+    }
+
+    /// The Parquet metadata of a samples section in memory, as [`Self::parquet_metadata`] reads
+    /// it from the store (the writer's, for [`Self::warm_samples_metadata`]).
+    pub fn samples_metadata(section: &bytes::Bytes) -> Result<ArrowReaderMetadata> {
+        Ok(ArrowReaderMetadata::load(section, reader_options())?)
+    }
+
+    /// Puts the Parquet metadata of a block's samples, just written, into the cache.
+    pub async fn warm_samples_metadata(&self, block: &BlockMeta, metadata: ArrowReaderMetadata) {
+        self.parquet
+            .insert((block.key(), Source::Samples), metadata)
+            .await;
+    }
+
+    /// Drops a block's symbols from the cache (a compaction has replaced the block).
+    pub async fn forget_symbols(&self, key: &EntryKey) {
+        self.symbols.invalidate(key).await;
+    }
+
     /// The symbols of a block, cached (as stored: [`Self::named_symbols`] names their native
     /// frames).
     pub async fn symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
@@ -178,9 +208,9 @@ impl QueryEngine {
         self.parquet
             .try_get_with((block.key(), source), async move {
                 counters.parquet_misses.fetch_add(1, Ordering::Relaxed);
-                let options =
-                    ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-                Ok::<_, Error>(ArrowReaderMetadata::load_async(&mut reader, options).await?)
+                Ok::<_, Error>(
+                    ArrowReaderMetadata::load_async(&mut reader, reader_options()).await?,
+                )
             })
             .await
             .map_err(unshare)

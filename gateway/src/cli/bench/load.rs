@@ -27,7 +27,7 @@ const QUERY_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadResults {
     pub seconds: f64,
-    /// The rate asked for: 80 % of the main run's profiles/s.
+    /// The rate asked for: 80 % of the main run's profiles/s, or `--load-rate`.
     pub target_profiles_per_s: f64,
     pub profiles_per_s: f64,
     pub ack: Timing,
@@ -38,11 +38,11 @@ pub struct LoadResults {
     pub peak_rss_mib: f64,
 }
 
-/// Runs the load phase for `seconds` at 80 % of `max_profiles_per_s`.
+/// Runs the load phase for `seconds` at `target` profiles/s.
 pub async fn run(
     server: &Deployment,
     workload: &mut Workload,
-    max_profiles_per_s: f64,
+    target: f64,
     seconds: u64,
     concurrency: usize,
 ) -> anyhow::Result<LoadResults> {
@@ -50,40 +50,46 @@ pub async fn run(
         .timeout(Duration::from_secs(60))
         .build()?;
     let shape = workload.shape;
-    let target = 0.8 * max_profiles_per_s;
     let per_step = (shape.services * shape.pods) as f64;
     let interval = Duration::from_secs_f64(per_step / target.max(1e-9));
     // The end of the newest data acknowledged (exclusive), Unix nanoseconds.
     let newest = Arc::new(AtomicI64::new(shape.end_nanos()));
     let stop = Arc::new(AtomicBool::new(false));
+    // The dashboard is a client of its own (a browser elsewhere), not a task queued behind the
+    // senders': it runs on a thread and runtime of its own.
     let querier = {
-        let (http, url) = (
-            http.clone(),
-            format!(
-                "{}/querier.v1.QuerierService/SelectMergeStacktraces",
-                server.query
-            ),
+        let url = format!(
+            "{}/querier.v1.QuerierService/SelectMergeStacktraces",
+            server.query
         );
         let (newest, stop) = (Arc::clone(&newest), Arc::clone(&stop));
-        tokio::spawn(async move {
-            let mut ms = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let end = newest.load(Ordering::Relaxed);
-                let (_, body) = fresh_flame(&shape, end, WINDOW_NANOS).request();
-                let t = Instant::now();
-                let resp = connect(&http, &url, body, false).send().await?;
-                let status = resp.status();
-                let answer = resp.bytes().await?;
-                ms.push(t.elapsed().as_secs_f64() * 1000.0);
-                ensure!(status.is_success(), "fresh flame graph: {status}");
-                let total = q::SelectMergeStacktracesResponse::decode(answer)?
-                    .flamegraph
-                    .unwrap_or_default()
-                    .total;
-                ensure!(total > 0, "the last 5 minutes' flame graph is empty");
-                tokio::time::sleep(QUERY_INTERVAL).await;
-            }
-            Ok::<_, anyhow::Error>(ms)
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()?;
+            rt.block_on(async move {
+                let mut ms = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let end = newest.load(Ordering::Relaxed);
+                    let (_, body) = fresh_flame(&shape, end, WINDOW_NANOS).request();
+                    let t = Instant::now();
+                    let resp = connect(&http, &url, body, false).send().await?;
+                    let status = resp.status();
+                    let answer = resp.bytes().await?;
+                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    ensure!(status.is_success(), "fresh flame graph: {status}");
+                    let total = q::SelectMergeStacktracesResponse::decode(answer)?
+                        .flamegraph
+                        .unwrap_or_default()
+                        .total;
+                    ensure!(total > 0, "the last 5 minutes' flame graph is empty");
+                    tokio::time::sleep(QUERY_INTERVAL).await;
+                }
+                Ok::<_, anyhow::Error>(ms)
+            })
         })
     };
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
@@ -118,7 +124,9 @@ pub async fn run(
     }
     let elapsed = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let flame = querier.await??;
+    let flame = querier
+        .join()
+        .map_err(|_| anyhow::anyhow!("the querier thread panicked"))??;
     ensure!(!flame.is_empty(), "no query ran under load");
     Ok(LoadResults {
         seconds: elapsed,
