@@ -521,7 +521,7 @@ impl Output {
     }
 
     /// Closes the output: appends symbols and footer to the file. Returns its metadata and its
-    /// symbols as a query reads them, their flame-graph trie made.
+    /// symbols as a query reads them.
     fn finish(
         mut self,
         template: &BlockMeta,
@@ -605,8 +605,6 @@ impl Output {
         file.write_all(&footer).map_err(io)?;
         file.sync_all().map_err(io)?;
         meta.object_size = rollup_end + symbols.len() as u64 + footer.len() as u64;
-        // Made here, off the query path: the first query of the block would make it otherwise.
-        table.name_trie();
         Ok(Written {
             path: self.file_path,
             meta,
@@ -997,6 +995,13 @@ impl Compactor {
         } else {
             let _ = std::fs::remove_file(&out.file_path);
             crate::rollup::remove_files(out.rollups.paths());
+        }
+        if self.warm {
+            // Made here, off the query path, for the cache: a block's first flame graph would
+            // make it otherwise.
+            for o in &outputs {
+                o.symbols.name_trie();
+            }
         }
         Ok(outputs)
     }

@@ -111,6 +111,11 @@ impl Error {
             | Self::SpoolFull { .. }
             | Self::BlockGone { .. } => ErrorKind::Unavailable,
             Self::Flush { kind, .. } => *kind,
+            // A read of Parquet pages failed in the store (the reader carries Kiln's error):
+            // that error's kind, an unreachable store's `Unavailable` rather than a bug's.
+            Self::Parquet(parquet::errors::ParquetError::External(inner)) => inner
+                .downcast_ref::<Error>()
+                .map_or(ErrorKind::Internal, Error::kind),
             Self::ShuttingDown => ErrorKind::ShuttingDown,
             Self::Metastore(_)
             | Self::BlockExists { .. }

@@ -478,15 +478,16 @@ async fn flush_segment(
             .into_iter()
             .map(DatasetBuilder::finish)
             .collect::<Result<Vec<_>>>()?;
-        // What a query reads first of each block, as it would read it.
+        // What a query reads first of each block, as it would read it (the metadata left to
+        // the first query should it not parse: the segment is written all the same).
         let warmed = if warm {
             datasets
                 .iter()
                 .map(|d| {
-                    let metadata = QueryEngine::samples_metadata(&d.samples)?;
-                    Ok((Arc::clone(&d.table), metadata))
+                    let metadata = QueryEngine::samples_metadata(&d.samples).ok();
+                    (Arc::clone(&d.table), metadata)
                 })
-                .collect::<Result<Vec<_>>>()?
+                .collect()
         } else {
             Vec::new()
         };
@@ -525,7 +526,9 @@ async fn flush_segment(
     if let Some(query) = &ctx.warm {
         for (meta, (table, metadata)) in metas.iter().zip(warmed) {
             query.warm_symbols(meta, table).await;
-            query.warm_samples_metadata(meta, metadata).await;
+            if let Some(metadata) = metadata {
+                query.warm_samples_metadata(meta, metadata).await;
+            }
         }
     }
     ctx.metastore.add_blocks(metas).await?;
