@@ -743,7 +743,7 @@ impl Compactor {
                         // Their blocks are read from the outputs now.
                         for source in &job.sources {
                             self.query
-                                .forget_symbols(&(
+                                .forget_block(&(
                                     job.tenant.clone(),
                                     source.id.clone(),
                                     source.partition,

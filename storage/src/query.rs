@@ -178,6 +178,9 @@ pub struct QueryEngine {
     named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
     /// Pages read from a remote object store (none for the local file system).
     pages: Option<scan::PageCache>,
+    /// The objects of fresh segments as the writer made them, by block: a query of the last
+    /// minutes reads their pages from memory, not from the store ([`Self::warm_object`]).
+    fresh: cache::FreshObjects,
     counters: Arc<QueryCounters>,
 }
 
@@ -189,14 +192,16 @@ impl std::fmt::Debug for QueryEngine {
 
 impl QueryEngine {
     /// A query engine over `store`, with caches of about `cache_bytes` for symbols (and a quarter
-    /// of it for Parquet metadata), `results_bytes` for partial results (0: none kept) and,
-    /// when the store is remote, `pages_bytes` for the byte ranges queries read (0: none).
+    /// of it for Parquet metadata), `results_bytes` for partial results (0: none kept),
+    /// when the store is remote, `pages_bytes` for the byte ranges queries read (0: none), and
+    /// `fresh_bytes` for the objects of fresh segments (0: none kept).
     pub fn new(
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
         cache_bytes: u64,
         results_bytes: u64,
         pages_bytes: u64,
+        fresh_bytes: u64,
     ) -> Self {
         let pages = (!store.is_local() && pages_bytes > 0).then(|| {
             moka::future::Cache::builder()
@@ -243,6 +248,7 @@ impl QueryEngine {
             naming: Arc::default(),
             named,
             pages,
+            fresh: cache::fresh_objects(fresh_bytes),
             counters: Arc::new(QueryCounters::default()),
         }
     }

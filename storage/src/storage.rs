@@ -41,6 +41,10 @@ pub struct StorageConfig {
     /// Memory for the byte ranges queries read from a remote object store (the local file
     /// system's pages are the OS page cache's); 0: none kept.
     pub pages_cache_bytes: u64,
+    /// Memory for the objects of fresh segments, kept as they were written so that queries of
+    /// the last minutes (and their compaction) read no store; 0: none kept. Only where
+    /// `warm_query_cache` is set.
+    pub fresh_cache_bytes: u64,
     pub compaction: CompactionConfig,
     /// How long an object that lost its last metastore entry stays readable before deletion
     /// (queries that looked it up just before still finish).
@@ -69,6 +73,7 @@ impl StorageConfig {
             symbols_cache_bytes: 256 << 20,
             results_cache_bytes: 64 << 20,
             pages_cache_bytes: 128 << 20,
+            fresh_cache_bytes: 64 << 20,
             compaction: CompactionConfig::default(),
             delete_delay: Duration::from_secs(60),
             orphan_grace: Duration::from_secs(3600),
@@ -187,6 +192,7 @@ impl Storage {
             config.symbols_cache_bytes,
             config.results_cache_bytes,
             config.pages_cache_bytes,
+            config.fresh_cache_bytes,
         );
         let writer = Writer::start(
             &config.writer,

@@ -1,7 +1,7 @@
 //! The blocks a process writes reach its query caches as they are registered: a fresh
-//! segment's symbols and Parquet metadata, a compaction output's symbols. The first query of
-//! fresh data (a live dashboard's) then reads and decodes neither from the store; a process that
-//! answers no queries (`warm_query_cache` off) keeps nothing.
+//! segment's symbols, Parquet metadata and whole object, a compaction output's symbols. The
+//! first query of fresh data (a live dashboard's) then reads and decodes nothing from the store;
+//! a process that answers no queries (`warm_query_cache` off) keeps nothing.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -12,6 +12,11 @@ use kiln_storage::{Storage, StorageConfig};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
 const SEC: i64 = 1_000_000_000;
+
+/// Bytes queries have read from the object store so far.
+fn bytes_read(s: &Storage) -> u64 {
+    s.query().counters().bytes_read.load(Ordering::Relaxed)
+}
 
 /// Misses of the symbols and Parquet metadata caches so far.
 fn misses(s: &Storage) -> (u64, u64) {
@@ -67,6 +72,12 @@ async fn a_fresh_segment_is_queried_without_reading_its_symbols_or_metadata() {
         (0, 0),
         "every block's symbols and metadata were cached"
     );
+    assert_eq!(
+        bytes_read(&s),
+        0,
+        "every page came from the segments in memory"
+    );
+    assert_eq!(s.query().fresh_blocks(), 3);
     // The cached table is the one the store holds: a process that reads it from the store
     // (a fresh open) answers the same.
     s.close().await;
@@ -80,6 +91,7 @@ async fn a_fresh_segment_is_queried_without_reading_its_symbols_or_metadata() {
         (3, 3),
         "read from the store, one of each per segment"
     );
+    assert!(bytes_read(&reopened) > 0);
     assert!(
         stacks(&reopened, "b").await.is_empty(),
         "tenant b sees nothing"
@@ -96,6 +108,8 @@ async fn a_process_that_answers_no_queries_keeps_nothing_of_what_it_writes() {
     write(&s, 2).await;
     assert_eq!(stacks(&s, "a").await, expected(2));
     assert_eq!(misses(&s), (2, 2));
+    assert!(bytes_read(&s) > 0);
+    assert_eq!(s.query().fresh_blocks(), 0);
     assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
     s.close().await;
 }
@@ -110,6 +124,77 @@ async fn a_compaction_output_is_queried_without_reading_its_symbols() {
     let before = misses(&s).0;
     assert_eq!(stacks(&s, "a").await, expected(4));
     assert_eq!(misses(&s).0, before, "the output's symbols were cached");
+    assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
+    s.close().await;
+}
+
+/// With no memory for fresh objects, a fresh segment's pages are read from the store (its
+/// symbols and metadata still cached), with the same answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_room_for_fresh_objects_pages_are_read_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = without_compaction(dir.path(), true);
+    c.fresh_cache_bytes = 0;
+    let s = Storage::open(c).await.unwrap();
+    write(&s, 2).await;
+    assert_eq!(stacks(&s, "a").await, expected(2));
+    assert_eq!(misses(&s), (0, 0));
+    assert!(bytes_read(&s) > 0, "the pages were read");
+    assert_eq!(s.query().fresh_blocks(), 0);
+    assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
+    s.close().await;
+}
+
+/// A compaction reads its level-0 sources from memory and, once its outputs replace them,
+/// lets them go; a segment of two tenants is held for each, and the query of one reads
+/// nothing of the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_segments_leave_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    // Tenant b's profile in the same flush as a's first: one object, two blocks.
+    s.write("b", profile("web", &[(frames("main;b"), 5)], T0))
+        .await
+        .unwrap();
+    write(&s, 4).await;
+    assert_eq!(s.query().fresh_blocks(), 5);
+    assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
+    assert_eq!(
+        bytes_read(&s),
+        0,
+        "the compaction read its sources from memory"
+    );
+    // a's four segments were merged; b's lone block (no job of its own) stays in memory.
+    assert_eq!(s.query().fresh_blocks(), 1);
+    let before = bytes_read(&s);
+    assert_eq!(stacks(&s, "a").await, expected(4));
+    assert!(bytes_read(&s) > before, "the output is read from the store");
+    let before = bytes_read(&s);
+    assert_eq!(
+        stacks(&s, "b").await,
+        BTreeMap::from([(frames("main;b"), 5)]),
+        "b sees its own profile only"
+    );
+    assert_eq!(
+        bytes_read(&s),
+        before,
+        "b's fresh block is read from memory"
+    );
+    s.close().await;
+}
+
+/// With no room for symbols and metadata, a fresh segment's are decoded again per query, from
+/// its object in memory: still nothing read from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_room_for_symbols_a_fresh_segment_is_still_read_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = without_compaction(dir.path(), true);
+    c.symbols_cache_bytes = 0;
+    let s = Storage::open(c).await.unwrap();
+    write(&s, 2).await;
+    assert_eq!(stacks(&s, "a").await, expected(2));
+    assert_eq!(misses(&s), (2, 2), "decoded, not cached");
+    assert_eq!(bytes_read(&s), 0, "from the objects in memory");
     assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
     s.close().await;
 }

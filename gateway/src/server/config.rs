@@ -347,6 +347,12 @@ pub struct StorageArgs {
     /// in bytes; 0 keeps none. The local file system's are the OS page cache's.
     #[arg(long, env = "KILN_PAGES_CACHE_BYTES", default_value_t = 128 << 20)]
     pub pages_cache_bytes: u64,
+
+    /// Memory for the objects of fresh segments, kept as they were written so that queries of
+    /// the last minutes read their pages from memory, in bytes; 0 keeps none. Only where the
+    /// process has the query role.
+    #[arg(long, env = "KILN_FRESH_CACHE_BYTES", default_value_t = 64 << 20)]
+    pub fresh_cache_bytes: u64,
 }
 
 /// `kiln serve` flags: background upkeep of the stored blocks.
@@ -508,6 +514,7 @@ impl ServeArgs {
         c.symbols_cache_bytes = s.symbols_cache_bytes;
         c.results_cache_bytes = s.results_cache_bytes;
         c.pages_cache_bytes = s.pages_cache_bytes;
+        c.fresh_cache_bytes = s.fresh_cache_bytes;
         c.warm_query_cache = self.roles().is_ok_and(|r| r.query);
         let compaction = &self.compaction;
         c.compaction.enabled = compaction.enabled && self.roles().is_ok_and(|r| r.compact);

@@ -31,6 +31,25 @@ pub(super) struct Naming {
     deadline: Duration,
 }
 
+/// The objects of fresh segments by block ([`QueryEngine::warm_object`]).
+pub(super) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
+
+/// A fresh segment's object as the writer made it, shared by its blocks (one per tenant), and
+/// what of it one block's entry accounts for (its own sections).
+#[derive(Clone)]
+pub(super) struct FreshObject {
+    pub(super) object: bytes::Bytes,
+    weight: u32,
+}
+
+/// A cache of fresh objects of about `bytes` (0: none kept).
+pub(super) fn fresh_objects(bytes: u64) -> FreshObjects {
+    moka::sync::Cache::builder()
+        .weigher(|_: &EntryKey, f: &FreshObject| f.weight)
+        .max_capacity(bytes)
+        .build()
+}
+
 /// How blocks' Parquet metadata is read: with the page index where there is one.
 fn reader_options() -> ArrowReaderOptions {
     ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional)
@@ -43,11 +62,14 @@ impl QueryEngine {
         if let Some(t) = self.symbols.get(&block.key()).await {
             return Ok(t);
         }
-        let data = self
-            .store
-            .get_range(&block.path(), block.symbols.range())
-            .await?;
-        read_bytes(&self.counters, data.len() as u64);
+        let data = read_section(
+            &self.store,
+            self.fresh_object(block),
+            &block.path(),
+            block.symbols.range(),
+            &self.counters,
+        )
+        .await?;
         SymbolTable::decode(&data)
             .map(Arc::new)
             .map_err(|source| Error::Decode {
@@ -163,9 +185,43 @@ impl QueryEngine {
             .await;
     }
 
-    /// Drops a block's symbols from the cache (a compaction has replaced the block).
-    pub async fn forget_symbols(&self, key: &EntryKey) {
+    /// Keeps the object of a segment just written, `block` among its datasets, in memory while
+    /// the cache of fresh objects has room: queries of the last minutes (and the compaction that
+    /// merges the segment) read its samples' pages from it rather than from the store. A
+    /// block's entry weighs its own sections; the object lives while any of its blocks' does.
+    pub fn warm_object(&self, block: &BlockMeta, object: bytes::Bytes) {
+        if self.fresh.policy().max_capacity() == Some(0) {
+            return;
+        }
+        let own = block.samples.range().end - block.samples.range().start
+            + block.symbols.range().end
+            - block.symbols.range().start
+            + block
+                .rollups
+                .iter()
+                .map(|r| r.section.range().end - r.section.range().start)
+                .sum::<u64>();
+        let weight = u32::try_from(own + 64).unwrap_or(u32::MAX);
+        self.fresh
+            .insert(block.key(), FreshObject { object, weight });
+    }
+
+    /// Drops what is cached of a block the engine will not read again (a compaction has
+    /// replaced it): its symbols and its fresh object.
+    pub async fn forget_block(&self, key: &EntryKey) {
         self.symbols.invalidate(key).await;
+        self.fresh.invalidate(key);
+    }
+
+    /// How many blocks' fresh objects are held in memory.
+    pub fn fresh_blocks(&self) -> u64 {
+        self.fresh.run_pending_tasks();
+        self.fresh.entry_count()
+    }
+
+    /// The object a block was written in, when it is still held in memory.
+    pub(super) fn fresh_object(&self, block: &BlockMeta) -> Option<bytes::Bytes> {
+        self.fresh.get(&block.key()).map(|f| f.object)
     }
 
     /// The symbols of a block, cached (as stored: [`Self::named_symbols`] names their native
@@ -176,12 +232,12 @@ impl QueryEngine {
         let range = block.symbols.range();
         let (tenant, id) = (block.tenant.clone(), block.id.clone());
         let counters = Arc::clone(&self.counters);
+        let fresh = self.fresh_object(block);
         counters.symbols_lookups.fetch_add(1, Ordering::Relaxed);
         self.symbols
             .try_get_with(block.key(), async move {
                 counters.symbols_misses.fetch_add(1, Ordering::Relaxed);
-                let data = store.get_range(&path, range).await?;
-                read_bytes(&counters, data.len() as u64);
+                let data = read_section(&store, fresh, &path, range, &counters).await?;
                 SymbolTable::decode(&data)
                     .map(Arc::new)
                     .map_err(|source| Error::Decode {
@@ -260,6 +316,27 @@ impl QueryEngine {
             count(|s| s.blocks_cached += 1);
         }
         Ok(values)
+    }
+}
+
+/// `range` of the object at `path`: sliced from `fresh` (the object held in memory) when there
+/// is one, else read from the store.
+async fn read_section(
+    store: &crate::store::ObjectStorage,
+    fresh: Option<bytes::Bytes>,
+    path: &str,
+    range: std::ops::Range<u64>,
+    counters: &super::report::QueryCounters,
+) -> Result<bytes::Bytes> {
+    match fresh {
+        Some(object) if range.start <= range.end && range.end <= object.len() as u64 => {
+            Ok(object.slice(range.start as usize..range.end as usize))
+        }
+        _ => {
+            let data = store.get_range(path, range).await?;
+            read_bytes(counters, data.len() as u64);
+            Ok(data)
+        }
     }
 }
 

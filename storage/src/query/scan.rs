@@ -42,6 +42,9 @@ pub(crate) struct SectionReader {
     counters: Arc<QueryCounters>,
     /// The engine's page cache, for queries (the compactor reads each block once: uncached).
     pages: Option<PageCache>,
+    /// The whole object, when the engine still holds it as it was written (a fresh segment):
+    /// ranges are sliced from it, nothing is read.
+    fresh: Option<Bytes>,
 }
 
 impl SectionReader {
@@ -57,6 +60,7 @@ impl SectionReader {
             section,
             counters: Arc::clone(&engine.counters),
             pages: engine.pages.clone(),
+            fresh: engine.fresh_object(block),
         }
     }
 
@@ -73,6 +77,25 @@ impl SectionReader {
     fn shift(&self, r: Range<u64>) -> Range<u64> {
         self.section.start + r.start..self.section.start + r.end
     }
+
+    /// `r` (of the object) sliced from the fresh object held in memory, if there is one.
+    fn sliced(&self, r: &Range<u64>) -> Option<parquet::errors::Result<Bytes>> {
+        let object = self.fresh.as_ref()?;
+        Some(if r.start <= r.end && r.end <= object.len() as u64 {
+            Ok(object.slice(r.start as usize..r.end as usize))
+        } else {
+            Err(external(Error::Corrupt {
+                tenant: String::new(),
+                block: self.path.to_string(),
+                reason: format!(
+                    "range {}..{} is outside the {}-byte object",
+                    r.start,
+                    r.end,
+                    object.len()
+                ),
+            }))
+        })
+    }
 }
 
 fn external(e: Error) -> ParquetError {
@@ -82,6 +105,9 @@ fn external(e: Error) -> ParquetError {
 impl AsyncFileReader for SectionReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         let r = self.shift(range);
+        if let Some(bytes) = self.sliced(&r) {
+            return futures::future::ready(bytes).boxed();
+        }
         async move {
             let fetch = async {
                 let b = self.store.get_range(&self.path, r.clone()).await?;
@@ -104,6 +130,10 @@ impl AsyncFileReader for SectionReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
+        if self.fresh.is_some() {
+            let sliced = ranges.iter().filter_map(|r| self.sliced(r)).collect();
+            return futures::future::ready(sliced).boxed();
+        }
         async move {
             // Pages read before come from the cache; the others in one request.
             let mut out: Vec<Option<Bytes>> = vec![None; ranges.len()];
