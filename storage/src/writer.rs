@@ -525,7 +525,7 @@ async fn flush_segment(
     // Before the blocks are visible: a query that finds them finds their symbols cached.
     if let Some(query) = &ctx.warm {
         for (meta, (table, metadata)) in metas.iter().zip(warmed) {
-            query.warm_object(meta, object.clone());
+            query.warm_object(meta, &object);
             query.warm_symbols(meta, table).await;
             if let Some(metadata) = metadata {
                 query.warm_samples_metadata(meta, metadata).await;

@@ -34,18 +34,32 @@ pub(super) struct Naming {
 /// The objects of fresh segments by block ([`QueryEngine::warm_object`]).
 pub(super) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
 
-/// A fresh segment's object as the writer made it, shared by its blocks (one per tenant), and
-/// what of it one block's entry accounts for (its own sections).
+/// What the engine holds of a fresh segment's object for one of its blocks: the bytes from the
+/// block's first section to the end of its last, and where they start in the object.
 #[derive(Clone)]
 pub(super) struct FreshObject {
-    pub(super) object: bytes::Bytes,
-    weight: u32,
+    base: u64,
+    bytes: bytes::Bytes,
+}
+
+impl FreshObject {
+    /// `r` (a range of the object) when it is held.
+    pub(super) fn slice(&self, r: &std::ops::Range<u64>) -> Option<bytes::Bytes> {
+        let (start, end) = (
+            r.start.checked_sub(self.base)?,
+            r.end.checked_sub(self.base)?,
+        );
+        (start <= end && end <= self.bytes.len() as u64)
+            .then(|| self.bytes.slice(start as usize..end as usize))
+    }
 }
 
 /// A cache of fresh objects of about `bytes` (0: none kept).
 pub(super) fn fresh_objects(bytes: u64) -> FreshObjects {
     moka::sync::Cache::builder()
-        .weigher(|_: &EntryKey, f: &FreshObject| f.weight)
+        .weigher(|_: &EntryKey, f: &FreshObject| {
+            u32::try_from(f.bytes.len() + 64).unwrap_or(u32::MAX)
+        })
         .max_capacity(bytes)
         .build()
 }
@@ -185,25 +199,32 @@ impl QueryEngine {
             .await;
     }
 
-    /// Keeps the object of a segment just written, `block` among its datasets, in memory while
-    /// the cache of fresh objects has room: queries of the last minutes (and the compaction that
-    /// merges the segment) read its samples' pages from it rather than from the store. A
-    /// block's entry weighs its own sections; the object lives while any of its blocks' does.
-    pub fn warm_object(&self, block: &BlockMeta, object: bytes::Bytes) {
+    /// Keeps what `block` has of a segment's `object`, just written, in memory while the cache
+    /// of fresh objects has room: queries of the last minutes (and the compaction that merges
+    /// the segment) read its pages and symbols from it rather than from the store. A block that
+    /// is most of its object shares the object's bytes; one of a segment of many tenants gets
+    /// a copy of its own, so an entry never keeps alive more than twice what it weighs.
+    pub fn warm_object(&self, block: &BlockMeta, object: &bytes::Bytes) {
         if self.fresh.policy().max_capacity() == Some(0) {
             return;
         }
-        let own = block.samples.range().end - block.samples.range().start
-            + block.symbols.range().end
-            - block.symbols.range().start
-            + block
-                .rollups
-                .iter()
-                .map(|r| r.section.range().end - r.section.range().start)
-                .sum::<u64>();
-        let weight = u32::try_from(own + 64).unwrap_or(u32::MAX);
+        let sections = [block.samples.range(), block.symbols.range()]
+            .into_iter()
+            .chain(block.rollups.iter().map(|r| r.section.range()));
+        let (lo, hi) = sections.fold((u64::MAX, 0), |(lo, hi), r| {
+            (lo.min(r.start), hi.max(r.end))
+        });
+        if lo >= hi || hi > object.len() as u64 {
+            return;
+        }
+        let region = lo as usize..hi as usize;
+        let bytes = if 2 * region.len() >= object.len() {
+            object.slice(region)
+        } else {
+            bytes::Bytes::copy_from_slice(&object[region])
+        };
         self.fresh
-            .insert(block.key(), FreshObject { object, weight });
+            .insert(block.key(), FreshObject { base: lo, bytes });
     }
 
     /// Drops what is cached of a block the engine will not read again (a compaction has
@@ -219,9 +240,9 @@ impl QueryEngine {
         self.fresh.entry_count()
     }
 
-    /// The object a block was written in, when it is still held in memory.
-    pub(super) fn fresh_object(&self, block: &BlockMeta) -> Option<bytes::Bytes> {
-        self.fresh.get(&block.key()).map(|f| f.object)
+    /// What is held in memory of the object a block was written in, if anything.
+    pub(super) fn fresh_object(&self, block: &BlockMeta) -> Option<FreshObject> {
+        self.fresh.get(&block.key())
     }
 
     /// The symbols of a block, cached (as stored: [`Self::named_symbols`] names their native
@@ -319,25 +340,21 @@ impl QueryEngine {
     }
 }
 
-/// `range` of the object at `path`: sliced from `fresh` (the object held in memory) when there
-/// is one, else read from the store.
+/// `range` of the object at `path`: sliced from `fresh` (what is held of the object in memory)
+/// when it holds the range, else read from the store.
 async fn read_section(
     store: &crate::store::ObjectStorage,
-    fresh: Option<bytes::Bytes>,
+    fresh: Option<FreshObject>,
     path: &str,
     range: std::ops::Range<u64>,
     counters: &super::report::QueryCounters,
 ) -> Result<bytes::Bytes> {
-    match fresh {
-        Some(object) if range.start <= range.end && range.end <= object.len() as u64 => {
-            Ok(object.slice(range.start as usize..range.end as usize))
-        }
-        _ => {
-            let data = store.get_range(path, range).await?;
-            read_bytes(counters, data.len() as u64);
-            Ok(data)
-        }
+    if let Some(bytes) = fresh.and_then(|f| f.slice(&range)) {
+        return Ok(bytes);
     }
+    let data = store.get_range(path, range).await?;
+    read_bytes(counters, data.len() as u64);
+    Ok(data)
 }
 
 /// An error shared by a cache's waiters, as an owned one of the same kind (corruption stays
@@ -357,5 +374,26 @@ pub(super) fn unshare(e: Arc<Error>) -> Error {
             },
             message: e.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FreshObject;
+
+    /// A held region answers the ranges inside it, by the object's offsets, and none that
+    /// reaches outside it (those are read from the store).
+    #[test]
+    fn a_fresh_object_answers_only_the_ranges_it_holds() {
+        let f = FreshObject {
+            base: 100,
+            bytes: bytes::Bytes::from_static(b"0123456789"),
+        };
+        assert_eq!(f.slice(&(100..104)).as_deref(), Some(&b"0123"[..]));
+        assert_eq!(f.slice(&(105..110)).as_deref(), Some(&b"56789"[..]));
+        assert_eq!(f.slice(&(107..107)).as_deref(), Some(&b""[..]));
+        for outside in [99..104, 105..111, 0..10, 120..130] {
+            assert_eq!(f.slice(&outside), None, "{outside:?}");
+        }
     }
 }

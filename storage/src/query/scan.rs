@@ -42,9 +42,9 @@ pub(crate) struct SectionReader {
     counters: Arc<QueryCounters>,
     /// The engine's page cache, for queries (the compactor reads each block once: uncached).
     pages: Option<PageCache>,
-    /// The whole object, when the engine still holds it as it was written (a fresh segment):
-    /// ranges are sliced from it, nothing is read.
-    fresh: Option<Bytes>,
+    /// What the engine holds in memory of the block's object (a fresh segment's): ranges it
+    /// holds are sliced from it, not read.
+    fresh: Option<super::cache::FreshObject>,
 }
 
 impl SectionReader {
@@ -77,25 +77,6 @@ impl SectionReader {
     fn shift(&self, r: Range<u64>) -> Range<u64> {
         self.section.start + r.start..self.section.start + r.end
     }
-
-    /// `r` (of the object) sliced from the fresh object held in memory, if there is one.
-    fn sliced(&self, r: &Range<u64>) -> Option<parquet::errors::Result<Bytes>> {
-        let object = self.fresh.as_ref()?;
-        Some(if r.start <= r.end && r.end <= object.len() as u64 {
-            Ok(object.slice(r.start as usize..r.end as usize))
-        } else {
-            Err(external(Error::Corrupt {
-                tenant: String::new(),
-                block: self.path.to_string(),
-                reason: format!(
-                    "range {}..{} is outside the {}-byte object",
-                    r.start,
-                    r.end,
-                    object.len()
-                ),
-            }))
-        })
-    }
 }
 
 fn external(e: Error) -> ParquetError {
@@ -105,8 +86,8 @@ fn external(e: Error) -> ParquetError {
 impl AsyncFileReader for SectionReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         let r = self.shift(range);
-        if let Some(bytes) = self.sliced(&r) {
-            return futures::future::ready(bytes).boxed();
+        if let Some(bytes) = self.fresh.as_ref().and_then(|f| f.slice(&r)) {
+            return futures::future::ready(Ok(bytes)).boxed();
         }
         async move {
             let fetch = async {
@@ -130,9 +111,13 @@ impl AsyncFileReader for SectionReader {
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
         let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
-        if self.fresh.is_some() {
-            let sliced = ranges.iter().filter_map(|r| self.sliced(r)).collect();
-            return futures::future::ready(sliced).boxed();
+        if let Some(f) = &self.fresh
+            && let Some(held) = ranges
+                .iter()
+                .map(|r| f.slice(r))
+                .collect::<Option<Vec<_>>>()
+        {
+            return futures::future::ready(Ok(held)).boxed();
         }
         async move {
             // Pages read before come from the cache; the others in one request.
