@@ -198,3 +198,34 @@ async fn without_room_for_symbols_a_fresh_segment_is_still_read_from_memory() {
     assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
     s.close().await;
 }
+
+/// A fresh segment held in memory is answered while the object store is down; a block that is
+/// not (compacted, or written before a restart) is answered "unavailable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_data_is_answered_through_a_store_outage() {
+    use kiln_storage::ErrorKind;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = without_compaction(dir.path(), true);
+    c.spool_max_bytes = 0;
+    let (s, faulty) = kiln_storage::testing::faulty_storage(c).await;
+    write(&s, 2).await;
+    faulty.set_down(true);
+    assert_eq!(stacks(&s, "a").await, expected(2), "from memory");
+    assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
+    faulty.set_down(false);
+    s.close().await;
+    drop(s);
+
+    let (reopened, faulty) =
+        kiln_storage::testing::faulty_storage(without_compaction(dir.path(), true)).await;
+    faulty.set_down(true);
+    let e = reopened
+        .query()
+        .merge_tree(&filter("a", "{}", T0 - SEC, T0 + PARTITION_NANOS))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    faulty.set_down(false);
+    assert_eq!(stacks(&reopened, "a").await, expected(2));
+    reopened.close().await;
+}
