@@ -150,36 +150,6 @@ pub(super) async fn spawned<T: Send + 'static>(
     (&mut task.0).await
 }
 
-/// [`spawned`] on a thread of the blocking pool, which drives it (`Handle::block_on`): it starts
-/// as soon as the operating system gives that thread a core, not when a worker busy with
-/// ingest reaches it in its run queue. Dropping the returned future stops it at its next await.
-pub(super) async fn on_thread<T: Send + 'static>(
-    f: impl std::future::Future<Output = T> + Send + 'static,
-) -> std::result::Result<T, String> {
-    use futures::FutureExt;
-    use futures::future::{AbortHandle, Abortable};
-    use tracing::Instrument;
-    struct AbortOnDrop(AbortHandle);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let f = match REPORT.try_with(std::sync::Arc::clone) {
-        Ok(shared) => REPORT.scope(shared, f).in_current_span().left_future(),
-        Err(_) => f.in_current_span().right_future(),
-    };
-    let (handle, registration) = AbortHandle::new_pair();
-    let _guard = AbortOnDrop(handle);
-    let f = Abortable::new(f, registration);
-    let runtime = tokio::runtime::Handle::current();
-    match tokio::task::spawn_blocking(move || runtime.block_on(f)).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(futures::future::Aborted)) => Err("the query stopped".into()),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 pub(super) fn options() -> QueryOptions {
     REPORT.try_with(|r| lock(r).0).unwrap_or_default()
 }
@@ -252,80 +222,48 @@ mod tests {
     }
 
     /// What a scan task counts and warns reaches its query's report, also when the query
-    /// stopped waiting for it; and a task the query stopped waiting for is stopped. `spawn` runs
-    /// a task as the engine does ([`spawned`] or [`on_thread`]).
-    async fn scans_report_into_their_query_and_stop_with_it(
-        spawn: impl Fn(
-            futures::future::BoxFuture<'static, ()>,
-        ) -> futures::future::BoxFuture<'static, ()>,
-    ) {
-        use futures::FutureExt;
-        let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (started, release) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
-        let (started, release) = (std::sync::Arc::new(started), std::sync::Arc::new(release));
-        let ((), report) = with_report(async {
-            let into = std::sync::Arc::clone(&seen);
-            spawn(
-                async move {
-                    count(|s| s.blocks += 2);
-                    warn("block x quarantined".into());
-                    into.store(options().results_cache, Ordering::Relaxed);
-                }
-                .boxed(),
-            )
-            .await;
-            // A task the query drops before it ends: it warns, then is stopped while waiting.
+    /// stopped waiting for it; and a task the query stopped waiting for is aborted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spawned_tasks_report_into_their_query_and_stop_with_it() {
+        let (out, report) = with_report(async {
+            let n = spawned(async {
+                count(|s| s.blocks += 2);
+                warn("block x quarantined".into());
+                options().results_cache
+            })
+            .await
+            .unwrap();
+            // A task the query drops before it ends: it warns, then is aborted while waiting.
+            let (started, release) = (tokio::sync::Notify::new(), tokio::sync::Notify::new());
+            let (started, release) = (std::sync::Arc::new(started), std::sync::Arc::new(release));
             let (s, r) = (started.clone(), release.clone());
-            let dropped = spawn(
-                async move {
-                    warn("from a task dropped early".into());
-                    s.notify_one();
-                    r.notified().await;
-                    // Notified once its stop was asked for: this yield is where the stop acts.
-                    tokio::task::yield_now().await;
-                    count(|s| s.blocks += 100);
-                }
-                .boxed(),
-            );
+            let dropped = spawned(async move {
+                warn("from a task dropped early".into());
+                s.notify_one();
+                r.notified().await;
+                // Notified once its abort was asked for: this yield is where the abort acts.
+                tokio::task::yield_now().await;
+                count(|s| s.blocks += 100);
+            });
             tokio::select! {
                 _ = dropped => unreachable!("it waits for the release"),
                 _ = started.notified() => {}
             }
-            // The task is stopped (dropped above) before it is released; released while still
-            // running (seen under load), it yields before counting, and the stop acts there.
+            // The task is aborted (dropped above) before it is released; released while still
+            // running (seen under load), it yields before counting, and the abort acts there.
             release.notify_waiters();
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            n
         })
         .await;
-        assert!(
-            seen.load(Ordering::Relaxed),
-            "the query's options reach the task"
-        );
+        assert!(out, "the query's options reach the task");
         assert_eq!(
             report.stats.blocks, 2,
-            "the stopped task counted nothing after its stop"
+            "the aborted task counted nothing after its abort"
         );
         assert_eq!(
             report.warnings,
             ["block x quarantined", "from a task dropped early"]
         );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn spawned_tasks_report_into_their_query_and_stop_with_it() {
-        use futures::FutureExt;
-        scans_report_into_their_query_and_stop_with_it(|f| {
-            spawned(f).map(|r| r.expect("not cancelled")).boxed()
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn scans_on_threads_report_into_their_query_and_stop_with_it() {
-        use futures::FutureExt;
-        scans_report_into_their_query_and_stop_with_it(|f| {
-            on_thread(f).map(|r| r.expect("not stopped")).boxed()
-        })
-        .await;
     }
 }

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use kiln_otel::model::ProfileType;
 use tracing::Instrument;
 
-use super::report::{count, on_thread};
+use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{FlameTree, QueryEngine, SCAN_CONCURRENCY, SampleFilter, pprof};
 use crate::block::col;
@@ -90,7 +90,11 @@ impl QueryEngine {
                         Err(e) => engine.quarantine_or_fail(&block, e).await.map(|()| None),
                     }
                 };
-                async move { on_thread(scan).await.map_err(Error::Task)? }
+                async move {
+                    spawned(scan)
+                        .await
+                        .map_err(|e| Error::Task(e.to_string()))?
+                }
             })
             .buffer_unordered(SCAN_CONCURRENCY);
         async {
