@@ -721,6 +721,9 @@ impl Compactor {
                 let metas: Vec<BlockMeta> = outputs.iter().map(|o| o.meta.clone()).collect();
                 for o in &outputs {
                     let result = self.store.put_file_durable(&o.meta.path(), &o.path).await;
+                    if result.is_ok() && self.warm {
+                        self.warm_object(o).await;
+                    }
                     let _ = std::fs::remove_file(&o.path);
                     result?;
                 }
@@ -766,6 +769,7 @@ impl Compactor {
                     Err(e) => {
                         // Not registered: the outputs are garbage.
                         for m in &metas {
+                            self.query.forget_block(&m.key()).await;
                             let _ = self.store.delete(&m.path()).await;
                         }
                         match e {
@@ -801,6 +805,19 @@ impl Compactor {
                 outcome("error");
                 Err(e)
             }
+        }
+    }
+
+    /// Keeps a small output's object in the query engine's memory, as the writer does with
+    /// its segments: the outputs of the first levels hold the last minutes that dashboards
+    /// read, and would otherwise be read back from the store by every query of them.
+    async fn warm_object(&self, o: &Written) {
+        if !self.query.holds_fresh(o.meta.object_size) {
+            return;
+        }
+        match tokio::fs::read(&o.path).await {
+            Ok(bytes) => self.query.warm_object(&o.meta, &bytes::Bytes::from(bytes)),
+            Err(e) => tracing::debug!(error = %e, "compaction output not kept in memory"),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The blocks a process writes reach its query caches as they are registered: a fresh
-//! segment's symbols, Parquet metadata and whole object, a compaction output's symbols. The
+//! segment's symbols, Parquet metadata and whole object, a compaction output's symbols and,
+//! when it is small, its object. The
 //! first query of fresh data (a live dashboard's) then reads and decodes nothing from the store;
 //! a process that answers no queries (`warm_query_cache` off) keeps nothing.
 
@@ -164,11 +165,11 @@ async fn compacted_segments_leave_memory() {
         0,
         "the compaction read its sources from memory"
     );
-    // a's four segments were merged; b's lone block (no job of its own) stays in memory.
-    assert_eq!(s.query().fresh_blocks(), 1);
-    let before = bytes_read(&s);
+    // a's four segments were merged into one output, held in their place (small next to the
+    // room); b's lone block (no job of its own) stays.
+    assert_eq!(s.query().fresh_blocks(), 2);
     assert_eq!(stacks(&s, "a").await, expected(4));
-    assert!(bytes_read(&s) > before, "the output is read from the store");
+    assert_eq!(bytes_read(&s), 0, "the output is read from memory too");
     let before = bytes_read(&s);
     assert_eq!(
         stacks(&s, "b").await,
@@ -180,6 +181,31 @@ async fn compacted_segments_leave_memory() {
         before,
         "b's fresh block is read from memory"
     );
+    s.close().await;
+}
+
+/// An output larger than an eighth of the room for fresh objects is not held (one large merge
+/// would push out the small blocks dashboards read): it is read from the store, and the
+/// sources it replaced leave memory all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_compaction_output_is_read_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    // Room for each segment, not for eight outputs.
+    c.fresh_cache_bytes = 16 << 10;
+    let s = Storage::open(c).await.unwrap();
+    write(&s, 4).await;
+    assert_eq!(s.query().fresh_blocks(), 4);
+    assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
+    assert_eq!(bytes_read(&s), 0, "the sources were read from memory");
+    assert_eq!(
+        s.query().fresh_blocks(),
+        0,
+        "the sources left, the output was not kept"
+    );
+    assert_eq!(stacks(&s, "a").await, expected(4));
+    assert!(bytes_read(&s) > 0, "the output is read from the store");
+    assert!(stacks(&s, "b").await.is_empty(), "tenant b sees nothing");
     s.close().await;
 }
 
@@ -200,7 +226,7 @@ async fn without_room_for_symbols_a_fresh_segment_is_still_read_from_memory() {
 }
 
 /// A fresh segment held in memory is answered while the object store is down; a block that is
-/// not (compacted, or written before a restart) is answered "unavailable".
+/// not (written before a restart, or pushed out of memory) is answered "unavailable".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_data_is_answered_through_a_store_outage() {
     use kiln_storage::ErrorKind;

@@ -61,6 +61,9 @@ pub(super) fn fresh_objects(bytes: u64) -> FreshObjects {
             u32::try_from(f.bytes.len() + 64).unwrap_or(u32::MAX)
         })
         .max_capacity(bytes)
+        // What is newest is what dashboards read: a block just written must get in even
+        // though nothing has asked for it yet (the default policy admits by frequency).
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
         .build()
 }
 
@@ -199,9 +202,10 @@ impl QueryEngine {
             .await;
     }
 
-    /// Keeps what `block` has of a segment's `object`, just written, in memory while the cache
-    /// of fresh objects has room: queries of the last minutes (and the compaction that merges
-    /// the segment) read its pages and symbols from it rather than from the store. A block that
+    /// Keeps what `block` has of an `object` just written (a segment, a small compaction
+    /// output) in memory while the cache of fresh objects has room: queries of the last minutes
+    /// (and the compaction that merges the block) read its pages and symbols from it rather
+    /// than from the store. A block that
     /// is most of its object shares the object's bytes; one of a segment of many tenants gets
     /// a copy of its own, so an entry never keeps alive more than twice what it weighs.
     pub fn warm_object(&self, block: &BlockMeta, object: &bytes::Bytes) {
@@ -225,6 +229,16 @@ impl QueryEngine {
         };
         self.fresh
             .insert(block.key(), FreshObject { base: lo, bytes });
+    }
+
+    /// Whether an object of `bytes` is worth holding among the fresh objects: a compaction
+    /// output is kept when it is small next to the cache (an eighth of it), so one large merge
+    /// cannot push out the many small blocks of the last minutes that dashboards read.
+    pub fn holds_fresh(&self, bytes: u64) -> bool {
+        self.fresh
+            .policy()
+            .max_capacity()
+            .is_some_and(|cap| bytes.saturating_mul(8) <= cap)
     }
 
     /// Drops what is cached of a block the engine will not read again (a compaction has
