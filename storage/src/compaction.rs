@@ -69,7 +69,10 @@ pub struct LevelPolicy {
 /// *open*. Open blocks fall in size tiers (`tier_bytes`, then × `fanout` each tier up); as soon
 /// as `fanout` of them share a tier they are merged, as a size-tiered LSM does, so each row is
 /// rewritten about log_fanout(target / first size) times. Once the partition's window has
-/// ended and `age` has passed, the open blocks left are packed together up to `target_bytes`.
+/// ended and `age` has passed, and no block has come for `age` either, the open blocks left are
+/// packed together up to `target_bytes`. Blocks that still come for a closed window (the last
+/// merges of its levels, or data sent late) merge by tier meanwhile: packing each one into the
+/// partition's packed block as it came would rewrite that block once per newcomer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopPolicy {
     /// Open blocks of one tier merged at once.
@@ -78,7 +81,8 @@ pub struct TopPolicy {
     pub tier_bytes: u64,
     /// A top-level block this large is done.
     pub target_bytes: u64,
-    /// How long after its window ends a partition's open blocks are packed.
+    /// How long after its window ends, and after its newest block, a partition's open blocks
+    /// are packed.
     pub age: Duration,
 }
 
@@ -267,10 +271,13 @@ fn plan_top(
         })
         .collect();
     let window_end_ms = (partition + 1).saturating_mul(crate::meta::PARTITION_NANOS / 1_000_000);
-    let closed = i64::try_from(now_ms).unwrap_or(i64::MAX)
-        >= window_end_ms.saturating_add(top.age.as_millis() as i64);
+    let age_ms = top.age.as_millis() as u64;
+    let closed =
+        i64::try_from(now_ms).unwrap_or(i64::MAX) >= window_end_ms.saturating_add(age_ms as i64);
+    let newest_ms = open.iter().map(|b| b.created_ms).max().unwrap_or(0);
+    let quiet = now_ms >= newest_ms.saturating_add(age_ms);
     let mut out = Vec::new();
-    if closed {
+    if closed && quiet {
         // Pack what is left, smallest first, each merge up to the target size.
         let mut open = open;
         open.sort_by_key(|b| b.bytes);
@@ -1102,5 +1109,32 @@ mod tests {
         assert!(plan_jobs(&c, queued.clone(), 2 * window_ms).is_empty());
         let jobs = plan_jobs(&c, queued, 2 * window_ms + 3_600_000);
         assert_eq!(sources(&jobs), [vec!["0003", "0000", "0001"]]);
+    }
+
+    #[test]
+    fn a_closed_partition_that_still_gets_blocks_merges_them_by_tier() {
+        let c = CompactionConfig::default();
+        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
+        let now = 2 * window_ms + 3_600_000;
+        let arrived = |id: u32, bytes: u64, ago_ms: u64| QueuedBlock {
+            created_ms: now - ago_ms,
+            ..top(id, 1, bytes)
+        };
+        // A packed block and a newcomer that came a minute ago: not rewritten for it.
+        let mut queued = vec![
+            arrived(0, 40 * MIB, 3_600_000),
+            arrived(1, 300 << 10, 60_000),
+        ];
+        assert!(plan_jobs(&c, queued.clone(), now).is_empty());
+        // Four newcomers of one tier merge with each other, not with the packed block.
+        queued.extend((2..5).map(|i| arrived(i, 300 << 10, 30_000)));
+        let jobs = plan_jobs(&c, queued.clone(), now);
+        assert_eq!(sources(&jobs), [vec!["0001", "0002", "0003", "0004"]]);
+        // Once nothing has come for the policy's age, what is open is packed.
+        let jobs = plan_jobs(&c, queued, now + 3_600_000);
+        assert_eq!(
+            sources(&jobs),
+            [vec!["0001", "0002", "0003", "0004", "0000"]]
+        );
     }
 }

@@ -378,6 +378,18 @@ pub struct CompactionArgs {
     #[arg(long, env = "KILN_COMPACTION_TARGET_MIB", default_value_t = 256)]
     pub compaction_target_mib: u64,
 
+    /// Top-level blocks of one size tier merged at once (each tier's bound this many times the
+    /// one below): a row is rewritten about log_fanout(target ÷ 1 MiB) times at the top level,
+    /// and an open partition holds up to fanout − 1 blocks per tier.
+    #[arg(long, env = "KILN_COMPACTION_TOP_FANOUT", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
+    pub compaction_top_fanout: u64,
+
+    /// How long after a partition's window ends, and after its newest block came, its
+    /// top-level blocks below the target are packed together (until then they merge by size
+    /// tier).
+    #[arg(long, env = "KILN_COMPACTION_TOP_AGE", default_value = "1h", value_parser = duration_flag)]
+    pub compaction_top_age: std::time::Duration,
+
     /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
     #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
     pub upkeep_interval_ms: u64,
@@ -522,6 +534,8 @@ impl ServeArgs {
             c.compaction.levels = levels;
         }
         c.compaction.top.target_bytes = compaction.compaction_target_mib.saturating_mul(1 << 20);
+        c.compaction.top.age = compaction.compaction_top_age;
+        c.compaction.top.fanout = compaction.compaction_top_fanout as usize;
         c.delete_delay = Duration::from_secs(compaction.delete_delay_secs);
         c.orphan_grace = Duration::from_secs(compaction.orphan_grace_secs);
         c
