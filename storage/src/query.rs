@@ -179,8 +179,8 @@ pub struct QueryEngine {
     /// Pages read from a remote object store (none for the local file system).
     pages: Option<scan::PageCache>,
     /// The objects of fresh segments as the writer made them, and of small compaction outputs,
-    /// by block: a query of the last
-    /// minutes reads their pages from memory, not from the store ([`Self::warm_object`]).
+    /// by block: a query of the last minutes reads their pages from memory, not from the store
+    /// ([`Self::warm_object`]).
     fresh: cache::FreshObjects,
     counters: Arc<QueryCounters>,
 }

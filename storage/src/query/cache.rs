@@ -31,10 +31,11 @@ pub(super) struct Naming {
     deadline: Duration,
 }
 
-/// The objects of fresh segments by block ([`QueryEngine::warm_object`]).
+/// The objects of fresh segments and small compaction outputs by block
+/// ([`QueryEngine::warm_object`]).
 pub(super) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
 
-/// What the engine holds of a fresh segment's object for one of its blocks: the bytes from the
+/// What the engine holds of a fresh object for one of its blocks: the bytes from the
 /// block's first section to the end of its last, and where they start in the object.
 #[derive(Clone)]
 pub(super) struct FreshObject {
@@ -205,9 +206,9 @@ impl QueryEngine {
     /// Keeps what `block` has of an `object` just written (a segment, a small compaction
     /// output) in memory while the cache of fresh objects has room: queries of the last minutes
     /// (and the compaction that merges the block) read its pages and symbols from it rather
-    /// than from the store. A block that
-    /// is most of its object shares the object's bytes; one of a segment of many tenants gets
-    /// a copy of its own, so an entry never keeps alive more than twice what it weighs.
+    /// than from the store. A block that is most of its object shares the object's bytes; one
+    /// of a segment of many tenants gets a copy of its own, so an entry never keeps alive more
+    /// than twice what it weighs.
     pub fn warm_object(&self, block: &BlockMeta, object: &bytes::Bytes) {
         if self.fresh.policy().max_capacity() == Some(0) {
             return;

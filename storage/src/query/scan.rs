@@ -42,8 +42,8 @@ pub(crate) struct SectionReader {
     counters: Arc<QueryCounters>,
     /// The engine's page cache, for queries (the compactor reads each block once: uncached).
     pages: Option<PageCache>,
-    /// What the engine holds in memory of the block's object (a fresh segment's): ranges it
-    /// holds are sliced from it, not read.
+    /// What the engine holds in memory of the block's object (a fresh segment's, a small
+    /// compaction output's): ranges it holds are sliced from it, not read.
     fresh: Option<super::cache::FreshObject>,
 }
 
