@@ -391,27 +391,32 @@ impl QueryEngine {
         let mut groups: Vec<(Vec<(String, String)>, BTreeMap<i64, Bucket>)> = Vec::new();
         let (start, step) = (i128::from(filter.start_nanos), i128::from(step_nanos));
         for (block, cells) in per_block {
-            // Each series' group, once per block rather than once per cell.
-            let series_group: Vec<usize> = block
-                .series
-                .iter()
-                .map(|s| {
-                    let key: Vec<(String, String)> = group_by
-                        .iter()
-                        .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
-                        .collect();
-                    *group_of.entry(key.clone()).or_insert_with(|| {
-                        groups.push((key, BTreeMap::new()));
-                        groups.len() - 1
-                    })
-                })
-                .collect();
+            // Each series' group, once per block rather than once per cell, and only for the
+            // series the cells name: a block holds every series of its tenant's partition
+            // (thousands in a fleet), a query selects a few.
+            let mut series_group: Vec<usize> = vec![usize::MAX; block.series.len()];
             for (cell, value) in cells {
-                let (Some(s), Some(&g)) = (
-                    block.series.get(cell.series as usize),
-                    series_group.get(cell.series as usize),
-                ) else {
+                let Some(s) = block.series.get(cell.series as usize) else {
                     continue;
+                };
+                let g = match series_group[cell.series as usize] {
+                    usize::MAX => {
+                        let key: Vec<(String, String)> = group_by
+                            .iter()
+                            .filter_map(|g| series_label(s, g).map(|v| (g.clone(), v.to_owned())))
+                            .collect();
+                        let g = match group_of.get(&key) {
+                            Some(&g) => g,
+                            None => {
+                                groups.push((key.clone(), BTreeMap::new()));
+                                group_of.insert(key, groups.len() - 1);
+                                groups.len() - 1
+                            }
+                        };
+                        series_group[cell.series as usize] = g;
+                        g
+                    }
+                    g => g,
                 };
                 let t = cell.timestamp;
                 let bucket = (start + (i128::from(t) - start).div_euclid(step) * step) as i64;
