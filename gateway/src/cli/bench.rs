@@ -33,6 +33,15 @@ use deployment::Deployment;
 use queries::{BenchQuery, Kind, MAX_NODES};
 use workload::{PROFILE_NANOS, PeerRows, Shape, Workload, service_name};
 
+/// The server's `--compaction-top-age`: the bench's data is days old, so every partition's
+/// window has ended, and its blocks are packed once none has come for this long.
+const TOP_AGE: Duration = Duration::from_secs(10);
+
+/// How much longer than [`TOP_AGE`] the blocks must stay the same before compaction counts as
+/// caught up: the planner runs every upkeep interval (200 ms here), and the blocks are polled
+/// every 500 ms.
+const SETTLE_MARGIN: Duration = Duration::from_secs(5);
+
 /// Workload sizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Preset {
@@ -478,10 +487,8 @@ impl Server {
                 "none",
                 "--compaction-levels",
                 "20:2s,10:4s,10:8s",
-                // The bench's data is days old: every partition's window has ended, and its
-                // blocks are packed once none has come for this long.
                 "--compaction-top-age",
-                "10s",
+                &format!("{}s", TOP_AGE.as_secs()),
                 "--upkeep-interval-ms",
                 "200",
                 "--delete-delay-secs",
@@ -654,8 +661,8 @@ async fn bench_kiln(
     let fresh = watch.stop().await;
 
     let started = Instant::now();
-    let blocks = wait_compacted(&http, &server.compact).await?;
-    let compaction_seconds = started.elapsed().as_secs_f64();
+    let (blocks, caught_up) = wait_compacted(&http, &server.compact).await?;
+    let compaction_seconds = caught_up.duration_since(started).as_secs_f64();
     let bytes_at_rest = server.bytes_at_rest().await?;
     let compacted = metric_values(
         &http,
@@ -821,20 +828,25 @@ fn connect(
 }
 
 /// Waits until compaction has caught up: no L0 segment and no job left, and the blocks the same
-/// for longer than the largest merge age (a lone block waits at its level). Returns the
-/// tenant's blocks as `/api/v1/tenants/anonymous/blocks` states them.
-async fn wait_compacted(http: &reqwest::Client, server: &str) -> anyhow::Result<serde_json::Value> {
+/// for longer than the largest merge age, the top level's included (a lone block waits at its
+/// level; a closed partition's blocks are packed once none has come for [`TOP_AGE`]). Returns
+/// the tenant's blocks as `/api/v1/tenants/anonymous/blocks` states them, and when they were
+/// first seen so: the moment compaction caught up, without the wait that makes sure of it.
+async fn wait_compacted(
+    http: &reqwest::Client,
+    server: &str,
+) -> anyhow::Result<(serde_json::Value, Instant)> {
     let started = Instant::now();
     let blocks_url = format!("{server}/api/v1/tenants/anonymous/blocks");
     let (mut last, mut since) = (serde_json::Value::Null, Instant::now());
     loop {
         let b: serde_json::Value = http.get(&blocks_url).send().await?.json().await?;
-        if b["levels"] != last["levels"] {
+        if b["levels"] != last["levels"] || b["jobs"] != last["jobs"] {
             (last, since) = (b.clone(), Instant::now());
         }
         let l0 = b["levels"]["0"].as_u64().unwrap_or(0);
-        if l0 == 0 && b["jobs"].as_u64() == Some(0) && since.elapsed() > Duration::from_secs(10) {
-            return Ok(b);
+        if l0 == 0 && b["jobs"].as_u64() == Some(0) && since.elapsed() > TOP_AGE + SETTLE_MARGIN {
+            return Ok((b, since));
         }
         ensure!(
             started.elapsed() < Duration::from_secs(1800),

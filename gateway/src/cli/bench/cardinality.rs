@@ -170,8 +170,8 @@ pub async fn run(
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = server.cpu_seconds() - cpu_before;
     let started = Instant::now();
-    let blocks = wait_compacted(&http, &server.url).await?;
-    let compaction_seconds = started.elapsed().as_secs_f64();
+    let (blocks, caught_up) = wait_compacted(&http, &server.url).await?;
+    let compaction_seconds = caught_up.duration_since(started).as_secs_f64();
     let bytes_at_rest = super::dir_bytes(&server.data.join("objects"));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_at_rest_mib = server.rss_mib();
