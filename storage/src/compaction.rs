@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!  planner: queued blocks (metastore) grouped by (tenant, partition, shard, level)
-//!           → a job per `blocks` of them, or for what is left once the oldest is `age` old
+//!           → a job per `blocks` of them, or for what is left once the oldest is `age` old;
+//!           top-level blocks merge by size tier, and a closed, quiet partition's blocks below
+//!           the target (L1 and up) are packed together
 //!  worker:  lease a job → k-way merge of the sources' sorted rows → output block(s) one level
 //!           up → metastore.complete_job (sources out, tombstoned; outputs in; one transaction)
 //! ```
@@ -98,6 +100,17 @@ impl Default for TopPolicy {
 }
 
 impl TopPolicy {
+    /// Whether a partition's window ended `age` ago and its newest block came `age` ago too:
+    /// what it holds below the target is packed.
+    fn settled(&self, partition: i64, newest_ms: u64, now_ms: u64) -> bool {
+        let window_end_ms =
+            (partition + 1).saturating_mul(crate::meta::PARTITION_NANOS / 1_000_000);
+        let age_ms = self.age.as_millis() as u64;
+        let closed = i64::try_from(now_ms).unwrap_or(i64::MAX)
+            >= window_end_ms.saturating_add(age_ms as i64);
+        closed && now_ms >= newest_ms.saturating_add(age_ms)
+    }
+
     /// The size tier of an open block.
     fn tier(&self, bytes: u64) -> u32 {
         let (mut tier, mut bound) = (0, self.tier_bytes.max(1));
@@ -199,16 +212,32 @@ pub struct Compactor {
 }
 
 /// Groups of queued blocks that should be merged now, per the policies.
+///
+/// A partition that is closed and quiet (see [`TopPolicy`]) hands the blocks still waiting
+/// below the top, other than L0 segments, to the top level's packing: a lone L1 or L2 block
+/// would otherwise never meet another of its level and stay there, larger per row, for good.
 pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
+    // The newest block of each (tenant, partition, shard), whatever its level.
+    let mut newest: HashMap<(&str, i64, u32), u64> = HashMap::new();
+    for b in &queued {
+        let n = newest
+            .entry((b.tenant.as_str(), b.partition, b.shard))
+            .or_default();
+        *n = (*n).max(b.created_ms);
+    }
+    let settled: std::collections::HashSet<(String, i64, u32)> = newest
+        .into_iter()
+        .filter(|&((_, partition, _), newest_ms)| config.top.settled(partition, newest_ms, now_ms))
+        .map(|((tenant, partition, shard), _)| (tenant.to_owned(), partition, shard))
+        .collect();
     let mut groups: HashMap<(String, i64, u32, u32), Vec<QueuedBlock>> = HashMap::new();
     for b in queued {
+        let mut level = b.level.min(TOP_LEVEL);
+        if level > 0 && settled.contains(&(b.tenant.clone(), b.partition, b.shard)) {
+            level = TOP_LEVEL;
+        }
         groups
-            .entry((
-                b.tenant.clone(),
-                b.partition,
-                b.shard,
-                b.level.min(TOP_LEVEL),
-            ))
+            .entry((b.tenant.clone(), b.partition, b.shard, level))
             .or_default()
             .push(b);
     }
@@ -270,14 +299,9 @@ fn plan_top(
             b.bytes < top.target_bytes && b.stack_nodes < (config.max_output_stack_nodes / 2) as u64
         })
         .collect();
-    let window_end_ms = (partition + 1).saturating_mul(crate::meta::PARTITION_NANOS / 1_000_000);
-    let age_ms = top.age.as_millis() as u64;
-    let closed =
-        i64::try_from(now_ms).unwrap_or(i64::MAX) >= window_end_ms.saturating_add(age_ms as i64);
     let newest_ms = open.iter().map(|b| b.created_ms).max().unwrap_or(0);
-    let quiet = now_ms >= newest_ms.saturating_add(age_ms);
     let mut out = Vec::new();
-    if closed && quiet {
+    if top.settled(partition, newest_ms, now_ms) {
         // Pack what is left, smallest first, each merge up to the target size.
         let mut open = open;
         open.sort_by_key(|b| b.bytes);
@@ -1136,5 +1160,44 @@ mod tests {
             sources(&jobs),
             [vec!["0001", "0002", "0003", "0004", "0000"]]
         );
+    }
+
+    #[test]
+    fn a_settled_partition_packs_its_lone_blocks_below_the_top_too() {
+        let c = CompactionConfig::default();
+        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
+        let now = 2 * window_ms + 3_600_000;
+        let block = |id: u32, level: u32, bytes: u64, ago_ms: u64| QueuedBlock {
+            level,
+            created_ms: now - ago_ms,
+            ..top(id, 1, bytes)
+        };
+        // A packed block, and one lone block of L1 and of L2 that no other of their level
+        // will ever join.
+        let mut queued = vec![
+            block(0, TOP_LEVEL, 40 * MIB, 3_600_000),
+            block(1, 1, 300 << 10, 3_700_000),
+            block(2, 2, 2 * MIB, 3_650_000),
+        ];
+        let jobs = plan_jobs(&c, queued.clone(), now);
+        assert_eq!(sources(&jobs), [vec!["0001", "0002", "0000"]]);
+        assert!(jobs.iter().all(|j| j.level == TOP_LEVEL));
+        // Not while the partition still gets blocks, of any level: L1's merge waits its own age.
+        queued.push(block(3, 0, 1 << 10, 60_000));
+        let jobs = plan_jobs(&c, queued.clone(), now);
+        assert_eq!(sources(&jobs), [vec!["0003"]]);
+        assert_eq!(jobs[0].level, 0);
+        // Nor in a partition whose window has not closed, however quiet.
+        let open: Vec<QueuedBlock> = queued[..3]
+            .iter()
+            .map(|b| QueuedBlock {
+                partition: 2,
+                ..b.clone()
+            })
+            .collect();
+        assert!(plan_jobs(&c, open, now).is_empty());
+        // An L0 segment is left to its own level even in a settled partition.
+        let jobs = plan_jobs(&c, vec![block(4, 0, 1 << 10, 3_700_000)], now);
+        assert_eq!(jobs[0].level, 0);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kiln_storage::meta::{PARTITION_NANOS, object_id_of_path};
+use kiln_storage::meta::{PARTITION_NANOS, TOP_LEVEL, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{
@@ -219,6 +219,69 @@ async fn top_level_blocks_merge_with_each_other() {
         top.iter()
             .any(|b| b.compacted_from.len() >= 2 && b.rows > 0),
         "a top-level block replaced others"
+    );
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_eq!(series(&s, "a").await, series_a);
+    assert_eq!(stacks(&s, "b", "{}").await, before_b, "tenant b untouched");
+    assert!(
+        !stacks(&s, "b", "{}")
+            .await
+            .keys()
+            .flatten()
+            .any(|f| f.starts_with("parse")),
+        "tenant wall"
+    );
+}
+
+/// Once a closed partition has been quiet for the top level's age, the blocks left below the
+/// top (a lone L1 or L2 that no other of its level will join) are packed with the top level's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_partition_leaves_no_block_below_the_top() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    ingest(&s, 23).await;
+    let rows_before = tenant_rows(&s, "a").await;
+    let before_a = stacks(&s, "a", "{}").await;
+    let before_b = stacks(&s, "b", "{}").await;
+    let series_a = series(&s, "a").await;
+    let levels = || {
+        let s = s.clone();
+        async move {
+            let mut levels: Vec<u32> = s
+                .metastore()
+                .query_blocks(BlockQuery::all("a"))
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| b.level)
+                .collect();
+            levels.sort();
+            levels
+        }
+    };
+    // Blocks that have just come: the levels merge by count, and some are left over.
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let fresh = levels().await;
+    assert!(
+        fresh.iter().any(|&l| l > 0 && l < TOP_LEVEL),
+        "lone blocks below the top: {fresh:?}"
+    );
+    // Once the partition (of ingestion time) has closed and an hour has passed with nothing
+    // new: all of it is packed at the top. (L0 segments merge by their own level's age, a year
+    // in these tests.)
+    s.compactor()
+        .compact_all(now_ms() + (PARTITION_NANOS / 1_000_000) as u64 + 3_600_000)
+        .await
+        .unwrap();
+    let settled = levels().await;
+    assert!(
+        settled.contains(&TOP_LEVEL) && !settled.iter().any(|&l| l > 0 && l < TOP_LEVEL),
+        "{settled:?} (was {fresh:?})"
+    );
+    assert_eq!(
+        tenant_rows(&s, "a").await,
+        rows_before,
+        "every row kept once"
     );
     assert_eq!(stacks(&s, "a", "{}").await, before_a);
     assert_eq!(series(&s, "a").await, series_a);
