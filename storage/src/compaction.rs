@@ -4,8 +4,8 @@
 //! ```text
 //!  planner: queued blocks (metastore) grouped by (tenant, partition, shard, level)
 //!           → a job per `blocks` of them, or for what is left once the oldest is `age` old;
-//!           top-level blocks merge by size tier, and a closed, quiet partition's blocks below
-//!           the target (L1 and up) are packed together
+//!           top-level blocks merge by size tier, and a quiet partition's blocks below the
+//!           target (L1 and up) are packed together
 //!  worker:  lease a job → k-way merge of the sources' sorted rows → output block(s) one level
 //!           up → metastore.complete_job (sources out, tombstoned; outputs in; one transaction)
 //! ```
@@ -70,11 +70,17 @@ pub struct LevelPolicy {
 /// [`CompactionConfig::max_output_stack_nodes`], so a merge cannot just cut it again) is
 /// *open*. Open blocks fall in size tiers (`tier_bytes`, then × `fanout` each tier up); as soon
 /// as `fanout` of them share a tier they are merged, as a size-tiered LSM does, so each row is
-/// rewritten about log_fanout(target / first size) times. Once the partition's window has
-/// ended and `age` has passed, and no block has come for `age` either, the open blocks left are
-/// packed together up to `target_bytes`. Blocks that still come for a closed window (the last
-/// merges of its levels, or data sent late) merge by tier meanwhile: packing each one into the
+/// rewritten about log_fanout(target / first size) times. Once no block of any level has come
+/// to the (tenant, partition, shard) for `age`, its open blocks are packed together up to
+/// `target_bytes`, and with them any block still waiting below the top (other than an L0
+/// segment), which no other block of its level would ever join. While blocks keep coming (a
+/// tenant sending, or the last merges of the levels) they merge by tier: packing each into the
 /// partition's packed block as it came would rewrite that block once per newcomer.
+///
+/// Partitions are of ingestion time, so once its six hours are over a partition only gets its
+/// levels' merges, and an hour later it is packed. A tenant that pauses for `age` within the
+/// six hours has what it sent so far packed too; what it sends next is packed with it at the
+/// next pause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopPolicy {
     /// Open blocks of one tier merged at once.
@@ -83,8 +89,7 @@ pub struct TopPolicy {
     pub tier_bytes: u64,
     /// A top-level block this large is done.
     pub target_bytes: u64,
-    /// How long after its window ends, and after its newest block, a partition's open blocks
-    /// are packed.
+    /// How long after its newest block a partition's open blocks are packed.
     pub age: Duration,
 }
 
@@ -100,15 +105,9 @@ impl Default for TopPolicy {
 }
 
 impl TopPolicy {
-    /// Whether a partition's window ended `age` ago and its newest block came `age` ago too:
-    /// what it holds below the target is packed.
-    fn settled(&self, partition: i64, newest_ms: u64, now_ms: u64) -> bool {
-        let window_end_ms =
-            (partition + 1).saturating_mul(crate::meta::PARTITION_NANOS / 1_000_000);
-        let age_ms = self.age.as_millis() as u64;
-        let closed = i64::try_from(now_ms).unwrap_or(i64::MAX)
-            >= window_end_ms.saturating_add(age_ms as i64);
-        closed && now_ms >= newest_ms.saturating_add(age_ms)
+    /// Whether the newest block came `age` ago: what is below the target is packed.
+    fn quiet(&self, newest_ms: u64, now_ms: u64) -> bool {
+        now_ms >= newest_ms.saturating_add(self.age.as_millis() as u64)
     }
 
     /// The size tier of an open block.
@@ -213,9 +212,10 @@ pub struct Compactor {
 
 /// Groups of queued blocks that should be merged now, per the policies.
 ///
-/// A partition that is closed and quiet (see [`TopPolicy`]) hands the blocks still waiting
-/// below the top, other than L0 segments, to the top level's packing: a lone L1 or L2 block
-/// would otherwise never meet another of its level and stay there, larger per row, for good.
+/// A (tenant, partition, shard) that is quiet (see [`TopPolicy`]) hands the blocks still
+/// waiting below the top, other than L0 segments, to the top level's packing: a lone L1 or L2
+/// block would otherwise never meet another of its level and stay there, larger per row, for
+/// good.
 pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
     // The newest block of each (tenant, partition, shard), whatever its level.
     let mut newest: HashMap<(&str, i64, u32), u64> = HashMap::new();
@@ -225,15 +225,18 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
             .or_default();
         *n = (*n).max(b.created_ms);
     }
-    let settled: std::collections::HashSet<(String, i64, u32)> = newest
+    let quiet: std::collections::HashSet<(String, i64, u32)> = newest
         .into_iter()
-        .filter(|&((_, partition, _), newest_ms)| config.top.settled(partition, newest_ms, now_ms))
+        .filter(|&(_, newest_ms)| config.top.quiet(newest_ms, now_ms))
         .map(|((tenant, partition, shard), _)| (tenant.to_owned(), partition, shard))
         .collect();
+    let is_quiet = |tenant: &String, partition: i64, shard: u32| {
+        quiet.contains(&(tenant.clone(), partition, shard))
+    };
     let mut groups: HashMap<(String, i64, u32, u32), Vec<QueuedBlock>> = HashMap::new();
     for b in queued {
         let mut level = b.level.min(TOP_LEVEL);
-        if level > 0 && settled.contains(&(b.tenant.clone(), b.partition, b.shard)) {
+        if level > 0 && is_quiet(&b.tenant, b.partition, b.shard) {
             level = TOP_LEVEL;
         }
         groups
@@ -261,7 +264,7 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
         };
         if level == TOP_LEVEL {
             jobs.extend(
-                plan_top(config, partition, blocks, now_ms)
+                plan_top(config, blocks, is_quiet(&tenant, partition, shard))
                     .into_iter()
                     .map(job),
             );
@@ -285,12 +288,12 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
 }
 
 /// Source lists of merges among the top-level blocks of one (tenant, partition, shard), oldest
-/// first (see [`TopPolicy`]).
+/// first (see [`TopPolicy`]); `quiet` when no block of any level has come to it for the top
+/// level's age.
 fn plan_top(
     config: &CompactionConfig,
-    partition: i64,
     blocks: Vec<QueuedBlock>,
-    now_ms: u64,
+    quiet: bool,
 ) -> Vec<Vec<QueuedBlock>> {
     let top = &config.top;
     let open: Vec<QueuedBlock> = blocks
@@ -299,9 +302,8 @@ fn plan_top(
             b.bytes < top.target_bytes && b.stack_nodes < (config.max_output_stack_nodes / 2) as u64
         })
         .collect();
-    let newest_ms = open.iter().map(|b| b.created_ms).max().unwrap_or(0);
     let mut out = Vec::new();
-    if top.settled(partition, newest_ms, now_ms) {
+    if quiet {
         // Pack what is left, smallest first, each merge up to the target size.
         let mut open = open;
         open.sort_by_key(|b| b.bytes);
@@ -1119,27 +1121,27 @@ mod tests {
     }
 
     #[test]
-    fn a_closed_partition_packs_its_open_blocks_up_to_the_target() {
+    fn a_quiet_partition_packs_its_open_blocks_up_to_the_target() {
         let c = CompactionConfig::default();
-        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
-        let queued = vec![
-            top(0, 1, 100 * MIB),
-            top(1, 1, 100 * MIB),
-            top(2, 1, 100 * MIB),
-            top(3, 1, 10 * MIB),
-            top(4, 1, 300 * MIB),
-        ];
-        // Still open (the window ends at 2 × window, then an hour): tiers only, none has four.
-        assert!(plan_jobs(&c, queued.clone(), 2 * window_ms).is_empty());
-        let jobs = plan_jobs(&c, queued, 2 * window_ms + 3_600_000);
+        let created = 10 * 3_600_000;
+        let queued: Vec<QueuedBlock> = [100, 100, 100, 10, 300]
+            .into_iter()
+            .enumerate()
+            .map(|(id, mib)| QueuedBlock {
+                created_ms: created + id as u64,
+                ..top(id as u32, 1, mib * MIB)
+            })
+            .collect();
+        // The newest came less than an hour ago: tiers only, and none has four.
+        assert!(plan_jobs(&c, queued.clone(), created + 3_600_000).is_empty());
+        let jobs = plan_jobs(&c, queued, created + 4 + 3_600_000);
         assert_eq!(sources(&jobs), [vec!["0003", "0000", "0001"]]);
     }
 
     #[test]
-    fn a_closed_partition_that_still_gets_blocks_merges_them_by_tier() {
+    fn a_partition_that_still_gets_blocks_merges_them_by_tier() {
         let c = CompactionConfig::default();
-        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
-        let now = 2 * window_ms + 3_600_000;
+        let now = 10 * 3_600_000;
         let arrived = |id: u32, bytes: u64, ago_ms: u64| QueuedBlock {
             created_ms: now - ago_ms,
             ..top(id, 1, bytes)
@@ -1163,10 +1165,9 @@ mod tests {
     }
 
     #[test]
-    fn a_settled_partition_packs_its_lone_blocks_below_the_top_too() {
+    fn a_quiet_partition_packs_its_lone_blocks_below_the_top_too() {
         let c = CompactionConfig::default();
-        let window_ms = (crate::meta::PARTITION_NANOS / 1_000_000) as u64;
-        let now = 2 * window_ms + 3_600_000;
+        let now = 10 * 3_600_000;
         let block = |id: u32, level: u32, bytes: u64, ago_ms: u64| QueuedBlock {
             level,
             created_ms: now - ago_ms,
@@ -1182,21 +1183,22 @@ mod tests {
         let jobs = plan_jobs(&c, queued.clone(), now);
         assert_eq!(sources(&jobs), [vec!["0001", "0002", "0000"]]);
         assert!(jobs.iter().all(|j| j.level == TOP_LEVEL));
-        // Not while the partition still gets blocks, of any level: L1's merge waits its own age.
+        // Not while the partition still gets blocks, of any level: L1's merge waits its own
+        // age, and the top-level blocks are not packed either.
         queued.push(block(3, 0, 1 << 10, 60_000));
         let jobs = plan_jobs(&c, queued.clone(), now);
         assert_eq!(sources(&jobs), [vec!["0003"]]);
         assert_eq!(jobs[0].level, 0);
-        // Nor in a partition whose window has not closed, however quiet.
-        let open: Vec<QueuedBlock> = queued[..3]
-            .iter()
-            .map(|b| QueuedBlock {
-                partition: 2,
-                ..b.clone()
-            })
-            .collect();
-        assert!(plan_jobs(&c, open, now).is_empty());
-        // An L0 segment is left to its own level even in a settled partition.
+        // Another shard's or tenant's blocks are their own: this one's quiet blocks pack.
+        let elsewhere = |b: &QueuedBlock| QueuedBlock {
+            shard: 1,
+            ..b.clone()
+        };
+        let mut two_shards = queued[..3].to_vec();
+        two_shards.push(elsewhere(&queued[3]));
+        let jobs = plan_jobs(&c, two_shards, now);
+        assert_eq!(sources(&jobs), [vec!["0001", "0002", "0000"], vec!["0003"]]);
+        // An L0 segment is left to its own level even when quiet.
         let jobs = plan_jobs(&c, vec![block(4, 0, 1 << 10, 3_700_000)], now);
         assert_eq!(jobs[0].level, 0);
     }

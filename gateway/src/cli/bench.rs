@@ -33,8 +33,9 @@ use deployment::Deployment;
 use queries::{BenchQuery, Kind, MAX_NODES};
 use workload::{PROFILE_NANOS, PeerRows, Shape, Workload, service_name};
 
-/// The server's `--compaction-top-age`: the bench's data is days old, so every partition's
-/// window has ended, and its blocks are packed once none has come for this long.
+/// The server's `--compaction-top-age`: a partition's blocks are packed once none has come for
+/// this long. (Partitions are of ingestion time: a run's data all lands in the six hours it
+/// runs in, so it is this pause after the last write that packs it.)
 const TOP_AGE: Duration = Duration::from_secs(10);
 
 /// How much longer than [`TOP_AGE`] the blocks must stay the same before compaction counts as
@@ -828,8 +829,8 @@ fn connect(
 }
 
 /// Waits until compaction has caught up: no L0 segment and no job left, and the blocks the same
-/// for longer than the largest merge age, the top level's included (a lone block waits at its
-/// level; a closed partition's blocks are packed once none has come for [`TOP_AGE`]). Returns
+/// for longer than the largest merge age, the top level's included (a partition's blocks are
+/// packed once none has come for [`TOP_AGE`]). Returns
 /// the tenant's blocks as `/api/v1/tenants/anonymous/blocks` states them, and when they were
 /// first seen so: the moment compaction caught up, without the wait that makes sure of it.
 async fn wait_compacted(

@@ -384,9 +384,9 @@ pub struct CompactionArgs {
     #[arg(long, env = "KILN_COMPACTION_TOP_FANOUT", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
     pub compaction_top_fanout: u64,
 
-    /// How long after a partition's window ends, and after its newest block came, its
-    /// top-level blocks below the target are packed together (until then they merge by size
-    /// tier).
+    /// How long after a partition's newest block (of any level) came, its blocks below the
+    /// target are packed together, a lone L1 or L2 block with them (until then top-level blocks
+    /// merge by size tier).
     #[arg(long, env = "KILN_COMPACTION_TOP_AGE", default_value = "1h", value_parser = duration_flag)]
     pub compaction_top_age: std::time::Duration,
 
