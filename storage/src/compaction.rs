@@ -225,30 +225,32 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
             .or_default();
         *n = (*n).max(b.created_ms);
     }
-    let quiet: std::collections::HashSet<(String, i64, u32)> = newest
-        .into_iter()
-        .filter(|&(_, newest_ms)| config.top.quiet(newest_ms, now_ms))
-        .map(|((tenant, partition, shard), _)| (tenant.to_owned(), partition, shard))
+    let quiet: Vec<bool> = queued
+        .iter()
+        .map(|b| {
+            config
+                .top
+                .quiet(newest[&(b.tenant.as_str(), b.partition, b.shard)], now_ms)
+        })
         .collect();
-    let is_quiet = |tenant: &String, partition: i64, shard: u32| {
-        quiet.contains(&(tenant.clone(), partition, shard))
-    };
-    let mut groups: HashMap<(String, i64, u32, u32), Vec<QueuedBlock>> = HashMap::new();
-    for b in queued {
+    // Per group: whether its (tenant, partition, shard) is quiet, and its blocks.
+    let mut groups: HashMap<(String, i64, u32, u32), (bool, Vec<QueuedBlock>)> = HashMap::new();
+    for (b, quiet) in queued.into_iter().zip(quiet) {
         let mut level = b.level.min(TOP_LEVEL);
-        if level > 0 && is_quiet(&b.tenant, b.partition, b.shard) {
+        if level > 0 && quiet {
             level = TOP_LEVEL;
         }
-        groups
+        let group = groups
             .entry((b.tenant.clone(), b.partition, b.shard, level))
-            .or_default()
-            .push(b);
+            .or_default();
+        group.0 = quiet;
+        group.1.push(b);
     }
     let mut jobs = Vec::new();
     let mut keys: Vec<_> = groups.keys().cloned().collect();
     keys.sort();
     for key in keys {
-        let mut blocks = groups.remove(&key).expect("key from the map");
+        let (quiet, mut blocks) = groups.remove(&key).expect("key from the map");
         let (tenant, partition, shard, level) = key;
         blocks.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
         let job = |sources: Vec<QueuedBlock>| Job {
@@ -263,11 +265,7 @@ pub fn plan_jobs(config: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u6
             attempts: 0,
         };
         if level == TOP_LEVEL {
-            jobs.extend(
-                plan_top(config, blocks, is_quiet(&tenant, partition, shard))
-                    .into_iter()
-                    .map(job),
-            );
+            jobs.extend(plan_top(config, blocks, quiet).into_iter().map(job));
             continue;
         }
         let policy = config.levels[level as usize];
