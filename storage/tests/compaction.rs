@@ -54,6 +54,16 @@ async fn objects(s: &Storage) -> usize {
     n
 }
 
+/// Tenant b's answers are what they were, and hold none of tenant a's frames.
+async fn assert_b_untouched_and_walled(s: &Storage, before_b: &Stacks) {
+    let b = stacks(s, "b", "{}").await;
+    assert_eq!(&b, before_b, "tenant b is untouched");
+    assert!(
+        !b.keys().flatten().any(|f| f.starts_with("parse")),
+        "tenant wall"
+    );
+}
+
 /// Writes `n` flushes for tenants a and b (services api and db), each its own segment.
 async fn ingest(s: &Storage, n: i64) {
     for i in 0..n {
@@ -130,19 +140,7 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
     assert_eq!(stacks(&s, "a", "{}").await, before_a);
     assert_eq!(stacks(&s, "a", r#"{service_name="api"}"#).await, before_api);
     assert_eq!(series(&s, "a").await, series_a);
-    assert_eq!(
-        stacks(&s, "b", "{}").await,
-        before_b,
-        "tenant b is untouched"
-    );
-    assert!(
-        !stacks(&s, "b", "{}")
-            .await
-            .keys()
-            .flatten()
-            .any(|f| f.starts_with("parse")),
-        "tenant wall"
-    );
+    assert_b_untouched_and_walled(&s, &before_b).await;
     let pprof_after: i64 = s
         .query()
         .merge_pprof(&filter("a", "{}", i64::MIN, i64::MAX))
@@ -222,15 +220,7 @@ async fn top_level_blocks_merge_with_each_other() {
     );
     assert_eq!(stacks(&s, "a", "{}").await, before_a);
     assert_eq!(series(&s, "a").await, series_a);
-    assert_eq!(stacks(&s, "b", "{}").await, before_b, "tenant b untouched");
-    assert!(
-        !stacks(&s, "b", "{}")
-            .await
-            .keys()
-            .flatten()
-            .any(|f| f.starts_with("parse")),
-        "tenant wall"
-    );
+    assert_b_untouched_and_walled(&s, &before_b).await;
 }
 
 /// Once a partition has been quiet for the top level's age, the blocks left below the top (a
@@ -284,15 +274,7 @@ async fn a_quiet_partition_leaves_no_block_below_the_top() {
     );
     assert_eq!(stacks(&s, "a", "{}").await, before_a);
     assert_eq!(series(&s, "a").await, series_a);
-    assert_eq!(stacks(&s, "b", "{}").await, before_b, "tenant b untouched");
-    assert!(
-        !stacks(&s, "b", "{}")
-            .await
-            .keys()
-            .flatten()
-            .any(|f| f.starts_with("parse")),
-        "tenant wall"
-    );
+    assert_b_untouched_and_walled(&s, &before_b).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
