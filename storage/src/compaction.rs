@@ -39,9 +39,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use serde::{Deserialize, Serialize};
 
 use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
-use crate::meta::{
-    BLOCK_FORMAT_VERSION, BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer,
-};
+use crate::meta::{BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
 use crate::metastore::{Job, Metastore, QueuedBlock};
 use crate::metrics::CompactionLabels;
 use crate::query::{QueryEngine, now_ms};
@@ -467,7 +465,11 @@ impl Output {
             }
         }
         let file_path = dir.join(format!("{id}.kblk.part"));
-        let writer = match crate::block::samples_file_writer(&file_path, row_group_rows) {
+        let writer = match crate::block::samples_file_writer(
+            &file_path,
+            crate::block::samples_schema(),
+            row_group_rows,
+        ) {
             Ok(w) => w,
             Err(e) => {
                 crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
@@ -600,7 +602,7 @@ impl Output {
         let mut meta = BlockMeta {
             rollups,
             index: Default::default(),
-            format_version: BLOCK_FORMAT_VERSION,
+            format_version: crate::meta::write_version(),
             id: self.id.clone(),
             tenant: template.tenant.clone(),
             shard: template.shard,

@@ -24,8 +24,27 @@ use crate::series_index::SeriesIndex;
 use crate::series_labels::{LabelTableBuilder, SeriesLabels};
 
 /// Current block format version (see `docs/adr/0002-block-format.md`): 3 added the samples'
-/// `profile_id` column.
-pub const BLOCK_FORMAT_VERSION: u32 = 3;
+/// `profile_id` column, 4 the profile totals' `sample_row` column.
+pub const BLOCK_FORMAT_VERSION: u32 = 4;
+
+/// Switches for the tests of old formats.
+#[cfg(feature = "testing")]
+pub mod testing {
+    /// While 3, compaction writes blocks of format version 3 (profile totals without their
+    /// `sample_row` column), as builds before version 4 did: for the tests that read and
+    /// compact old and new blocks together.
+    pub static WRITE_VERSION: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+}
+
+/// The block format version compaction writes: the current one, unless a test asks for an
+/// older one ([`testing::WRITE_VERSION`]).
+pub(crate) fn write_version() -> u32 {
+    #[cfg(feature = "testing")]
+    if let v @ 1.. = testing::WRITE_VERSION.load(std::sync::atomic::Ordering::Relaxed) {
+        return v;
+    }
+    BLOCK_FORMAT_VERSION
+}
 
 /// The oldest block format this build reads: version 2 blocks (no `profile_id` column) read
 /// as if every row had no profile id, and compaction rewrites them as the current version.

@@ -32,7 +32,9 @@ use std::path::{Path, PathBuf};
 use parquet::arrow::ArrowWriter;
 
 use crate::Result;
-use crate::block::{Row, RowBatchBuilder, samples_file_writer};
+use crate::block::{
+    Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
+};
 use crate::meta::{PROFILE_TOTALS, SeriesMeta};
 
 const MINUTE: i64 = 60 * 1_000_000_000;
@@ -140,6 +142,13 @@ pub(crate) struct RollupWriter {
     collapse_at: usize,
     rows: u64,
     series_rows: Vec<Range<u64>>,
+    /// Sample rows pushed so far: the next one's row in the samples section (profile totals
+    /// are fed every sample row, in order).
+    pushed: u64,
+    /// The samples section's row where the current (series, bucket) began.
+    bucket_first: u64,
+    /// Whether rows carry `bucket_first` as their `sample_row` (profile totals).
+    sample_rows: bool,
 }
 
 impl RollupWriter {
@@ -150,18 +159,32 @@ impl RollupWriter {
         row_group_rows: usize,
         batch_rows: usize,
     ) -> Result<Self> {
-        let writer = samples_file_writer(&path, row_group_rows)?;
+        // Profile totals carry their samples' first rows since block format version 4.
+        let totals = resolution == PROFILE_TOTALS && crate::meta::write_version() >= 4;
+        let schema = if totals {
+            profile_totals_schema()
+        } else {
+            samples_schema()
+        };
+        let writer = samples_file_writer(&path, schema, row_group_rows)?;
         Ok(Self {
             resolution,
             path,
             writer,
-            batch: RowBatchBuilder::default(),
+            batch: if totals {
+                RowBatchBuilder::profile_totals()
+            } else {
+                RowBatchBuilder::default()
+            },
             batch_rows,
             current: None,
             sums: Vec::new(),
             collapse_at: MIN_COLLAPSE,
             rows: 0,
             series_rows: Vec::new(),
+            pushed: 0,
+            bucket_first: 0,
+            sample_rows: totals,
         })
     }
 
@@ -180,7 +203,9 @@ impl RollupWriter {
                 self.series_rows.push(self.rows..self.rows);
             }
             self.current = Some((series, bucket));
+            self.bucket_first = self.pushed;
         }
+        self.pushed += 1;
         self.sums.push((key, value));
         if self.sums.len() >= self.collapse_at {
             collapse(&mut self.sums);
@@ -209,7 +234,11 @@ impl RollupWriter {
                 labels: None,
                 profile_id,
             };
-            self.batch.push(&row);
+            if self.sample_rows {
+                self.batch.push_total(&row, self.bucket_first);
+            } else {
+                self.batch.push(&row);
+            }
             sink(&row)?;
             self.rows += 1;
             if self.batch.len() >= self.batch_rows {
@@ -452,6 +481,52 @@ mod tests {
             chain(&[PROFILE_TOTALS, 10 * MINUTE, 15 * MINUTE, 60 * MINUTE]),
             [false, false, false, true]
         );
+    }
+
+    /// Each profile total carries the samples section's row where its (series, timestamp)
+    /// begins: the index, among the rows pushed, of the first row of that time.
+    #[test]
+    fn profile_totals_point_at_their_first_sample_row() {
+        use arrow::array::Array;
+        let dir = tempfile::tempdir().unwrap();
+        // Series 0: times 5 (two profiles, three rows), 9 (one row); series 1: time 5 (two).
+        let p = |n: u8| Some([n; 16]);
+        let row = |series, timestamp, stack, profile_id| Row {
+            series,
+            timestamp,
+            stack,
+            value: 1,
+            span_id: 0,
+            trace_id: None,
+            labels: None,
+            profile_id,
+        };
+        let rows = [
+            row(0, 5, 1, p(1)),
+            row(0, 5, 2, p(2)),
+            row(0, 5, 3, p(1)),
+            row(0, 9, 1, p(3)),
+            row(1, 5, 1, p(4)),
+            row(1, 5, 2, p(4)),
+        ];
+        let finished = write(dir.path(), "t", &[PROFILE_TOTALS], &rows, 2);
+        let file = std::fs::File::open(&finished[0].path).unwrap();
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .build()
+            .unwrap();
+        let mut got = Vec::new();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let first = batch
+                .column(crate::block::col::SAMPLE_ROW)
+                .as_primitive::<arrow::datatypes::UInt64Type>();
+            assert_eq!(first.null_count(), 0);
+            got.extend(first.values().iter().copied());
+        }
+        // Totals: (0, 5, p1), (0, 5, p2), (0, 9, p3), (1, 5, p4).
+        assert_eq!(got, [0, 0, 3, 4]);
+        assert_eq!(finished[0].series_rows, [0..3, 3..4]);
     }
 
     /// A bucket of many rows over few stacks is summed as it fills: the writer holds about

@@ -83,6 +83,15 @@ pub fn profile_with_labels(
     }
 }
 
+/// A CPU profile of `service` at `time_nanos` with `stacks` distinct stacks (`main;work;f<k>`),
+/// so a series' samples fill Parquet pages of 8 Ki rows within a few hundred profiles.
+pub fn wide_profile(service: &str, stacks: usize, step: i64, time_nanos: i64) -> NormalizedProfile {
+    let stacks: Vec<(Vec<String>, i64)> = (0..stacks)
+        .map(|k| (frames(&format!("main;work;f{k}")), 1 + k as i64 + step % 7))
+        .collect();
+    profile(service, &stacks, time_nanos)
+}
+
 /// Root-first frames from `a;b;c`.
 pub fn frames(folded: &str) -> Vec<String> {
     folded.split(';').map(str::to_owned).collect()

@@ -1,10 +1,11 @@
 //! Blocks of older formats stay readable and compact with new ones: symbols sections of format
 //! version 1 (uncompressed), 2 (zstd, rows holding tree nodes) and 3 (stack ids apart from
 //! nodes, functions as messages) beside version 4 (functions as columns), read before and after
-//! a merge.
+//! a merge; and blocks of block format version 3 (profile totals without `sample_row`) beside
+//! version 4.
 //!
-//! One test in its own binary: it flips the process-wide switch that makes the writer emit
-//! older sections.
+//! Its own binary: the tests flip process-wide switches that make the writer emit older
+//! formats (nextest runs each test in a process of its own).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -15,7 +16,7 @@ use kiln_storage::Storage;
 use kiln_storage::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::symbols::testing::WRITE_VERSION;
-use kiln_storage::testing::{config, filter, frames, now_ms, profile};
+use kiln_storage::testing::{config, filter, frames, now_ms, profile, wide_profile};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
 const SEC: i64 = 1_000_000_000;
@@ -94,6 +95,124 @@ async fn symbols_of_versions_1_to_4_read_and_compact_together() {
     );
     assert_eq!(stacks(&s, "a").await, want, "the merge keeps every value");
     let b = stacks(&s, "b").await;
+    assert_eq!(b.len(), 1, "tenant b sees only its own stack: {b:?}");
+    assert_eq!(b.values().sum::<i64>(), 12);
+}
+
+/// A compacted block of format version 3 (profile totals without the samples' rows) answers
+/// ranges as before, through the samples' page index, and merges with version 4 blocks into a
+/// version 4 block that answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_format_3_reads_and_compacts_with_4() {
+    use kiln_storage::meta::BLOCK_FORMAT_VERSION;
+    use kiln_storage::meta::testing::WRITE_VERSION as BLOCK_WRITE_VERSION;
+    use kiln_storage::query::with_report;
+    const MIN: i64 = 60 * SEC;
+    const HOUR: i64 = 60 * MIN;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    // Pages of 8 Ki rows, as outside the tests, so an edge could be read from the totals.
+    c.compaction.row_group_rows = kiln_storage::StorageConfig::new(dir.path())
+        .compaction
+        .row_group_rows;
+    let s = Storage::open(c).await.unwrap();
+    // Twelve segments of 60 profiles (10 s apart, 40 stacks each): four compacted into one
+    // block of version 3, then eight more compacted with it into version 4 blocks.
+    let s = &s;
+    let segment = |k: i64| async move {
+        for i in k * 60..(k + 1) * 60 {
+            s.write("a", wide_profile("api", 40, i, T0 + i * 10 * SEC))
+                .await
+                .unwrap();
+        }
+        s.write(
+            "b",
+            profile("db", &[(frames("main;b_only"), 1)], T0 + k * 10 * MIN),
+        )
+        .await
+        .unwrap();
+        s.flush().await;
+    };
+    let windows = [
+        (T0 + 3 * MIN + 5 * SEC, T0 + 7 * MIN + 1),
+        (T0 + 12 * MIN + 30 * SEC, T0 + HOUR + 41 * MIN + 3),
+        (T0 + 95 * MIN, T0 + 3 * HOUR),
+        (T0 - HOUR, T0 + 3 * HOUR),
+    ];
+    let flames = |s: &Storage| {
+        let q = s.query().clone();
+        async move {
+            let mut out = Vec::new();
+            for (start, end) in windows {
+                let tree = q.merge_tree(&filter("a", "{}", start, end)).await;
+                out.push(tree.unwrap().stacks());
+            }
+            out
+        }
+    };
+    // What the windows hold of the first `profiles` profiles, summed here.
+    let want = |profiles: i64| {
+        let mut out = vec![BTreeMap::<Vec<String>, i64>::new(); windows.len()];
+        for i in 0..profiles {
+            let t = T0 + i * 10 * SEC;
+            for (w, &(start, end)) in out.iter_mut().zip(&windows) {
+                if (start..end).contains(&t) {
+                    for k in 0..40 {
+                        *w.entry(frames(&format!("main;work;f{k}"))).or_default() += 1 + k + i % 7;
+                    }
+                }
+            }
+        }
+        out
+    };
+    let versions = |s: &Storage| {
+        let m = s.metastore().clone();
+        async move {
+            let blocks = m.query_blocks(BlockQuery::all("a")).await.unwrap();
+            assert!(blocks.iter().all(|b| b.level >= 1), "compacted");
+            let mut v: Vec<u32> = blocks.iter().map(|b| b.format_version).collect();
+            v.sort_unstable();
+            v
+        }
+    };
+
+    BLOCK_WRITE_VERSION.store(3, Ordering::Relaxed);
+    for k in 0..4 {
+        segment(k).await;
+    }
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    BLOCK_WRITE_VERSION.store(0, Ordering::Relaxed);
+    assert_eq!(versions(s).await, [3]);
+    assert_eq!(flames(s).await, want(240), "a version 3 block alone");
+    // Its first window's 23 profiles (920 rows) come from the page holding them.
+    let first_window = |s: &Storage| {
+        let q = s.query().clone();
+        async move {
+            let (start, end) = windows[0];
+            let (tree, report) = with_report(q.merge_tree(&filter("a", "{}", start, end))).await;
+            assert_eq!(tree.unwrap().stacks(), want(720)[0]);
+            report.stats.rows_read
+        }
+    };
+    assert_eq!(first_window(s).await, 8192, "one page of samples");
+    for k in 4..12 {
+        segment(k).await;
+    }
+    assert_eq!(flames(s).await, want(720), "beside version 4 segments");
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let merged = versions(s).await;
+    assert!(
+        merged.iter().all(|&v| v == BLOCK_FORMAT_VERSION),
+        "the version 3 block merged into version 4 ones: {merged:?}"
+    );
+    assert_eq!(flames(s).await, want(720), "the merge keeps every value");
+    // Now the profile totals say where those rows are: they and the totals are read.
+    let rows = first_window(s).await;
+    assert!(
+        (920..=920 + 721).contains(&rows),
+        "{rows} rows read for 920"
+    );
+    let b = stacks(s, "b").await;
     assert_eq!(b.len(), 1, "tenant b sees only its own stack: {b:?}");
     assert_eq!(b.values().sum::<i64>(), 12);
 }

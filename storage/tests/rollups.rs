@@ -8,7 +8,9 @@ use kiln_otel::model::Labels;
 use kiln_storage::meta::PROFILE_TOTALS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
-use kiln_storage::testing::{config, filter, frames, now_ms, profile_with_labels, tenant_rows};
+use kiln_storage::testing::{
+    config, filter, frames, now_ms, profile_with_labels, tenant_rows, wide_profile,
+};
 use kiln_storage::{Storage, StorageConfig};
 
 const SEC: i64 = 1_000_000_000;
@@ -317,4 +319,102 @@ async fn query_stats_show_pruning_and_the_partial_result_cache() {
     assert_eq!(off, all_tree);
     assert_eq!(off_stats.blocks_cached, 0);
     assert!(off_stats.rows_read > 0);
+}
+
+/// The edges of a range that end inside a rollup bucket read their own samples only: the
+/// profile totals say where each time's rows begin (block format 4), so two minutes at an edge
+/// read those minutes' rows, not the 8 Ki-row pages holding them. Every range answers what
+/// the samples say, edges on a profile's time or between two, within a block or across two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_edge_reads_only_its_own_samples() {
+    use kiln_storage::query::with_report;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    // Pages of 8 Ki rows, as outside the tests.
+    c.compaction.row_group_rows = StorageConfig::new(dir.path()).compaction.row_group_rows;
+    let s = Storage::open(c).await.unwrap();
+    // A profile every 10 s for 2 h, 60 stacks each: 43,200 rows of one series, in segments
+    // of 15 minutes.
+    const STEP: i64 = 10 * SEC;
+    for chunk in (0..720i64).collect::<Vec<_>>().chunks(90) {
+        for &i in chunk {
+            s.write("a", wide_profile("api", 60, i, T0 + i * STEP))
+                .await
+                .unwrap();
+        }
+        s.write("b", wide_profile("db", 3, 0, T0 + chunk[0] * STEP))
+            .await
+            .unwrap();
+        s.flush().await;
+    }
+    let windows = [
+        (T0 + 25 * MIN + 5 * SEC, T0 + 27 * MIN + 3 * SEC),
+        (T0 + 7 * MIN + 3 * SEC, T0 + HOUR + 53 * MIN + 1),
+        (T0 + 30 * SEC, T0 + 90 * MIN + 20 * SEC),
+        (T0 + 55 * MIN, T0 + 65 * MIN + 1),
+        (T0 + HOUR + 55 * MIN + 1, T0 + 3 * HOUR),
+        (T0 - HOUR, T0 + 2 * MIN + 1),
+        (T0 + 43 * MIN + 20 * SEC, T0 + 43 * MIN + 21 * SEC),
+    ];
+    let flames = |s: &Storage, tenant: &'static str, selector: &'static str| {
+        let q = s.query().clone();
+        async move {
+            let mut out = Vec::new();
+            for w in windows {
+                let tree = q.merge_tree(&window_filter(tenant, selector, w)).await;
+                out.push(tree.unwrap().stacks());
+            }
+            out
+        }
+    };
+    let raw = flames(&s, "a", "{}").await;
+    assert!(raw.iter().filter(|f| !f.is_empty()).count() >= 6);
+
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let blocks = s
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert!(
+        blocks.iter().all(|b| b.level >= 1
+            && b.format_version == kiln_storage::meta::BLOCK_FORMAT_VERSION
+            && b.rollups
+                .iter()
+                .any(|r| r.resolution_nanos == PROFILE_TOTALS)),
+        "compacted, with profile totals"
+    );
+    assert_eq!(flames(&s, "a", "{}").await, raw);
+
+    // Two minutes inside one block and one 10-minute bucket: 12 profiles, 720 rows, read with
+    // the block's totals (at most its 720 profiles). The pages holding them are 8 Ki rows.
+    let short = window_filter("a", "{}", windows[0]);
+    let (tree, report) = with_report(s.query().merge_tree(&short)).await;
+    assert_eq!(tree.unwrap().stacks(), raw[0]);
+    let rows = report.stats.rows_read;
+    assert!(
+        (720..=720 + 721).contains(&rows),
+        "read {rows} rows for 720 samples"
+    );
+
+    // Tenant wall: b's data is b's alone.
+    assert!(
+        flames(&s, "b", r#"{service_name="api"}"#)
+            .await
+            .iter()
+            .all(|f| f.is_empty())
+    );
+    assert!(
+        flames(&s, "a", r#"{service_name="db"}"#)
+            .await
+            .iter()
+            .all(|f| f.is_empty())
+    );
+    let b = s
+        .query()
+        .merge_tree(&window_filter("b", "{}", (T0, T0 + 2 * HOUR)))
+        .await
+        .unwrap()
+        .stacks();
+    assert_eq!(b.len(), 3, "{b:?}");
 }

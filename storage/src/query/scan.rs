@@ -8,12 +8,15 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, TryStreamExt};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ArrowReaderOptions, RowSelection, RowSelector};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
@@ -22,6 +25,7 @@ use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use super::report::{QueryCounters, count, read_bytes, warn};
 use super::{QueryEngine, now_ms};
 use crate::block::col;
+use crate::meta::PROFILE_TOTALS;
 use crate::metastore::BlockMeta;
 use crate::rollup::Source;
 use crate::store::ObjectStorage;
@@ -293,6 +297,33 @@ fn rows_in_times(
     out
 }
 
+/// The sample rows at `times` of the series of `totals` ((series, timestamp, sample_row) rows
+/// of the profile totals, in their order): per series and time range, from the `sample_row` of
+/// its first total in the range to that of the first total after it, or `series_end` of the
+/// series when none follows. `totals` may skip totals, but not one in `times`, nor the one after
+/// the last of those.
+fn rows_from_totals(
+    totals: &[(u32, i64, u64)],
+    times: &[Range<i64>],
+    series_end: impl Fn(u32) -> Option<u64>,
+) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for group in totals.chunk_by(|a, b| a.0 == b.0) {
+        let Some(end_of_series) = series_end(group[0].0) else {
+            continue;
+        };
+        for t in times {
+            let lo = group.partition_point(|x| x.1 < t.start);
+            let hi = group.partition_point(|x| x.1 < t.end);
+            if lo < hi {
+                let end = group.get(hi).map_or(end_of_series, |x| x.2);
+                out.push(group[lo].2..end);
+            }
+        }
+    }
+    coalesce(out)
+}
+
 /// Merges sorted row ranges that touch.
 fn coalesce(mut ranges: Vec<Range<u64>>) -> Vec<Range<u64>> {
     ranges.sort_by_key(|r| r.start);
@@ -320,7 +351,7 @@ impl QueryEngine {
         series: &[u32],
         times: &[Range<i64>],
         columns: &[usize],
-        mut f: impl FnMut(&RecordBatch) -> Result<()>,
+        f: impl FnMut(&RecordBatch) -> Result<()>,
     ) -> Result<()> {
         let ranges: Vec<Range<u64>> = series
             .iter()
@@ -339,16 +370,104 @@ impl QueryEngine {
             count(|s| s.rollup_ranges += n);
         }
         let metadata = self.parquet_metadata(block, source).await?;
-        let ranges = coalesce(
+        let mut ranges = coalesce(
             ranges
                 .into_iter()
                 .flat_map(|r| rows_in_times(metadata.metadata(), r, times))
                 .collect(),
         );
+        if source == Source::Samples
+            && let Some(exact) = self
+                .exact_sample_rows(block, series, times, &ranges)
+                .await?
+        {
+            ranges = exact;
+        }
         if ranges.is_empty() {
             return Ok(());
         }
-        let (groups, selection) = row_selection(metadata.metadata(), &ranges);
+        self.read_rows(block, source, metadata, &ranges, columns, f)
+            .await
+    }
+
+    /// The rows of the samples of `series` at `times`, exactly, from the profile totals'
+    /// `sample_row`s (version 4 blocks): the pages of the samples that `narrowed` (what the
+    /// page index gives) names hold rows of other times too, each page 8 Ki rows, where a few
+    /// minutes at the edge of a range are a few hundred. `None` where the block has no such
+    /// column, or reading the totals would cost about what it saves.
+    async fn exact_sample_rows(
+        &self,
+        block: &BlockMeta,
+        series: &[u32],
+        times: &[Range<i64>],
+        narrowed: &[Range<u64>],
+    ) -> Result<Option<Vec<Range<u64>>>> {
+        let narrowed_rows: u64 = narrowed.iter().map(|r| r.end - r.start).sum();
+        let Some(index) = block
+            .rollups
+            .iter()
+            .position(|r| r.resolution_nanos == PROFILE_TOTALS)
+        else {
+            return Ok(None);
+        };
+        let source = Source::Rollup(index);
+        let metadata = self.parquet_metadata(block, source).await?;
+        if metadata.schema().fields().len() <= col::SAMPLE_ROW {
+            return Ok(None);
+        }
+        // Each series' totals at `times`, and the one after the last of them (where the
+        // samples of the last one end), which may be the first row of the next page.
+        let rollup = &block.rollups[index];
+        let mut ranges = Vec::new();
+        for &i in series {
+            let Some(rows) = rollup.series_rows.get(i as usize) else {
+                continue;
+            };
+            for r in rows_in_times(metadata.metadata(), rows.clone(), times) {
+                ranges.push(r.start..(r.end + 1).min(rows.end));
+            }
+        }
+        let ranges = coalesce(ranges);
+        let totals_rows: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        if totals_rows.saturating_mul(2) >= narrowed_rows {
+            return Ok(None);
+        }
+        // (series, timestamp, sample_row), in the section's order: by series, then time.
+        let mut totals: Vec<(u32, i64, u64)> = Vec::with_capacity(totals_rows as usize);
+        let mut complete = true;
+        let columns = [col::SERIES_ID, col::TIMESTAMP, col::SAMPLE_ROW];
+        self.read_rows(block, source, metadata, &ranges, &columns, |batch| {
+            let sid = batch.column(0).as_primitive::<UInt32Type>();
+            let ts = batch.column(1).as_primitive::<Int64Type>();
+            let first = batch.column(2).as_primitive::<UInt64Type>();
+            if first.null_count() > 0 {
+                complete = false;
+                return Ok(());
+            }
+            totals
+                .extend((0..batch.num_rows()).map(|r| (sid.value(r), ts.value(r), first.value(r))));
+            Ok(())
+        })
+        .await?;
+        if !complete {
+            return Ok(None);
+        }
+        Ok(Some(rows_from_totals(&totals, times, |s| {
+            block.series.get(s as usize).map(|m| m.row_range().end)
+        })))
+    }
+
+    /// Reads `columns` of the rows `ranges` (sorted, disjoint) of the samples or a rollup.
+    async fn read_rows(
+        &self,
+        block: &BlockMeta,
+        source: Source,
+        metadata: ArrowReaderMetadata,
+        ranges: &[Range<u64>],
+        columns: &[usize],
+        mut f: impl FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        let (groups, selection) = row_selection(metadata.metadata(), ranges);
         if groups.is_empty() {
             return Ok(());
         }
@@ -442,9 +561,10 @@ impl QueryEngine {
     }
 }
 
-/// `batch` with null columns of the samples schema's `missing` columns appended.
+/// `batch` with null columns of the profile totals schema's (the samples' and more) `missing`
+/// columns appended.
 fn with_null_columns(batch: RecordBatch, missing: &[usize]) -> Result<RecordBatch> {
-    let schema = crate::block::samples_schema();
+    let schema = crate::block::profile_totals_schema();
     let (mut fields, mut arrays): (Vec<_>, Vec<_>) = batch
         .schema()
         .fields()
@@ -512,6 +632,59 @@ mod tests {
             supported: 2,
         })));
         assert!(is_corruption(&decode(DecodeError::Checksum("symbols"))));
+    }
+
+    proptest::proptest! {
+        /// The rows the profile totals point at are exactly the samples at the times asked,
+        /// whatever else of the totals a read of their pages brings along.
+        #[test]
+        fn totals_give_exactly_the_rows_of_the_times(
+            // Per series: (time step, profiles at that time, rows per profile).
+            series in proptest::collection::vec(
+                proptest::collection::vec((1i64..4, 1usize..3, 1u64..4), 0..12),
+                1..4,
+            ),
+            times in proptest::collection::vec((0i64..40, 0i64..15), 1..4),
+            extra in proptest::collection::vec(proptest::bool::ANY, 64),
+        ) {
+            let times: Vec<Range<i64>> = times.iter().map(|&(a, n)| a..a + n).collect();
+            // The samples, in order: (series, time); and the totals.
+            let mut samples: Vec<(u32, i64)> = Vec::new();
+            let mut totals: Vec<(u32, i64, u64)> = Vec::new();
+            let mut ends = Vec::new();
+            for (s, steps) in series.iter().enumerate() {
+                let mut t = 0;
+                for &(step, profiles, rows) in steps {
+                    t += step;
+                    let first = samples.len() as u64;
+                    for _ in 0..profiles as u64 * rows {
+                        samples.push((s as u32, t));
+                    }
+                    for _ in 0..profiles {
+                        totals.push((s as u32, t, first));
+                    }
+                }
+                ends.push(samples.len() as u64);
+            }
+            let want = coalesce(
+                samples
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, t))| times.iter().any(|r| r.contains(t)))
+                    .map(|(i, _)| i as u64..i as u64 + 1)
+                    .collect(),
+            );
+            // A read keeps every total in `times` and the one after each run of them; others
+            // at random.
+            let here = |j: usize| times.iter().any(|r| r.contains(&totals[j].1));
+            let needed = |i: usize| here(i) || (i > 0 && totals[i - 1].0 == totals[i].0 && here(i - 1));
+            let read: Vec<(u32, i64, u64)> = (0..totals.len())
+                .filter(|&i| needed(i) || extra[i % extra.len()])
+                .map(|i| totals[i])
+                .collect();
+            let got = rows_from_totals(&read, &times, |s| ends.get(s as usize).copied());
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 
     #[test]
