@@ -1,4 +1,5 @@
-//! Block format, version 3 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
+//! Block format, version 4 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
+//! Version 4 changed only the profile totals rollup ([`profile_totals_schema`]).
 //!
 //! A dataset is two sections of an object (see [`crate::meta`] for the object's layout):
 //!
