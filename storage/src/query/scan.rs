@@ -34,6 +34,10 @@ use crate::{Error, Result};
 /// Rows per decoded batch.
 const BATCH_ROWS: usize = 8192;
 
+/// Fewer sample rows than this (half a batch) are read as the page index narrows them: a read
+/// of the profile totals first would cost about what it could save.
+const MIN_EXACT_ROWS: u64 = BATCH_ROWS as u64 / 2;
+
 /// Byte ranges of objects read before (object path, start, end): a remote store's pages are
 /// kept in memory, as the local file system's are in the OS page cache. Objects never change.
 pub(crate) type PageCache = moka::future::Cache<(Arc<str>, u64, u64), Bytes>;
@@ -394,7 +398,8 @@ impl QueryEngine {
     /// `sample_row`s (version 4 blocks): the pages of the samples that `narrowed` (what the
     /// page index gives) names hold rows of other times too, each page 8 Ki rows, where a few
     /// minutes at the edge of a range are a few hundred. `None` where the block has no such
-    /// column, or reading the totals would cost about what it saves.
+    /// column, or reading the totals would cost about what it saves (few rows to narrow, or
+    /// totals to read half as many as the sample rows or more).
     async fn exact_sample_rows(
         &self,
         block: &BlockMeta,
@@ -403,6 +408,9 @@ impl QueryEngine {
         narrowed: &[Range<u64>],
     ) -> Result<Option<Vec<Range<u64>>>> {
         let narrowed_rows: u64 = narrowed.iter().map(|r| r.end - r.start).sum();
+        if narrowed_rows < MIN_EXACT_ROWS {
+            return Ok(None);
+        }
         let Some(index) = block
             .rollups
             .iter()
