@@ -368,7 +368,6 @@ impl<A: Default> Folds<A> {
     }
 }
 
-/// Adds `value` to stack `stack` of a block's dense sums.
 /// Arrays of [`DenseSums`] kept for the next scans, all zero: at most this many entries in all
 /// (16 MiB), none of a block of more nodes than that.
 const POOLED_ENTRIES: usize = 2 << 20;
