@@ -417,16 +417,21 @@ mod tests {
 
     use super::*;
 
-    /// The (series, bucket, stack, value) rows of a finished rollup file.
-    fn rows_of(r: &FinishedRollup) -> Vec<(u32, i64, u32, i64)> {
+    /// The batches of a finished rollup file.
+    fn batches_of(r: &FinishedRollup) -> Vec<arrow::array::RecordBatch> {
         let file = std::fs::File::open(&r.path).unwrap();
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
             .unwrap()
             .build()
-            .unwrap();
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    /// The (series, bucket, stack, value) rows of a finished rollup file.
+    fn rows_of(r: &FinishedRollup) -> Vec<(u32, i64, u32, i64)> {
         let mut out = Vec::new();
-        for batch in reader {
-            let batch = batch.unwrap();
+        for batch in batches_of(r) {
             let c = |i| batch.column(i);
             let (series, ts) = (
                 c(crate::block::col::SERIES_ID).as_primitive::<UInt32Type>(),
@@ -510,14 +515,8 @@ mod tests {
             row(1, 5, 2, p(4)),
         ];
         let finished = write(dir.path(), "t", &[PROFILE_TOTALS], &rows, 2);
-        let file = std::fs::File::open(&finished[0].path).unwrap();
-        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-            .unwrap()
-            .build()
-            .unwrap();
         let mut got = Vec::new();
-        for batch in reader {
-            let batch = batch.unwrap();
+        for batch in batches_of(&finished[0]) {
             let first = batch
                 .column(crate::block::col::SAMPLE_ROW)
                 .as_primitive::<arrow::datatypes::UInt64Type>();
