@@ -10,6 +10,13 @@
 //!           up → metastore.complete_job (sources out, tombstoned; outputs in; one transaction)
 //! ```
 //!
+//! A compacting process runs two lanes side by side, each leasing the lowest level's oldest job
+//! of its levels: the fresh lane ([`FRESH_LEVELS`]) merges L0 segments and L1 blocks, small
+//! merges every few seconds that hold the last minutes a dashboard reads; the bulk lane
+//! ([`BULK_LEVELS`]) merges L2 and top-level blocks, which can take minutes. With one lane, a
+//! partition's packing held every new segment back until it finished, and a query of the last
+//! minutes read hundreds of segments meanwhile.
+//!
 //! The merge streams: each source is read in batches of [`CompactionConfig::batch_rows`] rows in
 //! its sort order (series, timestamp, …); series are mapped to the output's series order, which
 //! is the same total order, so every source stays sorted and a heap on (series, timestamp)
@@ -22,10 +29,11 @@
 //! `sources × batch_rows` decoded rows plus one Parquet row group being encoded; symbols take
 //! the sources' decoded tables plus the output's table, and the output is cut into another block
 //! once its stack tree passes [`CompactionConfig::max_output_stack_nodes`]. Nothing grows with
-//! the number of rows.
+//! the number of rows. Each lane runs one merge at a time, so a process holds at most two.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +55,13 @@ use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
 use crate::store::ObjectStorage;
 use crate::symbols::{SymbolTable, SymbolsBuilder};
 use crate::{Error, Result};
+
+/// Levels whose jobs a compactor's fresh lane runs (L0 segments and L1 blocks merged).
+pub const FRESH_LEVELS: Range<u32> = 0..2;
+/// Levels whose jobs its bulk lane runs (L2 and top-level blocks merged).
+pub const BULK_LEVELS: Range<u32> = 2..u32::MAX;
+/// Every level: [`Compactor::compact_all`] and a direct [`crate::Storage::upkeep`].
+pub const ALL_LEVELS: Range<u32> = 0..u32::MAX;
 
 /// How long a compaction waits for native frames to be named (a debuginfod fetch); what is not
 /// named by then stays as it was, and is named at query time later.
@@ -696,9 +711,10 @@ impl Compactor {
         self.metastore.add_jobs(jobs).await
     }
 
-    /// Leases and runs jobs until none is left or the round's budget is spent. Returns how
-    /// many completed.
-    pub async fn run_pending(&self) -> Result<usize> {
+    /// Leases and runs jobs of `levels` (one lane, see the module's documentation), the
+    /// lowest level first, until none is left or the round's budget is spent. Returns how many
+    /// completed.
+    pub async fn run_pending(&self, levels: Range<u32>) -> Result<usize> {
         if !self.config.enabled {
             return Ok(0);
         }
@@ -707,7 +723,7 @@ impl Compactor {
             let lease = self.config.lease.as_millis() as u64;
             let Some(job) = self
                 .metastore
-                .lease_job(&self.owner, now_ms(), lease)
+                .lease_job(&self.owner, now_ms(), lease, levels.clone())
                 .await?
             else {
                 break;
@@ -724,7 +740,7 @@ impl Compactor {
         let mut done = 0;
         loop {
             let planned = self.plan(now_ms).await?;
-            let ran = self.run_pending().await?;
+            let ran = self.run_pending(ALL_LEVELS).await?;
             done += ran;
             if planned == 0 && ran == 0 {
                 return Ok(done);

@@ -209,9 +209,17 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// sources is gone or already claimed is skipped. Returns how many were created.
     async fn add_jobs(&self, jobs: Vec<Job>) -> Result<usize>;
 
-    /// Leases the oldest job nobody holds (or whose lease expired) to `owner` until
-    /// `now_ms + lease_ms`.
-    async fn lease_job(&self, owner: &str, now_ms: u64, lease_ms: u64) -> Result<Option<Job>>;
+    /// Leases a job of a level in `levels` that nobody holds (or whose lease expired) to
+    /// `owner` until `now_ms + lease_ms`: the lowest level first, the oldest of it first.
+    /// Compactors run two lanes side by side ([`crate::compaction::FRESH_LEVELS`]), so the
+    /// first levels' small merges do not wait behind a long merge of the top level.
+    async fn lease_job(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        levels: std::ops::Range<u32>,
+    ) -> Result<Option<Job>>;
 
     /// Replaces a leased job's sources by `outputs` in one transaction: the sources leave the
     /// index (tombstoned, never to be added again), objects that lost their last entry are

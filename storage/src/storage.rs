@@ -148,6 +148,16 @@ pub struct UpkeepReport {
     pub orphans_deleted: usize,
 }
 
+/// Aborts a task when dropped: the bulk compaction lane ends with the upkeep task that
+/// started it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Kiln's storage engine.
 #[derive(Debug, Clone)]
 pub struct Storage {
@@ -403,15 +413,25 @@ impl Storage {
         Ok(deleted)
     }
 
-    /// One upkeep round: plan and run compaction jobs, delete due objects, sweep orphans when
-    /// `sweep` is set.
+    /// One upkeep round: plan and run compaction jobs of every level, delete due objects,
+    /// sweep orphans when `sweep` is set.
     pub async fn upkeep(&self, sweep: bool) -> Result<UpkeepReport> {
+        self.upkeep_levels(sweep, crate::compaction::ALL_LEVELS)
+            .await
+    }
+
+    /// An upkeep round whose compaction runs only jobs of `levels`.
+    async fn upkeep_levels(
+        &self,
+        sweep: bool,
+        levels: std::ops::Range<u32>,
+    ) -> Result<UpkeepReport> {
         let now = now_ms();
         let mut report = UpkeepReport {
             jobs_planned: self.compactor.plan(now).await?,
             ..Default::default()
         };
-        report.jobs_done = self.compactor.run_pending().await?;
+        report.jobs_done = self.compactor.run_pending(levels).await?;
         report.objects_deleted = self.collect_garbage(now_ms()).await?;
         if sweep {
             report.orphans_deleted = self.sweep_orphans(now_ms()).await?;
@@ -419,8 +439,10 @@ impl Storage {
         Ok(report)
     }
 
-    /// Runs [`Storage::upkeep`] every `every` until the process ends; sweeps orphans at
-    /// start-up and every `sweep_every`.
+    /// Runs upkeep every `every` until the process ends (or the handle is aborted): planning,
+    /// the compaction's fresh lane and deletions on one task, its bulk lane on another, so a
+    /// long merge holds back neither the first levels' merges nor deletions
+    /// ([`crate::compaction`]). Sweeps orphans at start-up and every `sweep_every`.
     pub fn spawn_upkeep(
         &self,
         every: Duration,
@@ -428,13 +450,27 @@ impl Storage {
     ) -> tokio::task::JoinHandle<()> {
         let storage = self.clone();
         tokio::spawn(async move {
+            let bulk = storage.clone();
+            // Held (and so the bulk lane kept) for as long as this task runs.
+            let _bulk = AbortOnDrop(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let lane = crate::compaction::BULK_LEVELS;
+                    if let Err(e) = bulk.compactor.run_pending(lane).await {
+                        tracing::warn!(error = %e, "compaction (bulk lane) failed; retrying");
+                    }
+                }
+            }));
             let mut last_sweep: Option<std::time::Instant> = None;
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let sweep = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
-                match storage.upkeep(sweep).await {
+                let lane = crate::compaction::FRESH_LEVELS;
+                match storage.upkeep_levels(sweep, lane).await {
                     Ok(r) => {
                         if sweep {
                             last_sweep = Some(std::time::Instant::now());

@@ -407,8 +407,11 @@ impl crate::metastore::Metastore for CountingMetastore {
         owner: &str,
         now_ms: u64,
         lease_ms: u64,
+        levels: std::ops::Range<u32>,
     ) -> crate::Result<Option<crate::metastore::Job>> {
-        self.count().lease_job(owner, now_ms, lease_ms).await
+        self.count()
+            .lease_job(owner, now_ms, lease_ms, levels)
+            .await
     }
     async fn complete_job(
         &self,

@@ -488,3 +488,103 @@ async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
     );
     assert_eq!(stacks(&s, "b", "{}").await, want_b);
 }
+
+/// Polls `check` every 10 ms for up to 30 s; whether it held.
+async fn eventually<F, Fut>(mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..3000 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A long merge of upper levels holds back neither the merges of fresh segments nor their
+/// answers: the background compaction's two lanes run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_segments_merge_while_a_long_merge_runs() {
+    use kiln_storage::compaction::LevelPolicy;
+    let dir = tempfile::tempdir().unwrap();
+    let levels = |blocks: [usize; 3]| {
+        blocks
+            .map(|blocks| LevelPolicy {
+                blocks,
+                age: std::time::Duration::from_secs(365 * 24 * 3600),
+            })
+            .to_vec()
+    };
+    let count = |s: &Storage, tenant: &'static str, level: u32| {
+        let s = s.clone();
+        async move {
+            s.metastore()
+                .query_blocks(BlockQuery::all(tenant))
+                .await
+                .unwrap()
+                .iter()
+                .filter(|b| b.level == level)
+                .count()
+        }
+    };
+    // L2 blocks that wait: L0 and L1 merge by twos, L2 by a hundred.
+    let mut c = config(dir.path());
+    c.compaction.levels = levels([2, 2, 100]);
+    let s = Storage::open(c).await.unwrap();
+    ingest(&s, 8).await;
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    assert!(count(&s, "a", 2).await >= 2, "L2 blocks to merge");
+    let before_a = stacks(&s, "a", "{}").await;
+    let before_b = stacks(&s, "b", "{}").await;
+    s.close().await;
+    drop(s);
+
+    // Reopened with L2 merging by twos, on a store whose reads of blocks hang: the L2 merge
+    // starts and waits. L1 blocks no longer merge, so the fresh lane reads only segments.
+    let mut c = config(dir.path());
+    c.compaction.levels = levels([2, 100, 2]);
+    let (s, faulty) = faulty_storage(c).await;
+    faulty.hold_gets_under(Some("blocks/"));
+    let upkeep = s.spawn_upkeep(
+        std::time::Duration::from_millis(20),
+        std::time::Duration::from_secs(3600),
+    );
+    let held = eventually(|| async { faulty.held_gets.load(Ordering::SeqCst) > 0 }).await;
+    assert!(held, "the L2 merge reads a block");
+    let fresh_l1 = count(&s, "a", 1).await;
+    for i in 0..2 {
+        s.write(
+            "a",
+            profile("api", &[(frames("main;fresh"), 7)], T0 + (100 + i) * SEC),
+        )
+        .await
+        .unwrap();
+        s.flush().await;
+    }
+    let merged = eventually(|| async { count(&s, "a", 1).await > fresh_l1 }).await;
+    assert!(merged, "the fresh segments merged while the L2 merge waits");
+    assert_eq!(count(&s, "a", 0).await, 0, "no segment left");
+    assert!(
+        faulty.held_gets.load(Ordering::SeqCst) > 0,
+        "the L2 merge still waits"
+    );
+
+    // Released, the L2 merges finish; every answer holds, and tenant b saw nothing of a's.
+    faulty.hold_gets_under(None);
+    let done =
+        eventually(|| async { count(&s, "a", 2).await == 0 && count(&s, "b", 2).await == 0 }).await;
+    assert!(done, "the L2 merges finished");
+    upkeep.abort();
+    let mut want_a = before_a.clone();
+    *want_a.entry(frames("main;fresh")).or_default() += 14;
+    assert_eq!(stacks(&s, "a", "{}").await, want_a);
+    assert_b_untouched_and_walled(&s, &before_b).await;
+    assert!(
+        !stacks(&s, "b", "{}")
+            .await
+            .contains_key(&frames("main;fresh"))
+    );
+}

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 
 use super::{BlockMeta, BlockQuery, Job, Metastore, PARTITION_NANOS, QueuedBlock};
 use crate::Error;
+use crate::compaction::{ALL_LEVELS, BULK_LEVELS, FRESH_LEVELS};
 use crate::meta::{BLOCK_FORMAT_VERSION, Section, SeriesMeta};
 use crate::series_labels::SeriesLabels;
 
@@ -27,6 +28,7 @@ macro_rules! metastore_conformance_suite {
             batches_are_atomic_and_duplicates_refused,
             shared_segments_are_tombstoned_with_their_last_entry,
             jobs_are_leased_completed_and_never_readded,
+            jobs_are_leased_by_lane_lowest_level_first,
             cancelled_jobs_return_their_sources,
             top_level_blocks_are_queued_and_merge_among_themselves,
             retention_and_tenant_deletion_leave_others_untouched,
@@ -266,7 +268,11 @@ pub async fn shared_segments_are_tombstoned_with_their_last_entry(m: &dyn Metast
         m.add_jobs(vec![job("a", queued(&q, "a"))]).await.unwrap(),
         1
     );
-    let leased = m.lease_job("w", 1000, 60_000).await.unwrap().unwrap();
+    let leased = m
+        .lease_job("w", 1000, 60_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
     let out = block_id(2, 9);
     m.complete_job(
         &leased,
@@ -327,14 +333,25 @@ pub async fn jobs_are_leased_completed_and_never_readded(m: &dyn Metastore) {
         "the second job's source is claimed by the first"
     );
     assert_eq!(m.queued_blocks().await.unwrap().len(), 1);
-    let leased = m.lease_job("w1", 1000, 10_000).await.unwrap().unwrap();
+    let leased = m
+        .lease_job("w1", 1000, 10_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(leased.owner, "w1");
     assert_eq!(leased.sources.len(), 2);
     assert!(
-        m.lease_job("w2", 5000, 10_000).await.unwrap().is_none(),
+        m.lease_job("w2", 5000, 10_000, ALL_LEVELS)
+            .await
+            .unwrap()
+            .is_none(),
         "leased"
     );
-    let taken = m.lease_job("w2", 11_001, 10_000).await.unwrap().unwrap();
+    let taken = m
+        .lease_job("w2", 11_001, 10_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (taken.id, taken.owner.as_str(), taken.attempts),
         (leased.id, "w2", 2)
@@ -382,6 +399,60 @@ pub async fn jobs_are_leased_completed_and_never_readded(m: &dyn Metastore) {
     assert_eq!(q.iter().map(|b| b.level).collect::<Vec<_>>(), [0, 1]);
 }
 
+/// A lane leases only jobs of its levels, the lowest level first and the oldest of a level
+/// first, whatever order the jobs were made in; a held job is nobody else's until its lease
+/// expires.
+pub async fn jobs_are_leased_by_lane_lowest_level_first(m: &dyn Metastore) {
+    use crate::meta::TOP_LEVEL;
+    // Made in this order: top, L2, L0, L1, L0 (two blocks each).
+    let levels = [TOP_LEVEL, 2, 0, 1, 0];
+    let mut blocks = Vec::new();
+    for (j, &level) in levels.iter().enumerate() {
+        for n in 0..2 {
+            let id = block_id(1, (j * 2 + n) as u128 + 1);
+            blocks.push(entry("t", &id, level, 0, T0, T0, &[("s", CPU)]));
+        }
+    }
+    m.add_blocks(blocks).await.unwrap();
+    let q = m.queued_blocks().await.unwrap();
+    let mut made = Vec::new();
+    for (j, &level) in levels.iter().enumerate() {
+        let ids = [
+            block_id(1, (j * 2) as u128 + 1),
+            block_id(1, (j * 2) as u128 + 2),
+        ];
+        let sources: Vec<QueuedBlock> = q.iter().filter(|b| ids.contains(&b.id)).cloned().collect();
+        assert_eq!(sources.len(), 2);
+        assert!(sources.iter().all(|b| b.level == level));
+        assert_eq!(m.add_jobs(vec![job("t", sources)]).await.unwrap(), 1);
+        let all = m.jobs().await.unwrap();
+        made.push(all.iter().map(|j| j.id).max().unwrap());
+    }
+    let lease = |owner: &'static str, levels: std::ops::Range<u32>| async move {
+        m.lease_job(owner, 1000, 10_000, levels)
+            .await
+            .unwrap()
+            .map(|j| (j.id, j.level))
+    };
+    // The fresh lane: both L0 jobs, the older first, then the L1 job, then nothing.
+    assert_eq!(lease("fresh", FRESH_LEVELS).await, Some((made[2], 0)));
+    assert_eq!(lease("fresh", FRESH_LEVELS).await, Some((made[4], 0)));
+    assert_eq!(lease("fresh", FRESH_LEVELS).await, Some((made[3], 1)));
+    assert_eq!(lease("fresh", FRESH_LEVELS).await, None);
+    // The bulk lane: L2 before the older top-level job.
+    assert_eq!(lease("bulk", BULK_LEVELS).await, Some((made[1], 2)));
+    assert_eq!(lease("bulk", BULK_LEVELS).await, Some((made[0], TOP_LEVEL)));
+    assert_eq!(lease("bulk", BULK_LEVELS).await, None);
+    // Every job is held: nothing for anyone until the leases expire, then the lowest again.
+    assert_eq!(lease("any", ALL_LEVELS).await, None);
+    let again = m
+        .lease_job("any", 11_000, 10_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((again.id, again.level, again.attempts), (made[2], 0, 2));
+}
+
 /// Top-level blocks wait in the queue too: they merge with each other (by size), and a job's
 /// top-level output waits there in turn.
 pub async fn top_level_blocks_are_queued_and_merge_among_themselves(m: &dyn Metastore) {
@@ -398,7 +469,11 @@ pub async fn top_level_blocks_are_queued_and_merge_among_themselves(m: &dyn Meta
     assert!(q.iter().all(|b| b.level == TOP_LEVEL && b.bytes > 0));
     assert_eq!(m.add_jobs(vec![job("t", q)]).await.unwrap(), 1);
     assert!(m.queued_blocks().await.unwrap().is_empty());
-    let leased = m.lease_job("w", 0, 1000).await.unwrap().unwrap();
+    let leased = m
+        .lease_job("w", 0, 1000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
     let out = block_id(1, 3);
     m.complete_job(
         &leased,
@@ -438,7 +513,11 @@ pub async fn cancelled_jobs_return_their_sources(m: &dyn Metastore) {
     let q = m.queued_blocks().await.unwrap();
     m.add_jobs(vec![job("t", q.clone())]).await.unwrap();
     assert!(m.queued_blocks().await.unwrap().is_empty());
-    let leased = m.lease_job("w", 0, 1000).await.unwrap().unwrap();
+    let leased = m
+        .lease_job("w", 0, 1000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
     m.cancel_job(&leased).await.unwrap();
     assert!(m.jobs().await.unwrap().is_empty());
     assert_eq!(m.queued_blocks().await.unwrap().len(), 2);

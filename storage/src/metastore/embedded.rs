@@ -856,17 +856,27 @@ impl Metastore for Embedded {
             .await
     }
 
-    async fn lease_job(&self, owner: &str, now_ms: u64, lease_ms: u64) -> Result<Option<Job>> {
+    async fn lease_job(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        levels: std::ops::Range<u32>,
+    ) -> Result<Option<Job>> {
         let owner = owner.to_owned();
         self.0
             .write(move |_, tx| {
                 let mut jobs = tx.open_table(JOBS).map_err(db_err)?;
-                let mut found = None;
+                // Ids ascend: the first job met of the lowest level is that level's oldest.
+                let mut found: Option<Job> = None;
                 for row in jobs.iter().map_err(db_err)? {
                     let job: Job = from_json("job", row.map_err(db_err)?.1.value())?;
-                    if job.owner.is_empty() || job.lease_expires_ms <= now_ms {
+                    let free = job.owner.is_empty() || job.lease_expires_ms <= now_ms;
+                    if free
+                        && levels.contains(&job.level)
+                        && found.as_ref().is_none_or(|f| job.level < f.level)
+                    {
                         found = Some(job);
-                        break;
                     }
                 }
                 let Some(mut job) = found else {

@@ -796,7 +796,14 @@ impl Metastore for Postgres {
         })
     }
 
-    async fn lease_job(&self, owner: &str, now_ms: u64, lease_ms: u64) -> Result<Option<Job>> {
+    async fn lease_job(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        levels: std::ops::Range<u32>,
+    ) -> Result<Option<Job>> {
+        let level = |l: u32| i32::try_from(l).unwrap_or(i32::MAX);
         let client = self.client().await?;
         let row = client
             .query_opt(
@@ -804,11 +811,19 @@ impl Metastore for Postgres {
                     "UPDATE kiln_jobs SET owner = $1, lease_expires_ms = $2,
                         attempts = attempts + 1
                      WHERE id = (
-                        SELECT id FROM kiln_jobs WHERE owner = '' OR lease_expires_ms <= $3
-                        ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                        SELECT id FROM kiln_jobs
+                        WHERE (owner = '' OR lease_expires_ms <= $3)
+                            AND level >= $4 AND level < $5
+                        ORDER BY level, id LIMIT 1 FOR UPDATE SKIP LOCKED)
                      RETURNING {JOB_COLUMNS}"
                 ),
-                &[&owner, &big(now_ms.saturating_add(lease_ms)), &big(now_ms)],
+                &[
+                    &owner,
+                    &big(now_ms.saturating_add(lease_ms)),
+                    &big(now_ms),
+                    &level(levels.start),
+                    &level(levels.end),
+                ],
             )
             .await
             .map_err(pg_err)?;
@@ -1145,7 +1160,16 @@ mod tests {
             let m = m.clone();
             tokio::spawn(async move {
                 let mut mine = Vec::new();
-                while let Some(job) = m.lease_job(&format!("c{i}"), 1_000, 60_000).await.unwrap() {
+                while let Some(job) = m
+                    .lease_job(
+                        &format!("c{i}"),
+                        1_000,
+                        60_000,
+                        crate::compaction::ALL_LEVELS,
+                    )
+                    .await
+                    .unwrap()
+                {
                     mine.push(job.id);
                 }
                 mine

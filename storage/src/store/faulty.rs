@@ -1,10 +1,10 @@
 //! A fault-injecting [`ObjectStore`] for tests: puts, reads or deletes fail on demand with the
-//! error an unreachable store gives, and succeed again when the fault is lifted; puts can also
-//! be held (a slow store) until released.
+//! error an unreachable store gives, and succeed again when the fault is lifted; puts, and reads
+//! under a prefix, can also be held (a slow store) until released.
 
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -33,6 +33,10 @@ pub struct FaultyStore {
     pub held_puts: AtomicU64,
     /// Puts passed to the inner store.
     pub puts: AtomicU64,
+    /// Reads of objects under this prefix wait while it is set.
+    hold_gets_under: Mutex<Option<String>>,
+    /// Reads waiting now.
+    pub held_gets: AtomicU64,
 }
 
 impl FaultyStore {
@@ -47,7 +51,36 @@ impl FaultyStore {
             hold_puts: AtomicBool::new(false),
             held_puts: AtomicU64::new(0),
             puts: AtomicU64::new(0),
+            hold_gets_under: Mutex::new(None),
+            held_gets: AtomicU64::new(0),
         }
+    }
+
+    /// Holds reads of objects whose path starts with `prefix` until called with `None`.
+    pub fn hold_gets_under(&self, prefix: Option<&str>) {
+        *self
+            .hold_gets_under
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = prefix.map(str::to_owned);
+    }
+
+    /// Waits while reads of `location` are held.
+    async fn hold_get(&self, location: &Path) {
+        let held = || {
+            self.hold_gets_under
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_deref()
+                .is_some_and(|p| location.as_ref().starts_with(p))
+        };
+        if !held() {
+            return;
+        }
+        self.held_gets.fetch_add(1, Ordering::SeqCst);
+        while held() {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        self.held_gets.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Waits while puts are held.
@@ -127,6 +160,7 @@ impl ObjectStore for FaultyStore {
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
         self.check(&self.fail_gets, location)?;
+        self.hold_get(location).await;
         self.inner.get_opts(location, options).await
     }
 
@@ -136,6 +170,7 @@ impl ObjectStore for FaultyStore {
         ranges: &[Range<u64>],
     ) -> object_store::Result<Vec<Bytes>> {
         self.check(&self.fail_gets, location)?;
+        self.hold_get(location).await;
         self.inner.get_ranges(location, ranges).await
     }
 
