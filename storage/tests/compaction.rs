@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kiln_storage::meta::{PARTITION_NANOS, TOP_LEVEL, object_id_of_path};
+use kiln_storage::meta::{BlockMeta, PARTITION_NANOS, TOP_LEVEL, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{
@@ -46,6 +46,14 @@ async fn series(s: &Storage, tenant: &str) -> Vec<(Vec<(String, String)>, Vec<(i
         .into_iter()
         .map(|s| (s.labels, s.points))
         .collect()
+}
+
+/// The blocks of `tenant`, as the metastore lists them.
+async fn blocks(s: &Storage, tenant: &str) -> Vec<Arc<BlockMeta>> {
+    s.metastore()
+        .query_blocks(BlockQuery::all(tenant))
+        .await
+        .unwrap()
 }
 
 async fn objects(s: &Storage) -> usize {
@@ -110,16 +118,7 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
         .iter()
         .map(|x| x.value[0])
         .sum();
-    let blocks = |t: &'static str| {
-        let s = s.clone();
-        async move {
-            s.metastore()
-                .query_blocks(BlockQuery::all(t))
-                .await
-                .unwrap()
-        }
-    };
-    let l0 = blocks("a").await;
+    let l0 = blocks(&s, "a").await;
     assert!(
         l0.len() >= 24 && l0.iter().all(|b| b.level == 0),
         "{}",
@@ -129,7 +128,7 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
 
     let done = s.compactor().compact_all(now_ms()).await.unwrap();
     assert!(done > 0);
-    let after = blocks("a").await;
+    let after = blocks(&s, "a").await;
     assert!(
         after.len() * 3 < l0.len(),
         "blocks left: {} of {}",
@@ -194,11 +193,7 @@ async fn top_level_blocks_merge_with_each_other() {
     let before_b = stacks(&s, "b", "{}").await;
     let series_a = series(&s, "a").await;
     s.compactor().compact_all(now_ms()).await.unwrap();
-    let after = s
-        .metastore()
-        .query_blocks(BlockQuery::all("a"))
-        .await
-        .unwrap();
+    let after = blocks(&s, "a").await;
     let top: Vec<_> = after
         .iter()
         .filter(|b| b.level == kiln_storage::meta::TOP_LEVEL)
@@ -237,14 +232,7 @@ async fn a_quiet_partition_leaves_no_block_below_the_top() {
     let levels = || {
         let s = s.clone();
         async move {
-            let mut levels: Vec<u32> = s
-                .metastore()
-                .query_blocks(BlockQuery::all("a"))
-                .await
-                .unwrap()
-                .iter()
-                .map(|b| b.level)
-                .collect();
+            let mut levels: Vec<u32> = blocks(&s, "a").await.iter().map(|b| b.level).collect();
             levels.sort();
             levels
         }
@@ -338,13 +326,9 @@ async fn a_flipped_byte_is_quarantined_and_queries_answer_from_the_rest() {
         s.write("u", profile("api", &[(frames("main;other"), 4)], T0))
             .await
             .unwrap();
-        let blocks = s
-            .metastore()
-            .query_blocks(BlockQuery::all("t"))
-            .await
-            .unwrap();
-        assert_eq!(blocks.len(), 2);
-        let first = blocks.iter().min_by_key(|b| b.min_time_nanos).unwrap();
+        let found = blocks(&s, "t").await;
+        assert_eq!(found.len(), 2);
+        let first = found.iter().min_by_key(|b| b.min_time_nanos).unwrap();
         bad_path = first.path();
         let file = dir.path().join("objects").join(&bad_path);
         let mut bytes = std::fs::read(&file).unwrap();
@@ -404,10 +388,8 @@ async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
     let ids = |tenant: &'static str| {
         let s = s.clone();
         async move {
-            s.metastore()
-                .query_blocks(BlockQuery::all(tenant))
+            blocks(&s, tenant)
                 .await
-                .unwrap()
                 .iter()
                 .map(|b| (b.id.clone(), b.partition()))
                 .collect::<Vec<_>>()
@@ -521,10 +503,8 @@ async fn fresh_segments_merge_while_a_long_merge_runs() {
     let count = |s: &Storage, tenant: &'static str, level: u32| {
         let s = s.clone();
         async move {
-            s.metastore()
-                .query_blocks(BlockQuery::all(tenant))
+            blocks(&s, tenant)
                 .await
-                .unwrap()
                 .iter()
                 .filter(|b| b.level == level)
                 .count()
