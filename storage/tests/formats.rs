@@ -115,6 +115,9 @@ async fn block_format_3_reads_and_compacts_with_4() {
     c.compaction.row_group_rows = kiln_storage::StorageConfig::new(dir.path())
         .compaction
         .row_group_rows;
+    // Top-level blocks merged four at a time: the first four segments' blocks then fold into
+    // one block, and the later merge takes that block with the new ones.
+    c.compaction.top.fanout = 4;
     let s = Storage::open(c).await.unwrap();
     // Twelve segments of 60 profiles (10 s apart, 40 stacks each): four compacted into one
     // block of version 3, then eight more compacted with it into version 4 blocks.

@@ -374,14 +374,14 @@ pub struct CompactionArgs {
     pub compaction_levels: String,
 
     /// Size, in MiB, up to which top-level blocks of a tenant's partition and shard keep
-    /// merging with each other (four of a size tier at a time).
+    /// merging with each other (`--compaction-top-fanout` of a size tier at a time).
     #[arg(long, env = "KILN_COMPACTION_TARGET_MIB", default_value_t = 256)]
     pub compaction_target_mib: u64,
 
     /// Top-level blocks of one size tier merged at once (each tier's bound this many times the
     /// one below): a row is rewritten about log_fanout(target ÷ 1 MiB) times at the top level,
     /// and an open partition holds up to fanout − 1 blocks per tier.
-    #[arg(long, env = "KILN_COMPACTION_TOP_FANOUT", default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..=64))]
+    #[arg(long, env = "KILN_COMPACTION_TOP_FANOUT", default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=64))]
     pub compaction_top_fanout: u64,
 
     /// How long after a partition's newest block (of any level) came, its blocks below the
