@@ -189,8 +189,9 @@ pub struct KilnResults {
     pub pprof_bytes: u64,
     pub ingest_seconds: f64,
     pub server_cpu_seconds: f64,
-    /// The server's CPU from the first write until compaction caught up: the whole cost of
-    /// the rows, the merges after the last write included.
+    /// The server's CPU from the first write until the bench saw compaction caught up (its
+    /// settling wait, a few idle upkeep rounds, included): the whole cost of the rows, the
+    /// merges after the last write included.
     pub server_cpu_to_catch_up_seconds: f64,
     pub ingest_mb_per_busy_core_s: f64,
     pub profiles_per_s: f64,
