@@ -125,8 +125,10 @@ pub fn profile_totals_schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Parquet settings of every samples section: zstd, page statistics and an offset index (so
-/// row ranges map to pages), delta encoding for the sorted integer columns.
+/// Parquet settings of every samples section: zstd, an offset index (so row ranges map to
+/// pages), page statistics of the timestamps alone (the only ones a reader uses, to narrow a
+/// series to the pages of a time range: `query::scan`), delta encoding for the sorted integer
+/// columns.
 pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> {
     let sort_col = |idx: usize| SortingColumn {
         column_idx: idx as i32,
@@ -136,9 +138,14 @@ pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> 
     let delta = |name: &str| ColumnPath::from(name);
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_column_statistics_enabled(delta(columns::TIMESTAMP), EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(max_row_group_rows))
         .set_data_page_row_count_limit(8 * 1024)
+        // Runs of one value: delta-coded as cheaply as dictionary-coded, without hashing
+        // every row into a dictionary.
+        .set_column_dictionary_enabled(delta(columns::SERIES_ID), false)
+        .set_column_encoding(delta(columns::SERIES_ID), Encoding::DELTA_BINARY_PACKED)
         .set_column_dictionary_enabled(delta(columns::TIMESTAMP), false)
         .set_column_encoding(delta(columns::TIMESTAMP), Encoding::DELTA_BINARY_PACKED)
         .set_column_dictionary_enabled(delta(columns::STACK_ID), false)
