@@ -459,6 +459,10 @@ struct Output {
 
 const UNMAPPED: u32 = u32::MAX;
 
+/// The stack rollups of a merge of L0 segments judge whether they pay after this fraction
+/// (1/N) of the merge's rows ([`crate::rollup::RollupWriter::give_up_after`]).
+const FRESH_ROLLUP_TRIAL_PARTS: u64 = 8;
+
 impl Output {
     /// A new output whose id carries `created_ms` (the oldest source's time, so the output
     /// stays in its sources' partition).
@@ -594,6 +598,17 @@ impl Output {
         // Rollups worth keeping follow the samples.
         let finished: Vec<FinishedRollup> = self.rollups.finish(self.series.len())?;
         let keep = crate::rollup::worth_keeping(&finished, self.rows);
+        for (r, kept) in finished.iter().zip(&keep) {
+            tracing::debug!(
+                level,
+                resolution = r.resolution,
+                rows = r.rows,
+                sample_rows = self.rows,
+                kept,
+                abandoned = r.abandoned,
+                "compaction rollup"
+            );
+        }
         let mut rollups = Vec::new();
         let mut offset = samples_size;
         let appended = (|| {
@@ -982,15 +997,25 @@ impl Compactor {
             metas.iter().map(|m| m.max_time_nanos).max().unwrap_or(0),
         );
         let n_sources = sources.len();
+        // A merge of L0 segments writes a block that the next level's merge soon replaces, and
+        // its stack rollups rarely halve its rows (a series has a profile or two in it): they
+        // give up an eighth of the way in where they would not be kept (on `kiln bench`'s
+        // `small` preset, none of the L1 blocks' ten-minute rollups was).
+        let give_up = (job.level == 0)
+            .then(|| metas.iter().map(|m| m.rows).sum::<u64>() / FRESH_ROLLUP_TRIAL_PARTS);
         let new_output = || {
-            Output::new(
+            let mut out = Output::new(
                 &self.scratch,
                 n_sources,
                 &self.config,
                 &resolutions,
                 created_ms,
             )
-            .map_err(local)
+            .map_err(local)?;
+            if let Some(rows) = give_up {
+                out.rollups.give_up_after(rows.max(1));
+            }
+            Ok(out)
         };
         let mut out = new_output()?;
         let mut group: Vec<Row> = Vec::new();

@@ -149,6 +149,13 @@ pub(crate) struct RollupWriter {
     bucket_first: u64,
     /// Whether rows carry `bucket_first` as their `sample_row` (profile totals).
     sample_rows: bool,
+    /// Rows of the (series, bucket)s written so far, as fed to it.
+    summed: u64,
+    /// For a stack rollup of a short-lived block: once this many fed rows are summed, it gives
+    /// up if it wrote more than half as many ([`RollupWriter::give_up_after`]).
+    give_up_after: Option<u64>,
+    /// Given up: it sums and writes nothing more, and is not kept.
+    abandoned: bool,
 }
 
 impl RollupWriter {
@@ -185,12 +192,37 @@ impl RollupWriter {
             pushed: 0,
             bucket_first: 0,
             sample_rows: totals,
+            summed: 0,
+            give_up_after: None,
+            abandoned: false,
         })
+    }
+
+    /// Lets a stack rollup give up once `rows` of what it is fed are summed, if by then it
+    /// wrote more than half as many rows: it would not be kept ([`worth_keeping`]) unless the
+    /// rest of the block folded far better. Only for a block that a later merge replaces, which
+    /// computes its rollups again: a guess here costs nothing that lasts. Profile totals
+    /// never give up (queries find their sample rows through them).
+    pub(crate) fn give_up_after(&mut self, rows: u64) {
+        if self.resolution != PROFILE_TOTALS {
+            self.give_up_after = Some(rows);
+        }
+    }
+
+    /// Stops summing and writing: the rollup will not be kept.
+    fn abandon(&mut self) {
+        self.abandoned = true;
+        self.current = None;
+        self.sums = Vec::new();
+        self.batch = RowBatchBuilder::default();
     }
 
     /// Adds a sample row (of its output series; series come in order, each once). The rows of
     /// a (series, bucket) it finishes are written, and given to `sink`.
     fn push(&mut self, row: &Row, sink: Sink<'_>) -> Result<()> {
+        if self.abandoned {
+            return Ok(());
+        }
         let (series, timestamp, value) = (row.series, row.timestamp, row.value);
         let (bucket, key) = if self.resolution == PROFILE_TOTALS {
             (timestamp, (0, row.profile_id))
@@ -199,6 +231,9 @@ impl RollupWriter {
         };
         if self.current != Some((series, bucket)) {
             self.emit(sink)?;
+            if self.abandoned {
+                return Ok(());
+            }
             while self.series_rows.len() <= series as usize {
                 self.series_rows.push(self.rows..self.rows);
             }
@@ -220,6 +255,7 @@ impl RollupWriter {
         let Some((series, bucket)) = self.current.take() else {
             return Ok(());
         };
+        self.summed += self.pushed - self.bucket_first;
         let mut sums = std::mem::take(&mut self.sums);
         collapse(&mut sums);
         self.collapse_at = MIN_COLLAPSE;
@@ -250,6 +286,12 @@ impl RollupWriter {
         if let Some(r) = self.series_rows.get_mut(series as usize) {
             r.end = self.rows;
         }
+        if let Some(after) = self.give_up_after
+            && self.summed >= after
+            && self.rows.saturating_mul(2) > self.summed
+        {
+            self.abandon();
+        }
         Ok(())
     }
 
@@ -263,10 +305,12 @@ impl RollupWriter {
     /// to a sink first, for a chain).
     fn finish(mut self, series: usize) -> Result<FinishedRollup> {
         self.emit(&mut |_| Ok(()))?;
-        if !self.batch.is_empty() {
-            self.writer.write(&self.batch.finish()?)?;
+        if !self.abandoned {
+            if !self.batch.is_empty() {
+                self.writer.write(&self.batch.finish()?)?;
+            }
+            self.writer.close()?;
         }
-        self.writer.close()?;
         while self.series_rows.len() < series {
             self.series_rows.push(self.rows..self.rows);
         }
@@ -275,6 +319,7 @@ impl RollupWriter {
             path: self.path,
             rows: self.rows,
             series_rows: self.series_rows,
+            abandoned: self.abandoned,
         })
     }
 }
@@ -312,7 +357,27 @@ impl Rollups {
                 push_chain(&mut self.writers[i..], &self.chained[i..], row)?;
             }
         }
+        self.abandon_chains();
         Ok(())
+    }
+
+    /// Lets the stack rollups give up ([`RollupWriter::give_up_after`]) once `rows` sample rows
+    /// are summed; a rollup chained to one that gives up gives up with it.
+    pub(crate) fn give_up_after(&mut self, rows: u64) {
+        for (w, &chained) in self.writers.iter_mut().zip(&self.chained) {
+            if !chained {
+                w.give_up_after(rows);
+            }
+        }
+    }
+
+    /// Abandons each rollup fed by one abandoned: it would miss the rest of its rows.
+    fn abandon_chains(&mut self) {
+        for i in 1..self.writers.len() {
+            if self.chained[i] && self.writers[i - 1].abandoned && !self.writers[i].abandoned {
+                self.writers[i].abandon();
+            }
+        }
     }
 
     /// The scratch files.
@@ -329,6 +394,7 @@ impl Rollups {
             if chained.first() == Some(&true) {
                 head[i].emit(&mut |row| push_chain(tail, chained, row))?;
             }
+            self.abandon_chains();
         }
         self.writers.into_iter().map(|w| w.finish(series)).collect()
     }
@@ -353,6 +419,8 @@ pub(crate) struct FinishedRollup {
     pub path: PathBuf,
     pub rows: u64,
     pub series_rows: Vec<Range<u64>>,
+    /// Given up while written ([`RollupWriter::give_up_after`]): never kept.
+    pub abandoned: bool,
 }
 
 /// Which of `rollups` (finest first) are worth keeping for a block of `sample_rows` rows: each
@@ -367,7 +435,7 @@ pub(crate) fn worth_keeping(rollups: &[FinishedRollup], sample_rows: u64) -> Vec
         } else {
             finer
         };
-        let k = r.rows > 0 && r.rows.saturating_mul(2) <= base;
+        let k = !r.abandoned && r.rows > 0 && r.rows.saturating_mul(2) <= base;
         if k && r.resolution != PROFILE_TOTALS {
             finer = r.rows;
         }
@@ -466,6 +534,95 @@ mod tests {
             rollups.push(row).unwrap();
         }
         rollups.finish(series).unwrap()
+    }
+
+    /// Rows of `series` series, each with `profiles` profiles 10 s apart of `stacks` stacks,
+    /// the same stacks in every profile of a series when `repeat`, all different otherwise.
+    fn profiles(series: u32, profiles: u32, stacks: u32, repeat: bool) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for s in 0..series {
+            for p in 0..profiles {
+                for k in 0..stacks {
+                    rows.push(Row {
+                        series: s,
+                        timestamp: i64::from(p) * 10_000_000_000,
+                        stack: if repeat { k } else { p * stacks + k },
+                        value: 1,
+                        span_id: 0,
+                        trace_id: None,
+                        labels: None,
+                        profile_id: Some([(s * profiles + p) as u8; 16]),
+                    });
+                }
+            }
+        }
+        rows
+    }
+
+    /// Writes `rows` through profile totals, 10 minutes and a chained hour, the stack rollups
+    /// giving up after `give_up_after` rows when set.
+    fn write_giving_up(
+        dir: &Path,
+        rows: &[Row],
+        give_up_after: Option<u64>,
+    ) -> Vec<FinishedRollup> {
+        let writers = [PROFILE_TOTALS, 10 * MINUTE, 60 * MINUTE]
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| RollupWriter::new(r, dir.join(i.to_string()), 64, 16).unwrap())
+            .collect();
+        let mut rollups = Rollups::new(writers);
+        if let Some(n) = give_up_after {
+            rollups.give_up_after(n);
+        }
+        for row in rows {
+            rollups.push(row).unwrap();
+        }
+        let series = rows.last().map_or(0, |r| r.series as usize + 1);
+        rollups.finish(series).unwrap()
+    }
+
+    /// Stack rollups that do not fold give up once they have seen their share of the rows,
+    /// the hour chained to the ten minutes with them; the profile totals go on and are kept.
+    #[test]
+    fn stack_rollups_that_do_not_fold_give_up() {
+        let dir = tempfile::tempdir().unwrap();
+        // 40 series of one profile of 10 stacks each: the rollups have every sample's row.
+        let rows = profiles(40, 1, 10, false);
+        let finished = write_giving_up(dir.path(), &rows, Some(50));
+        let abandoned: Vec<bool> = finished.iter().map(|r| r.abandoned).collect();
+        assert_eq!(abandoned, [false, true, true]);
+        // The ten minutes gave up after the 50 rows of its first five series.
+        assert_eq!(finished[1].rows, 50);
+        assert_eq!(
+            worth_keeping(&finished, rows.len() as u64),
+            [true, false, false]
+        );
+        assert_eq!(finished[0].rows, 40);
+        assert_eq!(finished[0].series_rows.len(), 40);
+        // Without a trial the same rollups run to the end, and are not kept either.
+        let dir = tempfile::tempdir().unwrap();
+        let full = write_giving_up(dir.path(), &rows, None);
+        assert_eq!(full[1].rows, 400);
+        assert_eq!(worth_keeping(&full, 400), [true, false, false]);
+    }
+
+    /// Stack rollups that fold carry on through their trial, and write what they would
+    /// without one.
+    #[test]
+    fn stack_rollups_that_fold_carry_on() {
+        let rows = profiles(40, 4, 10, true);
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let tried = write_giving_up(a.path(), &rows, Some(50));
+        let full = write_giving_up(b.path(), &rows, None);
+        for (t, f) in tried.iter().zip(&full) {
+            assert!(!t.abandoned);
+            assert_eq!(rows_of(t), rows_of(f));
+        }
+        assert_eq!(
+            worth_keeping(&tried, rows.len() as u64),
+            [true, true, false]
+        );
     }
 
     #[test]
@@ -712,6 +869,7 @@ mod tests {
             path: PathBuf::new(),
             rows,
             series_rows: vec![],
+            abandoned: false,
         };
         let levels = [r(0, 10), r(10, 600), r(60, 500), r(1440, 100)];
         // Totals (10 of 1000) kept; 10 min (600 of 1000) not; 1 h (500 of 1000) kept; 1 d kept.
