@@ -378,13 +378,24 @@ impl SymbolsBuilder {
     /// for every location of `table`, its index in this builder.
     pub fn add_table_locations(&mut self, table: &SymbolTable) -> Vec<u32> {
         let t = &table.symbols;
+        // Each of the table's strings is hashed once, when first used: a file name or a frame
+        // type is used by many functions or locations, a name twice (system name).
+        let mut strings = vec![u32::MAX; t.strings.len()];
+        let mut string = |this: &mut Self, i: u32| match strings.get_mut(i as usize) {
+            Some(s) if *s != u32::MAX => *s,
+            Some(s) => {
+                *s = this.string(&t.strings[i as usize]);
+                *s
+            }
+            None => 0,
+        };
         let mappings: Vec<u32> = t
             .mappings
             .iter()
             .map(|m| {
                 let mapping = pb::Mapping {
-                    filename: self.string(table.string(m.filename)),
-                    build_id: self.string(table.string(m.build_id)),
+                    filename: string(self, m.filename),
+                    build_id: string(self, m.build_id),
                     ..*m
                 };
                 self.intern_mapping(mapping)
@@ -395,9 +406,9 @@ impl SymbolsBuilder {
             .iter()
             .map(|f| {
                 let function = pb::Function {
-                    name: self.string(table.string(f.name)),
-                    system_name: self.string(table.string(f.system_name)),
-                    filename: self.string(table.string(f.filename)),
+                    name: string(self, f.name),
+                    system_name: string(self, f.system_name),
+                    filename: string(self, f.filename),
                     start_line: f.start_line,
                 };
                 self.intern_function(function)
@@ -410,7 +421,7 @@ impl SymbolsBuilder {
             .map(|l| {
                 funcs.clear();
                 funcs.extend(l.line_functions.iter().map(|&f| functions[f as usize]));
-                let frame_type = self.string(table.string(l.frame_type));
+                let frame_type = string(self, l.frame_type);
                 self.intern_location(
                     match l.mapping {
                         0 => 0,
