@@ -4,6 +4,9 @@
 //! - `dataset_add_four_types_2000_samples`: adding a four-type profile whose symbols and stacks
 //!   the dataset holds already (the writer's cost per sample).
 //! - `flamegraph/<nodes>`: merging stacks into a tree and encoding Pyroscope's FlameGraph.
+//! - `compaction/l0_merge_20_segments_100_pods`: merging 20 fresh segments of 10 profiles
+//!   (100 samples each) into one L1 block holding two profiles per pod, as the fresh lane does
+//!   every few seconds under load: symbols remapped, samples and rollups written.
 //! - `query/*`: a flame graph over 20 blocks × 10 services, unfiltered (the baseline) and with a
 //!   selector matching one service — the ratio shows what pushdown and block pruning save.
 //!
@@ -252,8 +255,75 @@ fn query(c: &mut Criterion) {
     g.finish();
 }
 
+/// One L0 merge: 20 segments, each of 10 pods' profiles of 100 samples, merged into one L1
+/// block of about 20,000 rows with two profiles per pod, as the fresh lane's jobs hold on
+/// `kiln bench`'s `small` preset. A pod's samples are drawn from 400 stacks of its own over
+/// 1,000 functions, so its profiles repeat stacks as a running program's do. Each iteration
+/// writes its segments into a new storage first, outside the measurement.
+fn compaction(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut rng = Rng(13);
+    let pools: Vec<NormalizedProfile> = (0..100)
+        .map(|pod| profile(&mut rng, &format!("svc{pod}"), 400, 1_000, T0))
+        .collect();
+    // Segments s and s + 10 hold the same ten pods' profiles, 100 s apart.
+    let data: Vec<Vec<NormalizedProfile>> = (0..20)
+        .map(|segment| {
+            pools[(segment as usize % 10) * 10..][..10]
+                .iter()
+                .map(|pool| {
+                    let mut p = pool.clone();
+                    let series = &mut p.series[0];
+                    series.time_nanos = T0 + segment * 10_000_000_000;
+                    series.samples = (0..100)
+                        .map(|_| {
+                            let n = series.samples.len() as u64;
+                            series.samples[rng.next(n) as usize].clone()
+                        })
+                        .collect();
+                    p
+                })
+                .collect()
+        })
+        .collect();
+    let mut g = c.benchmark_group("compaction");
+    g.sample_size(30);
+    g.measurement_time(Duration::from_secs(15));
+    g.bench_function("l0_merge_20_segments_100_pods", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let storage = rt.block_on(async {
+                    let mut config = StorageConfig::new(dir.path());
+                    config.writer.flush_interval = Duration::from_millis(1);
+                    // Every segment on one shard: one job merges all 20.
+                    config.writer.shards = 1;
+                    let s = Storage::open(config).await.unwrap();
+                    for profiles in &data {
+                        s.write_all("bench", profiles.clone()).await.unwrap();
+                    }
+                    s
+                });
+                (dir, storage)
+            },
+            |(dir, storage)| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64;
+                let merged = rt.block_on(storage.compactor().compact_all(now)).unwrap();
+                assert_eq!(merged, 1, "one L0 merge");
+                (dir, storage)
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
+    compaction,
     block_build,
     dataset_add,
     symbols_interning,
