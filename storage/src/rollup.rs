@@ -335,6 +335,9 @@ pub(crate) struct Rollups {
     writers: Vec<RollupWriter>,
     /// Per writer: whether it is fed by the one before it.
     chained: Vec<bool>,
+    /// Whether a rollup may give up ([`Rollups::give_up_after`]): only then are the chains
+    /// looked at for one that did, as rows are pushed.
+    trial: bool,
 }
 
 impl Rollups {
@@ -347,7 +350,11 @@ impl Rollups {
                 }
             })
             .collect();
-        Self { writers, chained }
+        Self {
+            writers,
+            chained,
+            trial: false,
+        }
     }
 
     /// Adds a sample row to every rollup not chained, and what they write down their chains.
@@ -357,13 +364,16 @@ impl Rollups {
                 push_chain(&mut self.writers[i..], &self.chained[i..], row)?;
             }
         }
-        self.abandon_chains();
+        if self.trial {
+            self.abandon_chains();
+        }
         Ok(())
     }
 
     /// Lets the stack rollups give up ([`RollupWriter::give_up_after`]) once `rows` sample rows
     /// are summed; a rollup chained to one that gives up gives up with it.
     pub(crate) fn give_up_after(&mut self, rows: u64) {
+        self.trial = true;
         for (w, &chained) in self.writers.iter_mut().zip(&self.chained) {
             if !chained {
                 w.give_up_after(rows);
