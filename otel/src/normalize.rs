@@ -195,7 +195,8 @@ pub fn normalize_pprof(
 
     // Series by their series-promoted labels, borrowed from the string table.
     let n_types = sample_types.len();
-    let mut builder: SeriesBuilder<Vec<(&str, &str)>> = SeriesBuilder::new(n_types);
+    let mut builder: SeriesBuilder<Vec<(&str, &str)>> =
+        SeriesBuilder::with_capacity(n_types, profile.sample.len());
     // Buffers reused from sample to sample.
     let mut stack = Vec::new();
     let mut labels: Vec<(&str, &str)> = Vec::new();
@@ -214,7 +215,7 @@ pub fn normalize_pprof(
             sample.location_ids(),
             limits.max_stack_depth,
             |id| {
-                location_index.get(&id).copied().ok_or_else(|| {
+                location_index.get(id).ok_or_else(|| {
                     Error::Invalid(format!(
                         "sample {i} refers to location id {id}, which the profile does not define"
                     ))
@@ -308,14 +309,44 @@ pub fn normalize_pprof(
     Ok(NormalizedProfile { symbols, series })
 }
 
-fn resolve_symbols(
-    profile: &pprof::Profile,
-    strings: &Strings<'_>,
-) -> Result<(Symbols, FastMap<u64, u32>)> {
-    let mut symbols = Symbols::default();
-    let mut mapping_index = FastMap::with_capacity(profile.mapping.len());
+/// A pprof table's positions by id. Go and most SDKs number a table's entries 1, 2, 3, ... in
+/// order, and then an id is its position plus one, found without hashing; other ids go through a
+/// map, where a later entry of the same id wins.
+enum IdIndex {
+    /// Ids `1..=n` in order.
+    Dense(usize),
+    Sparse(FastMap<u64, u32>),
+}
+
+impl IdIndex {
+    fn new(ids: impl ExactSizeIterator<Item = u64> + Clone) -> Self {
+        if ids.clone().enumerate().all(|(i, id)| id == i as u64 + 1) {
+            return Self::Dense(ids.len());
+        }
+        let mut map = FastMap::with_capacity(ids.len());
+        for (i, id) in ids.enumerate() {
+            map.insert(id, i as u32);
+        }
+        Self::Sparse(map)
+    }
+
+    /// The position of the entry of `id`.
+    fn get(&self, id: u64) -> Option<u32> {
+        match self {
+            Self::Dense(n) => (id >= 1 && id <= *n as u64).then(|| (id - 1) as u32),
+            Self::Sparse(map) => map.get(&id).copied(),
+        }
+    }
+}
+
+fn resolve_symbols(profile: &pprof::Profile, strings: &Strings<'_>) -> Result<(Symbols, IdIndex)> {
+    let mut symbols = Symbols {
+        functions: Vec::with_capacity(profile.function.len()),
+        locations: Vec::with_capacity(profile.location.len()),
+        mappings: Vec::with_capacity(profile.mapping.len()),
+    };
+    let mapping_index = IdIndex::new(profile.mapping.iter().map(|m| m.id));
     for m in &profile.mapping {
-        mapping_index.insert(m.id, symbols.mappings.len() as u32);
         symbols.mappings.push(Mapping {
             memory_start: m.memory_start,
             memory_limit: m.memory_limit,
@@ -325,9 +356,8 @@ fn resolve_symbols(
             has_functions: m.has_functions,
         });
     }
-    let mut function_index = FastMap::with_capacity(profile.function.len());
+    let function_index = IdIndex::new(profile.function.iter().map(|f| f.id));
     for f in &profile.function {
-        function_index.insert(f.id, symbols.functions.len() as u32);
         symbols.functions.push(Function {
             name: strings.get(f.name, "a function name")?.to_owned(),
             system_name: strings
@@ -337,12 +367,12 @@ fn resolve_symbols(
             start_line: f.start_line,
         });
     }
-    let mut location_index = FastMap::with_capacity(profile.location.len());
+    let location_index = IdIndex::new(profile.location.iter().map(|l| l.id));
     let mut unsymbolized = UnsymbolizedFunctions::default();
     for loc in &profile.location {
         let mapping = match loc.mapping_id {
             0 => None,
-            id => Some(*mapping_index.get(&id).ok_or_else(|| {
+            id => Some(mapping_index.get(id).ok_or_else(|| {
                 Error::Invalid(format!(
                     "location {} refers to mapping id {id}, which the profile does not define",
                     loc.id
@@ -351,7 +381,7 @@ fn resolve_symbols(
         };
         let mut lines = Vec::with_capacity(loc.line.len().max(1));
         for line in &loc.line {
-            let function = *function_index.get(&line.function_id).ok_or_else(|| {
+            let function = function_index.get(line.function_id).ok_or_else(|| {
                 Error::Invalid(format!(
                     "location {} refers to function id {}, which the profile does not define",
                     loc.id, line.function_id
@@ -365,7 +395,6 @@ fn resolve_symbols(
         if lines.is_empty() {
             lines.push(unsymbolized.line(&mut symbols, mapping, loc.address));
         }
-        location_index.insert(loc.id, symbols.locations.len() as u32);
         symbols.locations.push(Location {
             mapping,
             address: loc.address,

@@ -217,15 +217,63 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     };
     let size = raw.len();
     let max_decoded = decoded_limit(max_bytes);
-    let profile = kiln_proto::wire::decode_within(raw, max_decoded).map_err(|e| match e {
-        kiln_proto::wire::WireError::TooLarge { estimate, max } => Error::DecodesTooLarge {
+    let estimate = kiln_proto::wire::decoded_estimate(&raw, kiln_proto::wire::MAX_DEPTH)
+        .map_err(|e| Error::Protobuf(e.to_string()))?;
+    if estimate > max_decoded {
+        return Err(Error::DecodesTooLarge {
             estimate,
-            max,
+            max: max_decoded,
             factor: DECODED_FACTOR,
-        },
-        other => Error::Protobuf(other.to_string()),
-    })?;
-    Ok((profile, size))
+        });
+    }
+    Ok((decode_presized(raw)?, size))
+}
+
+/// Decodes a profile whose tables are sized first: one pass over the top-level fields (their
+/// keys and lengths, not their contents) counts the samples, locations, functions, mappings and
+/// strings, so decoding reserves each table once instead of growing it by doubling. The counts
+/// are of fields present in the bytes, so a reservation is never larger than what decoding them
+/// fills.
+fn decode_presized(raw: Bytes) -> Result<Profile> {
+    let mut profile = Profile::default();
+    if let Some(counts) = top_level_counts(&raw) {
+        profile.sample_type.reserve_exact(counts[1]);
+        profile.sample.reserve_exact(counts[2]);
+        profile.mapping.reserve_exact(counts[3]);
+        profile.location.reserve_exact(counts[4]);
+        profile.function.reserve_exact(counts[5]);
+        profile.string_table.reserve_exact(counts[6]);
+    }
+    profile
+        .merge(raw)
+        .map_err(|e| Error::Protobuf(e.to_string()))?;
+    Ok(profile)
+}
+
+/// How many fields of each number below 16 the message's top level holds; `None` when its keys
+/// and lengths do not read (decoding reports why).
+fn top_level_counts(mut buf: &[u8]) -> Option<[usize; 16]> {
+    let mut counts = [0usize; 16];
+    while !buf.is_empty() {
+        let (number, wire_type) = prost::encoding::decode_key(&mut buf).ok()?;
+        if let Some(c) = counts.get_mut(number as usize) {
+            *c += 1;
+        }
+        let skip = match wire_type {
+            WireType::Varint => {
+                prost::encoding::decode_varint(&mut buf).ok()?;
+                0
+            }
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => {
+                usize::try_from(prost::encoding::decode_varint(&mut buf).ok()?).ok()?
+            }
+            WireType::StartGroup | WireType::EndGroup => return None,
+        };
+        buf = buf.get(skip..)?;
+    }
+    Some(counts)
 }
 
 /// [`decode_sized`] of a body whose shape has been walked already ([`kiln_proto::wire::check`]):
@@ -252,10 +300,7 @@ pub fn decode_checked(
             factor: DECODED_FACTOR,
         });
     }
-    let profile = checked
-        .decode()
-        .map_err(|e| Error::Protobuf(e.to_string()))?;
-    Ok((profile, size))
+    Ok((decode_presized(checked.bytes().clone())?, size))
 }
 
 /// How many times a request's `max_decompressed_bytes` its protobuf may hold once decoded

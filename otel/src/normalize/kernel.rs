@@ -107,6 +107,10 @@ impl UnsymbolizedFunctions {
     }
 }
 
+/// The most sample types [`SeriesBuilder::with_capacity`] reserves samples for (Go's heap
+/// profile has four).
+pub const RESERVED_SAMPLE_TYPES: usize = 4;
+
 /// What makes two samples of a series one: equal keys are summed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SampleKey<'a> {
@@ -157,16 +161,31 @@ pub struct SeriesBuilder<K> {
     series_of: FastMap<K, usize>,
     /// Per series (in the order first seen), per sample type.
     series: Vec<Vec<Samples>>,
+    /// Samples the first series reserves room for, per sample type.
+    first_capacity: usize,
 }
 
 impl<K: Hash + Eq> SeriesBuilder<K> {
     /// A builder for a profile of `sample_types` sample types.
     pub fn new(sample_types: usize) -> Self {
+        Self::with_capacity(sample_types, 0)
+    }
+
+    /// A builder whose first series reserves room for `samples` samples of each sample type:
+    /// most profiles are one series, whose samples then never regrow. A profile of many series
+    /// reserves this once, not once per series, and one of more than
+    /// [`RESERVED_SAMPLE_TYPES`] sample types not at all (its samples may mostly be zeros).
+    pub fn with_capacity(sample_types: usize, samples: usize) -> Self {
         Self {
             sample_types,
             hasher: DefaultHashBuilder::default(),
             series_of: FastMap::default(),
             series: Vec::new(),
+            first_capacity: if sample_types <= RESERVED_SAMPLE_TYPES {
+                samples
+            } else {
+                0
+            },
         }
     }
 
@@ -181,8 +200,15 @@ impl<K: Hash + Eq> SeriesBuilder<K> {
         }
         let s = self.series.len();
         self.series_of.insert(key.to_owned(), s);
-        self.series
-            .push((0..self.sample_types).map(|_| Samples::default()).collect());
+        let capacity = std::mem::take(&mut self.first_capacity);
+        self.series.push(
+            (0..self.sample_types)
+                .map(|_| Samples {
+                    samples: Vec::with_capacity(capacity),
+                    index: HashTable::with_capacity(capacity),
+                })
+                .collect(),
+        );
         s
     }
 

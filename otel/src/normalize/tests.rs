@@ -309,6 +309,61 @@ fn names_from_default_display_names() {
 }
 
 proptest! {
+    /// Ids are names, not positions: a profile whose functions and locations are numbered
+    /// 1, 2, 3, ... in order (the common case, looked up by position) normalizes to what the same
+    /// profile with the ids spread out and the tables in another order (looked up by map) does.
+    #[test]
+    fn ids_in_any_order_normalize_alike(
+        samples in prop::collection::vec((prop::collection::vec(0usize..8, 1..6), 1i64..100), 1..30),
+        scale in 2u64..1000,
+        rotate in 0usize..8,
+    ) {
+        let fns = ["a", "b", "c", "d", "e", "f", "g", "h"];
+        let mut b = Builder::new(&[("cpu", "nanoseconds")]);
+        for (stack, v) in &samples {
+            let stack: Vec<&str> = stack.iter().map(|i| fns[*i]).collect();
+            b = b.sample(&stack, &[*v], &[]);
+        }
+        let dense = b.p;
+        let mut sparse = dense.clone();
+        for f in &mut sparse.function {
+            f.id *= scale;
+        }
+        for l in &mut sparse.location {
+            l.id *= scale;
+            for line in &mut l.line {
+                line.function_id *= scale;
+            }
+        }
+        for s in &mut sparse.sample {
+            for id in &mut s.location_id {
+                *id *= scale;
+            }
+        }
+        let r = rotate % sparse.location.len().max(1);
+        sparse.location.rotate_left(r);
+        sparse.function.rotate_left(r);
+        let limits = NormalizeLimits::default();
+        let a = normalize_pprof(&dense, &meta(), &limits).unwrap();
+        let b = normalize_pprof(&sparse, &meta(), &limits).unwrap();
+        let stacks = |n: &NormalizedProfile| {
+            n.series
+                .iter()
+                .flat_map(|s| s.samples.iter().map(|x| (names(n, x), x.value)))
+                .collect::<Vec<_>>()
+        };
+        prop_assert_eq!(stacks(&a), stacks(&b));
+        // A location refers to an id the profile does not define: refused either way.
+        let mut broken = sparse.clone();
+        broken.sample[0].location_id[0] = scale * 100 + 1;
+        prop_assert!(normalize_pprof(&broken, &meta(), &limits).is_err());
+        let mut broken = dense.clone();
+        broken.sample[0].location_id[0] = dense.location.len() as u64 + 1;
+        prop_assert!(normalize_pprof(&broken, &meta(), &limits).is_err());
+        broken.sample[0].location_id[0] = 0;
+        prop_assert!(normalize_pprof(&broken, &meta(), &limits).is_err());
+    }
+
     /// Totals per sample type survive normalization exactly (non-negative input).
     #[test]
     fn totals_are_preserved(samples in prop::collection::vec(

@@ -161,6 +161,26 @@ proptest! {
         let _ = decode::<pb::Profile, _>(bytes.as_slice());
     }
 
+    /// The walk reads a varint as prost does: the same value and length, and the same refusal
+    /// of one longer than ten bytes or past 64 bits; never past `end`.
+    #[test]
+    fn varints_read_as_prost_reads_them(
+        bytes in proptest::collection::vec(
+            prop_oneof![0x80u8..=0xff, 0u8..0x80, Just(0xffu8), Just(0x01u8), Just(0x02u8)],
+            0..14,
+        ),
+        start in 0usize..3,
+        cut in 0usize..3,
+    ) {
+        let start = start.min(bytes.len());
+        let end = bytes.len().saturating_sub(cut).max(start);
+        let mut prost_buf = &bytes[start..end];
+        let expected = prost::encoding::decode_varint(&mut prost_buf)
+            .ok()
+            .map(|v| (v, end - prost_buf.len()));
+        prop_assert_eq!(read_varint(&bytes, start, end), expected);
+    }
+
     /// Deep nesting hidden after valid fields is found.
     #[test]
     fn depth_is_found_anywhere(prefix in 0usize..20, depth in 0usize..80) {
