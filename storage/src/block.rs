@@ -405,6 +405,8 @@ impl DatasetBuilder {
         // other series' samples find its stack id here.
         let shared = profile.series.len() > 1;
         let mut ids: hashbrown::HashMap<&[u32], u32> = hashbrown::HashMap::new();
+        // A sample's stack as block location indices, leaf first (reused).
+        let mut path: Vec<u32> = Vec::new();
         for series in &profile.series {
             if series.samples.is_empty() {
                 continue;
@@ -433,8 +435,11 @@ impl DatasetBuilder {
                 entry.min = entry.min.min(timestamp);
                 entry.max = entry.max.max(timestamp);
                 let symbols = &mut self.symbols;
-                let mut walk =
-                    || symbols.add_stack(sample.stack.iter().map(|&l| locations[l as usize]));
+                let mut walk = || {
+                    path.clear();
+                    path.extend(sample.stack.iter().map(|&l| locations[l as usize]));
+                    symbols.add_stack_path(&path)
+                };
                 let stack = if shared {
                     *ids.entry(sample.stack.as_slice()).or_insert_with(walk)
                 } else {
@@ -533,6 +538,14 @@ impl DatasetBuilder {
         }
         let samples = write_parquet(&batch.finish()?)?;
         let stack_nodes = symbols.stack_nodes() as u64;
+        let (path_lookups, path_hits) = symbols.path_lookups();
+        tracing::debug!(
+            rows = rows.len(),
+            stack_nodes,
+            path_lookups,
+            path_hits,
+            "segment stacks"
+        );
         let (symbols, table) = symbols.encode_with_table()?;
         let meta = BlockMeta {
             format_version: BLOCK_FORMAT_VERSION,

@@ -68,6 +68,14 @@ pub struct SymbolsBuilder {
     stacks: Vec<u32>,
     /// Tree node -> its stack id plus one (0: no row refers to the node yet).
     node_stacks: Vec<u32>,
+    /// Stack ids of the stacks [`Self::add_stack_path`] added, with the hash of their locations
+    /// (leaf first): a stack met again in the same block (a service's hot stacks, profile after
+    /// profile) is one hash and a walk up its nodes comparing locations, not a probe of
+    /// `children` per frame.
+    stack_paths: HashTable<(u64, u32)>,
+    /// [`Self::add_stack_path`] calls, and those that found their stack in `stack_paths`.
+    path_lookups: u64,
+    path_hits: u64,
 }
 
 /// A thread's zstd contexts, made on first use and kept: making one per section (what
@@ -167,6 +175,9 @@ impl Default for SymbolsBuilder {
             children: HashMap::new(),
             stacks: Vec::new(),
             node_stacks: vec![0],
+            stack_paths: HashTable::new(),
+            path_lookups: 0,
+            path_hits: 0,
         }
     }
 }
@@ -336,6 +347,40 @@ impl SymbolsBuilder {
         self.stack_id(node)
     }
 
+    /// [`Self::add_stack`] of a stack of block location indices, leaf first, found by its
+    /// locations when this builder added it before.
+    pub fn add_stack_path(&mut self, leaf_first: &[u32]) -> u32 {
+        self.path_lookups += 1;
+        let hash = self.hasher.hash_one(leaf_first);
+        let (stacks, parents, node_locations) = (&self.stacks, &self.parents, &self.node_locations);
+        let same = |id: u32| {
+            let mut node = stacks[id as usize];
+            for &loc in leaf_first {
+                if node == 0 || node_locations[node as usize] != loc {
+                    return false;
+                }
+                node = parents[node as usize];
+            }
+            node == 0
+        };
+        if let Some(&(_, id)) = self
+            .stack_paths
+            .find(hash, |&(h, id)| h == hash && same(id))
+        {
+            self.path_hits += 1;
+            return id;
+        }
+        let id = self.add_stack(leaf_first.iter().copied());
+        self.stack_paths
+            .insert_unique(hash, (hash, id), |&(h, _)| h);
+        id
+    }
+
+    /// How many [`Self::add_stack_path`] calls there were, and how many found their stack.
+    pub fn path_lookups(&self) -> (u64, u64) {
+        (self.path_lookups, self.path_hits)
+    }
+
     /// The stack id of tree node `node` (of this builder), given the next id if no row refers
     /// to it yet. Rows hold stack ids, not nodes: ids numbered as stacks are first met stay
     /// close together within a series, where its stacks' nodes spread over every node their
@@ -468,6 +513,7 @@ impl SymbolsBuilder {
             + self.locations.len() * 96
             + self.parents.len() * 44
             + self.stacks.len() * 4
+            + self.stack_paths.capacity() * 17
     }
 
     /// Encodes the section.
@@ -1133,6 +1179,29 @@ mod tests {
             .flat_map(|&l| t.location_function_names(l))
             .collect();
         assert_eq!(names, ["b", "main"]);
+    }
+
+    proptest::proptest! {
+        /// Stacks found by their locations get the ids, and build the tree, that walking them
+        /// frame by frame does: prefixes of other stacks, the empty stack and repeats included.
+        #[test]
+        fn stacks_found_by_path_are_the_stacks_walked(
+            stacks in proptest::collection::vec(proptest::collection::vec(1u32..5, 0..6), 1..80),
+        ) {
+            let (mut walked, mut found) = (SymbolsBuilder::default(), SymbolsBuilder::default());
+            for stack in &stacks {
+                let a = walked.add_stack(stack.iter().copied());
+                let b = found.add_stack_path(stack);
+                proptest::prop_assert_eq!(a, b);
+            }
+            proptest::prop_assert_eq!(&walked.parents, &found.parents);
+            proptest::prop_assert_eq!(&walked.node_locations, &found.node_locations);
+            proptest::prop_assert_eq!(&walked.stacks, &found.stacks);
+            let distinct: std::collections::HashSet<&Vec<u32>> = stacks.iter().collect();
+            let (lookups, hits) = found.path_lookups();
+            proptest::prop_assert_eq!(lookups, stacks.len() as u64);
+            proptest::prop_assert_eq!(hits, (stacks.len() - distinct.len()) as u64);
+        }
     }
 
     fn sample_builder() -> SymbolsBuilder {
