@@ -226,23 +226,32 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
             factor: DECODED_FACTOR,
         });
     }
-    Ok((decode_presized(raw)?, size))
+    Ok((decode_presized(raw, estimate)?, size))
 }
 
 /// Decodes a profile whose tables are sized first: one pass over the top-level fields (their
 /// keys and lengths, not their contents) counts the samples, locations, functions, mappings and
-/// strings, so decoding reserves each table once instead of growing it by doubling. The counts
-/// are of fields present in the bytes, so a reservation is never larger than what decoding them
-/// fills.
-fn decode_presized(raw: Bytes) -> Result<Profile> {
+/// strings, so decoding reserves each table once instead of growing it by doubling.
+///
+/// The reservations together stay within `estimate`, the decoded size the request's memory
+/// budget already covers ([`kiln_proto::wire::decoded_estimate`]): a body of many fields that
+/// do not decode (decoding stops at the first) reserves no more than that, and a table past it
+/// grows as decoding fills it, as before.
+fn decode_presized(raw: Bytes, estimate: usize) -> Result<Profile> {
+    fn reserve<T>(table: &mut Vec<T>, count: usize, budget: &mut usize) {
+        let n = count.min(*budget / std::mem::size_of::<T>().max(1));
+        *budget -= n * std::mem::size_of::<T>();
+        table.reserve_exact(n);
+    }
     let mut profile = Profile::default();
     if let Some(counts) = top_level_counts(&raw) {
-        profile.sample_type.reserve_exact(counts[1]);
-        profile.sample.reserve_exact(counts[2]);
-        profile.mapping.reserve_exact(counts[3]);
-        profile.location.reserve_exact(counts[4]);
-        profile.function.reserve_exact(counts[5]);
-        profile.string_table.reserve_exact(counts[6]);
+        let mut budget = estimate;
+        reserve(&mut profile.sample_type, counts[1], &mut budget);
+        reserve(&mut profile.sample, counts[2], &mut budget);
+        reserve(&mut profile.mapping, counts[3], &mut budget);
+        reserve(&mut profile.location, counts[4], &mut budget);
+        reserve(&mut profile.function, counts[5], &mut budget);
+        reserve(&mut profile.string_table, counts[6], &mut budget);
     }
     profile
         .merge(raw)
@@ -250,13 +259,16 @@ fn decode_presized(raw: Bytes) -> Result<Profile> {
     Ok(profile)
 }
 
-/// How many fields of each number below 16 the message's top level holds; `None` when its keys
-/// and lengths do not read (decoding reports why).
+/// How many length-delimited fields (messages and strings) of each number below 16 the
+/// message's top level holds; `None` when its keys and lengths do not read (decoding reports
+/// why).
 fn top_level_counts(mut buf: &[u8]) -> Option<[usize; 16]> {
     let mut counts = [0usize; 16];
     while !buf.is_empty() {
         let (number, wire_type) = prost::encoding::decode_key(&mut buf).ok()?;
-        if let Some(c) = counts.get_mut(number as usize) {
+        if wire_type == WireType::LengthDelimited
+            && let Some(c) = counts.get_mut(number as usize)
+        {
             *c += 1;
         }
         let skip = match wire_type {
@@ -300,7 +312,10 @@ pub fn decode_checked(
             factor: DECODED_FACTOR,
         });
     }
-    Ok((decode_presized(checked.bytes().clone())?, size))
+    Ok((
+        decode_presized(checked.bytes().clone(), checked.estimate())?,
+        size,
+    ))
 }
 
 /// How many times a request's `max_decompressed_bytes` its protobuf may hold once decoded
@@ -564,6 +579,62 @@ mod tests {
                 .to_vec(),
             ..Default::default()
         }
+    }
+
+    /// Decoding reserves each table once, within the estimate the request's budget covers; with
+    /// no room in it the tables grow as decoding fills them, to the same profile.
+    #[test]
+    fn tables_are_reserved_within_the_estimate() {
+        let mut p = pb::Profile {
+            string_table: vec![String::new(), "cpu".into(), "nanoseconds".into()],
+            sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+            ..Default::default()
+        };
+        for id in 1..=40u64 {
+            p.string_table.push(format!("f{id}"));
+            p.function.push(pb::Function {
+                id,
+                name: p.string_table.len() as i64 - 1,
+                ..Default::default()
+            });
+            p.location.push(pb::Location {
+                id,
+                line: vec![pb::Line {
+                    function_id: id,
+                    line: 0,
+                }],
+                ..Default::default()
+            });
+            p.sample.push(pb::Sample {
+                location_id: vec![id, 1],
+                value: vec![id as i64],
+                label: vec![],
+            });
+        }
+        let bytes = Bytes::from(p.encode_to_vec());
+        let estimate =
+            kiln_proto::wire::decoded_estimate(&bytes, kiln_proto::wire::MAX_DEPTH).unwrap();
+        let reserved = decode_presized(bytes.clone(), estimate).unwrap();
+        assert_eq!(reserved.sample.capacity(), 40);
+        assert_eq!(reserved.location.capacity(), 40);
+        assert_eq!(reserved.function.capacity(), 40);
+        assert_eq!(reserved.string_table.capacity(), 43);
+        let grown = decode_presized(bytes, 0).unwrap();
+        assert_ne!(
+            grown.sample.capacity(),
+            40,
+            "no room in the estimate: grown, not reserved"
+        );
+        assert_eq!(grown, reserved);
+        assert_eq!(grown, Profile::from(&p));
+        // Fields of the tables' numbers that are not length-delimited reserve nothing: decoding
+        // refuses the first.
+        let mut bogus = Vec::new();
+        for _ in 0..1000 {
+            bogus.extend([0x10, 0x00]); // field 2 (samples) as a varint
+        }
+        assert_eq!(top_level_counts(&bogus).map(|c| c[2]), Some(0));
+        assert!(decode(&bogus, 1 << 20).is_err());
     }
 
     #[test]
