@@ -416,6 +416,9 @@ impl SymbolsBuilder {
             self.node_stacks[node as usize] = id as u32 + 1;
         }
         self.stacks = stacks;
+        for (_, id) in self.stack_paths.iter_mut() {
+            *id = new_of[*id as usize];
+        }
         new_of
     }
 
@@ -1201,6 +1204,18 @@ mod tests {
             let (lookups, hits) = found.path_lookups();
             proptest::prop_assert_eq!(lookups, stacks.len() as u64);
             proptest::prop_assert_eq!(hits, (stacks.len() - distinct.len()) as u64);
+            // Renumbered, the stacks are still found, under their new ids.
+            let reversed = (0..walked.stacks.len() as u32).rev();
+            proptest::prop_assert_eq!(
+                walked.renumber_stacks(reversed.clone()),
+                found.renumber_stacks(reversed)
+            );
+            for stack in &stacks {
+                let a = walked.add_stack(stack.iter().copied());
+                let b = found.add_stack_path(stack);
+                proptest::prop_assert_eq!(a, b);
+            }
+            proptest::prop_assert_eq!(found.path_lookups().1, hits + stacks.len() as u64);
         }
     }
 

@@ -111,6 +111,11 @@ impl UnsymbolizedFunctions {
 /// profile has four).
 pub const RESERVED_SAMPLE_TYPES: usize = 4;
 
+/// The most samples per sample type [`SeriesBuilder::with_capacity`] reserves: a profile whose
+/// many samples merge into a few (one stack sent over and over) reserves at most this many
+/// (under 4 MB over four sample types), not its sample count.
+pub const RESERVED_SAMPLES: usize = 8192;
+
 /// What makes two samples of a series one: equal keys are summed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SampleKey<'a> {
@@ -173,8 +178,9 @@ impl<K: Hash + Eq> SeriesBuilder<K> {
 
     /// A builder whose first series reserves room for `samples` samples of each sample type:
     /// most profiles are one series, whose samples then never regrow. A profile of many series
-    /// reserves this once, not once per series, and one of more than
-    /// [`RESERVED_SAMPLE_TYPES`] sample types not at all (its samples may mostly be zeros).
+    /// reserves this once, not once per series, one of more than [`RESERVED_SAMPLE_TYPES`]
+    /// sample types not at all (its samples may mostly be zeros), and none more than
+    /// [`RESERVED_SAMPLES`].
     pub fn with_capacity(sample_types: usize, samples: usize) -> Self {
         Self {
             sample_types,
@@ -182,7 +188,7 @@ impl<K: Hash + Eq> SeriesBuilder<K> {
             series_of: FastMap::default(),
             series: Vec::new(),
             first_capacity: if sample_types <= RESERVED_SAMPLE_TYPES {
-                samples
+                samples.min(RESERVED_SAMPLES)
             } else {
                 0
             },
