@@ -1,5 +1,5 @@
 //! What the gateway does to a pprof request before the storage engine sees it: the shape walk
-//! ([`kiln_proto::wire::check`]), the decode ([`pprof::decode_checked`]) and the normalization
+//! ([`pprof::check`]), the decode ([`pprof::decode_checked`]) and the normalization
 //! ([`normalize::normalize_pprof`]).
 //!
 //! `cargo bench -p kiln-otel --bench decode`. One profile shaped as `kiln bench` sends them
@@ -131,7 +131,7 @@ fn decode_normalize(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(data.len() as u64));
         g.bench_with_input(BenchmarkId::from_parameter(&name), &data, |b, data| {
             b.iter(|| {
-                let checked = kiln_proto::wire::check(data.clone()).unwrap();
+                let checked = pprof::check(data.clone()).unwrap();
                 let (p, _) = pprof::decode_checked(checked, MAX_BYTES).unwrap();
                 black_box(normalize::normalize_pprof(&p, &meta, &limits).unwrap())
             })

@@ -217,8 +217,7 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     };
     let size = raw.len();
     let max_decoded = decoded_limit(max_bytes);
-    let estimate = kiln_proto::wire::decoded_estimate(&raw, kiln_proto::wire::MAX_DEPTH)
-        .map_err(|e| Error::Protobuf(e.to_string()))?;
+    let estimate = check_estimate(&raw)?;
     if estimate > max_decoded {
         return Err(Error::DecodesTooLarge {
             estimate,
@@ -229,12 +228,27 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     Ok((decode_presized(raw, estimate)?, size))
 }
 
+/// What decoding the plain pprof `raw` may allocate, by the walk that knows pprof's schema
+/// ([`kiln_proto::wire::check_with_schema`]); refuses what nests too deep.
+fn check_estimate(raw: &[u8]) -> Result<usize> {
+    kiln_proto::wire::decoded_estimate_with_schema(raw, &kiln_proto::wire::PPROF_PROFILE)
+        .map_err(|e| Error::Protobuf(e.to_string()))
+}
+
+/// [`kiln_proto::wire::check_with_schema`] of a plain pprof body: its walk, kept for
+/// [`decode_checked`].
+pub fn check(
+    raw: Bytes,
+) -> std::result::Result<kiln_proto::wire::Checked, kiln_proto::wire::WireError> {
+    kiln_proto::wire::check_with_schema(raw, &kiln_proto::wire::PPROF_PROFILE)
+}
+
 /// Decodes a profile whose tables are sized first: one pass over the top-level fields (their
 /// keys and lengths, not their contents) counts the samples, locations, functions, mappings and
 /// strings, so decoding reserves each table once instead of growing it by doubling.
 ///
 /// The reservations together stay within `estimate`, the decoded size the request's memory
-/// budget already covers ([`kiln_proto::wire::decoded_estimate`]): a body of many fields that
+/// budget already covers ([`check`]): a body of many fields that
 /// do not decode (decoding stops at the first) reserves no more than that, and a table past it
 /// grows as decoding fills it, as before.
 fn decode_presized(raw: Bytes, estimate: usize) -> Result<Profile> {
@@ -288,7 +302,7 @@ fn top_level_counts(mut buf: &[u8]) -> Option<[usize; 16]> {
     Some(counts)
 }
 
-/// [`decode_sized`] of a body whose shape has been walked already ([`kiln_proto::wire::check`]):
+/// [`decode_sized`] of a body whose shape has been walked already ([`check`]):
 /// a plain one is held to the same limits from the walk's estimate and decoded without walking
 /// it again; one that is still gzip (gzip inside gzip) goes through [`decode_sized`], whose
 /// walk is of the inflated bytes.
@@ -319,7 +333,7 @@ pub fn decode_checked(
 }
 
 /// How many times a request's `max_decompressed_bytes` its protobuf may hold once decoded
-/// ([`kiln_proto::wire::decoded_estimate`]): real profiles decode to 1–4× their bytes, a body
+/// ([`check`]): real profiles decode to 1–4× their bytes, a body
 /// of empty messages to 18×.
 pub const DECODED_FACTOR: usize = 8;
 
@@ -489,7 +503,7 @@ mod tests {
             }
         }
 
-        /// A body walked once ([`kiln_proto::wire::check`]) decodes as [`decode_sized`] does,
+        /// A body walked once ([`check`]) decodes as [`decode_sized`] does,
         /// plain, or still gzip (gzip inside gzip); a prefix of it decodes or errs the same way,
         /// and a limit its bytes or its decoded estimate pass refuses it both ways.
         #[test]
@@ -509,7 +523,7 @@ mod tests {
                 let body = Bytes::copy_from_slice(body);
                 let want = decode_sized(body.clone(), limit);
                 // What the walk refuses never reaches decode_checked (the caller answers it).
-                let Ok(checked) = kiln_proto::wire::check(body) else {
+                let Ok(checked) = check(body) else {
                     prop_assert!(want.is_err());
                     continue;
                 };
@@ -612,8 +626,7 @@ mod tests {
             });
         }
         let bytes = Bytes::from(p.encode_to_vec());
-        let estimate =
-            kiln_proto::wire::decoded_estimate(&bytes, kiln_proto::wire::MAX_DEPTH).unwrap();
+        let estimate = check_estimate(&bytes).unwrap();
         let reserved = decode_presized(bytes.clone(), estimate).unwrap();
         assert_eq!(reserved.sample.capacity(), 40);
         assert_eq!(reserved.location.capacity(), 40);

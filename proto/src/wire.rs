@@ -123,6 +123,157 @@ impl Checked {
     }
 }
 
+/// A message type as [`check_with_schema`] reads it: which of its fields hold messages, and
+/// their types. Every other length-delimited field is a string, bytes or a packed run, which
+/// prost copies or reads in place without decoding its content as fields.
+#[derive(Debug)]
+pub struct Schema {
+    /// Field number and type of each field that holds a message.
+    pub messages: &'static [(u32, &'static Schema)],
+}
+
+impl Schema {
+    /// A message none of whose fields holds a message.
+    pub const LEAF: Schema = Schema { messages: &[] };
+
+    fn message(&self, number: u64) -> Option<&'static Schema> {
+        self.messages
+            .iter()
+            .find(|&&(n, _)| u64::from(n) == number)
+            .map(|&(_, schema)| schema)
+    }
+}
+
+/// The pprof `Profile` (`google/v1/profile.proto`): its samples (their labels), locations
+/// (their lines), mappings, functions and value types are messages; the string table, the
+/// samples' location ids and values, and the comments are strings and packed runs.
+pub static PPROF_PROFILE: Schema = {
+    static SAMPLE: Schema = Schema {
+        messages: &[(3, &Schema::LEAF)],
+    };
+    static LOCATION: Schema = Schema {
+        messages: &[(4, &Schema::LEAF)],
+    };
+    Schema {
+        messages: &[
+            (1, &Schema::LEAF),
+            (2, &SAMPLE),
+            (3, &Schema::LEAF),
+            (4, &LOCATION),
+            (5, &Schema::LEAF),
+            (11, &Schema::LEAF),
+        ],
+    }
+};
+
+/// [`check`] for bytes of a known message type: the walk enters only the fields `schema` says
+/// hold messages (and groups, which prost's `skip_field` enters), and steps over strings and
+/// packed runs without reading them as messages, which [`check`] must try for every
+/// length-delimited field. Prost enters no other field, so the depth found bounds the depth
+/// prost reaches, and the estimate counts the fields decoding allocates for (the fields of
+/// strings' contents that [`check`] may count are not among them).
+///
+/// Bytes the walk does not find as the schema has them (invalid protobuf, a group still open
+/// at the end of its message, nesting past [`MAX_DEPTH`]) are walked by [`check`] instead:
+/// its answer, refusal or estimate, stands for them. So this refuses no more than [`check`]
+/// does, and its estimate is never above [`check`]'s.
+pub fn check_with_schema(bytes: bytes::Bytes, schema: &Schema) -> Result<Checked, WireError> {
+    let estimate = decoded_estimate_with_schema(&bytes, schema)?;
+    Ok(Checked { bytes, estimate })
+}
+
+/// [`decoded_estimate`] (with [`MAX_DEPTH`]) by the walk of [`check_with_schema`].
+pub fn decoded_estimate_with_schema(buf: &[u8], schema: &Schema) -> Result<usize, WireError> {
+    let fields = match walk_schema(buf, schema, MAX_DEPTH) {
+        Some(fields) => fields,
+        None => check_shape(buf, MAX_DEPTH)?,
+    };
+    Ok(buf.len().saturating_add(fields.saturating_mul(FIELD_COST)))
+}
+
+/// The walk of [`check_with_schema`]: the length-delimited fields and groups it read, or `None`
+/// where `buf` is not as `schema` has it, or nests deeper than `max`.
+fn walk_schema(buf: &[u8], schema: &Schema, max: usize) -> Option<usize> {
+    /// A message being read (`group` 0) or a group (its field number; its fields all skipped
+    /// by prost, groups among them entered), which ends by `end`.
+    #[derive(Clone, Copy)]
+    struct Frame<'s> {
+        end: usize,
+        schema: Option<&'s Schema>,
+        group: u64,
+    }
+    let mut outer: Vec<Frame<'_>> = Vec::new();
+    let mut cur = Frame {
+        end: buf.len(),
+        schema: Some(schema),
+        group: 0,
+    };
+    let (mut pos, mut fields) = (0usize, 0usize);
+    loop {
+        if pos >= cur.end {
+            if cur.group != 0 {
+                // Prost would read on past the message's end for the group's end.
+                return None;
+            }
+            match outer.pop() {
+                Some(f) => cur = f,
+                None => return Some(fields),
+            }
+            continue;
+        }
+        let (tag, next) = read_varint(buf, pos, cur.end)?;
+        let number = tag >> 3;
+        if number == 0 || number > u64::from(u32::MAX >> 3) {
+            return None;
+        }
+        pos = match tag & 7 {
+            0 => read_varint(buf, next, cur.end)?.1,
+            1 => next.checked_add(8).filter(|&e| e <= cur.end)?,
+            5 => next.checked_add(4).filter(|&e| e <= cur.end)?,
+            2 => {
+                let (len, start) = read_varint(buf, next, cur.end)?;
+                let len = usize::try_from(len)
+                    .ok()
+                    .filter(|&l| l <= cur.end - start)?;
+                fields += 1;
+                match cur.schema.and_then(|s| s.message(number)) {
+                    Some(inner) if len > 0 => {
+                        if outer.len() >= max {
+                            return None;
+                        }
+                        outer.push(cur);
+                        cur = Frame {
+                            end: start + len,
+                            schema: Some(inner),
+                            group: 0,
+                        };
+                        start
+                    }
+                    _ => start + len,
+                }
+            }
+            3 => {
+                fields += 1;
+                if outer.len() >= max {
+                    return None;
+                }
+                outer.push(cur);
+                cur = Frame {
+                    end: cur.end,
+                    schema: None,
+                    group: number,
+                };
+                next
+            }
+            4 if cur.group == number => {
+                cur = outer.pop()?;
+                next
+            }
+            _ => return None,
+        };
+    }
+}
+
 /// The walk of [`check_depth`]; returns the length-delimited fields and groups it read.
 fn check_shape(buf: &[u8], max: usize) -> Result<usize, WireError> {
     let mut frames: Vec<Frame> = Vec::new();

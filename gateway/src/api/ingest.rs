@@ -193,7 +193,12 @@ async fn ingest(
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
             let body = budget::maybe_gunzip(&mut share, body, max_decompressed, 0).await?;
-            let body = budget::checked(body, pprof::decoded_limit(max_decompressed)).await?;
+            let body = budget::checked(
+                body,
+                Some(&kiln_proto::wire::PPROF_PROFILE),
+                pprof::decoded_limit(max_decompressed),
+            )
+            .await?;
             share.cover(body.estimate()).await?;
             let meta = meta.clone();
             blocking(move || {
@@ -214,7 +219,12 @@ async fn ingest(
             let (profile, sample_type_config) = read_multipart(&ct, body).await?;
             let held = sample_type_config.as_ref().map_or(0, Bytes::len);
             let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
-            let profile = budget::checked(profile, pprof::decoded_limit(max_decompressed)).await?;
+            let profile = budget::checked(
+                profile,
+                Some(&kiln_proto::wire::PPROF_PROFILE),
+                pprof::decoded_limit(max_decompressed),
+            )
+            .await?;
             share.cover(held + profile.estimate()).await?;
             let mut dotnet = dotnet;
             if let Some(config) = sample_type_config {

@@ -106,7 +106,7 @@ async fn export(
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
     let max_decoded = kiln_otel::pprof::decoded_limit(app.limits(tenant).max_decompressed_bytes);
     if encoding == Encoding::Protobuf {
-        let decoded = crate::app::budget::decoded_estimate(body.clone(), max_decoded).await?;
+        let decoded = crate::app::budget::decoded_estimate(body.clone(), None, max_decoded).await?;
         share.cover(decoded).await?;
     }
     let limits = app.limits(tenant).normalize();

@@ -52,8 +52,17 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
     // What the samples decode to, all of them held until stored.
     let max_decoded = pprof::decoded_limit(limits.max_decompressed_bytes);
     let mut decoded = 0usize;
+    // Each sample's walk, kept so decoding does not walk it again.
+    let mut walked = Vec::new();
     for sample in req.series.iter().flat_map(|s| s.samples.iter()) {
-        decoded += budget::decoded_estimate(sample.raw_profile.clone(), max_decoded).await?;
+        let checked = budget::checked(
+            sample.raw_profile.clone(),
+            Some(&kiln_proto::wire::PPROF_PROFILE),
+            max_decoded,
+        )
+        .await?;
+        decoded += checked.estimate();
+        walked.push(checked);
         if decoded > max_decoded {
             return Err(kiln_otel::Error::DecodesTooLarge {
                 estimate: decoded,
@@ -65,6 +74,7 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
     }
     share.cover(decoded).await?;
     let profiles = blocking(move || {
+        let mut walked = walked.into_iter();
         let mut total = 0usize;
         let mut out = Vec::new();
         for (i, series) in req.series.into_iter().enumerate() {
@@ -83,10 +93,10 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
                 time_nanos: now,
                 ..Default::default()
             };
-            for (j, sample) in series.samples.into_iter().enumerate() {
-                let (profile, size) =
-                    pprof::decode_sized(sample.raw_profile.clone(), limits.max_decompressed_bytes)
-                        .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
+            for j in 0..series.samples.len() {
+                let checked = walked.next().expect("a walk per sample");
+                let (profile, size) = pprof::decode_checked(checked, limits.max_decompressed_bytes)
+                    .map_err(|e| ApiError::from(e).context(format!("series {i} sample {j}")))?;
                 total += size;
                 if total > limits.max_decompressed_bytes {
                     return Err(ApiError::too_large(format!(

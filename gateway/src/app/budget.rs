@@ -204,11 +204,17 @@ pub async fn maybe_gunzip(
 }
 
 /// What decoding protobuf `body` may hold ([`kiln_proto::wire::decoded_estimate`], walked on a
-/// blocking thread): its bytes and a slot per field, as many times its size as a body of empty
-/// messages is. Refused (413) past `max_decoded`, before any of it is decoded; the caller grows
-/// its share to cover it.
-pub async fn decoded_estimate(body: bytes::Bytes, max_decoded: usize) -> Result<usize, ApiError> {
-    Ok(checked(body, max_decoded).await?.estimate())
+/// blocking thread when it is large): its bytes and a slot per field, as many times its size
+/// as a body of empty messages is. `schema`: the message type, when the body's is known (the
+/// walk then steps over strings and packed runs: [`kiln_proto::wire::check_with_schema`]).
+/// Refused (413) past `max_decoded`, before any of it is decoded; the caller grows its share to
+/// cover it.
+pub async fn decoded_estimate(
+    body: bytes::Bytes,
+    schema: Option<&'static kiln_proto::wire::Schema>,
+    max_decoded: usize,
+) -> Result<usize, ApiError> {
+    Ok(checked(body, schema, max_decoded).await?.estimate())
 }
 
 /// Bodies up to this size are walked on the request's own task rather than a blocking thread:
@@ -221,10 +227,17 @@ const INLINE_WALK_BYTES: usize = 64 << 10;
 /// later does not walk it again.
 pub async fn checked(
     body: bytes::Bytes,
+    schema: Option<&'static kiln_proto::wire::Schema>,
     max_decoded: usize,
 ) -> Result<kiln_proto::wire::Checked, ApiError> {
     let body_len = body.len();
-    let walk = move || kiln_proto::wire::check(body).map_err(|e| ApiError::invalid(e.to_string()));
+    let walk = move || {
+        match schema {
+            Some(schema) => kiln_proto::wire::check_with_schema(body, schema),
+            None => kiln_proto::wire::check(body),
+        }
+        .map_err(|e| ApiError::invalid(e.to_string()))
+    };
     let checked = if body_len <= INLINE_WALK_BYTES {
         walk()?
     } else {

@@ -216,3 +216,243 @@ fn checked_bytes_keep_their_walk_estimate_and_decode_to_the_message() {
     let deep = bytes::Bytes::from(nested_messages(MAX_DEPTH + 1, &[0x08, 0x01]));
     assert!(matches!(check(deep), Err(WireError::TooDeep { .. })));
 }
+
+/// A pprof profile with a label, inlined lines, a mapping and strings.
+fn small_pprof() -> pb::Profile {
+    pb::Profile {
+        sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+        sample: vec![
+            pb::Sample {
+                location_id: vec![1, 2],
+                value: vec![7],
+                label: vec![pb::Label {
+                    key: 3,
+                    str: 4,
+                    ..Default::default()
+                }],
+            },
+            pb::Sample {
+                location_id: vec![2],
+                value: vec![300],
+                label: vec![],
+            },
+        ],
+        mapping: vec![pb::Mapping {
+            id: 1,
+            memory_start: 0x1000,
+            filename: 5,
+            ..Default::default()
+        }],
+        location: vec![
+            pb::Location {
+                id: 1,
+                mapping_id: 1,
+                address: 0x1010,
+                line: vec![
+                    pb::Line {
+                        function_id: 1,
+                        line: 10,
+                    },
+                    pb::Line {
+                        function_id: 2,
+                        line: 20,
+                    },
+                ],
+                is_folded: false,
+            },
+            pb::Location {
+                id: 2,
+                line: vec![pb::Line {
+                    function_id: 2,
+                    line: 3,
+                }],
+                ..Default::default()
+            },
+        ],
+        function: vec![
+            pb::Function {
+                id: 1,
+                name: 6,
+                system_name: 6,
+                filename: 7,
+                start_line: 1,
+            },
+            pb::Function {
+                id: 2,
+                name: 8,
+                ..Default::default()
+            },
+        ],
+        string_table: [
+            "",
+            "cpu",
+            "nanoseconds",
+            "thread",
+            "main",
+            "/bin/app",
+            "main.work",
+            "main.go",
+            "runtime.main",
+        ]
+        .map(String::from)
+        .to_vec(),
+        period_type: Some(pb::ValueType { r#type: 1, unit: 2 }),
+        period: 10_000_000,
+        comment: vec![1, 2],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_pprof_walk_counts_the_fields_decoding_allocates_for() {
+    let bytes = bytes::Bytes::from(small_pprof().encode_to_vec());
+    let checked = check_with_schema(bytes.clone(), &PPROF_PROFILE).unwrap();
+    // Top level: 1 sample type, 2 samples, 1 mapping, 2 locations, 2 functions, 9 strings
+    // (the empty one is a field too), the period type and the packed comments: 19.
+    // Samples: ids, values and a label, then ids and values: 5. Locations: 3 lines.
+    let fields = 19 + 5 + 3;
+    assert_eq!(checked.estimate(), bytes.len() + fields * FIELD_COST);
+    assert!(checked.estimate() <= check(bytes.clone()).unwrap().estimate());
+    assert_eq!(checked.decode::<pb::Profile>().unwrap(), small_pprof());
+}
+
+/// `bytes` with `insert` spliced in at `at`, then every length prefix of the messages around
+/// it left as it was (so the insertion lands inside whatever field holds `at`, or straddles
+/// its end).
+fn splice(bytes: &[u8], at: usize, insert: &[u8]) -> Vec<u8> {
+    let mut out = bytes[..at].to_vec();
+    out.extend_from_slice(insert);
+    out.extend_from_slice(&bytes[at..]);
+    out
+}
+
+#[test]
+fn the_pprof_walk_finds_groups_wherever_prost_would_enter_them() {
+    let plain = small_pprof().encode_to_vec();
+    // Deep groups as an unknown field inside each kind of message, as prost's skip_field
+    // enters them: a function, a label, a line, a mapping, a value type, the top level.
+    let deep = nested_groups(MAX_DEPTH + 1, true);
+    let unknown = |mut m: Vec<u8>| {
+        m.extend([0x7b]); // field 15, start group
+        m.extend(&deep);
+        m.extend([0x7c]); // field 15, end group
+        m
+    };
+    let function = pb::Function {
+        id: 1,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let in_function = {
+        let mut body = plain.clone();
+        let inner = unknown(function);
+        body.push(0x2a); // field 5, length-delimited
+        prost::encoding::encode_varint(inner.len() as u64, &mut body);
+        body.extend(inner);
+        body
+    };
+    let in_label = {
+        let label = unknown(pb::Label::default().encode_to_vec());
+        let mut sample = vec![0x1a];
+        prost::encoding::encode_varint(label.len() as u64, &mut sample);
+        sample.extend(label);
+        let mut body = plain.clone();
+        body.push(0x12); // field 2
+        prost::encoding::encode_varint(sample.len() as u64, &mut body);
+        body.extend(sample);
+        body
+    };
+    let in_line = {
+        let line = unknown(Vec::new());
+        let mut location = vec![0x22];
+        prost::encoding::encode_varint(line.len() as u64, &mut location);
+        location.extend(line);
+        let mut body = plain.clone();
+        body.push(0x22); // field 4
+        prost::encoding::encode_varint(location.len() as u64, &mut body);
+        body.extend(location);
+        body
+    };
+    let top = unknown(plain.clone());
+    for (name, body) in [
+        ("function", in_function),
+        ("label", in_label),
+        ("line", in_line),
+        ("top level", top),
+    ] {
+        let err = check_with_schema(body.clone().into(), &PPROF_PROFILE).unwrap_err();
+        assert!(matches!(err, WireError::TooDeep { .. }), "{name}: {err}");
+    }
+    // A group left open at the end of a function: prost reads on into the bytes after the
+    // function for its end, and enters the groups it finds there.
+    let mut open = plain.clone();
+    let function = [0x08, 0x01, 0x7b]; // id 1, then field 15 start group
+    open.push(0x2a);
+    open.push(function.len() as u8);
+    open.extend(function);
+    open.extend(nested_groups(MAX_DEPTH + 1, true));
+    let err = check_with_schema(open.into(), &PPROF_PROFILE).unwrap_err();
+    assert!(matches!(err, WireError::TooDeep { .. }), "{err}");
+}
+
+#[test]
+fn the_pprof_walk_does_not_read_strings_as_messages() {
+    // A string that is valid UTF-8 and also messages nested past the limit: prost keeps it as
+    // a string, so the schema's walk lets it through where the schema-less one cannot tell.
+    let deep = nested_messages(MAX_DEPTH + 5, &[0x08, 0x01]);
+    assert!(std::str::from_utf8(&deep).is_ok());
+    let mut profile = small_pprof();
+    profile
+        .string_table
+        .push(String::from_utf8(deep.clone()).unwrap());
+    let bytes = bytes::Bytes::from(profile.encode_to_vec());
+    assert!(matches!(
+        check(bytes.clone()),
+        Err(WireError::TooDeep { .. })
+    ));
+    let checked = check_with_schema(bytes, &PPROF_PROFILE).unwrap();
+    assert_eq!(checked.decode::<pb::Profile>().unwrap(), profile);
+}
+
+proptest! {
+    /// Against prost itself (its own limit of 100 is kept: `prost_keeps_its_recursion_limit`):
+    /// whatever groups are spliced in wherever in a profile, what prost's recursion limit stops,
+    /// the schema's walk refuses first. And the schema's walk refuses nothing the schema-less
+    /// walk accepts, with an estimate no larger.
+    #[test]
+    fn the_pprof_walk_refuses_what_prost_would_recurse_into(
+        at in any::<prop::sample::Index>(),
+        depth in prop_oneof![0usize..40, 95usize..130],
+        closed in any::<bool>(),
+        number in 1u8..16,
+    ) {
+        let plain = small_pprof().encode_to_vec();
+        let at = at.index(plain.len() + 1);
+        let mut groups = vec![(number << 3) | 3; depth];
+        if closed {
+            groups.extend(std::iter::repeat_n((number << 3) | 4, depth));
+        }
+        let body = splice(&plain, at, &groups);
+        let by_schema = check_with_schema(body.clone().into(), &PPROF_PROFILE);
+        let prost = pb::Profile::decode(body.as_slice());
+        if let Err(e) = &prost
+            && e.to_string().contains("recursion limit")
+        {
+            prop_assert!(by_schema.is_err(), "prost: {e}");
+        }
+        if let Ok(walked) = check(body.clone().into()) {
+            let by_schema = by_schema.expect("refused only what the schema-less walk refuses");
+            prop_assert!(by_schema.estimate() <= walked.estimate());
+        }
+    }
+
+    /// Any bytes: the schema's walk ends and never panics, and agrees with the schema-less one
+    /// as above.
+    #[test]
+    fn the_pprof_walk_of_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let by_schema = check_with_schema(bytes.clone().into(), &PPROF_PROFILE);
+        if let Ok(walked) = check(bytes.into()) {
+            prop_assert!(by_schema.unwrap().estimate() <= walked.estimate());
+        }
+    }
+}
