@@ -345,7 +345,10 @@ struct SeriesEntry {
 pub struct DatasetBuilder {
     tenant: String,
     symbols: SymbolsBuilder,
-    series_index: HashMap<(String, Labels), u32>,
+    /// Indices into `series`, by the hash of their profile type id and labels
+    /// (`series_hasher`): a known series is found without cloning its labels.
+    series_index: hashbrown::HashTable<u32>,
+    series_hasher: hashbrown::DefaultHashBuilder,
     series: Vec<SeriesEntry>,
     rows: Vec<Row>,
     profiles: u64,
@@ -369,7 +372,8 @@ impl DatasetBuilder {
         Self {
             tenant: tenant.into(),
             symbols: SymbolsBuilder::default(),
-            series_index: HashMap::new(),
+            series_index: hashbrown::HashTable::new(),
+            series_hasher: hashbrown::DefaultHashBuilder::default(),
             series: Vec::new(),
             rows: Vec::new(),
             profiles: 0,
@@ -414,17 +418,7 @@ impl DatasetBuilder {
             // Every ingested profile of a series gets its own id, as Pyroscope's distributor
             // gives one: exemplars name it and `profile_id_selector` selects by it.
             let profile_id = Some(new_profile_id());
-            let key = (series.profile_type.id(), series.labels.clone());
-            let next = self.series.len() as u32;
-            let id = *self.series_index.entry(key.clone()).or_insert(next);
-            if id == next {
-                self.series.push(SeriesEntry {
-                    profile_type: key.0,
-                    labels: key.1,
-                    min: i64::MAX,
-                    max: i64::MIN,
-                });
-            }
+            let id = self.series_id(series.profile_type.id(), &series.labels);
             for sample in &series.samples {
                 let timestamp = if sample.timestamp_nanos != 0 {
                     sample.timestamp_nanos
@@ -466,6 +460,33 @@ impl DatasetBuilder {
             }
             self.profiles += 1;
         }
+    }
+
+    /// The index in `series` of the series of `profile_type` (its id) and `labels`, added if
+    /// it is new.
+    fn series_id(&mut self, profile_type: String, labels: &Labels) -> u32 {
+        use std::hash::BuildHasher;
+        let hash = self.series_hasher.hash_one((profile_type.as_str(), labels));
+        let series = &self.series;
+        if let Some(&id) = self.series_index.find(hash, |&i| {
+            let s = &series[i as usize];
+            s.profile_type == profile_type && s.labels == *labels
+        }) {
+            return id;
+        }
+        let id = self.series.len() as u32;
+        self.series.push(SeriesEntry {
+            profile_type,
+            labels: labels.clone(),
+            min: i64::MAX,
+            max: i64::MIN,
+        });
+        let (series, hasher) = (&self.series, &self.series_hasher);
+        self.series_index.insert_unique(hash, id, |&i| {
+            let s = &series[i as usize];
+            hasher.hash_one((s.profile_type.as_str(), &s.labels))
+        });
+        id
     }
 
     /// Sorts and encodes the dataset.
@@ -692,6 +713,56 @@ mod tests {
     use super::*;
     use crate::symbols::SymbolTable;
     use crate::testing::{frames, profile};
+
+    /// A series met again, in the same profile or a later one, is the same series; one that
+    /// differs in a label or in its profile type is another.
+    #[test]
+    fn a_series_met_again_is_found_by_its_type_and_labels() {
+        let stacks = [(frames("main;a"), 1), (frames("main;b"), 2)];
+        let mut builder = DatasetBuilder::new("t");
+        let first = profile("svc", &stacks, 1_000);
+        builder.add(&first);
+        builder.add(&profile("svc", &stacks, 2_000));
+        builder.add(&profile("other", &stacks, 3_000));
+        let mut labelled = profile("svc", &stacks, 4_000);
+        labelled.series[0].labels.set("pod".into(), "p1".into());
+        builder.add(&labelled);
+        let mut typed = profile("svc", &stacks, 5_000);
+        typed.series[0].profile_type =
+            ProfileType::parse("process_cpu:samples:count:cpu:nanoseconds").expect("a type");
+        builder.add(&typed);
+        builder.add(&profile("svc", &stacks, 6_000));
+        let built = builder.finish().expect("built");
+        let mut got: Vec<(String, String, String, u64, i64, i64)> = built
+            .meta
+            .series
+            .iter()
+            .map(|s| {
+                (
+                    s.profile_type.to_string(),
+                    s.label("service_name").unwrap_or_default().to_owned(),
+                    s.label("pod").unwrap_or_default().to_owned(),
+                    s.rows,
+                    s.min_time_nanos,
+                    s.max_time_nanos,
+                )
+            })
+            .collect();
+        got.sort();
+        let cpu = first.series[0].profile_type.id();
+        let samples = typed.series[0].profile_type.id();
+        let row = |t: &str, svc: &str, pod: &str, rows, min, max| {
+            (t.to_owned(), svc.to_owned(), pod.to_owned(), rows, min, max)
+        };
+        let mut want = vec![
+            row(&cpu, "svc", "", 6, 1_000, 6_000),
+            row(&cpu, "other", "", 2, 3_000, 3_000),
+            row(&cpu, "svc", "p1", 2, 4_000, 4_000),
+            row(&samples, "svc", "", 2, 5_000, 5_000),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+    }
 
     /// A profile's series share their stacks (the walk of each distinct stack is reused across
     /// series): every row still names its own sample's stack, in every series, including a
