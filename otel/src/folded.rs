@@ -145,7 +145,7 @@ pub fn from_text_stacks(
                 Ok::<_, Infallible>(*index.entry(*f).or_insert_with(|| {
                     let i = symbols.functions.len() as u32;
                     symbols.functions.push(Function {
-                        name: (*f).to_owned(),
+                        name: (*f).into(),
                         ..Default::default()
                     });
                     symbols.locations.push(Location {

@@ -473,7 +473,7 @@ impl Converter<'_> {
         }
         let f = self.symbols.functions.len() as u32;
         self.symbols.functions.push(Function {
-            name: name.clone(),
+            name: name.as_str().into(),
             ..Default::default()
         });
         self.functions.insert(name, f);

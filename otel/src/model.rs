@@ -1,6 +1,7 @@
 //! The normalized profile: what the gateway hands to the storage engine.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Label name of the profile name (the first part of a profile type id).
 pub const LABEL_NAME: &str = "__name__";
@@ -133,13 +134,40 @@ impl ProfileType {
     }
 }
 
-/// A function, with its strings resolved.
+/// A function, with its strings resolved. The strings are shared: a profile's functions of
+/// one file hold one file name, and a name that is also the system name (as most producers
+/// send it) is held once.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Function {
-    pub name: String,
-    pub system_name: String,
-    pub filename: String,
+    pub name: Arc<str>,
+    pub system_name: Arc<str>,
+    pub filename: Arc<str>,
     pub start_line: i64,
+}
+
+/// A profile's string table as its functions share it: each string becomes an `Arc<str>` the
+/// first time a function refers to it, and every later reference shares that one.
+#[derive(Debug)]
+pub struct SharedStrings<'a> {
+    table: &'a [String],
+    shared: Vec<Option<Arc<str>>>,
+}
+
+impl<'a> SharedStrings<'a> {
+    pub fn new(table: &'a [String]) -> Self {
+        Self {
+            table,
+            shared: vec![None; table.len()],
+        }
+    }
+
+    /// String `index` of the table, shared; `None` past its end.
+    pub fn get(&mut self, index: usize) -> Option<Arc<str>> {
+        let slot = self.shared.get_mut(index)?;
+        Some(Arc::clone(slot.get_or_insert_with(|| {
+            Arc::from(self.table[index].as_str())
+        })))
+    }
 }
 
 /// A binary mapping.
@@ -186,7 +214,7 @@ impl Symbols {
             let loc = &self.locations[loc as usize];
             loc.lines
                 .iter()
-                .map(move |line| self.functions[line.function as usize].name.as_str())
+                .map(move |line| &*self.functions[line.function as usize].name)
         })
     }
 }

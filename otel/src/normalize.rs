@@ -24,7 +24,7 @@ use crate::ids::{parse_span_id, parse_trace_id};
 use crate::labels::{LabelLimits, validate_series_labels};
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Series, Symbols, UNKNOWN_SERVICE,
+    ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
 };
 use crate::pprof;
 use crate::{Error, Result};
@@ -357,13 +357,16 @@ fn resolve_symbols(profile: &pprof::Profile, strings: &Strings<'_>) -> Result<(S
         });
     }
     let function_index = IdIndex::new(profile.function.iter().map(|f| f.id));
+    let mut shared = SharedStrings::new(strings.0);
+    let mut string = |index: i64, what: &str| {
+        strings.get(index, what)?;
+        Ok::<_, Error>(shared.get(index as usize).expect("checked above"))
+    };
     for f in &profile.function {
         symbols.functions.push(Function {
-            name: strings.get(f.name, "a function name")?.to_owned(),
-            system_name: strings
-                .get(f.system_name, "a function system name")?
-                .to_owned(),
-            filename: strings.get(f.filename, "a function file name")?.to_owned(),
+            name: string(f.name, "a function name")?,
+            system_name: string(f.system_name, "a function system name")?,
+            filename: string(f.filename, "a function file name")?,
             start_line: f.start_line,
         });
     }

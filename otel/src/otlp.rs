@@ -32,7 +32,7 @@ use opentelemetry_proto::tonic::profiles::v1development::{self as otlp, Profiles
 use crate::labels::LabelLimits;
 use crate::model::{
     Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Series, Symbols, UNKNOWN_SERVICE,
+    ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
 };
 use crate::normalize::NormalizeLimits;
 use crate::normalize::kernel::{self, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
@@ -414,11 +414,18 @@ fn symbols(d: &ProfilesDictionary) -> Result<Symbols> {
             has_functions: false,
         });
     }
+    let mut shared = SharedStrings::new(&d.string_table);
+    let mut string = |i: i32| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| shared.get(i))
+            .unwrap_or_default()
+    };
     for f in &d.function_table {
         out.functions.push(Function {
-            name: s(f.name_strindex),
-            system_name: s(f.system_name_strindex),
-            filename: s(f.filename_strindex),
+            name: string(f.name_strindex),
+            system_name: string(f.system_name_strindex),
+            filename: string(f.filename_strindex),
             start_line: f.start_line,
         });
     }

@@ -809,9 +809,9 @@ pub fn normalize<'a>(
                         let Some(f) = &line.function else { continue };
                         let function = *functions.entry(f).or_insert_with(|| {
                             symbols.functions.push(Function {
-                                name: f.name.clone(),
-                                system_name: f.system_name.clone(),
-                                filename: f.filename.clone(),
+                                name: f.name.as_str().into(),
+                                system_name: f.system_name.as_str().into(),
+                                filename: f.filename.as_str().into(),
                                 start_line: f.start_line,
                             });
                             symbols.functions.len() as u32 - 1

@@ -276,8 +276,8 @@ impl Stacks<'_> {
         let f = &self.frames[frame];
         let function = self.symbols.functions.len() as u32;
         self.symbols.functions.push(Function {
-            name: f.name.clone(),
-            filename: f.file.clone().unwrap_or_default(),
+            name: f.name.as_str().into(),
+            filename: f.file.as_deref().unwrap_or_default().into(),
             ..Default::default()
         });
         let l = self.symbols.locations.len() as u32;

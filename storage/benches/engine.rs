@@ -49,7 +49,7 @@ fn profile(
     let mut symbols = Symbols::default();
     for i in 0..functions {
         symbols.functions.push(Function {
-            name: format!("pkg{}.fn{i}", i % 17),
+            name: format!("pkg{}.fn{i}", i % 17).into(),
             ..Default::default()
         });
         symbols.locations.push(Location {
@@ -145,14 +145,17 @@ fn symbols_interning(c: &mut Criterion) {
     for i in 0..2_000u32 {
         let pkg = i % 17;
         symbols.functions.push(Function {
-            name: format!("github.com/example/service/internal/pkg{pkg}.(*Handler).Method{i}"),
+            name: format!("github.com/example/service/internal/pkg{pkg}.(*Handler).Method{i}")
+                .into(),
             system_name: format!(
                 "github.com/example/service/internal/pkg{pkg}.(*Handler).Method{i}"
-            ),
+            )
+            .into(),
             filename: format!(
                 "/src/github.com/example/service/internal/pkg{pkg}/file{}.go",
                 i % 40
-            ),
+            )
+            .into(),
             ..Default::default()
         });
         symbols.locations.push(Location {

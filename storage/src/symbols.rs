@@ -291,6 +291,9 @@ impl SymbolsBuilder {
                 self.intern_mapping(mapping)
             })
             .collect();
+        // A profile's functions share their file names (`model::Function`'s strings are
+        // shared): each one is hashed once, then found by its address.
+        let mut files: hashbrown::HashMap<*const u8, u32> = hashbrown::HashMap::new();
         let functions: Vec<u32> = symbols
             .functions
             .iter()
@@ -298,15 +301,20 @@ impl SymbolsBuilder {
                 let name = self.string(&f.name);
                 // Most producers (Go's runtime/pprof among them) repeat the name here:
                 // comparing the bytes costs less than hashing them again.
-                let system_name = if f.system_name == f.name {
-                    name
-                } else {
-                    self.string(&f.system_name)
+                let system_name =
+                    if std::sync::Arc::ptr_eq(&f.system_name, &f.name) || f.system_name == f.name {
+                        name
+                    } else {
+                        self.string(&f.system_name)
+                    };
+                let filename = match files.entry(f.filename.as_ptr()) {
+                    hashbrown::hash_map::Entry::Occupied(e) => *e.get(),
+                    hashbrown::hash_map::Entry::Vacant(e) => *e.insert(self.string(&f.filename)),
                 };
                 let function = pb::Function {
                     name,
                     system_name,
-                    filename: self.string(&f.filename),
+                    filename,
                     start_line: f.start_line,
                 };
                 self.intern_function(function)
@@ -1308,12 +1316,12 @@ mod tests {
             let name = format!("github.com/acme/svc/pkg{}.Fn{i}", i % 7);
             p.functions.push(Function {
                 system_name: if i % 50 == 7 {
-                    format!("sys{i}")
+                    format!("sys{i}").into()
                 } else {
-                    name.clone()
+                    name.as_str().into()
                 },
-                name,
-                filename: format!("/src/pkg{}/file{}.go", i % 7, i % 13),
+                name: name.into(),
+                filename: format!("/src/pkg{}/file{}.go", i % 7, i % 13).into(),
                 start_line: i64::from(i % 40) * 3 - 20,
             });
             p.locations.push(Location {
@@ -1330,6 +1338,52 @@ mod tests {
             b.add_stack([map[leaf], map[0]].into_iter());
         }
         b
+    }
+
+    /// A profile whose functions share their strings (one `Arc` for a file's functions, a name
+    /// that is also the system name) is interned as one whose strings are all apart.
+    #[test]
+    fn shared_and_separate_strings_intern_alike() {
+        let mut shared = ProfileSymbols::default();
+        let mut apart = ProfileSymbols::default();
+        let file: std::sync::Arc<str> = "/src/main.go".into();
+        for i in 0..20u32 {
+            let name: std::sync::Arc<str> = format!("main.f{}", i % 15).into();
+            shared.functions.push(Function {
+                system_name: name.clone(),
+                name,
+                filename: if i % 4 == 0 {
+                    "other.go".into()
+                } else {
+                    file.clone()
+                },
+                start_line: 0,
+            });
+            let f = &shared.functions[i as usize];
+            apart.functions.push(Function {
+                name: (*f.name).into(),
+                system_name: (*f.system_name).into(),
+                filename: (*f.filename).into(),
+                start_line: 0,
+            });
+            for p in [&mut shared, &mut apart] {
+                p.locations.push(Location {
+                    lines: vec![Line {
+                        function: i,
+                        line: 1,
+                    }],
+                    ..Default::default()
+                });
+            }
+        }
+        let (mut a, mut b) = (SymbolsBuilder::default(), SymbolsBuilder::default());
+        assert_eq!(a.add_locations(&shared), b.add_locations(&apart));
+        assert_eq!(a.functions, b.functions);
+        assert_eq!(a.strings, b.strings);
+        // 15 names, two files and the empty string.
+        assert_eq!(a.strings.len(), 18);
+        // Functions 15..20 repeat 0..5 but for three whose file differs.
+        assert_eq!(a.functions.len(), 15 + 3);
     }
 
     #[test]

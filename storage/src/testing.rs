@@ -51,7 +51,7 @@ pub fn profile_with_labels(
                 *index.entry(f.as_str()).or_insert_with(|| {
                     let i = symbols.functions.len() as u32;
                     symbols.functions.push(Function {
-                        name: f.clone(),
+                        name: f.as_str().into(),
                         ..Default::default()
                     });
                     symbols.locations.push(Location {

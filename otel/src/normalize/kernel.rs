@@ -96,7 +96,7 @@ impl UnsymbolizedFunctions {
             None => {
                 let f = symbols.functions.len() as u32;
                 symbols.functions.push(Function {
-                    name: name.clone(),
+                    name: name.as_str().into(),
                     ..Default::default()
                 });
                 self.by_name.insert(name, f);

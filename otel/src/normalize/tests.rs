@@ -102,6 +102,31 @@ fn names(p: &NormalizedProfile, s: &Sample) -> Vec<String> {
     v
 }
 
+/// A function's name and system name, and the file names of a profile's functions, are one
+/// string each, shared, when the profile's string table has them once.
+#[test]
+fn functions_share_the_strings_of_the_table() {
+    let mut p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["main", "a", "b"], &[1], &[])
+        .p;
+    let file = p.string_table.len() as i64;
+    p.string_table.push("main.go".into());
+    for f in &mut p.function {
+        f.system_name = f.name;
+        f.filename = file;
+    }
+    let n = normalize_pprof(&p, &meta(), &NormalizeLimits::default()).unwrap();
+    let f = &n.symbols.functions;
+    assert_eq!(f.len(), 3);
+    for x in f {
+        assert!(std::sync::Arc::ptr_eq(&x.name, &x.system_name));
+        assert!(std::sync::Arc::ptr_eq(&x.filename, &f[0].filename));
+        assert_eq!(&*x.filename, "main.go");
+    }
+    let names: Vec<&str> = f.iter().map(|x| &*x.name).collect();
+    assert_eq!(names, ["b", "a", "main"]);
+}
+
 #[test]
 fn one_series_per_sample_type_with_derived_name() {
     let p = Builder::new(&[("samples", "count"), ("cpu", "nanoseconds")])

@@ -92,12 +92,7 @@ fn v1_sample_and_locations_records_normalize() {
             .iter()
             .any(|x| x.labels == vec![("thread_id".into(), "2".into())])
     );
-    let names: Vec<&str> = p
-        .symbols
-        .functions
-        .iter()
-        .map(|f| f.name.as_str())
-        .collect();
+    let names: Vec<&str> = p.symbols.functions.iter().map(|f| &*f.name).collect();
     assert!(
         names.contains(&"leaf") && names.contains(&"libc.so.6 0xabc"),
         "{names:?}"

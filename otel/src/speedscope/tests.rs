@@ -74,9 +74,9 @@ fn a_sampled_profile_in_seconds_is_cpu_in_nanoseconds() {
         .symbols
         .functions
         .iter()
-        .find(|f| f.name == "fib")
+        .find(|f| &*f.name == "fib")
         .unwrap();
-    assert_eq!(fib.filename, "x.py");
+    assert_eq!(&*fib.filename, "x.py");
 }
 
 #[test]

@@ -76,8 +76,8 @@ fn unsymbolized_functions_are_made_once_per_name() {
     assert_eq!(a, c);
     assert_ne!(a.function, b.function);
     assert_eq!(symbols.functions.len(), 2);
-    assert_eq!(symbols.functions[a.function as usize].name, "app 0x10");
-    assert_eq!(symbols.functions[b.function as usize].name, "unknown");
+    assert_eq!(&*symbols.functions[a.function as usize].name, "app 0x10");
+    assert_eq!(&*symbols.functions[b.function as usize].name, "unknown");
 }
 
 #[test]
