@@ -341,6 +341,15 @@ struct SeriesEntry {
     max: i64,
 }
 
+/// How many rows, series and symbols a [`DatasetBuilder`] held
+/// ([`DatasetBuilder::capacity_hint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DatasetCapacity {
+    rows: usize,
+    series: usize,
+    symbols: crate::symbols::SymbolsCapacity,
+}
+
 /// Accumulates one tenant's profiles into a dataset.
 pub struct DatasetBuilder {
     tenant: String,
@@ -369,15 +378,30 @@ pub struct BuiltDataset {
 impl DatasetBuilder {
     /// An empty dataset for `tenant`.
     pub fn new(tenant: impl Into<String>) -> Self {
+        Self::with_capacity(tenant, DatasetCapacity::default())
+    }
+
+    /// An empty dataset for `tenant` with room for `c` ([`Self::capacity_hint`] of the
+    /// tenant's last dataset: a shard's segments of a tenant are alike in size).
+    pub fn with_capacity(tenant: impl Into<String>, c: DatasetCapacity) -> Self {
         Self {
             tenant: tenant.into(),
-            symbols: SymbolsBuilder::default(),
-            series_index: hashbrown::HashTable::new(),
+            symbols: SymbolsBuilder::with_capacity(c.symbols),
+            series_index: hashbrown::HashTable::with_capacity(c.series),
             series_hasher: hashbrown::DefaultHashBuilder::default(),
-            series: Vec::new(),
-            rows: Vec::new(),
+            series: Vec::with_capacity(c.series),
+            rows: Vec::with_capacity(c.rows),
             profiles: 0,
             sample_labels: HashMap::new(),
+        }
+    }
+
+    /// What this dataset holds, as [`Self::with_capacity`] takes it.
+    pub fn capacity_hint(&self) -> DatasetCapacity {
+        DatasetCapacity {
+            rows: self.rows.len(),
+            series: self.series.len(),
+            symbols: self.symbols.capacity_hint(),
         }
     }
 
@@ -713,6 +737,35 @@ mod tests {
     use super::*;
     use crate::symbols::SymbolTable;
     use crate::testing::{frames, profile};
+
+    /// A dataset started with room for another's contents (as a shard starts a tenant's next
+    /// segment) holds and writes the same.
+    #[test]
+    fn a_dataset_with_room_reserved_builds_the_same() {
+        let stacks = [(frames("main;a;b"), 1), (frames("main;c"), 2)];
+        let profiles: Vec<NormalizedProfile> = (0..6)
+            .map(|i| profile(&format!("svc{}", i % 2), &stacks, 1_000 * (i + 1)))
+            .collect();
+        let build = |mut b: DatasetBuilder| {
+            for p in &profiles {
+                b.add(p);
+            }
+            b
+        };
+        let first = build(DatasetBuilder::new("t"));
+        let hint = first.capacity_hint();
+        assert_ne!(hint, DatasetCapacity::default());
+        let again = build(DatasetBuilder::with_capacity("t", hint));
+        assert_eq!(again.capacity_hint(), hint);
+        assert_eq!(again.estimated_bytes(), first.estimated_bytes());
+        let (a, b) = (
+            first.finish().expect("built"),
+            again.finish().expect("built"),
+        );
+        assert_eq!(a.symbols, b.symbols);
+        assert_eq!(a.meta.series, b.meta.series);
+        assert_eq!(a.meta.rows, b.meta.rows);
+    }
 
     /// A series met again, in the same profile or a later one, is the same series; one that
     /// differs in a label or in its profile type is another.

@@ -182,7 +182,53 @@ impl Default for SymbolsBuilder {
     }
 }
 
+/// How many strings, mappings, functions, locations, tree nodes and stacks a
+/// [`SymbolsBuilder`] held ([`SymbolsBuilder::capacity_hint`]): a shard's next segment of the
+/// same tenant starts with room for as many ([`SymbolsBuilder::with_capacity`]), its tables
+/// reserved once rather than grown by doubling and rehashing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolsCapacity {
+    strings: usize,
+    mappings: usize,
+    functions: usize,
+    locations: usize,
+    nodes: usize,
+    stacks: usize,
+}
+
 impl SymbolsBuilder {
+    /// An empty builder with room for `c`. The stack paths' table is left to grow:
+    /// [`Self::estimated_bytes`] counts its capacity, and a flush follows that estimate.
+    pub fn with_capacity(c: SymbolsCapacity) -> Self {
+        let mut b = Self::default();
+        b.strings.reserve(c.strings);
+        b.string_index.reserve(c.strings);
+        b.mappings.reserve(c.mappings);
+        b.mapping_index.reserve(c.mappings);
+        b.functions.reserve(c.functions);
+        b.function_index.reserve(c.functions);
+        b.locations.reserve(c.locations);
+        b.location_index = HashTable::with_capacity(c.locations);
+        b.parents.reserve(c.nodes);
+        b.node_locations.reserve(c.nodes);
+        b.node_stacks.reserve(c.nodes);
+        b.children.reserve(c.nodes);
+        b.stacks.reserve(c.stacks);
+        b
+    }
+
+    /// What this builder holds, as [`Self::with_capacity`] takes it.
+    pub fn capacity_hint(&self) -> SymbolsCapacity {
+        SymbolsCapacity {
+            strings: self.strings.len(),
+            mappings: self.mappings.len(),
+            functions: self.functions.len(),
+            locations: self.locations.len(),
+            nodes: self.parents.len(),
+            stacks: self.stacks.len(),
+        }
+    }
+
     fn string(&mut self, s: &str) -> u32 {
         if s.is_empty() {
             return 0; // interned first, by `Default`

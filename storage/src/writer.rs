@@ -17,7 +17,7 @@ use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, debug, error};
 
-use crate::block::{DatasetBuilder, assemble_object};
+use crate::block::{DatasetBuilder, DatasetCapacity, assemble_object};
 use crate::meta::{Clock, object_path};
 use crate::metastore::Metastore;
 use crate::metrics::OutcomeLabels;
@@ -259,15 +259,22 @@ struct Pending {
     acks: Vec<Ack>,
 }
 
+/// Per tenant, what its dataset held at the shard's last flush
+/// ([`DatasetBuilder::capacity_hint`]); the tenant's next dataset starts with room for as much.
+/// A tenant absent from a flush loses its hint.
+type Hints = BTreeMap<String, DatasetCapacity>;
+
 /// Adds a write to the shard's buffer; returns the bytes it added.
 fn buffer(
     pending: &mut BTreeMap<String, Pending>,
+    hints: &Hints,
     tenant: String,
     profiles: &[NormalizedProfile],
     ack: Ack,
 ) -> usize {
+    let hint = hints.get(&tenant).copied().unwrap_or_default();
     let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-        builder: DatasetBuilder::new(tenant),
+        builder: DatasetBuilder::with_capacity(tenant, hint),
         acks: Vec::new(),
     });
     let before = p.builder.estimated_bytes();
@@ -289,6 +296,7 @@ async fn run_shard(
     config: WriterConfig,
 ) {
     let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
+    let mut hints = Hints::new();
     let mut size = 0usize;
     // When the oldest buffered write has waited `flush_interval`.
     let mut flush_at: Option<tokio::time::Instant> = None;
@@ -306,18 +314,18 @@ async fn run_shard(
                 profiles,
                 ack,
             }) => {
-                size += buffer(&mut pending, tenant, &profiles, ack);
+                size += buffer(&mut pending, &hints, tenant, &profiles, ack);
                 flush_at.get_or_insert_with(|| tokio::time::Instant::now() + config.flush_interval);
             }
             Some(Command::Tick) => {}
             Some(Command::Flush { done }) => {
-                flush(shard, &ctx, &mut pending).await;
+                flush(shard, &ctx, &mut pending, &mut hints).await;
                 (size, flush_at) = (0, None);
                 let _ = done.send(());
                 continue;
             }
             None | Some(Command::Close { .. }) => {
-                flush(shard, &ctx, &mut pending).await;
+                flush(shard, &ctx, &mut pending, &mut hints).await;
                 rx.close();
                 if let Some(Command::Close { done }) = cmd {
                     let _ = done.send(());
@@ -332,7 +340,7 @@ async fn run_shard(
         // Group commit: flush, then take what queued up meanwhile and flush it at once, until
         // nothing waits.
         loop {
-            flush(shard, &ctx, &mut pending).await;
+            flush(shard, &ctx, &mut pending, &mut hints).await;
             (size, flush_at) = (0, None);
             let mut control = None;
             while size < config.flush_bytes {
@@ -342,7 +350,7 @@ async fn run_shard(
                         profiles,
                         ack,
                     }) => {
-                        size += buffer(&mut pending, tenant, &profiles, ack);
+                        size += buffer(&mut pending, &hints, tenant, &profiles, ack);
                         // `try_recv` never yields: under load hundreds of writes queue here,
                         // and the worker's other tasks (queries) would wait for all of them.
                         tokio::task::consume_budget().await;
@@ -356,12 +364,12 @@ async fn run_shard(
             }
             match control {
                 Some(Command::Flush { done }) => {
-                    flush(shard, &ctx, &mut pending).await;
+                    flush(shard, &ctx, &mut pending, &mut hints).await;
                     size = 0;
                     let _ = done.send(());
                 }
                 Some(Command::Close { done }) => {
-                    flush(shard, &ctx, &mut pending).await;
+                    flush(shard, &ctx, &mut pending, &mut hints).await;
                     rx.close();
                     let _ = done.send(());
                     return;
@@ -375,11 +383,20 @@ async fn run_shard(
     }
 }
 
-async fn flush(shard: u32, ctx: &FlushContext, pending: &mut BTreeMap<String, Pending>) {
+async fn flush(
+    shard: u32,
+    ctx: &FlushContext,
+    pending: &mut BTreeMap<String, Pending>,
+    hints: &mut Hints,
+) {
     let pending = std::mem::take(pending);
     if pending.is_empty() {
         return;
     }
+    *hints = pending
+        .iter()
+        .map(|(tenant, p)| (tenant.clone(), p.builder.capacity_hint()))
+        .collect();
     let span = tracing::info_span!(
         "storage.flush",
         shard,
