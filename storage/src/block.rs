@@ -311,21 +311,79 @@ impl RowBatchBuilder {
         self.series.is_empty()
     }
 
-    /// The rows as a batch; the builder is empty afterwards.
+    /// An empty builder with room for `rows` rows, as a writer that knows its row count
+    /// (a segment's, a batch's) takes it: its columns are allocated once rather than grown by
+    /// doubling, each doubling a copy.
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            series: Vec::with_capacity(rows),
+            timestamps: Vec::with_capacity(rows),
+            stacks: Vec::with_capacity(rows),
+            values: Vec::with_capacity(rows),
+            spans: Vec::with_capacity(rows),
+            traces: FixedSizeBinaryBuilder::with_capacity(rows, 16),
+            labels: StringBuilder::new(),
+            profiles: FixedSizeBinaryBuilder::with_capacity(rows, 16),
+            sample_rows: None,
+        }
+    }
+
+    /// The rows as a batch. The builder is empty afterwards, with room for as many rows as
+    /// the batch held: a writer's batches are mostly of one size.
     pub fn finish(&mut self) -> Result<RecordBatch> {
+        self.take(self.len())
+    }
+
+    /// The rows as the last batch of this builder.
+    pub fn into_batch(mut self) -> Result<RecordBatch> {
+        self.take(0)
+    }
+
+    /// The rows as a batch, the builder left empty with room for `n` rows.
+    fn take(&mut self, n: usize) -> Result<RecordBatch> {
         let mut cols: Vec<ArrayRef> = vec![
-            Arc::new(UInt32Array::from(std::mem::take(&mut self.series))),
-            Arc::new(Int64Array::from(std::mem::take(&mut self.timestamps))),
-            Arc::new(UInt32Array::from(std::mem::take(&mut self.stacks))),
-            Arc::new(Int64Array::from(std::mem::take(&mut self.values))),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.spans))),
-            Arc::new(self.traces.finish()),
+            Arc::new(UInt32Array::from(std::mem::replace(
+                &mut self.series,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(Int64Array::from(std::mem::replace(
+                &mut self.timestamps,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(UInt32Array::from(std::mem::replace(
+                &mut self.stacks,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(Int64Array::from(std::mem::replace(
+                &mut self.values,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(UInt64Array::from(std::mem::replace(
+                &mut self.spans,
+                Vec::with_capacity(n),
+            ))),
+            Arc::new(
+                std::mem::replace(
+                    &mut self.traces,
+                    FixedSizeBinaryBuilder::with_capacity(n, 16),
+                )
+                .finish(),
+            ),
             Arc::new(self.labels.finish()),
-            Arc::new(self.profiles.finish()),
+            Arc::new(
+                std::mem::replace(
+                    &mut self.profiles,
+                    FixedSizeBinaryBuilder::with_capacity(n, 16),
+                )
+                .finish(),
+            ),
         ];
         let schema = match &mut self.sample_rows {
             Some(rows) => {
-                cols.push(Arc::new(UInt64Array::from(std::mem::take(rows))));
+                cols.push(Arc::new(UInt64Array::from(std::mem::replace(
+                    rows,
+                    Vec::with_capacity(n),
+                ))));
                 profile_totals_schema()
             }
             None => samples_schema(),
@@ -577,11 +635,11 @@ impl DatasetBuilder {
         // Series without rows (every sample dropped) would have no range: keep none of them.
         debug_assert!(series_meta.iter().all(|s| s.rows > 0));
 
-        let mut batch = RowBatchBuilder::default();
+        let mut batch = RowBatchBuilder::with_capacity(rows.len());
         for r in &rows {
             batch.push(r);
         }
-        let samples = write_parquet(&batch.finish()?)?;
+        let samples = write_parquet(&batch.into_batch()?)?;
         let stack_nodes = symbols.stack_nodes() as u64;
         let (path_lookups, path_hits) = symbols.path_lookups();
         tracing::debug!(
@@ -738,6 +796,59 @@ mod tests {
     use crate::symbols::SymbolTable;
     use crate::testing::{frames, profile};
 
+    /// A batch builder used again after `finish` (as a compaction output or a rollup uses
+    /// one, its room kept) makes the batches fresh builders make, in either mode.
+    #[test]
+    fn a_batch_builder_used_again_makes_the_same_batches() {
+        let row = |i: u32| Row {
+            series: i % 3,
+            timestamp: 1_000 + i64::from(i),
+            stack: i * 7,
+            value: i64::from(i) * 10 + 1,
+            span_id: u64::from(i % 2) * 99,
+            trace_id: i.is_multiple_of(3).then_some([i as u8; 16]),
+            labels: (i % 4 == 1).then(|| Arc::from(format!("thread={i}").as_str())),
+            profile_id: (!i.is_multiple_of(5)).then_some([7; 16]),
+        };
+        let rows: Vec<Row> = (0..40).map(row).collect();
+        // Batches of 17, 17 and 6 rows: the second fills the room the first left, the third
+        // stays within it.
+        let parts: Vec<&[Row]> = rows.chunks(17).collect();
+        for totals in [false, true] {
+            let fresh = || {
+                if totals {
+                    RowBatchBuilder::profile_totals()
+                } else {
+                    RowBatchBuilder::default()
+                }
+            };
+            let push = |b: &mut RowBatchBuilder, part: &[Row]| {
+                for (i, r) in part.iter().enumerate() {
+                    if totals {
+                        b.push_total(r, i as u64 * 3);
+                    } else {
+                        b.push(r);
+                    }
+                }
+            };
+            let mut reused = fresh();
+            for (i, part) in parts.iter().enumerate() {
+                push(&mut reused, part);
+                let got = if i + 1 == parts.len() {
+                    std::mem::take(&mut reused).into_batch().expect("a batch")
+                } else {
+                    reused.finish().expect("a batch")
+                };
+                assert!(reused.is_empty());
+                let mut once = fresh();
+                push(&mut once, part);
+                let want = once.finish().expect("a batch");
+                assert_eq!(got, want, "batch {i}, profile totals: {totals}");
+                assert_eq!(got.num_rows(), part.len());
+            }
+        }
+    }
+
     /// A dataset started with room for another's contents (as a shard starts a tenant's next
     /// segment) holds and writes the same.
     #[test]
@@ -765,6 +876,10 @@ mod tests {
         assert_eq!(a.symbols, b.symbols);
         assert_eq!(a.meta.series, b.meta.series);
         assert_eq!(a.meta.rows, b.meta.rows);
+        // A block's table, read back, asks for the room its writer held (a compaction output
+        // starts with the largest of its sources').
+        let table = SymbolTable::decode(&a.symbols).expect("decodes");
+        assert_eq!(table.capacity_hint(), hint.symbols);
     }
 
     /// A series met again, in the same profile or a later one, is the same series; one that

@@ -53,7 +53,7 @@ use crate::metrics::CompactionLabels;
 use crate::query::{QueryEngine, now_ms};
 use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
 use crate::store::ObjectStorage;
-use crate::symbols::{SymbolTable, SymbolsBuilder};
+use crate::symbols::{SymbolTable, SymbolsBuilder, SymbolsCapacity};
 use crate::{Error, Result};
 
 /// Levels whose jobs a compactor's fresh lane runs (L0 segments and L1 blocks merged).
@@ -450,6 +450,8 @@ struct Output {
     locations: Vec<Option<Vec<u32>>>,
     /// Per source: source stack node -> output node (`u32::MAX` = not yet mapped).
     stacks: Vec<Vec<u32>>,
+    /// [`Output::map_stack`]'s nodes not yet mapped, kept between calls.
+    path: Vec<u32>,
     series: Vec<SeriesMeta>,
     /// Output (job-wide) series index of the last series in `series`.
     last_series: Option<u32>,
@@ -466,10 +468,12 @@ const FRESH_ROLLUP_TRIAL_PARTS: u64 = 8;
 impl Output {
     /// A new output whose id carries `created_ms` (the oldest source's time, so the output
     /// stays in its sources' partition).
-    /// `resolutions`: the rollups to compute (`rollup::worth_computing` of the job's span).
+    /// `resolutions`: the rollups to compute (`rollup::worth_computing` of the job's span);
+    /// `symbols`: room to reserve for the output's symbol tables.
     fn new(
         dir: &std::path::Path,
         sources: usize,
+        symbols: SymbolsCapacity,
         config: &CompactionConfig,
         resolutions: &[i64],
         created_ms: u64,
@@ -504,9 +508,10 @@ impl Output {
             file_path,
             writer,
             batch: RowBatchBuilder::default(),
-            symbols: SymbolsBuilder::default(),
+            symbols: SymbolsBuilder::with_capacity(symbols),
             locations: vec![None; sources],
             stacks: vec![Vec::new(); sources],
+            path: Vec::new(),
             series: Vec::new(),
             last_series: None,
             rows: 0,
@@ -527,7 +532,8 @@ impl Output {
             self.stacks[src] = memo;
         }
         let s = &symbols.symbols;
-        let mut path = Vec::new();
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
         let mut n = node;
         while self.stacks[src][n as usize] == UNMAPPED {
             path.push(n);
@@ -541,6 +547,7 @@ impl Output {
                 .child(out, locations[s.stack_locations[x as usize] as usize]);
             self.stacks[src][x as usize] = out;
         }
+        self.path = path;
         Some(self.symbols.stack_id(out))
     }
 
@@ -587,7 +594,8 @@ impl Output {
     ) -> Result<Written> {
         use std::io::Write;
         if !self.batch.is_empty() {
-            self.writer.write(&self.batch.finish()?)?;
+            self.writer
+                .write(&std::mem::take(&mut self.batch).into_batch()?)?;
         }
         let mut file = self.writer.into_inner()?;
         let io = |source| Error::Io {
@@ -997,6 +1005,11 @@ impl Compactor {
             metas.iter().map(|m| m.max_time_nanos).max().unwrap_or(0),
         );
         let n_sources = sources.len();
+        // The output's tables hold at least the largest source's.
+        let symbols_room = sources
+            .iter()
+            .map(|s| s.symbols.capacity_hint())
+            .fold(SymbolsCapacity::default(), SymbolsCapacity::max);
         // A merge of L0 segments writes a block that the next level's merge soon replaces, and
         // its stack rollups rarely halve its rows (a series has a profile or two in it): they
         // give up an eighth of the way in where they would not be kept (on `kiln bench`'s
@@ -1007,6 +1020,7 @@ impl Compactor {
             let mut out = Output::new(
                 &self.scratch,
                 n_sources,
+                symbols_room,
                 &self.config,
                 &resolutions,
                 created_ms,

@@ -307,7 +307,8 @@ impl RollupWriter {
         self.emit(&mut |_| Ok(()))?;
         if !self.abandoned {
             if !self.batch.is_empty() {
-                self.writer.write(&self.batch.finish()?)?;
+                self.writer
+                    .write(&std::mem::take(&mut self.batch).into_batch()?)?;
             }
             self.writer.close()?;
         }

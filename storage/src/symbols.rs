@@ -196,6 +196,20 @@ pub struct SymbolsCapacity {
     stacks: usize,
 }
 
+impl SymbolsCapacity {
+    /// Room for the larger of each table: what a merge of blocks holds at least.
+    pub fn max(self, other: Self) -> Self {
+        Self {
+            strings: self.strings.max(other.strings),
+            mappings: self.mappings.max(other.mappings),
+            functions: self.functions.max(other.functions),
+            locations: self.locations.max(other.locations),
+            nodes: self.nodes.max(other.nodes),
+            stacks: self.stacks.max(other.stacks),
+        }
+    }
+}
+
 impl SymbolsBuilder {
     /// An empty builder with room for `c`. The stack paths' table is left to grow:
     /// [`Self::estimated_bytes`] counts its capacity, and a flush follows that estimate.
@@ -1051,6 +1065,20 @@ impl SymbolTable {
     /// Number of nodes of the stack tree, the root included.
     pub fn node_count(&self) -> usize {
         self.symbols.stack_parents.len()
+    }
+
+    /// What this table holds, as [`SymbolsBuilder::with_capacity`] takes it: a compaction's
+    /// output starts with room for the largest of its sources' tables.
+    pub fn capacity_hint(&self) -> SymbolsCapacity {
+        let s = &self.symbols;
+        SymbolsCapacity {
+            strings: s.strings.len(),
+            mappings: s.mappings.len(),
+            functions: s.functions.len(),
+            locations: s.locations.len(),
+            nodes: s.stack_parents.len(),
+            stacks: self.stack_count(),
+        }
     }
 
     /// The tree node of stack id `id` (`None` past [`SymbolTable::stack_count`]).
