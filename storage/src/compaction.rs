@@ -954,19 +954,25 @@ impl Compactor {
         for (b, m) in metas.iter().enumerate() {
             keys.extend((0..m.series.len()).map(|s| (b, s)));
         }
-        let key_of = |&(b, s): &(usize, usize)| series_sort_key(&metas[b].series[s]);
-        keys.sort_by(|x, y| key_of(x).cmp(&key_of(y)));
+        // Each series' sort key made once (it collects and sorts the labels), not per
+        // comparison.
+        let mut keyed: Vec<_> = keys
+            .iter()
+            .map(|&(b, s)| (series_sort_key(&metas[b].series[s]), (b, s)))
+            .collect();
+        keyed.sort_by(|x, y| x.0.cmp(&y.0));
         let mut series_maps: Vec<Vec<u32>> =
             metas.iter().map(|m| vec![0; m.series.len()]).collect();
         let mut out_series: Vec<SeriesMeta> = Vec::new();
-        let mut last: Option<(usize, usize)> = None;
-        for k in &keys {
-            if last.is_none_or(|l| key_of(&l) != key_of(k)) {
-                out_series.push(metas[k.0].series[k.1].clone());
-                last = Some(*k);
+        let mut last: Option<usize> = None;
+        for (i, (key, (b, s))) in keyed.iter().enumerate() {
+            if last.is_none_or(|l| keyed[l].0 != *key) {
+                out_series.push(metas[*b].series[*s].clone());
+                last = Some(i);
             }
-            series_maps[k.0][k.1] = (out_series.len() - 1) as u32;
+            series_maps[*b][*s] = (out_series.len() - 1) as u32;
         }
+        drop(keyed);
         let mut sources = Vec::with_capacity(metas.len());
         for (meta, series_map) in metas.iter().zip(series_maps) {
             let fail = |e| (Some(Arc::clone(meta)), e);
@@ -1071,7 +1077,9 @@ impl Compactor {
                     heap.push(Reverse((key.0, key.1, i)));
                 }
             }
-            group.sort_by(|a, b| a.key().cmp(&b.key()));
+            // The group's rows share their timestamp: their order is their stacks', the rest
+            // of the key only between rows of one stack.
+            group.sort_by(|a, b| a.stack.cmp(&b.stack).then_with(|| a.key().cmp(&b.key())));
             for row in group.drain(..) {
                 out.push(
                     series,
