@@ -16,10 +16,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arrow::array::NullBufferBuilder;
 use arrow::array::{
-    ArrayRef, FixedSizeBinaryBuilder, Int64Array, RecordBatch, StringBuilder, UInt32Array,
+    ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringBuilder, UInt32Array,
     UInt64Array,
 };
+use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
@@ -223,6 +225,46 @@ impl Row {
     }
 }
 
+/// A column of optional 16-byte ids (trace ids, profile ids): each row's bytes pushed whole,
+/// where arrow's `FixedSizeBinaryBuilder` appends a null's zeros a byte at a time.
+struct IdColumn {
+    ids: Vec<[u8; 16]>,
+    nulls: NullBufferBuilder,
+}
+
+impl IdColumn {
+    fn with_capacity(rows: usize) -> Self {
+        Self {
+            ids: Vec::with_capacity(rows),
+            nulls: NullBufferBuilder::new(rows),
+        }
+    }
+
+    fn push(&mut self, id: Option<[u8; 16]>) {
+        match id {
+            Some(id) => {
+                self.ids.push(id);
+                self.nulls.append_non_null();
+            }
+            None => {
+                self.ids.push([0; 16]);
+                self.nulls.append_null();
+            }
+        }
+    }
+
+    /// The column; the builder is left empty with room for `rows`.
+    fn take(&mut self, rows: usize) -> Result<FixedSizeBinaryArray> {
+        let ids = std::mem::replace(&mut self.ids, Vec::with_capacity(rows));
+        let nulls = std::mem::replace(&mut self.nulls, NullBufferBuilder::new(rows)).finish();
+        Ok(FixedSizeBinaryArray::try_new(
+            16,
+            Buffer::from_vec(ids.into_flattened()),
+            nulls,
+        )?)
+    }
+}
+
 /// Builds Arrow batches of sample rows.
 pub struct RowBatchBuilder {
     series: Vec<u32>,
@@ -230,9 +272,9 @@ pub struct RowBatchBuilder {
     stacks: Vec<u32>,
     values: Vec<i64>,
     spans: Vec<u64>,
-    traces: FixedSizeBinaryBuilder,
+    traces: IdColumn,
     labels: StringBuilder,
-    profiles: FixedSizeBinaryBuilder,
+    profiles: IdColumn,
     /// Profile totals' `sample_row`s ([`RowBatchBuilder::profile_totals`]); `None`: samples.
     sample_rows: Option<Vec<u64>>,
 }
@@ -245,9 +287,9 @@ impl Default for RowBatchBuilder {
             stacks: Vec::new(),
             values: Vec::new(),
             spans: Vec::new(),
-            traces: FixedSizeBinaryBuilder::new(16),
+            traces: IdColumn::with_capacity(0),
             labels: StringBuilder::new(),
-            profiles: FixedSizeBinaryBuilder::new(16),
+            profiles: IdColumn::with_capacity(0),
             sample_rows: None,
         }
     }
@@ -284,21 +326,9 @@ impl RowBatchBuilder {
         self.stacks.push(r.stack);
         self.values.push(r.value);
         self.spans.push(r.span_id);
-        match &r.trace_id {
-            Some(t) => self
-                .traces
-                .append_value(t)
-                .expect("a trace id has 16 bytes"),
-            None => self.traces.append_null(),
-        }
+        self.traces.push(r.trace_id);
         self.labels.append_option(r.labels.as_deref());
-        match &r.profile_id {
-            Some(p) => self
-                .profiles
-                .append_value(p)
-                .expect("a profile id has 16 bytes"),
-            None => self.profiles.append_null(),
-        }
+        self.profiles.push(r.profile_id);
     }
 
     /// Rows appended since the last batch.
@@ -321,9 +351,9 @@ impl RowBatchBuilder {
             stacks: Vec::with_capacity(rows),
             values: Vec::with_capacity(rows),
             spans: Vec::with_capacity(rows),
-            traces: FixedSizeBinaryBuilder::with_capacity(rows, 16),
+            traces: IdColumn::with_capacity(rows),
             labels: StringBuilder::new(),
-            profiles: FixedSizeBinaryBuilder::with_capacity(rows, 16),
+            profiles: IdColumn::with_capacity(rows),
             sample_rows: None,
         }
     }
@@ -362,21 +392,9 @@ impl RowBatchBuilder {
                 &mut self.spans,
                 Vec::with_capacity(n),
             ))),
-            Arc::new(
-                std::mem::replace(
-                    &mut self.traces,
-                    FixedSizeBinaryBuilder::with_capacity(n, 16),
-                )
-                .finish(),
-            ),
+            Arc::new(self.traces.take(n)?),
             Arc::new(self.labels.finish()),
-            Arc::new(
-                std::mem::replace(
-                    &mut self.profiles,
-                    FixedSizeBinaryBuilder::with_capacity(n, 16),
-                )
-                .finish(),
-            ),
+            Arc::new(self.profiles.take(n)?),
         ];
         let schema = match &mut self.sample_rows {
             Some(rows) => {
@@ -845,6 +863,21 @@ mod tests {
                 let want = once.finish().expect("a batch");
                 assert_eq!(got, want, "batch {i}, profile totals: {totals}");
                 assert_eq!(got.num_rows(), part.len());
+                // The id columns are arrow's own array of those ids, nulls where none.
+                for (column, id) in [
+                    (
+                        col::TRACE_ID,
+                        (|r: &Row| r.trace_id) as fn(&Row) -> Option<[u8; 16]>,
+                    ),
+                    (col::PROFILE_ID, |r: &Row| r.profile_id),
+                ] {
+                    let ids = FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+                        part.iter().map(id),
+                        16,
+                    )
+                    .expect("16-byte ids");
+                    assert_eq!(got.column(column).as_fixed_size_binary(), &ids);
+                }
             }
         }
     }
