@@ -16,10 +16,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::NullBufferBuilder;
 use arrow::array::{
-    ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringBuilder, UInt32Array,
-    UInt64Array,
+    ArrayRef, FixedSizeBinaryArray, Int64Array, NullBufferBuilder, RecordBatch, StringBuilder,
+    UInt32Array, UInt64Array,
 };
 use arrow::buffer::Buffer;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -371,37 +370,22 @@ impl RowBatchBuilder {
 
     /// The rows as a batch, the builder left empty with room for `n` rows.
     fn take(&mut self, n: usize) -> Result<RecordBatch> {
+        fn refill<T>(column: &mut Vec<T>, n: usize) -> Vec<T> {
+            std::mem::replace(column, Vec::with_capacity(n))
+        }
         let mut cols: Vec<ArrayRef> = vec![
-            Arc::new(UInt32Array::from(std::mem::replace(
-                &mut self.series,
-                Vec::with_capacity(n),
-            ))),
-            Arc::new(Int64Array::from(std::mem::replace(
-                &mut self.timestamps,
-                Vec::with_capacity(n),
-            ))),
-            Arc::new(UInt32Array::from(std::mem::replace(
-                &mut self.stacks,
-                Vec::with_capacity(n),
-            ))),
-            Arc::new(Int64Array::from(std::mem::replace(
-                &mut self.values,
-                Vec::with_capacity(n),
-            ))),
-            Arc::new(UInt64Array::from(std::mem::replace(
-                &mut self.spans,
-                Vec::with_capacity(n),
-            ))),
+            Arc::new(UInt32Array::from(refill(&mut self.series, n))),
+            Arc::new(Int64Array::from(refill(&mut self.timestamps, n))),
+            Arc::new(UInt32Array::from(refill(&mut self.stacks, n))),
+            Arc::new(Int64Array::from(refill(&mut self.values, n))),
+            Arc::new(UInt64Array::from(refill(&mut self.spans, n))),
             Arc::new(self.traces.take(n)?),
             Arc::new(self.labels.finish()),
             Arc::new(self.profiles.take(n)?),
         ];
         let schema = match &mut self.sample_rows {
             Some(rows) => {
-                cols.push(Arc::new(UInt64Array::from(std::mem::replace(
-                    rows,
-                    Vec::with_capacity(n),
-                ))));
+                cols.push(Arc::new(UInt64Array::from(refill(rows, n))));
                 profile_totals_schema()
             }
             None => samples_schema(),

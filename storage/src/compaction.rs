@@ -950,15 +950,17 @@ impl Compactor {
             )
         })?;
         // Output series: the union of the sources', in sort order.
-        let mut keys: Vec<(usize, usize)> = Vec::new();
-        for (b, m) in metas.iter().enumerate() {
-            keys.extend((0..m.series.len()).map(|s| (b, s)));
-        }
         // Each series' sort key made once (it collects and sorts the labels), not per
         // comparison.
-        let mut keyed: Vec<_> = keys
+        let mut keyed: Vec<_> = metas
             .iter()
-            .map(|&(b, s)| (series_sort_key(&metas[b].series[s]), (b, s)))
+            .enumerate()
+            .flat_map(|(b, m)| {
+                m.series
+                    .iter()
+                    .enumerate()
+                    .map(move |(s, series)| (series_sort_key(series), (b, s)))
+            })
             .collect();
         keyed.sort_by(|x, y| x.0.cmp(&y.0));
         let mut series_maps: Vec<Vec<u32>> =
