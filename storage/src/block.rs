@@ -280,17 +280,7 @@ pub struct RowBatchBuilder {
 
 impl Default for RowBatchBuilder {
     fn default() -> Self {
-        Self {
-            series: Vec::new(),
-            timestamps: Vec::new(),
-            stacks: Vec::new(),
-            values: Vec::new(),
-            spans: Vec::new(),
-            traces: IdColumn::with_capacity(0),
-            labels: StringBuilder::new(),
-            profiles: IdColumn::with_capacity(0),
-            sample_rows: None,
-        }
+        Self::with_capacity(0)
     }
 }
 

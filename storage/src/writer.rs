@@ -272,10 +272,13 @@ fn buffer(
     profiles: &[NormalizedProfile],
     ack: Ack,
 ) -> usize {
-    let hint = hints.get(&tenant).copied().unwrap_or_default();
-    let p = pending.entry(tenant.clone()).or_insert_with(|| Pending {
-        builder: DatasetBuilder::with_capacity(tenant, hint),
-        acks: Vec::new(),
+    let p = pending.entry(tenant.clone()).or_insert_with(|| {
+        // Looked up once per tenant and flush, when its dataset starts.
+        let hint = hints.get(&tenant).copied().unwrap_or_default();
+        Pending {
+            builder: DatasetBuilder::with_capacity(tenant, hint),
+            acks: Vec::new(),
+        }
     });
     let before = p.builder.estimated_bytes();
     for profile in profiles {
