@@ -126,11 +126,43 @@ pub fn profile_totals_schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Parquet settings of every samples section: zstd, an offset index (so row ranges map to
-/// pages), page statistics of the timestamps alone (the only ones a reader uses, to narrow a
-/// series to the pages of a time range: `query::scan`), delta encoding for the sorted integer
-/// columns.
-pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> {
+/// How hard a samples section's pages are compressed: by what stays and what a later merge
+/// replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// zstd level 1: L0 segments and the L1 and L2 blocks merged from them, which later merges
+    /// replace within minutes. zstd resets its tables for every page it compresses, a level 3
+    /// context's several times larger than a level 1 one's: on the `small` bench those resets
+    /// were 1.4 % of the server's instructions, most of them for the segments' pages, where a
+    /// segment's few hundred rows make pages of a few KiB.
+    Fresh,
+    /// zstd level 3: top-level blocks, which stay.
+    Kept,
+}
+
+impl Pages {
+    /// The pages of a block of `level`.
+    pub fn of_level(level: u32) -> Self {
+        if level >= crate::meta::TOP_LEVEL {
+            Self::Kept
+        } else {
+            Self::Fresh
+        }
+    }
+
+    fn zstd_level(self) -> i32 {
+        match self {
+            Self::Fresh => 1,
+            Self::Kept => 3,
+        }
+    }
+}
+
+/// Parquet settings of every samples section: zstd (as hard as `pages` says), an offset index
+/// (so row ranges map to pages), page statistics of the timestamps alone (the only ones a
+/// reader uses, to narrow a series to the pages of a time range: `query::scan`), delta
+/// encoding for the sorted integer columns.
+pub fn writer_properties(max_row_group_rows: usize, pages: Pages) -> Result<WriterProperties> {
     let sort_col = |idx: usize| SortingColumn {
         column_idx: idx as i32,
         descending: false,
@@ -138,7 +170,7 @@ pub fn writer_properties(max_row_group_rows: usize) -> Result<WriterProperties> 
     };
     let delta = |name: &str| ColumnPath::from(name);
     Ok(WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(pages.zstd_level())?))
         .set_statistics_enabled(EnabledStatistics::None)
         .set_column_statistics_enabled(delta(columns::TIMESTAMP), EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(max_row_group_rows))
@@ -173,6 +205,7 @@ pub(crate) fn samples_file_writer(
     path: &std::path::Path,
     schema: SchemaRef,
     row_group_rows: usize,
+    pages: Pages,
 ) -> Result<ArrowWriter<std::fs::File>> {
     let file = std::fs::File::create(path).map_err(|source| crate::Error::Io {
         path: path.display().to_string(),
@@ -181,7 +214,7 @@ pub(crate) fn samples_file_writer(
     Ok(ArrowWriter::try_new(
         file,
         schema,
-        Some(writer_properties(row_group_rows)?),
+        Some(writer_properties(row_group_rows, pages)?),
     )?)
 }
 
@@ -768,7 +801,7 @@ fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
     let mut writer = ArrowWriter::try_new(
         &mut out,
         batch.schema(),
-        Some(writer_properties(L0_ROW_GROUP_ROWS)?),
+        Some(writer_properties(L0_ROW_GROUP_ROWS, Pages::Fresh)?),
     )?;
     writer.write(batch)?;
     writer.close()?;

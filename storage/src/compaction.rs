@@ -469,7 +469,7 @@ impl Output {
     /// A new output whose id carries `created_ms` (the oldest source's time, so the output
     /// stays in its sources' partition).
     /// `resolutions`: the rollups to compute (`rollup::worth_computing` of the job's span);
-    /// `symbols`: room to reserve for the output's symbol tables.
+    /// `symbols`: room to reserve for the output's symbol tables; `level`: the output's.
     fn new(
         dir: &std::path::Path,
         sources: usize,
@@ -477,13 +477,15 @@ impl Output {
         config: &CompactionConfig,
         resolutions: &[i64],
         created_ms: u64,
+        level: u32,
     ) -> Result<Self> {
+        let pages = crate::block::Pages::of_level(level);
         let row_group_rows = config.row_group_rows;
         let id = ulid::Ulid::from_parts(created_ms, ulid::Ulid::generate().random()).to_string();
         let mut rollups = Vec::with_capacity(resolutions.len());
         for (i, &r) in resolutions.iter().enumerate() {
             let path = dir.join(format!("{id}.rollup{i}.part"));
-            match RollupWriter::new(r, path, row_group_rows, config.batch_rows) {
+            match RollupWriter::new(r, path, row_group_rows, config.batch_rows, pages) {
                 Ok(w) => rollups.push(w),
                 Err(e) => {
                     crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
@@ -496,6 +498,7 @@ impl Output {
             &file_path,
             crate::block::samples_schema(),
             row_group_rows,
+            pages,
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -1032,6 +1035,7 @@ impl Compactor {
                 &self.config,
                 &resolutions,
                 created_ms,
+                (job.level + 1).min(TOP_LEVEL),
             )
             .map_err(local)?;
             if let Some(rows) = give_up {

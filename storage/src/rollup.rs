@@ -33,7 +33,7 @@ use parquet::arrow::ArrowWriter;
 
 use crate::Result;
 use crate::block::{
-    Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
+    Pages, Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
 };
 use crate::meta::{PROFILE_TOTALS, SeriesMeta};
 
@@ -106,6 +106,9 @@ fn split(
     }
 }
 
+/// A stack with no entry in the current bucket's sums ([`RollupWriter`]'s `slots`).
+const NO_SLOT: u32 = u32::MAX;
+
 /// Entries a bucket's sums reach before they are first collapsed (2 MiB).
 const MIN_COLLAPSE: usize = 64 << 10;
 
@@ -133,12 +136,19 @@ pub(crate) struct RollupWriter {
     writer: ArrowWriter<std::fs::File>,
     batch: RowBatchBuilder,
     batch_rows: usize,
-    /// The (series, bucket) being summed, and its values keyed by stack (by profile id for
-    /// profile totals), as they came: sorted and summed when the bucket is written, and
-    /// whenever they reach `collapse_at` entries, so they hold about twice the bucket's distinct
-    /// keys at most, however many rows it has.
+    /// The (series, bucket) being summed, and its values: for a stack rollup one entry per
+    /// stack, found through `slots` and summed in place, the stacks sorted when the bucket is
+    /// written; for profile totals (keyed by profile id), as they came, sorted and summed when
+    /// the bucket is written and whenever they reach `collapse_at` entries, so they hold about
+    /// twice the bucket's distinct keys at most, however many rows it has.
     current: Option<(u32, i64)>,
     sums: Vec<((u32, Option<[u8; 16]>), i64)>,
+    /// A stack rollup's entry in `sums` of each stack of the current bucket ([`NO_SLOT`]:
+    /// none), by stack id: as long as the output's stack ids, so four bytes a stack (an
+    /// output's tree is cut at `max_output_stack_nodes`). A bucket's rows come sorted by
+    /// timestamp, then stack: sorting them all to sum them cost a tenth of a compaction's
+    /// instructions, where a bucket has a few times fewer stacks than rows.
+    slots: Vec<u32>,
     collapse_at: usize,
     rows: u64,
     series_rows: Vec<Range<u64>>,
@@ -165,6 +175,7 @@ impl RollupWriter {
         path: PathBuf,
         row_group_rows: usize,
         batch_rows: usize,
+        pages: Pages,
     ) -> Result<Self> {
         // Profile totals carry their samples' first rows since block format version 4.
         let totals = resolution == PROFILE_TOTALS && crate::meta::write_version() >= 4;
@@ -173,7 +184,7 @@ impl RollupWriter {
         } else {
             samples_schema()
         };
-        let writer = samples_file_writer(&path, schema, row_group_rows)?;
+        let writer = samples_file_writer(&path, schema, row_group_rows, pages)?;
         Ok(Self {
             resolution,
             path,
@@ -186,6 +197,7 @@ impl RollupWriter {
             batch_rows,
             current: None,
             sums: Vec::new(),
+            slots: Vec::new(),
             collapse_at: MIN_COLLAPSE,
             rows: 0,
             series_rows: Vec::new(),
@@ -214,6 +226,7 @@ impl RollupWriter {
         self.abandoned = true;
         self.current = None;
         self.sums = Vec::new();
+        self.slots = Vec::new();
         self.batch = RowBatchBuilder::default();
     }
 
@@ -241,10 +254,28 @@ impl RollupWriter {
             self.bucket_first = self.pushed;
         }
         self.pushed += 1;
-        self.sums.push((key, value));
-        if self.sums.len() >= self.collapse_at {
-            collapse(&mut self.sums);
-            self.collapse_at = (self.sums.len() * 2).max(MIN_COLLAPSE);
+        if self.resolution == PROFILE_TOTALS {
+            self.sums.push((key, value));
+            if self.sums.len() >= self.collapse_at {
+                collapse(&mut self.sums);
+                self.collapse_at = (self.sums.len() * 2).max(MIN_COLLAPSE);
+            }
+        } else {
+            // Summed in the order the values come, as `collapse` sums them.
+            let stack = row.stack as usize;
+            if stack >= self.slots.len() {
+                self.slots.resize(stack + 1, NO_SLOT);
+            }
+            match self.slots[stack] {
+                NO_SLOT => {
+                    self.slots[stack] = self.sums.len() as u32;
+                    self.sums.push((key, value));
+                }
+                slot => {
+                    let sum = &mut self.sums[slot as usize].1;
+                    *sum = sum.saturating_add(value);
+                }
+            }
         }
         Ok(())
     }
@@ -257,8 +288,16 @@ impl RollupWriter {
         };
         self.summed += self.pushed - self.bucket_first;
         let mut sums = std::mem::take(&mut self.sums);
-        collapse(&mut sums);
-        self.collapse_at = MIN_COLLAPSE;
+        if self.resolution == PROFILE_TOTALS {
+            collapse(&mut sums);
+            self.collapse_at = MIN_COLLAPSE;
+        } else {
+            // One entry per stack already.
+            for &((stack, _), _) in &sums {
+                self.slots[stack as usize] = NO_SLOT;
+            }
+            sums.sort_unstable_by_key(|(key, _)| *key);
+        }
         for &((stack, profile_id), value) in &sums {
             let row = Row {
                 series,
@@ -538,7 +577,9 @@ mod tests {
         let writers = resolutions
             .iter()
             .enumerate()
-            .map(|(i, &r)| RollupWriter::new(r, dir.join(format!("{name}{i}")), 64, 16).unwrap())
+            .map(|(i, &r)| {
+                RollupWriter::new(r, dir.join(format!("{name}{i}")), 64, 16, Pages::Kept).unwrap()
+            })
             .collect();
         let mut rollups = Rollups::new(writers);
         for row in rows {
@@ -580,7 +621,9 @@ mod tests {
         let writers = [PROFILE_TOTALS, 10 * MINUTE, 60 * MINUTE]
             .iter()
             .enumerate()
-            .map(|(i, &r)| RollupWriter::new(r, dir.join(i.to_string()), 64, 16).unwrap())
+            .map(|(i, &r)| {
+                RollupWriter::new(r, dir.join(i.to_string()), 64, 16, Pages::Kept).unwrap()
+            })
             .collect();
         let mut rollups = Rollups::new(writers);
         if let Some(n) = give_up_after {
@@ -643,7 +686,9 @@ mod tests {
             let writers = resolutions
                 .iter()
                 .enumerate()
-                .map(|(i, &r)| RollupWriter::new(r, dir.path().join(i.to_string()), 64, 16))
+                .map(|(i, &r)| {
+                    RollupWriter::new(r, dir.path().join(i.to_string()), 64, 16, Pages::Kept)
+                })
                 .collect::<Result<Vec<_>>>()
                 .unwrap();
             Rollups::new(writers).chained
@@ -701,7 +746,8 @@ mod tests {
     #[test]
     fn a_long_bucket_is_summed_as_it_fills() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = RollupWriter::new(60 * MINUTE, dir.path().join("r"), 64, 16).unwrap();
+        let mut w =
+            RollupWriter::new(60 * MINUTE, dir.path().join("r"), 64, 16, Pages::Kept).unwrap();
         let rows = 5 * MIN_COLLAPSE as u32;
         let mut most = 0;
         for i in 0..rows {

@@ -220,7 +220,7 @@ fn version_2_object(
     let mut w = ArrowWriter::try_new(
         &mut out,
         old_schema.clone(),
-        Some(writer_properties(1024).unwrap()),
+        Some(writer_properties(1024, kiln_storage::block::Pages::Kept).unwrap()),
     )
     .unwrap();
     for batch in reader {
