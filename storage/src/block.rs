@@ -614,9 +614,11 @@ impl DatasetBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        rows.sort_unstable_by(|a, b| a.series.cmp(&b.series).then_with(|| a.key().cmp(&b.key())));
-        // Stack ids numbered as the sorted rows meet them, so a series' stacks have neighbouring
-        // ids; then each (series, timestamp)'s rows sorted again, their ids' order changed.
+        // Rows come profile by profile, a profile's rows of a series sharing its timestamp:
+        // runs a stable sort by (series, timestamp) merges, without comparing whole keys.
+        rows.sort_by_key(|r| (r.series, r.timestamp));
+        // Stack ids numbered as the rows meet them, so a series' stacks have neighbouring ids;
+        // then each (series, timestamp)'s rows sorted by their whole key.
         let renumbered = symbols.renumber_stacks(rows.iter().map(|r| r.stack));
         for row in &mut rows {
             row.stack = renumbered[row.stack as usize];

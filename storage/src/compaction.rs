@@ -399,6 +399,11 @@ fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
     // Version 2 blocks have no profile ids.
     let profiles = (batch.num_columns() > col::PROFILE_ID)
         .then(|| batch.column(col::PROFILE_ID).as_fixed_size_binary());
+    // Columns all null (labels and trace ids, mostly) are left out rather than asked row by row.
+    let some = |c: &dyn Array| c.null_count() < c.len();
+    let labels = some(labels).then_some(labels);
+    let traces = some(traces).then_some(traces);
+    let profiles = profiles.filter(|&p| some(p));
     let mut out = Vec::with_capacity(batch.num_rows());
     let mut last_labels: Option<Arc<str>> = None;
     for r in 0..batch.num_rows() {
@@ -410,8 +415,8 @@ fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
                 reason: "a row points outside the series list or the stack tree".into(),
             });
         }
-        let l = (!labels.is_null(r)).then(|| {
-            let v = labels.value(r);
+        let l = labels.filter(|c| !c.is_null(r)).map(|c| {
+            let v = c.value(r);
             match &last_labels {
                 Some(prev) if &**prev == v => Arc::clone(prev),
                 _ => {
@@ -427,9 +432,9 @@ fn batch_rows(batch: &RecordBatch, meta: &BlockMeta) -> Result<Vec<Row>> {
             stack: stacks.value(r),
             value: values.value(r),
             span_id: spans.value(r),
-            trace_id: (!traces.is_null(r))
-                .then(|| <[u8; 16]>::try_from(traces.value(r)).ok())
-                .flatten(),
+            trace_id: traces
+                .filter(|c| !c.is_null(r))
+                .and_then(|c| <[u8; 16]>::try_from(c.value(r)).ok()),
             labels: l,
             profile_id: profiles
                 .filter(|p| !p.is_null(r))
