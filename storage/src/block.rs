@@ -17,11 +17,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, FixedSizeBinaryArray, Int64Array, NullBufferBuilder, RecordBatch, StringBuilder,
-    UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, FixedSizeBinaryArray, Int64Array, NullBufferBuilder, RecordBatch,
+    StringBuilder, UInt32Array, UInt64Array,
 };
 use arrow::buffer::Buffer;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use bytes::Bytes;
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile};
 use parquet::arrow::ArrowWriter;
@@ -158,18 +158,121 @@ impl Pages {
     }
 }
 
+/// The optional columns of a samples section that hold nothing in a file (spans all 0; trace
+/// ids, per-sample labels, profile ids all null), written without compression.
+///
+/// Parquet's zstd codec makes a compression and a decompression context for every column chunk
+/// it writes or reads, and each context asks the CPU for its features (`cpuid`, which a virtual
+/// machine traps): on the `small` bench that was 5 % of the server's CPU, most of it for the
+/// segments' few hundred rows and the L0 merges reading them. A blank column's pages are a
+/// run of one definition level (or one dictionary index), a few bytes that zstd would not make
+/// smaller, and a column chunk written uncompressed is read without a codec.
+///
+/// A compaction output's column is blank when it is in every source, as told by the sources'
+/// column chunks ([`Blank::of_parquet`]): only this rule writes a chunk uncompressed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Blank(u16);
+
+impl Blank {
+    /// Columns that may be blank.
+    const OPTIONAL: [usize; 4] = [
+        col::SPAN_ID,
+        col::TRACE_ID,
+        col::SAMPLE_LABELS,
+        col::PROFILE_ID,
+    ];
+
+    /// Nothing blank (every column compressed).
+    pub const NONE: Self = Self(0);
+
+    /// What a rollup never stores: spans, trace ids and per-sample labels, and for stack
+    /// rollups profile ids.
+    pub fn rollup(profile_totals: bool) -> Self {
+        let mut b = Self::NONE;
+        for c in [col::SPAN_ID, col::TRACE_ID, col::SAMPLE_LABELS] {
+            b.0 |= 1 << c;
+        }
+        if !profile_totals {
+            b.0 |= 1 << col::PROFILE_ID;
+        }
+        b
+    }
+
+    /// The optional columns of `batch` that hold nothing.
+    pub fn of_batch(batch: &RecordBatch) -> Self {
+        let mut b = Self::NONE;
+        for c in Self::OPTIONAL {
+            let Some(a) = batch.columns().get(c) else {
+                continue;
+            };
+            let blank = match a.as_primitive_opt::<UInt64Type>() {
+                Some(spans) => spans.null_count() == 0 && spans.values().iter().all(|&v| v == 0),
+                None => a.null_count() == a.len(),
+            };
+            if blank {
+                b.0 |= 1 << c;
+            }
+        }
+        b
+    }
+
+    /// The optional columns whose every column chunk in `metadata` is uncompressed: written
+    /// blank by this rule (files written before it compress every column, so none).
+    pub fn of_parquet(metadata: &parquet::file::metadata::ParquetMetaData) -> Self {
+        let mut b = Self::NONE;
+        for c in Self::OPTIONAL {
+            let uncompressed = metadata.row_groups().iter().all(|rg| {
+                rg.columns()
+                    .get(c)
+                    .is_some_and(|chunk| chunk.compression() == Compression::UNCOMPRESSED)
+            });
+            if uncompressed {
+                b.0 |= 1 << c;
+            }
+        }
+        b
+    }
+
+    /// Blank in both.
+    pub fn and(self, other: Self) -> Self {
+        Self(self.0 & other.0)
+    }
+
+    fn columns(self) -> impl Iterator<Item = &'static str> {
+        let names = [
+            columns::SPAN_ID,
+            columns::TRACE_ID,
+            columns::SAMPLE_LABELS,
+            columns::PROFILE_ID,
+        ];
+        Self::OPTIONAL
+            .into_iter()
+            .zip(names)
+            .filter(move |(c, _)| self.0 & (1 << c) != 0)
+            .map(|(_, name)| name)
+    }
+}
+
 /// Parquet settings of every samples section: zstd (as hard as `pages` says), an offset index
 /// (so row ranges map to pages), page statistics of the timestamps alone (the only ones a
 /// reader uses, to narrow a series to the pages of a time range: `query::scan`), delta
-/// encoding for the sorted integer columns.
-pub fn writer_properties(max_row_group_rows: usize, pages: Pages) -> Result<WriterProperties> {
+/// encoding for the sorted integer columns; `blank` columns uncompressed.
+pub fn writer_properties(
+    max_row_group_rows: usize,
+    pages: Pages,
+    blank: Blank,
+) -> Result<WriterProperties> {
     let sort_col = |idx: usize| SortingColumn {
         column_idx: idx as i32,
         descending: false,
         nulls_first: false,
     };
     let delta = |name: &str| ColumnPath::from(name);
-    Ok(WriterProperties::builder()
+    let mut props = WriterProperties::builder();
+    for name in blank.columns() {
+        props = props.set_column_compression(ColumnPath::from(name), Compression::UNCOMPRESSED);
+    }
+    Ok(props
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(pages.zstd_level())?))
         .set_statistics_enabled(EnabledStatistics::None)
         .set_column_statistics_enabled(delta(columns::TIMESTAMP), EnabledStatistics::Page)
@@ -206,6 +309,7 @@ pub(crate) fn samples_file_writer(
     schema: SchemaRef,
     row_group_rows: usize,
     pages: Pages,
+    blank: Blank,
 ) -> Result<ArrowWriter<std::fs::File>> {
     let file = std::fs::File::create(path).map_err(|source| crate::Error::Io {
         path: path.display().to_string(),
@@ -214,7 +318,7 @@ pub(crate) fn samples_file_writer(
     Ok(ArrowWriter::try_new(
         file,
         schema,
-        Some(writer_properties(row_group_rows, pages)?),
+        Some(writer_properties(row_group_rows, pages, blank)?),
     )?)
 }
 
@@ -803,7 +907,11 @@ fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
     let mut writer = ArrowWriter::try_new(
         &mut out,
         batch.schema(),
-        Some(writer_properties(L0_ROW_GROUP_ROWS, Pages::Fresh)?),
+        Some(writer_properties(
+            L0_ROW_GROUP_ROWS,
+            Pages::Fresh,
+            Blank::of_batch(batch),
+        )?),
     )?;
     writer.write(batch)?;
     writer.close()?;
@@ -822,6 +930,76 @@ mod tests {
     use super::*;
     use crate::symbols::SymbolTable;
     use crate::testing::{frames, profile};
+
+    /// A segment's optional columns that hold nothing are written uncompressed, the rest with
+    /// zstd; the file reads back the same, and tells which columns it left blank.
+    #[test]
+    fn blank_columns_are_written_uncompressed() {
+        use parquet::file::reader::FileReader;
+        let row = |i: u32, span: u64, labels: bool| Row {
+            series: 0,
+            timestamp: i64::from(i),
+            stack: i,
+            value: 1,
+            span_id: span,
+            trace_id: None,
+            labels: labels.then(|| Arc::from("thread=1")),
+            profile_id: Some([i as u8; 16]),
+        };
+        let blank_of = |rows: &[Row]| {
+            let mut b = RowBatchBuilder::default();
+            rows.iter().for_each(|r| b.push(r));
+            let batch = b.finish().expect("a batch");
+            let file = write_parquet(&batch).unwrap();
+            let reader =
+                parquet::file::serialized_reader::SerializedFileReader::new(file.clone()).unwrap();
+            let compressed: Vec<bool> = reader.metadata().row_groups()[0]
+                .columns()
+                .iter()
+                .map(|c| c.compression() != Compression::UNCOMPRESSED)
+                .collect();
+            let back: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(file)
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap())
+                .collect();
+            assert_eq!(back, std::slice::from_ref(&batch));
+            let blank = Blank::of_parquet(reader.metadata());
+            assert_eq!(blank, Blank::of_batch(&batch));
+            (blank, compressed)
+        };
+        // Spans 0, no trace ids, no labels: those three blank, profile ids not.
+        let (blank, compressed) = blank_of(&(0..50).map(|i| row(i, 0, false)).collect::<Vec<_>>());
+        assert_eq!(blank, Blank::rollup(true));
+        assert_eq!(
+            compressed,
+            [true, true, true, true, false, false, false, true]
+        );
+        // One span and one row's labels: only trace ids blank.
+        let mut rows: Vec<Row> = (0..50).map(|i| row(i, 0, false)).collect();
+        rows[7].span_id = 42;
+        rows[9].labels = Some(Arc::from("thread=2"));
+        let (blank, compressed) = blank_of(&rows);
+        assert_eq!(
+            compressed,
+            [true, true, true, true, true, false, true, true]
+        );
+        assert_eq!(blank.and(Blank::rollup(false)), blank);
+        assert_eq!(Blank::rollup(true).and(blank), blank);
+        // A file written with every column compressed (as before this rule) leaves none blank.
+        let mut b = RowBatchBuilder::default();
+        (0..10).for_each(|i| b.push(&row(i, 0, false)));
+        let batch = b.finish().expect("a batch");
+        let mut out = Vec::new();
+        let props = writer_properties(1024, Pages::Fresh, Blank::NONE).unwrap();
+        let mut w = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let reader =
+            parquet::file::serialized_reader::SerializedFileReader::new(Bytes::from(out)).unwrap();
+        assert_eq!(Blank::of_parquet(reader.metadata()), Blank::NONE);
+    }
 
     /// A batch builder used again after `finish` (as a compaction output or a rollup uses
     /// one, its room kept) makes the batches fresh builders make, in either mode.

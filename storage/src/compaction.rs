@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
 use crate::meta::{BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
 use crate::metastore::{Job, Metastore, QueuedBlock};
-use crate::metrics::CompactionLabels;
+use crate::metrics::{CompactionLabels, LevelLabels};
 use crate::query::{QueryEngine, now_ms};
 use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
 use crate::store::ObjectStorage;
@@ -474,7 +474,9 @@ impl Output {
     /// A new output whose id carries `created_ms` (the oldest source's time, so the output
     /// stays in its sources' partition).
     /// `resolutions`: the rollups to compute (`rollup::worth_computing` of the job's span);
-    /// `symbols`: room to reserve for the output's symbol tables; `level`: the output's.
+    /// `symbols`: room to reserve for the output's symbol tables; `level`: the output's;
+    /// `blank`: the columns every source left blank.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         dir: &std::path::Path,
         sources: usize,
@@ -483,6 +485,7 @@ impl Output {
         resolutions: &[i64],
         created_ms: u64,
         level: u32,
+        blank: crate::block::Blank,
     ) -> Result<Self> {
         let pages = crate::block::Pages::of_level(level);
         let row_group_rows = config.row_group_rows;
@@ -504,6 +507,7 @@ impl Output {
             crate::block::samples_schema(),
             row_group_rows,
             pages,
+            blank,
         ) {
             Ok(w) => w,
             Err(e) => {
@@ -837,14 +841,23 @@ impl Compactor {
                                 ))
                                 .await;
                         }
+                        let level = LevelLabels { level: job.level };
                         metrics
                             .compaction_duration
+                            .get_or_create(&level)
                             .observe(started.elapsed().as_secs_f64());
                         metrics
                             .compaction_input_bytes
+                            .get_or_create(&level)
                             .inc_by(job.sources.iter().map(|b| b.bytes).sum());
-                        metrics.compaction_output_bytes.inc_by(bytes);
-                        metrics.compaction_output_rows.inc_by(rows);
+                        metrics
+                            .compaction_output_bytes
+                            .get_or_create(&level)
+                            .inc_by(bytes);
+                        metrics
+                            .compaction_output_rows
+                            .get_or_create(&level)
+                            .inc_by(rows);
                         tracing::debug!(tenant = %job.tenant, job = job.id, level = job.level,
                             sources = job.sources.len(), outputs = outputs.len(), rows, bytes,
                             elapsed_ms = started.elapsed().as_millis() as u64, "compaction job done");
@@ -984,6 +997,8 @@ impl Compactor {
         }
         drop(keyed);
         let mut sources = Vec::with_capacity(metas.len());
+        // The columns every source left blank, blank in the outputs too.
+        let mut blank = None;
         for (meta, series_map) in metas.iter().zip(series_maps) {
             let fail = |e| (Some(Arc::clone(meta)), e);
             let symbols = self
@@ -991,11 +1006,12 @@ impl Compactor {
                 .load_named_symbols(meta, NAMING_DEADLINE)
                 .await
                 .map_err(fail)?;
-            let stream = self
+            let (stream, source_blank) = self
                 .query
                 .read_all(meta, self.config.batch_rows)
                 .await
                 .map_err(fail)?;
+            blank = Some(blank.map_or(source_blank, |b: crate::block::Blank| b.and(source_blank)));
             sources.push(Source {
                 meta: Arc::clone(meta),
                 symbols,
@@ -1021,6 +1037,7 @@ impl Compactor {
             metas.iter().map(|m| m.max_time_nanos).max().unwrap_or(0),
         );
         let n_sources = sources.len();
+        let blank = blank.unwrap_or(crate::block::Blank::NONE);
         // The output's tables hold at least the largest source's.
         let symbols_room = sources
             .iter()
@@ -1041,6 +1058,7 @@ impl Compactor {
                 &resolutions,
                 created_ms,
                 (job.level + 1).min(TOP_LEVEL),
+                blank,
             )
             .map_err(local)?;
             if let Some(rows) = give_up {

@@ -44,9 +44,11 @@ pub struct LevelLabels {
     pub level: u32,
 }
 
-/// A compaction job's output level and outcome.
+/// A compaction job's level and outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CompactionLabels {
+    /// The level merged: its sources' (an L0 merge writes L1 blocks), [`crate::meta::TOP_LEVEL`]
+    /// for merges among top-level blocks and the packing of a quiet partition.
     pub level: u32,
     /// `ok`, `lost` (another compactor took the job), `quarantined` (a source was unreadable),
     /// `error`.
@@ -72,10 +74,12 @@ pub struct StorageMetrics {
     pub flush_duration: Histogram,
     pub flush_rows: Counter,
     pub compaction_jobs: Family<CompactionLabels, Counter>,
-    pub compaction_duration: Histogram,
-    pub compaction_input_bytes: Counter,
-    pub compaction_output_bytes: Counter,
-    pub compaction_output_rows: Counter,
+    /// The next four by the level merged (as [`CompactionLabels::level`]): where the
+    /// rewrites of a row go.
+    pub compaction_duration: Family<LevelLabels, Histogram>,
+    pub compaction_input_bytes: Family<LevelLabels, Counter>,
+    pub compaction_output_bytes: Family<LevelLabels, Counter>,
+    pub compaction_output_rows: Family<LevelLabels, Counter>,
     /// Blocks waiting in the compaction queue when it was last planned.
     pub compaction_queued_blocks: Gauge,
     /// Blocks per level, all tenants (refreshed in the background).
@@ -124,10 +128,10 @@ impl StorageMetrics {
             flush_duration: seconds(),
             flush_rows: Counter::default(),
             compaction_jobs: Family::default(),
-            compaction_duration: seconds(),
-            compaction_input_bytes: Counter::default(),
-            compaction_output_bytes: Counter::default(),
-            compaction_output_rows: Counter::default(),
+            compaction_duration: Family::new_with_constructor(seconds),
+            compaction_input_bytes: Family::default(),
+            compaction_output_bytes: Family::default(),
+            compaction_output_rows: Family::default(),
             compaction_queued_blocks: Gauge::default(),
             blocks: Family::default(),
             spool_bytes: Gauge::default(),
@@ -198,27 +202,27 @@ impl StorageMetrics {
         );
         r.register(
             "storage_compaction_jobs",
-            "Compaction jobs by output level and outcome",
+            "Compaction jobs by the level merged and outcome",
             self.compaction_jobs.clone(),
         );
         r.register(
             "storage_compaction_duration_seconds",
-            "Time to run one compaction job",
+            "Time to run one compaction job, by the level merged",
             self.compaction_duration.clone(),
         );
         r.register(
             "storage_compaction_input_bytes",
-            "Bytes of source blocks compaction merged",
+            "Bytes of source blocks compaction merged, by their level",
             self.compaction_input_bytes.clone(),
         );
         r.register(
             "storage_compaction_output_bytes",
-            "Bytes of blocks compaction wrote",
+            "Bytes of blocks compaction wrote, by the level merged",
             self.compaction_output_bytes.clone(),
         );
         r.register(
             "storage_compaction_output_rows",
-            "Sample rows of blocks compaction wrote",
+            "Sample rows of blocks compaction wrote, by the level merged",
             self.compaction_output_rows.clone(),
         );
         r.register(

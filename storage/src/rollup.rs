@@ -33,7 +33,7 @@ use parquet::arrow::ArrowWriter;
 
 use crate::Result;
 use crate::block::{
-    Pages, Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
+    Blank, Pages, Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
 };
 use crate::meta::{PROFILE_TOTALS, SeriesMeta};
 
@@ -184,7 +184,8 @@ impl RollupWriter {
         } else {
             samples_schema()
         };
-        let writer = samples_file_writer(&path, schema, row_group_rows, pages)?;
+        let blank = Blank::rollup(resolution == PROFILE_TOTALS);
+        let writer = samples_file_writer(&path, schema, row_group_rows, pages, blank)?;
         Ok(Self {
             resolution,
             path,

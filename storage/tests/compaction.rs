@@ -568,3 +568,90 @@ async fn fresh_segments_merge_while_a_long_merge_runs() {
             .contains_key(&frames("main;fresh"))
     );
 }
+
+/// The compression of each column of `block`'s samples section (`true`: zstd), in schema
+/// order.
+async fn compressed_columns(s: &Storage, block: &BlockMeta) -> Vec<bool> {
+    use parquet::file::reader::FileReader;
+    let object = s.store().get(&block.path()).await.unwrap();
+    let (start, size) = (block.samples.offset as usize, block.samples.size as usize);
+    let samples = object.slice(start..start + size);
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(samples).unwrap();
+    let columns = reader.metadata().row_groups()[0].columns();
+    columns
+        .iter()
+        .map(|c| c.compression() != parquet::basic::Compression::UNCOMPRESSED)
+        .collect()
+}
+
+/// Columns that hold nothing (spans, trace ids, per-sample labels here) are written without
+/// compression in segments and in the blocks merged from them, as long as every source left
+/// them so: one source with spans makes its output compress them. Answers are unchanged, and
+/// another tenant sees none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blank_columns_stay_uncompressed_through_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    // (span, trace, labels, profile id): blank but the profile ids.
+    const BLANK: [bool; 8] = [true, true, true, true, false, false, false, true];
+    for i in 0..4 {
+        s.write(
+            "a",
+            profile(
+                "api",
+                &[(frames(&format!("main;f{i}")), 1 + i)],
+                T0 + i * SEC,
+            ),
+        )
+        .await
+        .unwrap();
+        s.flush().await;
+    }
+    for b in blocks(&s, "a").await {
+        assert_eq!(compressed_columns(&s, &b).await, BLANK, "segment {}", b.id);
+    }
+    let before = stacks(&s, "a", "{}").await;
+    assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
+    let merged = blocks(&s, "a").await;
+    assert!(merged.iter().all(|b| b.level > 0), "every segment merged");
+    for b in &merged {
+        assert_eq!(compressed_columns(&s, b).await, BLANK, "output {}", b.id);
+    }
+    assert_eq!(stacks(&s, "a", "{}").await, before);
+
+    // Tenant b: one profile of four carries a span id.
+    for i in 0..4 {
+        let mut p = profile(
+            "api",
+            &[(frames(&format!("main;g{i}")), 1 + i)],
+            T0 + i * SEC,
+        );
+        if i == 2 {
+            p.series[0].samples[0].span_id = 0x1234;
+        }
+        s.write("b", p).await.unwrap();
+        s.flush().await;
+    }
+    let spans: Vec<bool> = {
+        let mut v = Vec::new();
+        for b in blocks(&s, "b").await {
+            v.push(compressed_columns(&s, &b).await[4]);
+        }
+        v
+    };
+    assert_eq!(spans.iter().filter(|&&c| c).count(), 1, "{spans:?}");
+    assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
+    for b in blocks(&s, "b").await {
+        let mut want = BLANK;
+        want[4] = true;
+        assert_eq!(compressed_columns(&s, &b).await, want, "output {}", b.id);
+    }
+    let b_stacks = stacks(&s, "b", "{}").await;
+    assert_eq!(b_stacks.values().sum::<i64>(), 1 + 2 + 3 + 4);
+    assert!(
+        !b_stacks.contains_key(&frames("main;f0")),
+        "b sees none of a"
+    );
+    assert!(!stacks(&s, "a", "{}").await.contains_key(&frames("main;g0")));
+    s.close().await;
+}

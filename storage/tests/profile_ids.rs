@@ -220,7 +220,14 @@ fn version_2_object(
     let mut w = ArrowWriter::try_new(
         &mut out,
         old_schema.clone(),
-        Some(writer_properties(1024, kiln_storage::block::Pages::Kept).unwrap()),
+        Some(
+            writer_properties(
+                1024,
+                kiln_storage::block::Pages::Kept,
+                kiln_storage::block::Blank::NONE,
+            )
+            .unwrap(),
+        ),
     )
     .unwrap();
     for batch in reader {

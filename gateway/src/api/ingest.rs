@@ -14,7 +14,7 @@ use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
 
 use crate::app::AppRef;
 use crate::app::budget;
-use crate::app::write::{blocking, store};
+use crate::app::write::{blocking, decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::time::{now_nanos, parse_time};
@@ -201,7 +201,7 @@ async fn ingest(
             .await?;
             share.cover(body.estimate()).await?;
             let meta = meta.clone();
-            blocking(move || {
+            decode(body.bytes().len(), move || {
                 let (mut p, size) = pprof::decode_checked(body, max_decompressed)?;
                 if dotnet {
                     pprof::repair_dotnet(&mut p);
@@ -232,7 +232,7 @@ async fn ingest(
                 dotnet |= unknown_spy && keys.iter().any(|k| k == DOTNET_CONFIG_KEY);
                 meta.display_names = names;
             }
-            blocking(move || {
+            decode(profile.bytes().len(), move || {
                 let (mut p, size) = pprof::decode_checked(profile, max_decompressed)?;
                 if dotnet {
                     pprof::repair_dotnet(&mut p);

@@ -27,7 +27,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, server::NamedService};
 
 use crate::app::AppRef;
-use crate::app::write::{blocking, store};
+use crate::app::write::{decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::time::now_nanos;
@@ -111,7 +111,7 @@ async fn export(
     }
     let limits = app.limits(tenant).normalize();
     let decompressed_bytes = body.len();
-    let converted = blocking(move || {
+    let converted = decode(decompressed_bytes, move || {
         let req = match encoding {
             Encoding::Json => kiln_otel::otlp_json::parse_request(&body)?,
             Encoding::Protobuf => decode_request(&body)?,

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::app::AppRef;
 use crate::app::budget;
-use crate::app::write::{blocking, store};
+use crate::app::write::{decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::tenants::TenantLimits;
@@ -73,7 +73,8 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
         }
     }
     share.cover(decoded).await?;
-    let profiles = blocking(move || {
+    let bytes = walked.iter().map(|w| w.bytes().len()).sum();
+    let profiles = decode(bytes, move || {
         let mut walked = walked.into_iter();
         let mut total = 0usize;
         let mut out = Vec::new();

@@ -1,4 +1,5 @@
-//! The write path every write API ends in: decoding off the async workers (`blocking`) and
+//! The write path every write API ends in: decoding off the async workers (`blocking`; small
+//! bodies on the request's task, `decode`) and
 //! [`store`], which charges the tenant's rate and series limits and answers only once the
 //! profiles are durable.
 
@@ -63,6 +64,26 @@ pub async fn store(
     app.metrics.decompressed(tenant, decompressed_bytes);
     app.metrics.stored(tenant, series, samples);
     Ok(())
+}
+
+/// Bodies up to this size (uncompressed) are decoded and normalized on the request's own task
+/// ([`decode`]): at about 50 instructions a byte that is ~0.2 ms for the ~15 kB of an SDK's
+/// pprof, while handing the body to a blocking thread and back wakes a sleeping thread and
+/// switches to it twice, which `perf` put at ~4 % of the server's CPU on the `small` bench
+/// (docs/performance.md, 2026-11-29, "decoding on the request's task").
+pub(crate) const INLINE_DECODE_BYTES: usize = 32 << 10;
+
+/// Decodes (and normalizes) a body of `bytes` bytes: on the request's own task when it is at
+/// most [`INLINE_DECODE_BYTES`], else on a blocking thread ([`blocking`]); in an
+/// `ingest.decode` span of the request either way.
+pub(crate) async fn decode<T: Send + 'static>(
+    bytes: usize,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    if bytes <= INLINE_DECODE_BYTES {
+        return tracing::info_span!("ingest.decode").in_scope(f);
+    }
+    blocking(f).await
 }
 
 /// Runs CPU-heavy decoding off the async workers, in an `ingest.decode` span of the request.

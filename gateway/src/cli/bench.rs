@@ -156,6 +156,17 @@ pub struct BenchArgs {
     pub object_store: Option<String>,
 }
 
+/// Compaction's work on one level's merges (an L0 merge writes L1 blocks; the top level's are
+/// its merges among top-level blocks and the packing of a quiet partition).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LevelWork {
+    pub level: u32,
+    /// Sample rows written, per row ingested.
+    pub rows_per_row: f64,
+    /// Wall time of the level's jobs, summed.
+    pub job_seconds: f64,
+}
+
 /// p50 and p99 of repeated measurements, in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Timing {
@@ -207,6 +218,8 @@ pub struct KilnResults {
     pub compaction_rows_per_row: f64,
     /// Bytes of blocks compaction read, per byte at rest once it caught up.
     pub compaction_read_per_byte: f64,
+    /// The same rows by the level merged, with the time its jobs took.
+    pub compaction_levels: Vec<LevelWork>,
     /// Bytes at rest of the data below the top level while ingest ran.
     pub fresh: fresh::FreshBytes,
     /// The preset's queries, in its order.
@@ -352,12 +365,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some(counts) => {
             // Two intervals past the data's last seal, so what it sealed has been sent.
             tokio::time::sleep(Duration::from_secs(3)).await;
-            let points_sealed = metric_values(
-                &reqwest::Client::new(),
-                &server.ingest,
-                &["kiln_recording_points_sealed_total"],
-            )
-            .await?[0];
+            let exposition = metrics_text(&reqwest::Client::new(), &server.ingest).await?;
+            let points_sealed =
+                metric_values(&exposition, &["kiln_recording_points_sealed_total"])[0];
             use std::sync::atomic::Ordering::Relaxed;
             let r = recording::RecordingResults {
                 rules: args.recording_rules,
@@ -670,15 +680,24 @@ async fn bench_kiln(
     let compaction_seconds = caught_up.duration_since(started).as_secs_f64();
     let server_cpu_to_catch_up_seconds = server.cpu_seconds() - cpu_before;
     let bytes_at_rest = server.bytes_at_rest().await?;
+    let exposition = metrics_text(&http, &server.compact).await?;
     let compacted = metric_values(
-        &http,
-        &server.compact,
+        &exposition,
         &[
             "kiln_storage_compaction_output_rows_total",
             "kiln_storage_compaction_input_bytes_total",
         ],
-    )
-    .await?;
+    );
+    let job_seconds = metric_by_level(&exposition, "kiln_storage_compaction_duration_seconds_sum");
+    let compaction_levels =
+        metric_by_level(&exposition, "kiln_storage_compaction_output_rows_total")
+            .into_iter()
+            .map(|(level, written)| LevelWork {
+                level,
+                rows_per_row: written / rows.max(1) as f64,
+                job_seconds: job_seconds.get(&level).copied().unwrap_or(0.0),
+            })
+            .collect();
 
     // Returns the answer and the bytes the server read for it (its `kiln-query-stats`).
     let call = |path: &'static str, body: Vec<u8>, cache: bool| {
@@ -787,33 +806,56 @@ async fn bench_kiln(
         bytes_per_row: bytes_at_rest as f64 / rows.max(1) as f64,
         compaction_rows_per_row: compacted[0] / rows.max(1) as f64,
         compaction_read_per_byte: compacted[1] / bytes_at_rest.max(1) as f64,
+        compaction_levels,
         fresh,
         queries: results,
     })
 }
 
-/// The values of unlabelled counters or gauges `names` in the Prometheus exposition of the
-/// process at `url` (0 for one it does not show).
-async fn metric_values(
-    http: &reqwest::Client,
-    url: &str,
-    names: &[&str],
-) -> anyhow::Result<Vec<f64>> {
-    let text = http
+/// The Prometheus exposition of the process at `url`.
+async fn metrics_text(http: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+    Ok(http
         .get(format!("{url}/metrics"))
         .send()
         .await?
         .error_for_status()?
         .text()
-        .await?;
-    Ok(names
+        .await?)
+}
+
+/// The samples of metric `name` in a Prometheus exposition, with their labels (`""` for none).
+fn metric_samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> + 'a {
+    text.lines().filter_map(move |l| {
+        let rest = l.strip_prefix(name)?;
+        let (labels, value) = match rest.strip_prefix('{') {
+            Some(rest) => rest.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        Some((labels, value.trim().parse().ok()?))
+    })
+}
+
+/// The values of counters or gauges `names`, each summed over its label sets (0 for one the
+/// exposition does not show).
+fn metric_values(text: &str, names: &[&str]) -> Vec<f64> {
+    names
         .iter()
-        .map(|name| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-                .unwrap_or(0.0)
-        })
-        .collect())
+        .map(|name| metric_samples(text, name).map(|(_, v)| v).sum())
+        .collect()
+}
+
+/// The values of metric `name` by its `level` label, lowest level first.
+fn metric_by_level(text: &str, name: &str) -> std::collections::BTreeMap<u32, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for (labels, v) in metric_samples(text, name) {
+        let level = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("level=\"")?.strip_suffix('"')?.parse().ok());
+        if let Some(level) = level {
+            *out.entry(level).or_insert(0.0) += v;
+        }
+    }
+    out
 }
 
 /// A Connect call with a protobuf body; without the partial-result cache unless `cache`.
@@ -1045,6 +1087,14 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
         k.compaction_rows_per_row, k.compaction_read_per_byte
     );
     println!(
+        "| compaction by the level merged: rows written per row ingested, jobs' time | {} | — | — | |",
+        k.compaction_levels
+            .iter()
+            .map(|l| format!("L{} {:.2}, {:.1} s", l.level, l.rows_per_row, l.job_seconds))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    println!(
         "\n| query | read from the store: first run / later runs | with the partial-result cache (p50 / p99) | read |"
     );
     println!("|---|---|---|---|");
@@ -1074,4 +1124,46 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
         k.blocks,
         k.bytes_at_rest
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXPOSITION: &str = "\
+# HELP kiln_storage_compaction_output_rows Sample rows of blocks compaction wrote.
+# TYPE kiln_storage_compaction_output_rows counter
+kiln_storage_compaction_output_rows_total{level=\"0\"} 300
+kiln_storage_compaction_output_rows_total{level=\"3\"} 120
+kiln_storage_compaction_output_rows_total_extra 7
+kiln_storage_compaction_duration_seconds_sum{level=\"0\"} 1.5
+kiln_storage_compaction_duration_seconds_count{level=\"0\"} 4
+kiln_recording_points_sealed_total 42
+";
+
+    #[test]
+    fn metric_values_sum_label_sets_and_skip_longer_names() {
+        assert_eq!(
+            metric_values(
+                EXPOSITION,
+                &[
+                    "kiln_storage_compaction_output_rows_total",
+                    "kiln_recording_points_sealed_total",
+                    "kiln_absent_total",
+                ]
+            ),
+            [420.0, 42.0, 0.0]
+        );
+    }
+
+    #[test]
+    fn metric_by_level_reads_the_level_label() {
+        let rows = metric_by_level(EXPOSITION, "kiln_storage_compaction_output_rows_total");
+        assert_eq!(
+            rows.into_iter().collect::<Vec<_>>(),
+            [(0, 300.0), (3, 120.0)]
+        );
+        let secs = metric_by_level(EXPOSITION, "kiln_storage_compaction_duration_seconds_sum");
+        assert_eq!(secs.into_iter().collect::<Vec<_>>(), [(0, 1.5)]);
+    }
 }

@@ -507,19 +507,25 @@ impl QueryEngine {
         Ok(())
     }
 
-    /// Every row of a block, every column, in its sort order (the compactor's input).
+    /// Every row of a block, every column, in its sort order (the compactor's input), and the
+    /// columns its samples section left blank.
     pub(crate) async fn read_all(
         &self,
         block: &BlockMeta,
         batch_rows: usize,
-    ) -> Result<parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>> {
+    ) -> Result<(
+        parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>,
+        crate::block::Blank,
+    )> {
         let metadata = self.parquet_metadata(block, Source::Samples).await?;
-        Ok(ParquetRecordBatchStreamBuilder::new_with_metadata(
+        let blank = crate::block::Blank::of_parquet(metadata.metadata());
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
             SectionReader::new(self, block, Source::Samples).uncached(),
             metadata,
         )
         .with_batch_size(batch_rows)
-        .build()?)
+        .build()?;
+        Ok((stream, blank))
     }
 
     /// Quarantines a block that failed to read; other errors pass through.
