@@ -238,11 +238,7 @@ pub async fn checked(
         }
         .map_err(|e| ApiError::invalid(e.to_string()))
     };
-    let checked = if body_len <= INLINE_WALK_BYTES {
-        walk()?
-    } else {
-        crate::app::write::blocking(walk).await?
-    };
+    let checked = crate::app::write::inline_up_to(INLINE_WALK_BYTES, body_len, walk).await?;
     if checked.estimate() > max_decoded {
         return Err(kiln_otel::Error::DecodesTooLarge {
             estimate: checked.estimate(),

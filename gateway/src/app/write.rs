@@ -80,7 +80,18 @@ pub(crate) async fn decode<T: Send + 'static>(
     bytes: usize,
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    if bytes <= INLINE_DECODE_BYTES {
+    inline_up_to(INLINE_DECODE_BYTES, bytes, f).await
+}
+
+/// Runs `f`, the work on `bytes` bytes, on the request's own task when they are at most
+/// `limit`, else on a blocking thread ([`blocking`]); in an `ingest.decode` span of the request
+/// either way. `limit` is where `f` would hold an async worker longer than a handoff costs.
+pub(crate) async fn inline_up_to<T: Send + 'static>(
+    limit: usize,
+    bytes: usize,
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    if bytes <= limit {
         return tracing::info_span!("ingest.decode").in_scope(f);
     }
     blocking(f).await
