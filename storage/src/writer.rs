@@ -55,7 +55,10 @@ pub fn check_times(profiles: &[NormalizedProfile], now_nanos: i64) -> Result<()>
 /// Writer settings.
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
-    /// Number of shards (writer tasks).
+    /// Number of shards (writer tasks). One by default: a shard adds its writes and flushes
+    /// its segments one at a time, and keeps up with about eight cores' worth of ingest; more
+    /// shards split each flush's profiles into more, emptier segments (and every level of
+    /// compaction into more blocks), which cost more to write, compact and store per row.
     pub shards: u32,
     /// Longest time a write waits before its buffer is flushed.
     pub flush_interval: Duration,
@@ -68,7 +71,7 @@ pub struct WriterConfig {
 impl Default for WriterConfig {
     fn default() -> Self {
         Self {
-            shards: 2,
+            shards: 1,
             flush_interval: Duration::from_millis(50),
             flush_bytes: 32 << 20,
             clock: Clock::default(),

@@ -321,8 +321,10 @@ pub struct StorageArgs {
     #[arg(long, env = "KILN_SPOOL_MAX_BYTES", default_value_t = 1 << 30)]
     pub spool_max_bytes: u64,
 
-    /// Number of write shards.
-    #[arg(long, env = "KILN_SHARDS", default_value_t = 2)]
+    /// Number of write shards. Each shard adds its writes and flushes its segments one at a
+    /// time; one keeps up with about eight cores' worth of ingest, and fuller segments cost
+    /// less to write and to compact than two half-full ones.
+    #[arg(long, env = "KILN_SHARDS", default_value_t = 1)]
     pub shards: u32,
 
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
