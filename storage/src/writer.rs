@@ -59,6 +59,7 @@ pub struct WriterConfig {
     /// its segments one at a time, and keeps up with about eight cores' worth of ingest; more
     /// shards split each flush's profiles into more, emptier segments (and every level of
     /// compaction into more blocks), which cost more to write, compact and store per row.
+    /// `kiln serve` picks two for a remote object store, where each flush waits a PUT.
     pub shards: u32,
     /// Longest time a write waits before its buffer is flushed.
     pub flush_interval: Duration,

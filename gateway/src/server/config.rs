@@ -322,10 +322,11 @@ pub struct StorageArgs {
     pub spool_max_bytes: u64,
 
     /// Number of write shards. Each shard adds its writes and flushes its segments one at a
-    /// time; one keeps up with about eight cores' worth of ingest, and fuller segments cost
-    /// less to write and to compact than two half-full ones.
-    #[arg(long, env = "KILN_SHARDS", default_value_t = 1)]
-    pub shards: u32,
+    /// time. Default: 1 on the local file system, where fuller segments cost less to write and
+    /// compact than two half-full ones; 2 on a remote object store, where each flush waits a
+    /// PUT's round trip and two shards keep two flushes in flight.
+    #[arg(long, env = "KILN_SHARDS")]
+    pub shards: Option<u32>,
 
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
     /// that arrive during a flush are flushed together right after it (group commit).
@@ -522,7 +523,9 @@ impl ServeArgs {
         c.object_store = s.object_store.clone();
         c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
         c.spool_max_bytes = s.spool_max_bytes;
-        c.writer.shards = s.shards;
+        c.writer.shards = s
+            .shards
+            .unwrap_or_else(|| default_shards(s.object_store.as_deref()));
         c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
         c.writer.flush_bytes = s.flush_bytes;
         c.symbols_cache_bytes = s.symbols_cache_bytes;
@@ -544,9 +547,22 @@ impl ServeArgs {
     }
 }
 
+/// Write shards when `--shards` is not given: one on the local file system (or in memory),
+/// two on a remote object store (any other URL scheme). A shard flushes one segment at a time;
+/// on the local file system a flush is CPU and an fsync, and one shard's fuller segments cost
+/// less (`kiln bench --preset small`: 0.93× the server CPU of two); against a remote store a
+/// flush waits a PUT and a PostgreSQL commit, and one shard gave 0.76× the profiles a second
+/// of two at 32 requests in flight (`--scaled-out`, docs/performance.md 2026-11-29, third).
+fn default_shards(object_store: Option<&str>) -> u32 {
+    match object_store.and_then(|url| url.split_once("://")) {
+        Some((scheme, _)) if !matches!(scheme, "file" | "memory") => 2,
+        _ => 1,
+    }
+}
+
 impl StorageArgs {
     fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.shards > 0, "--shards must be at least 1");
+        anyhow::ensure!(self.shards != Some(0), "--shards must be at least 1");
         anyhow::ensure!(
             self.flush_interval_ms > 0,
             "--flush-interval-ms must be positive"
@@ -719,6 +735,22 @@ mod tests {
         assert_eq!(args.auth.mode, AuthMode::TrustedHeader);
         assert!(!args.compaction.enabled);
         assert_eq!(args.storage_config().writer.shards, 3);
+        let shards = |argv: &[&str]| {
+            Wrapper::parse_from(argv)
+                .args
+                .storage_config()
+                .writer
+                .shards
+        };
+        assert_eq!(shards(&["kiln"]), 1);
+        assert_eq!(shards(&["kiln", "--object-store", "/srv/kiln"]), 1);
+        assert_eq!(shards(&["kiln", "--object-store", "file:///srv/kiln"]), 1);
+        assert_eq!(shards(&["kiln", "--object-store", "s3://bucket/prefix"]), 2);
+        assert_eq!(shards(&["kiln", "--object-store", "gs://bucket"]), 2);
+        assert_eq!(
+            shards(&["kiln", "--object-store", "s3://bucket", "--shards", "1"]),
+            1
+        );
         assert!(!args.storage_config().compaction.enabled);
         args.validate().expect("valid");
         let bad = Wrapper::parse_from(["kiln", "--otlp-traces-endpoint", "127.0.0.1:4317"]).args;
