@@ -30,6 +30,14 @@ fn kiln_env(prefix: &str) -> Vec<(String, String)> {
     out
 }
 
+/// Whether `url` (as [`ObjectStorage::from_url`] takes it) names a remote object store, whose
+/// puts wait a network round trip: any scheme other than `file://` and `memory://`; a plain
+/// path is the local file system.
+pub fn is_remote_url(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| !matches!(scheme, "file" | "memory"))
+}
+
 /// An object store plus, when it is the local file system, its root for fsync.
 #[derive(Debug, Clone)]
 pub struct ObjectStorage {
@@ -466,6 +474,12 @@ mod tests {
         )
         .unwrap();
         assert!(format!("{:?}", az.inner()).contains("container"));
+        // `is_remote_url` agrees with what `from_url` opens.
+        assert!(!is_remote_url(dir.path().to_str().unwrap()) && local.is_local());
+        assert!(!is_remote_url(&format!("file://{}", dir.path().display())) && file.is_local());
+        assert!(is_remote_url("s3://bucket/some/prefix") && !s3.is_local());
+        assert!(is_remote_url("az://container/p"));
+        assert!(!is_remote_url("memory://bucket"));
         for bad in ["ftp://x/y", "postgres://a/b"] {
             let err = ObjectStorage::from_url(bad, t).unwrap_err();
             assert!(matches!(err, Error::Config(_)), "{bad}: {err}");

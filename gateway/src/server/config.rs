@@ -554,9 +554,10 @@ impl ServeArgs {
 /// flush waits a PUT and a PostgreSQL commit, and one shard gave 0.76× the profiles a second
 /// of two at 32 requests in flight (`--scaled-out`, docs/performance.md 2026-11-29, third).
 fn default_shards(object_store: Option<&str>) -> u32 {
-    match object_store.and_then(|url| url.split_once("://")) {
-        Some((scheme, _)) if !matches!(scheme, "file" | "memory") => 2,
-        _ => 1,
+    if object_store.is_some_and(kiln_storage::store::is_remote_url) {
+        2
+    } else {
+        1
     }
 }
 
