@@ -130,8 +130,15 @@ pub fn profile_totals_schema() -> SchemaRef {
 /// replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pages {
-    /// zstd level 1: L0 segments and the L1 and L2 blocks merged from them, which later merges
-    /// replace within minutes. zstd resets its tables for every page it compresses, a level 3
+    /// LZ4 (raw): L0 segments, a flush's few thousand rows, which the first merge replaces
+    /// within seconds. Parquet's zstd codec makes a compression and a decompression context
+    /// for every column chunk it writes or reads, and each context asks the CPU for its
+    /// features (`cpuid`, which a virtual machine traps); LZ4 keeps no context. On the `small`
+    /// bench the zstd codecs' making was 3.4 % of the server's CPU, most of it for the
+    /// segments' chunks, written once and read by the L0 merge and the queries of fresh data.
+    Segment,
+    /// zstd level 1: the L1 and L2 blocks merged from segments, which later merges replace
+    /// within minutes. zstd resets its tables for every page it compresses, a level 3
     /// context's several times larger than a level 1 one's: on the `small` bench those resets
     /// were 1.4 % of the server's instructions, most of them for the segments' pages, where a
     /// segment's few hundred rows make pages of a few KiB.
@@ -150,11 +157,12 @@ impl Pages {
         }
     }
 
-    fn zstd_level(self) -> i32 {
-        match self {
-            Self::Fresh => 1,
-            Self::Kept => 3,
-        }
+    fn compression(self) -> Result<Compression> {
+        Ok(match self {
+            Self::Segment => Compression::LZ4_RAW,
+            Self::Fresh => Compression::ZSTD(ZstdLevel::try_new(1)?),
+            Self::Kept => Compression::ZSTD(ZstdLevel::try_new(3)?),
+        })
     }
 }
 
@@ -253,7 +261,7 @@ impl Blank {
     }
 }
 
-/// Parquet settings of every samples section: zstd (as hard as `pages` says), an offset index
+/// Parquet settings of every samples section: compressed as `pages` says, an offset index
 /// (so row ranges map to pages), page statistics of the timestamps alone (the only ones a
 /// reader uses, to narrow a series to the pages of a time range: `query::scan`), delta
 /// encoding for the sorted integer columns; `blank` columns uncompressed.
@@ -273,7 +281,7 @@ pub fn writer_properties(
         props = props.set_column_compression(ColumnPath::from(name), Compression::UNCOMPRESSED);
     }
     Ok(props
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(pages.zstd_level())?))
+        .set_compression(pages.compression()?)
         .set_statistics_enabled(EnabledStatistics::None)
         .set_column_statistics_enabled(delta(columns::TIMESTAMP), EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(max_row_group_rows))
@@ -902,6 +910,24 @@ pub fn decode_sample_labels(s: &str) -> Vec<(String, String)> {
 /// Rows per row group of an L0 dataset (small: one flush).
 const L0_ROW_GROUP_ROWS: usize = 256 * 1024;
 
+/// Switches for the tests of old formats.
+#[cfg(feature = "testing")]
+pub mod testing {
+    /// While set, segments' samples are written with zstd level 1, as builds before LZ4
+    /// segments wrote them: for the tests that read and compact old and new together.
+    pub static SEGMENT_ZSTD: std::sync::atomic::AtomicBool =
+        std::sync::atomic::AtomicBool::new(false);
+}
+
+/// How a segment's pages are compressed.
+fn segment_pages() -> Pages {
+    #[cfg(feature = "testing")]
+    if testing::SEGMENT_ZSTD.load(std::sync::atomic::Ordering::Relaxed) {
+        return Pages::Fresh;
+    }
+    Pages::Segment
+}
+
 fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
     let mut out = Vec::new();
     let mut writer = ArrowWriter::try_new(
@@ -909,7 +935,7 @@ fn write_parquet(batch: &RecordBatch) -> Result<Bytes> {
         batch.schema(),
         Some(writer_properties(
             L0_ROW_GROUP_ROWS,
-            Pages::Fresh,
+            segment_pages(),
             Blank::of_batch(batch),
         )?),
     )?;
@@ -932,7 +958,8 @@ mod tests {
     use crate::testing::{frames, profile};
 
     /// A segment's optional columns that hold nothing are written uncompressed, the rest with
-    /// zstd; the file reads back the same, and tells which columns it left blank.
+    /// LZ4 (no codec context to make per column chunk); the file reads back the same, and
+    /// tells which columns it left blank.
     #[test]
     fn blank_columns_are_written_uncompressed() {
         use parquet::file::reader::FileReader;
@@ -956,7 +983,11 @@ mod tests {
             let compressed: Vec<bool> = reader.metadata().row_groups()[0]
                 .columns()
                 .iter()
-                .map(|c| c.compression() != Compression::UNCOMPRESSED)
+                .map(|c| match c.compression() {
+                    Compression::UNCOMPRESSED => false,
+                    Compression::LZ4_RAW => true,
+                    other => panic!("a segment's column chunk in {other:?}"),
+                })
                 .collect();
             let back: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(file)
                 .unwrap()
@@ -999,6 +1030,10 @@ mod tests {
         let reader =
             parquet::file::serialized_reader::SerializedFileReader::new(Bytes::from(out)).unwrap();
         assert_eq!(Blank::of_parquet(reader.metadata()), Blank::NONE);
+        // Merged blocks' pages stay zstd.
+        for c in reader.metadata().row_groups()[0].columns() {
+            assert!(matches!(c.compression(), Compression::ZSTD(_)));
+        }
     }
 
     /// A batch builder used again after `finish` (as a compaction output or a rollup uses

@@ -569,7 +569,7 @@ async fn fresh_segments_merge_while_a_long_merge_runs() {
     );
 }
 
-/// The compression of each column of `block`'s samples section (`true`: zstd), in schema
+/// Whether each column of `block`'s samples section is compressed (LZ4 or zstd), in schema
 /// order.
 async fn compressed_columns(s: &Storage, block: &BlockMeta) -> Vec<bool> {
     use parquet::file::reader::FileReader;

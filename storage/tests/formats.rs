@@ -1,8 +1,8 @@
 //! Blocks of older formats stay readable and compact with new ones: symbols sections of format
 //! version 1 (uncompressed), 2 (zstd, rows holding tree nodes) and 3 (stack ids apart from
 //! nodes, functions as messages) beside version 4 (functions as columns), read before and after
-//! a merge; and blocks of block format version 3 (profile totals without `sample_row`) beside
-//! version 4.
+//! a merge; blocks of block format version 3 (profile totals without `sample_row`) beside
+//! version 4; and segments whose samples are zstd (before LZ4 segments) beside LZ4 ones.
 //!
 //! Its own binary: the tests flip process-wide switches that make the writer emit older
 //! formats (nextest runs each test in a process of its own).
@@ -97,6 +97,88 @@ async fn symbols_of_versions_1_to_4_read_and_compact_together() {
     let b = stacks(&s, "b").await;
     assert_eq!(b.len(), 1, "tenant b sees only its own stack: {b:?}");
     assert_eq!(b.values().sum::<i64>(), 12);
+}
+
+/// The codecs of the column chunks of `block`'s samples section that are compressed.
+async fn codecs(s: &Storage, block: &kiln_storage::meta::BlockMeta) -> Vec<String> {
+    use parquet::file::reader::FileReader;
+    let object = s.store().get(&block.path()).await.unwrap();
+    let (start, size) = (block.samples.offset as usize, block.samples.size as usize);
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+        object.slice(start..start + size),
+    )
+    .unwrap();
+    let mut out: Vec<String> = reader
+        .metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|rg| rg.columns())
+        .map(|c| c.compression())
+        .filter(|&c| c != parquet::basic::Compression::UNCOMPRESSED)
+        .map(|c| match c {
+            parquet::basic::Compression::ZSTD(_) => "zstd".to_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Segments written with zstd pages (before LZ4 segments) and with LZ4 ones read the same,
+/// side by side, and merge into a zstd block that answers the same; another tenant sees none
+/// of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zstd_and_lz4_segments_read_and_compact_together() {
+    use kiln_storage::block::testing::SEGMENT_ZSTD;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    let mut want: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+    for i in 0..8i64 {
+        SEGMENT_ZSTD.store(i % 2 == 0, Ordering::Relaxed);
+        let stacks = [
+            (frames(&format!("main;serve;handler{}", i % 3)), 10 + i),
+            (frames("main;serve"), 100 + i),
+        ];
+        s.write("a", profile("api", &stacks, T0 + i * SEC))
+            .await
+            .unwrap();
+        for (f, v) in stacks {
+            *want.entry(f).or_default() += v;
+        }
+        s.write(
+            "b",
+            profile("api", &[(frames("main;b_only"), 1)], T0 + i * SEC),
+        )
+        .await
+        .unwrap();
+        s.flush().await;
+    }
+    SEGMENT_ZSTD.store(false, Ordering::Relaxed);
+    let blocks = |s: &Storage| {
+        let m = s.metastore().clone();
+        async move { m.query_blocks(BlockQuery::all("a")).await.unwrap() }
+    };
+    let mut seen = Vec::new();
+    for b in blocks(&s).await {
+        assert_eq!(b.level, 0);
+        seen.push(codecs(&s, &b).await);
+    }
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, [vec!["LZ4_RAW".to_owned()], vec!["zstd".to_owned()]]);
+    assert_eq!(stacks(&s, "a").await, want, "both codecs read");
+
+    assert!(s.compactor().compact_all(now_ms()).await.unwrap() > 0);
+    let merged = blocks(&s).await;
+    assert!(merged.iter().all(|b| b.level > 0) && merged.len() < 8);
+    for b in &merged {
+        assert_eq!(codecs(&s, b).await, ["zstd"], "block {}", b.id);
+    }
+    assert_eq!(stacks(&s, "a").await, want, "the merge keeps every value");
+    let b = stacks(&s, "b").await;
+    assert_eq!(b.len(), 1, "tenant b sees only its own stack: {b:?}");
+    assert_eq!(b.values().sum::<i64>(), 8);
 }
 
 /// A compacted block of format version 3 (profile totals without the samples' rows) answers
