@@ -788,7 +788,7 @@ impl DatasetBuilder {
             path_hits,
             "segment stacks"
         );
-        let (symbols, table) = symbols.encode_with_table()?;
+        let (symbols, table) = symbols.encode_with_table(segment_pages())?;
         let meta = BlockMeta {
             format_version: BLOCK_FORMAT_VERSION,
             id: String::new(),

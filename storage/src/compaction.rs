@@ -651,7 +651,9 @@ impl Output {
         appended.map_err(io)?;
         let rollup_end = offset;
         let stack_nodes = self.symbols.stack_nodes() as u64;
-        let (symbols, table) = self.symbols.encode_with_table()?;
+        let (symbols, table) = self
+            .symbols
+            .encode_with_table(crate::block::Pages::of_level(level))?;
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
             rollups,

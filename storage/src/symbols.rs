@@ -25,6 +25,7 @@ use kiln_otel::model::Symbols as ProfileSymbols;
 use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
 
+use crate::block::Pages;
 use crate::error::DecodeError;
 
 /// Magic bytes of a symbols section.
@@ -40,6 +41,9 @@ pub const MIN_SYMBOLS_VERSION: u32 = 1;
 /// segments' sections measured 22.2 / 21.3 / 18.7 B a row at levels 1 / 3 / 9, compacted blocks
 /// 0.36 / 0.34 / 0.32).
 const SYMBOLS_ZSTD_LEVEL: i32 = 1;
+/// zstd level of a segment's symbols section: one of zstd's fast levels, for a section the
+/// first merge reads once and replaces within seconds.
+const SEGMENT_SYMBOLS_ZSTD_LEVEL: i32 = -3;
 
 /// Accumulates the symbols of one block, deduplicating as profiles are added.
 #[derive(Debug)]
@@ -81,27 +85,32 @@ pub struct SymbolsBuilder {
 /// A thread's zstd contexts, made on first use and kept: making one per section (what
 /// `zstd::bulk::compress` does) cost more than compressing a fresh segment's names.
 struct Zstd {
-    compressor: Option<zstd::bulk::Compressor<'static>>,
+    /// A segment's compressor, and a compacted block's.
+    compressors: [Option<zstd::bulk::Compressor<'static>>; 2],
     decompressor: Option<zstd::bulk::Decompressor<'static>>,
 }
 
 thread_local! {
     static ZSTD: std::cell::RefCell<Zstd> = const {
         std::cell::RefCell::new(Zstd {
-            compressor: None,
+            compressors: [None, None],
             decompressor: None,
         })
     };
 }
 
 impl Zstd {
-    fn compress(&mut self, raw: &[u8]) -> Vec<u8> {
+    fn compress(&mut self, raw: &[u8], pages: Pages) -> Vec<u8> {
         let expect = "zstd's context and a Vec sized by its bound do not fail";
-        let c = match &mut self.compressor {
+        let (slot, level) = match pages {
+            Pages::Segment => (0, SEGMENT_SYMBOLS_ZSTD_LEVEL),
+            Pages::Fresh | Pages::Kept => (1, SYMBOLS_ZSTD_LEVEL),
+        };
+        let c = match &mut self.compressors[slot] {
             Some(c) => c,
-            None => self
-                .compressor
-                .insert(zstd::bulk::Compressor::new(SYMBOLS_ZSTD_LEVEL).expect(expect)),
+            None => {
+                self.compressors[slot].insert(zstd::bulk::Compressor::new(level).expect(expect))
+            }
         };
         c.compress(raw).expect(expect)
     }
@@ -593,13 +602,13 @@ impl SymbolsBuilder {
     /// they must hold tree nodes ([`SymbolsBuilder::stack_node`]), as those versions have no
     /// stack ids.
     pub fn encode(self) -> crate::Result<Bytes> {
-        Ok(self.encode_with_table()?.0)
+        Ok(self.encode_with_table(Pages::Kept)?.0)
     }
 
     /// [`Self::encode`], and the table a reader decodes from it, made of the builder's own
     /// vectors rather than decoded: the writer and the compactor hand it to the query engine's
     /// cache, so the first query of a new block neither reads nor decodes its symbols.
-    pub fn encode_with_table(self) -> crate::Result<(Bytes, SymbolTable)> {
+    pub fn encode_with_table(self, pages: Pages) -> crate::Result<(Bytes, SymbolTable)> {
         #[cfg(feature = "testing")]
         match testing::legacy_version() {
             Some(1) => {
@@ -609,15 +618,15 @@ impl SymbolsBuilder {
                 })?;
                 return Ok((bytes, table));
             }
-            Some(v) => return self.encode_version(v.min(SYMBOLS_VERSION)),
+            Some(v) => return self.encode_version(v.min(SYMBOLS_VERSION), pages),
             None => {}
         }
-        self.encode_version(SYMBOLS_VERSION)
+        self.encode_version(SYMBOLS_VERSION, pages)
     }
 
     /// The zstd encoding of format `version` (2: without stack ids; 3: functions as messages;
     /// 4), and the table [`SymbolTable::decode`] makes of it.
-    fn encode_version(self, version: u32) -> crate::Result<(Bytes, SymbolTable)> {
+    fn encode_version(self, version: u32, pages: Pages) -> crate::Result<(Bytes, SymbolTable)> {
         let distances = self
             .parents
             .iter()
@@ -663,7 +672,7 @@ impl SymbolsBuilder {
                 raw.len()
             ))
         })?;
-        let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw));
+        let compressed = ZSTD.with_borrow_mut(|z| z.compress(&raw, pages));
         let bytes = sealed(version, &[&raw_len.to_le_bytes(), &compressed]);
         // What decoding makes of it: the tree as parents, functions as messages.
         msg.stack_parent_distances = Vec::new();
@@ -1345,16 +1354,38 @@ mod tests {
     #[test]
     fn the_table_made_while_encoding_is_the_one_decoding_makes() {
         for version in 2..=SYMBOLS_VERSION {
-            let (bytes, made) = function_table_builder().encode_version(version).unwrap();
+            let (bytes, made) = function_table_builder()
+                .encode_version(version, Pages::Kept)
+                .unwrap();
             let decoded = SymbolTable::decode(&bytes).unwrap();
             assert_eq!(made.symbols, decoded.symbols, "version {version}");
             assert_eq!(made.stacks, decoded.stacks, "version {version}");
-            let (bytes, made) = sample_builder().encode_version(version).unwrap();
+            let (bytes, made) = sample_builder()
+                .encode_version(version, Pages::Kept)
+                .unwrap();
             let decoded = SymbolTable::decode(&bytes).unwrap();
             assert_eq!(made.symbols, decoded.symbols, "version {version}");
             assert_eq!(made.stacks, decoded.stacks, "version {version}");
             assert!(!made.symbols.functions.is_empty() && made.stack_count() > 0);
         }
+    }
+
+    /// A segment's section (zstd's fast level) and a compacted block's (level 1) are the same
+    /// format: each decodes to the table its builder made, and only the frames differ.
+    #[test]
+    fn segment_and_block_sections_decode_alike() {
+        let (segment, made) = sample_builder().encode_with_table(Pages::Segment).unwrap();
+        let (block, _) = sample_builder().encode_with_table(Pages::Kept).unwrap();
+        assert_eq!(&segment[..8], &block[..8], "magic and version");
+        assert_ne!(segment, block, "compressed at another level");
+        for bytes in [&segment, &block] {
+            let decoded = SymbolTable::decode(bytes).unwrap();
+            assert_eq!(decoded.symbols, made.symbols);
+            assert_eq!(decoded.stacks, made.stacks);
+        }
+        // Every compacted level's section is compressed alike (level 1).
+        let (fresh, _) = sample_builder().encode_with_table(Pages::Fresh).unwrap();
+        assert_eq!(fresh, block);
     }
 
     #[test]
@@ -1465,7 +1496,10 @@ mod tests {
         let functions = function_table_builder().functions.clone();
         assert!(functions.iter().any(|f| f.system_name != f.name));
         assert!(functions.iter().any(|f| f.start_line < 0));
-        let v3 = function_table_builder().encode_version(3).unwrap().0;
+        let v3 = function_table_builder()
+            .encode_version(3, Pages::Kept)
+            .unwrap()
+            .0;
         let v4 = function_table_builder().encode().unwrap();
         assert_eq!(&v4[4..8], &4u32.to_le_bytes());
         let (t3, t4) = (
