@@ -140,8 +140,8 @@ pub enum Pages {
     /// zstd level 1: the L1 and L2 blocks merged from segments, which later merges replace
     /// within minutes. zstd resets its tables for every page it compresses, a level 3
     /// context's several times larger than a level 1 one's: on the `small` bench those resets
-    /// were 1.4 % of the server's instructions, most of them for the segments' pages, where a
-    /// segment's few hundred rows make pages of a few KiB.
+    /// were 1.4 % of the server's instructions, most of them for the segments' pages (zstd
+    /// then), where a segment's few hundred rows make pages of a few KiB.
     Fresh,
     /// zstd level 3: top-level blocks, which stay.
     Kept,

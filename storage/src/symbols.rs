@@ -608,6 +608,8 @@ impl SymbolsBuilder {
     /// [`Self::encode`], and the table a reader decodes from it, made of the builder's own
     /// vectors rather than decoded: the writer and the compactor hand it to the query engine's
     /// cache, so the first query of a new block neither reads nor decodes its symbols.
+    /// `pages`: what the section's block is; a segment's section is compressed at zstd's fast
+    /// level, a compacted block's at level 1 (the same format either way).
     pub fn encode_with_table(self, pages: Pages) -> crate::Result<(Bytes, SymbolTable)> {
         #[cfg(feature = "testing")]
         match testing::legacy_version() {
