@@ -1,7 +1,6 @@
 //! The normalized profile: what the gateway hands to the storage engine.
 
 use std::fmt;
-use std::sync::Arc;
 
 /// Label name of the profile name (the first part of a profile type id).
 pub const LABEL_NAME: &str = "__name__";
@@ -134,39 +133,65 @@ impl ProfileType {
     }
 }
 
+/// A string that shares its bytes: a slice of the request body a pprof string table was
+/// decoded from (no copy), or a buffer of its own. Cloning one counts a reference.
+pub type SharedStr = bytestring::ByteString;
+
 /// A function, with its strings resolved. The strings are shared: a profile's functions of
 /// one file hold one file name, and a name that is also the system name (as most producers
 /// send it) is held once.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Function {
-    pub name: Arc<str>,
-    pub system_name: Arc<str>,
-    pub filename: Arc<str>,
+    pub name: SharedStr,
+    pub system_name: SharedStr,
+    pub filename: SharedStr,
     pub start_line: i64,
 }
 
-/// A profile's string table as its functions share it: each string becomes an `Arc<str>` the
-/// first time a function refers to it, and every later reference shares that one.
-#[derive(Debug)]
-pub struct SharedStrings<'a> {
-    table: &'a [String],
-    shared: Vec<Option<Arc<str>>>,
+/// An entry of a decoded string table.
+pub trait TableString {
+    /// The entry as a [`SharedStr`]; `None` when it is not UTF-8.
+    fn to_shared(&self) -> Option<SharedStr>;
 }
 
-impl<'a> SharedStrings<'a> {
-    pub fn new(table: &'a [String]) -> Self {
+impl TableString for String {
+    /// A copy (the table's strings are the decoder's own).
+    fn to_shared(&self) -> Option<SharedStr> {
+        Some(SharedStr::from(self.as_str()))
+    }
+}
+
+impl TableString for bytes::Bytes {
+    /// A slice of the same buffer, once its bytes are checked to be UTF-8.
+    fn to_shared(&self) -> Option<SharedStr> {
+        SharedStr::try_from(self.clone()).ok()
+    }
+}
+
+/// A profile's string table as its functions share it: each string becomes a [`SharedStr`]
+/// the first time a function refers to it (checked to be UTF-8 then, once), and every later
+/// reference shares that one.
+#[derive(Debug)]
+pub struct SharedStrings<'a, T> {
+    table: &'a [T],
+    shared: Vec<Option<SharedStr>>,
+}
+
+impl<'a, T: TableString> SharedStrings<'a, T> {
+    pub fn new(table: &'a [T]) -> Self {
         Self {
             table,
             shared: vec![None; table.len()],
         }
     }
 
-    /// String `index` of the table, shared; `None` past its end.
-    pub fn get(&mut self, index: usize) -> Option<Arc<str>> {
+    /// String `index` of the table, shared; `None` past its end or when it is not UTF-8.
+    pub fn get(&mut self, index: usize) -> Option<SharedStr> {
         let slot = self.shared.get_mut(index)?;
-        Some(Arc::clone(slot.get_or_insert_with(|| {
-            Arc::from(self.table[index].as_str())
-        })))
+        if slot.is_none() {
+            *slot = Some(self.table[index].to_shared()?);
+        }
+        slot.clone()
     }
 }
 

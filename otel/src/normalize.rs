@@ -18,6 +18,8 @@ pub mod kernel;
 
 use std::collections::HashMap;
 
+use prost::bytes::Bytes;
+
 use kernel::{FastMap, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
 
 use crate::ids::{parse_span_id, parse_trace_id};
@@ -123,18 +125,51 @@ pub fn metric_name(sample_types: &[&str], display_names: &HashMap<String, String
     last
 }
 
-struct Strings<'a>(&'a [String]);
+/// A pprof string table as decoded: slices of the request body, each checked to be UTF-8 the
+/// first time something refers to it (a string nothing refers to is never read), and kept as
+/// checked: a label's name and value are read for every sample that carries them.
+struct Strings<'a> {
+    table: &'a [Bytes],
+    checked: Vec<std::cell::OnceCell<Option<&'a str>>>,
+}
 
-impl Strings<'_> {
-    fn get(&self, index: i64, what: &str) -> Result<&str> {
-        usize::try_from(index)
+impl<'a> Strings<'a> {
+    fn new(table: &'a [Bytes]) -> Self {
+        Self {
+            table,
+            checked: vec![std::cell::OnceCell::new(); table.len()],
+        }
+    }
+
+    #[inline]
+    fn get(&self, index: i64, what: &str) -> Result<&'a str> {
+        match usize::try_from(index)
             .ok()
-            .and_then(|i| self.0.get(i))
-            .map(String::as_str)
+            .and_then(|i| self.checked.get(i))
+            .and_then(std::cell::OnceCell::get)
+        {
+            Some(Some(s)) => Ok(s),
+            _ => self.check(index, what),
+        }
+    }
+
+    /// [`Self::get`] of a string not read before, or refused.
+    #[cold]
+    fn check(&self, index: i64, what: &str) -> Result<&'a str> {
+        let i = usize::try_from(index)
+            .ok()
+            .filter(|&i| i < self.table.len())
             .ok_or_else(|| {
                 Error::Invalid(format!(
                     "{what} refers to string {index}, but the string table has {} entries",
-                    self.0.len()
+                    self.table.len()
+                ))
+            })?;
+        self.checked[i]
+            .get_or_init(|| std::str::from_utf8(&self.table[i]).ok())
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{what} refers to string {index}, which is not UTF-8"
                 ))
             })
     }
@@ -146,7 +181,7 @@ pub fn normalize_pprof(
     meta: &IngestMeta,
     limits: &NormalizeLimits,
 ) -> Result<NormalizedProfile> {
-    let strings = Strings(&profile.string_table);
+    let strings = Strings::new(&profile.string_table);
     if profile.string_table.first().is_some_and(|s| !s.is_empty()) {
         return Err(Error::Invalid(
             "the first string of the string table must be empty".into(),
@@ -357,11 +392,18 @@ fn resolve_symbols(profile: &pprof::Profile, strings: &Strings<'_>) -> Result<(S
         });
     }
     let function_index = IdIndex::new(profile.function.iter().map(|f| f.id));
-    let mut shared = SharedStrings::new(strings.0);
-    let mut string = |index: i64, what: &str| {
-        strings.get(index, what)?;
-        Ok::<_, Error>(shared.get(index as usize).expect("checked above"))
-    };
+    let mut shared = SharedStrings::new(strings.table);
+    // Checked to be UTF-8 once, when `shared` makes it; only a string it refuses is looked at
+    // again, for the error.
+    let mut string =
+        |index: i64, what: &str| match usize::try_from(index).ok().and_then(|i| shared.get(i)) {
+            Some(s) => Ok(s),
+            None => Err(strings.get(index, what).err().unwrap_or_else(|| {
+                Error::Invalid(format!(
+                    "{what} refers to string {index}, which is not usable"
+                ))
+            })),
+        };
     for f in &profile.function {
         symbols.functions.push(Function {
             name: string(f.name, "a function name")?,

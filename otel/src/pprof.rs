@@ -27,8 +27,10 @@ pub struct Profile {
     pub location: Vec<pb::Location>,
     #[prost(message, repeated, tag = "5")]
     pub function: Vec<pb::Function>,
-    #[prost(string, repeated, tag = "6")]
-    pub string_table: Vec<String>,
+    /// Slices of the decoded buffer when that is a [`Bytes`] (no copy), checked to be UTF-8
+    /// where they are read (the generated message's are `String`s).
+    #[prost(bytes = "bytes", repeated, tag = "6")]
+    pub string_table: Vec<Bytes>,
     #[prost(int64, tag = "7")]
     pub drop_frames: i64,
     #[prost(int64, tag = "8")]
@@ -358,9 +360,14 @@ pub fn repair_dotnet(profile: &mut Profile) -> bool {
         if let Some(name) = usize::try_from(vt.r#type)
             .ok()
             .and_then(|i| profile.string_table.get_mut(i))
-            .filter(|name| name.contains('-'))
         {
-            *name = name.replace('-', "_");
+            let repaired = std::str::from_utf8(name)
+                .ok()
+                .filter(|s| s.contains('-'))
+                .map(|s| s.replace('-', "_"));
+            if let Some(repaired) = repaired {
+                *name = Bytes::from(repaired);
+            }
         }
     }
     let broken = !profile.function.is_empty()
@@ -390,7 +397,8 @@ pub fn root_first_stacks(p: &Profile) -> Vec<Vec<String>> {
             let name = p
                 .string_table
                 .get(f.name as usize)
-                .map_or("", String::as_str);
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .unwrap_or_default();
             (f.id, name)
         })
         .collect();

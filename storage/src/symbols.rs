@@ -362,7 +362,9 @@ impl SymbolsBuilder {
             .collect();
         // A profile's functions share their file names (`model::Function`'s strings are
         // shared): each one is hashed once, then found by its address.
-        let mut files: hashbrown::HashMap<*const u8, u32> = hashbrown::HashMap::new();
+        // (A string's address and length: two strings of one profile's table never share both.)
+        let mut files: hashbrown::HashMap<(*const u8, usize), u32> = hashbrown::HashMap::new();
+        let same = |a: &str, b: &str| a.as_ptr() == b.as_ptr() && a.len() == b.len();
         let functions: Vec<u32> = symbols
             .functions
             .iter()
@@ -370,13 +372,12 @@ impl SymbolsBuilder {
                 let name = self.string(&f.name);
                 // Most producers (Go's runtime/pprof among them) repeat the name here:
                 // comparing the bytes costs less than hashing them again.
-                let system_name =
-                    if std::sync::Arc::ptr_eq(&f.system_name, &f.name) || f.system_name == f.name {
-                        name
-                    } else {
-                        self.string(&f.system_name)
-                    };
-                let filename = match files.entry(f.filename.as_ptr()) {
+                let system_name = if same(&f.system_name, &f.name) || f.system_name == f.name {
+                    name
+                } else {
+                    self.string(&f.system_name)
+                };
+                let filename = match files.entry((f.filename.as_ptr(), f.filename.len())) {
                     hashbrown::hash_map::Entry::Occupied(e) => *e.get(),
                     hashbrown::hash_map::Entry::Vacant(e) => *e.insert(self.string(&f.filename)),
                 };
@@ -1447,20 +1448,26 @@ mod tests {
         b
     }
 
-    /// A profile whose functions share their strings (one `Arc` for a file's functions, a name
-    /// that is also the system name) is interned as one whose strings are all apart.
+    /// A profile whose functions share their strings (slices of one buffer, as a decoded pprof
+    /// body's: one file name for a file's functions, a name that is also the system name) is
+    /// interned as one whose strings are all apart; an empty file name at the address another
+    /// file name starts at is a different file.
     #[test]
     fn shared_and_separate_strings_intern_alike() {
+        use kiln_otel::model::SharedStr;
         let mut shared = ProfileSymbols::default();
         let mut apart = ProfileSymbols::default();
-        let file: std::sync::Arc<str> = "/src/main.go".into();
+        let body = Bytes::from_static(b"/src/main.go");
+        let file = SharedStr::try_from(body.clone()).unwrap();
+        let empty = SharedStr::try_from(body.slice(0..0)).unwrap();
+        assert_eq!(empty.as_ptr(), file.as_ptr());
         for i in 0..20u32 {
-            let name: std::sync::Arc<str> = format!("main.f{}", i % 15).into();
+            let name = SharedStr::from(format!("main.f{}", i % 15));
             shared.functions.push(Function {
                 system_name: name.clone(),
                 name,
                 filename: if i % 4 == 0 {
-                    "other.go".into()
+                    empty.clone()
                 } else {
                     file.clone()
                 },
@@ -1487,8 +1494,8 @@ mod tests {
         assert_eq!(a.add_locations(&shared), b.add_locations(&apart));
         assert_eq!(a.functions, b.functions);
         assert_eq!(a.strings, b.strings);
-        // 15 names, two files and the empty string.
-        assert_eq!(a.strings.len(), 18);
+        // 15 names, a file and the empty string.
+        assert_eq!(a.strings.len(), 17);
         // Functions 15..20 repeat 0..5 but for three whose file differs.
         assert_eq!(a.functions.len(), 15 + 3);
     }

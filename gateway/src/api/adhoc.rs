@@ -522,7 +522,8 @@ fn read_pprof(
         usize::try_from(i)
             .ok()
             .and_then(|i| p.string_table.get(i))
-            .cloned()
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .map(str::to_owned)
             .unwrap_or_default()
     };
     let mut out: Vec<Drawn> = Vec::new();

@@ -2,6 +2,7 @@ use kiln_proto::google::v1 as pprof;
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use prost::Message;
 
 use super::*;
 use crate::model::Sample;
@@ -119,12 +120,66 @@ fn functions_share_the_strings_of_the_table() {
     let f = &n.symbols.functions;
     assert_eq!(f.len(), 3);
     for x in f {
-        assert!(std::sync::Arc::ptr_eq(&x.name, &x.system_name));
-        assert!(std::sync::Arc::ptr_eq(&x.filename, &f[0].filename));
+        assert_eq!(x.name.as_ptr(), x.system_name.as_ptr());
+        assert_eq!(x.filename.as_ptr(), f[0].filename.as_ptr());
         assert_eq!(&*x.filename, "main.go");
     }
     let names: Vec<&str> = f.iter().map(|x| &*x.name).collect();
     assert_eq!(names, ["b", "a", "main"]);
+}
+
+/// The decoded profile's strings are slices of the body it was decoded from: a function's name
+/// points into the body, no copy made.
+#[test]
+fn function_names_are_slices_of_the_body() {
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["main", "work"], &[1], &[])
+        .p;
+    let body = prost::bytes::Bytes::from(p.encode_to_vec());
+    let checked = crate::pprof::check(body.clone()).unwrap();
+    let (decoded, _) = crate::pprof::decode_checked(checked, 1 << 20).unwrap();
+    let n = super::normalize_pprof(&decoded, &meta(), &NormalizeLimits::default()).unwrap();
+    let range = body.as_ptr_range();
+    for f in &n.symbols.functions {
+        assert!(range.contains(&f.name.as_ptr()), "{:?} is a copy", f.name);
+    }
+    assert_eq!(n.symbols.functions.len(), 2);
+}
+
+/// A string of the table that is not UTF-8 is refused where something refers to it (a function,
+/// a label), with the reason; one nothing refers to is never read.
+#[test]
+fn strings_that_are_not_utf8_are_refused_where_used() {
+    let p = Builder::new(&[("cpu", "nanoseconds")])
+        .sample(&["main", "work"], &[1], &[("pod", "a")])
+        .p;
+    let bad = p.string_table.len() as i64;
+    // The table's last string, appended as a field 6 after the rest: bytes no UTF-8 allows.
+    let with_bad = |p: &pprof::Profile| {
+        let mut body = p.encode_to_vec();
+        body.extend_from_slice(&[0x32, 3, 0xff, 0xfe, b'x']);
+        let checked = crate::pprof::check(prost::bytes::Bytes::from(body)).unwrap();
+        let (decoded, _) = crate::pprof::decode_checked(checked, 1 << 20).unwrap();
+        super::normalize_pprof(&decoded, &meta(), &NormalizeLimits::default())
+    };
+    let n = with_bad(&p).unwrap();
+    assert_eq!(n.series[0].samples.len(), 1);
+
+    let mut by_function = p.clone();
+    by_function.function[1].name = bad;
+    let err = with_bad(&by_function).unwrap_err().to_string();
+    assert!(
+        err.contains("a function name refers to string") && err.contains("not UTF-8"),
+        "{err}"
+    );
+
+    let mut by_label = p.clone();
+    by_label.sample[0].label[0].str = bad;
+    let err = with_bad(&by_label).unwrap_err().to_string();
+    assert!(
+        err.contains("a sample label value refers to string") && err.contains("not UTF-8"),
+        "{err}"
+    );
 }
 
 #[test]
