@@ -6,8 +6,8 @@ use std::convert::Infallible;
 
 use crate::labels::{AppName, validate_series_labels};
 use crate::model::{
-    Function, LABEL_NAME, LABEL_SERVICE_NAME, Line, Location, NormalizedProfile, ProfileType,
-    Series, Symbols,
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Line, Lines, Location, NormalizedProfile,
+    ProfileType, Series, Symbols,
 };
 use crate::normalize::kernel::{self, FastMap, SampleKey, SeriesBuilder};
 use crate::normalize::{IngestMeta, NormalizeLimits};
@@ -149,10 +149,10 @@ pub fn from_text_stacks(
                         ..Default::default()
                     });
                     symbols.locations.push(Location {
-                        lines: vec![Line {
+                        lines: Lines::from([Line {
                             function: i,
                             line: 0,
-                        }],
+                        }]),
                         ..Default::default()
                     });
                     i

@@ -40,7 +40,7 @@ use reader::{Budget, Chunk, Value};
 use crate::ids::parse_span_id;
 use crate::labels::validate_series_labels;
 use crate::model::{
-    Function, LABEL_NAME, Line, Location, NormalizedProfile, ProfileType, Series, Symbols,
+    Function, LABEL_NAME, Line, Lines, Location, NormalizedProfile, ProfileType, Series, Symbols,
 };
 use crate::normalize::kernel::{self, FastMap, SampleKey, SeriesBuilder};
 use crate::normalize::{IngestMeta, NormalizeLimits};
@@ -381,7 +381,7 @@ impl Converter<'_> {
                 let location = *self.locations.entry((function, line)).or_insert(next);
                 if location == next {
                     self.symbols.locations.push(Location {
-                        lines: vec![Line { function, line }],
+                        lines: Lines::from([Line { function, line }]),
                         ..Default::default()
                     });
                 }

@@ -213,13 +213,20 @@ pub struct Line {
     pub line: i64,
 }
 
+/// A location's lines: one, mostly, held inline (a profile has a location per distinct
+/// address, and a vector each was an allocation each).
+pub type Lines = smallvec::SmallVec<[Line; 1]>;
+
+/// [`Lines`] of a list, as `vec!` makes a vector.
+pub use smallvec::smallvec;
+
 /// A code location. Several lines mean inlined frames, innermost first.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Location {
     /// Index into [`Symbols::mappings`].
     pub mapping: Option<u32>,
     pub address: u64,
-    pub lines: Vec<Line>,
+    pub lines: Lines,
     /// The OTLP `profile.frame.type` (native, kernel, jvm, cpython, go, ...); empty when unknown.
     pub frame_type: String,
 }

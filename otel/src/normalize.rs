@@ -25,8 +25,8 @@ use kernel::{FastMap, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
 use crate::ids::{parse_span_id, parse_trace_id};
 use crate::labels::{LabelLimits, validate_series_labels};
 use crate::model::{
-    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Lines, Location, Mapping,
+    NormalizedProfile, ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
 };
 use crate::pprof;
 use crate::{Error, Result};
@@ -424,7 +424,7 @@ fn resolve_symbols(profile: &pprof::Profile, strings: &Strings<'_>) -> Result<(S
                 ))
             })?),
         };
-        let mut lines = Vec::with_capacity(loc.line.len().max(1));
+        let mut lines = Lines::with_capacity(loc.line.len().max(1));
         for line in &loc.line {
             let function = function_index.get(line.function_id).ok_or_else(|| {
                 Error::Invalid(format!(

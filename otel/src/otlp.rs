@@ -31,8 +31,8 @@ use opentelemetry_proto::tonic::profiles::v1development::{self as otlp, Profiles
 
 use crate::labels::LabelLimits;
 use crate::model::{
-    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Lines, Location, Mapping,
+    NormalizedProfile, ProfileType, Series, SharedStrings, Symbols, UNKNOWN_SERVICE,
 };
 use crate::normalize::NormalizeLimits;
 use crate::normalize::kernel::{self, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
@@ -439,7 +439,7 @@ fn symbols(d: &ProfilesDictionary) -> Result<Symbols> {
             .find(|(k, _)| *k == "profile.frame.type")
             .and_then(|(_, v)| v)
             .unwrap_or_default();
-        let mut lines: Vec<Line> = l
+        let mut lines: Lines = l
             .lines
             .iter()
             .map(|x| Line {

@@ -30,8 +30,8 @@ use arrow::ipc::writer::StreamWriter;
 
 use crate::labels::validate_series_labels;
 use crate::model::{
-    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Location, Mapping, NormalizedProfile,
-    ProfileType, Series, Symbols, UNKNOWN_SERVICE,
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Labels, Line, Lines, Location, Mapping,
+    NormalizedProfile, ProfileType, Series, Symbols, UNKNOWN_SERVICE,
 };
 use crate::normalize::NormalizeLimits;
 use crate::normalize::kernel::{self, FastMap, SampleKey, SeriesBuilder, UnsymbolizedFunctions};
@@ -804,7 +804,7 @@ pub fn normalize<'a>(
                             symbols.mappings.len() as u32 - 1
                         })
                     });
-                    let mut lines = Vec::with_capacity(frame.lines.len().max(1));
+                    let mut lines = Lines::with_capacity(frame.lines.len().max(1));
                     for line in &frame.lines {
                         let Some(f) = &line.function else { continue };
                         let function = *functions.entry(f).or_insert_with(|| {

@@ -21,7 +21,8 @@ use serde::Deserialize;
 use crate::folded::text_profile_type;
 use crate::labels::{AppName, validate_series_labels};
 use crate::model::{
-    Function, LABEL_NAME, LABEL_SERVICE_NAME, Line, Location, NormalizedProfile, Series, Symbols,
+    Function, LABEL_NAME, LABEL_SERVICE_NAME, Line, Lines, Location, NormalizedProfile, Series,
+    Symbols,
 };
 use crate::normalize::kernel::{self, SampleKey, SeriesBuilder};
 use crate::normalize::{IngestMeta, NormalizeLimits};
@@ -282,10 +283,10 @@ impl Stacks<'_> {
         });
         let l = self.symbols.locations.len() as u32;
         self.symbols.locations.push(Location {
-            lines: vec![Line {
+            lines: Lines::from([Line {
                 function,
                 line: f.line.filter(|l| l.is_finite()).unwrap_or(0.0) as i64,
-            }],
+            }]),
             ..Default::default()
         });
         self.locations[frame] = Some(l);

@@ -53,7 +53,7 @@ fn profile(
             ..Default::default()
         });
         symbols.locations.push(Location {
-            lines: vec![Line {
+            lines: kiln_otel::model::smallvec![Line {
                 function: i as u32,
                 line: 1 + i as i64,
             }],
@@ -159,7 +159,7 @@ fn symbols_interning(c: &mut Criterion) {
             ..Default::default()
         });
         symbols.locations.push(Location {
-            lines: vec![Line {
+            lines: kiln_otel::model::smallvec![Line {
                 function: i,
                 line: 1 + i64::from(i),
             }],

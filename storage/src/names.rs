@@ -199,7 +199,7 @@ mod tests {
         let loc = |f: u32, mapping: Option<u32>, address: u64, line: i64| Location {
             mapping,
             address,
-            lines: vec![Line { function: f, line }],
+            lines: kiln_otel::model::smallvec![Line { function: f, line }],
             ..Default::default()
         };
         p.locations.push(loc(0, None, 0, 3));

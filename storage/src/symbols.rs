@@ -1172,7 +1172,7 @@ mod tests {
                 ..Default::default()
             });
             s.locations.push(Location {
-                lines: vec![Line {
+                lines: kiln_otel::model::smallvec![Line {
                     function: i as u32,
                     line: 1,
                 }],
@@ -1190,14 +1190,14 @@ mod tests {
         // main at another line; work with `inlined` inlined into it (innermost first); and an
         // unsymbolized address.
         s.locations.push(Location {
-            lines: vec![Line {
+            lines: kiln_otel::model::smallvec![Line {
                 function: 0,
                 line: 7,
             }],
             ..Default::default()
         });
         s.locations.push(Location {
-            lines: vec![
+            lines: kiln_otel::model::smallvec![
                 Line {
                     function: 2,
                     line: 3,
@@ -1433,7 +1433,7 @@ mod tests {
                 start_line: i64::from(i % 40) * 3 - 20,
             });
             p.locations.push(Location {
-                lines: vec![Line {
+                lines: kiln_otel::model::smallvec![Line {
                     function: i,
                     line: 1,
                 }],
@@ -1482,7 +1482,7 @@ mod tests {
             });
             for p in [&mut shared, &mut apart] {
                 p.locations.push(Location {
-                    lines: vec![Line {
+                    lines: kiln_otel::model::smallvec![Line {
                         function: i,
                         line: 1,
                     }],

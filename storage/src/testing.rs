@@ -55,7 +55,7 @@ pub fn profile_with_labels(
                         ..Default::default()
                     });
                     symbols.locations.push(Location {
-                        lines: vec![Line {
+                        lines: kiln_otel::model::smallvec![Line {
                             function: i,
                             line: 1,
                         }],

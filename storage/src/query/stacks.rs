@@ -568,7 +568,7 @@ mod tests {
         let mut frames: Vec<Vec<&str>> = Vec::new();
         for (i, n) in names.iter().enumerate() {
             s.locations.push(Location {
-                lines: vec![Line {
+                lines: kiln_otel::model::smallvec![Line {
                     function: i as u32,
                     line: 1,
                 }],
@@ -577,7 +577,7 @@ mod tests {
             frames.push(vec![n]);
         }
         s.locations.push(Location {
-            lines: vec![
+            lines: kiln_otel::model::smallvec![
                 Line {
                     function: 2,
                     line: 2,
