@@ -51,6 +51,29 @@ async fn symbol_versions(s: &Storage, tenant: &str) -> Vec<u32> {
     out
 }
 
+/// Step `i` of a test: tenant a's profile of `stacks` (added to `want`) and tenant b's own
+/// stack, at second `i`, flushed into a segment of each.
+async fn write_step<const N: usize>(
+    s: &Storage,
+    i: i64,
+    stacks: [(Vec<String>, i64); N],
+    want: &mut BTreeMap<Vec<String>, i64>,
+) {
+    s.write("a", profile("api", &stacks, T0 + i * SEC))
+        .await
+        .unwrap();
+    for (f, v) in stacks {
+        *want.entry(f).or_default() += v;
+    }
+    s.write(
+        "b",
+        profile("api", &[(frames("main;b_only"), 1)], T0 + i * SEC),
+    )
+    .await
+    .unwrap();
+    s.flush().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symbols_of_versions_1_to_4_read_and_compact_together() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,19 +86,7 @@ async fn symbols_of_versions_1_to_4_read_and_compact_together() {
         let stack = format!("main;serve;handler{}", i % 5);
         // A stack that is a prefix of another (a node inside the tree) and one that is not.
         let stacks = [(frames(&stack), 10 + i), (frames("main;serve"), 100 + i)];
-        s.write("a", profile("api", &stacks, T0 + i * SEC))
-            .await
-            .unwrap();
-        for (f, v) in stacks {
-            *want.entry(f).or_default() += v;
-        }
-        s.write(
-            "b",
-            profile("api", &[(frames("main;b_only"), 1)], T0 + i * SEC),
-        )
-        .await
-        .unwrap();
-        s.flush().await;
+        write_step(&s, i, stacks, &mut want).await;
     }
     WRITE_VERSION.store(0, Ordering::Relaxed);
     let versions = symbol_versions(&s, "a").await;
@@ -140,19 +151,7 @@ async fn zstd_and_lz4_segments_read_and_compact_together() {
             (frames(&format!("main;serve;handler{}", i % 3)), 10 + i),
             (frames("main;serve"), 100 + i),
         ];
-        s.write("a", profile("api", &stacks, T0 + i * SEC))
-            .await
-            .unwrap();
-        for (f, v) in stacks {
-            *want.entry(f).or_default() += v;
-        }
-        s.write(
-            "b",
-            profile("api", &[(frames("main;b_only"), 1)], T0 + i * SEC),
-        )
-        .await
-        .unwrap();
-        s.flush().await;
+        write_step(&s, i, stacks, &mut want).await;
     }
     SEGMENT_ZSTD.store(false, Ordering::Relaxed);
     let blocks = |s: &Storage| {
