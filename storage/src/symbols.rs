@@ -361,8 +361,8 @@ impl SymbolsBuilder {
             })
             .collect();
         // A profile's functions share their file names (`model::Function`'s strings are
-        // shared): each one is hashed once, then found by its address.
-        // (A string's address and length: two strings of one profile's table never share both.)
+        // shared): each one is hashed once, then found by its address and length (an empty
+        // string may start where another one does; two strings never share both).
         let mut files: hashbrown::HashMap<(*const u8, usize), u32> = hashbrown::HashMap::new();
         let same = |a: &str, b: &str| a.as_ptr() == b.as_ptr() && a.len() == b.len();
         let functions: Vec<u32> = symbols
