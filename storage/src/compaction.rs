@@ -47,11 +47,12 @@ use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use serde::{Deserialize, Serialize};
 
 use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
-use crate::meta::{BlockMeta, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
+use crate::meta::{BlockMeta, EntryKey, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
 use crate::metastore::{Job, Metastore, QueuedBlock};
 use crate::metrics::{CompactionLabels, LevelLabels};
 use crate::query::{QueryEngine, now_ms};
 use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
+use crate::series_labels::LabelTableBuilder;
 use crate::store::ObjectStorage;
 use crate::symbols::{SymbolTable, SymbolsBuilder, SymbolsCapacity};
 use crate::{Error, Result};
@@ -650,6 +651,16 @@ impl Output {
         crate::rollup::remove_files(finished.iter().map(|r| &r.path));
         appended.map_err(io)?;
         let rollup_end = offset;
+        // The series' labels still live in their sources' tables: the output gets one table of
+        // its own, each string once, as its decoded entry would hold, and written by id.
+        let mut labels = LabelTableBuilder::default();
+        for s in &self.series {
+            labels.add_labels(&s.labels);
+        }
+        for (s, l) in self.series.iter_mut().zip(labels.finish()) {
+            s.labels = l;
+        }
+        self.series.shrink_to_fit();
         let stack_nodes = self.symbols.stack_nodes() as u64;
         let (symbols, table) = self
             .symbols
@@ -808,7 +819,6 @@ impl Compactor {
             Ok(outputs) => {
                 let rows: u64 = outputs.iter().map(|o| o.meta.rows).sum();
                 let bytes: u64 = outputs.iter().map(|o| o.meta.object_size).sum();
-                let metas: Vec<BlockMeta> = outputs.iter().map(|o| o.meta.clone()).collect();
                 for o in &outputs {
                     let result = self.store.put_file_durable(&o.meta.path(), &o.path).await;
                     if result.is_ok() && self.warm {
@@ -826,9 +836,16 @@ impl Compactor {
                     }
                 }
                 let delay = self.delete_delay.as_millis() as u64;
+                // The outputs' entries go to the metastore, not copies: a million-series
+                // entry is a hundred megabytes.
+                let written: Vec<(EntryKey, String)> = outputs
+                    .iter()
+                    .map(|o| (o.meta.key(), o.meta.path()))
+                    .collect();
+                let metas: Vec<BlockMeta> = outputs.into_iter().map(|o| o.meta).collect();
                 match self
                     .metastore
-                    .complete_job(job, &self.owner, metas.clone(), now_ms(), delay)
+                    .complete_job(job, &self.owner, metas, now_ms(), delay)
                     .await
                 {
                     Ok(()) => {
@@ -861,15 +878,15 @@ impl Compactor {
                             .get_or_create(&level)
                             .inc_by(rows);
                         tracing::debug!(tenant = %job.tenant, job = job.id, level = job.level,
-                            sources = job.sources.len(), outputs = outputs.len(), rows, bytes,
+                            sources = job.sources.len(), outputs = written.len(), rows, bytes,
                             elapsed_ms = started.elapsed().as_millis() as u64, "compaction job done");
                         Ok(true)
                     }
                     Err(e) => {
                         // Not registered: the outputs are garbage.
-                        for m in &metas {
-                            self.query.forget_block(&m.key()).await;
-                            let _ = self.store.delete(&m.path()).await;
+                        for (key, path) in &written {
+                            self.query.forget_block(key).await;
+                            let _ = self.store.delete(path).await;
                         }
                         match e {
                             Error::LeaseLost { .. } => {

@@ -190,4 +190,8 @@ pub enum DecodeError {
     /// A dataset's sections end beyond the object.
     #[error("dataset of {0} lies outside the object")]
     OutsideObject(String),
+    /// Metadata: the protobuf is malformed where prost's own checks do not reach (Kiln reads
+    /// it field by field, [`crate::meta`]).
+    #[error("block metadata: {0}")]
+    Wire(&'static str),
 }

@@ -13,15 +13,13 @@
 //!             | u32 LE CRC32 of the metadata, length and version | b"KBLK"
 //! ```
 
-use std::collections::HashMap;
 use std::sync::Arc;
-
-use kiln_proto::kiln::storage::v1 as pb;
-use prost::Message;
 
 use crate::error::DecodeError;
 use crate::series_index::SeriesIndex;
-use crate::series_labels::{LabelTableBuilder, SeriesLabels};
+use crate::series_labels::SeriesLabels;
+
+mod wire;
 
 /// Current block format version (see `docs/adr/0002-block-format.md`): 3 added the samples'
 /// `profile_id` column, 4 the profile totals' `sample_row` column.
@@ -295,16 +293,12 @@ impl BlockMeta {
 
     /// The metastore entry: this dataset alone, as protobuf.
     pub fn encode_entry(&self) -> Vec<u8> {
-        encode_object_meta(std::slice::from_ref(self)).encode_to_vec()
+        wire::encode(std::slice::from_ref(self), self.object_size)
     }
 
     /// Decodes a metastore entry.
     pub fn decode_entry(data: &[u8]) -> Result<Self, DecodeError> {
-        let msg = pb::BlockMeta::decode(data).map_err(|source| DecodeError::Protobuf {
-            what: "metastore entry",
-            source,
-        })?;
-        let mut metas = decode_object_meta(&msg)?;
+        let mut metas = wire::decode(data)?;
         if metas.len() != 1 {
             return Err(DecodeError::EntryDatasets(metas.len()));
         }
@@ -349,228 +343,15 @@ pub fn escape_tenant(tenant: &str) -> String {
     out
 }
 
-#[derive(Default)]
-struct StringTable {
-    strings: Vec<String>,
-    index: HashMap<String, u32>,
-}
-
-impl StringTable {
-    fn new() -> Self {
-        let mut t = Self::default();
-        t.get("");
-        t
-    }
-
-    fn get(&mut self, s: &str) -> u32 {
-        if let Some(&i) = self.index.get(s) {
-            return i;
-        }
-        let i = self.strings.len() as u32;
-        self.strings.push(s.to_owned());
-        self.index.insert(s.to_owned(), i);
-        i
-    }
-}
-
-/// The protobuf metadata of an object holding `datasets` (all of one object: same id, shard
-/// and level).
-pub fn encode_object_meta(datasets: &[BlockMeta]) -> pb::BlockMeta {
-    let mut strings = StringTable::new();
-    let first = datasets.first();
-    let mut out = pb::BlockMeta {
-        format_version: first.map_or(BLOCK_FORMAT_VERSION, |d| d.format_version),
-        id: first.map(|d| d.id.clone()).unwrap_or_default(),
-        shard: first.map_or(0, |d| d.shard),
-        level: first.map_or(0, |d| d.level),
-        min_time: datasets.iter().map(|d| d.min_time_nanos).min().unwrap_or(0),
-        max_time: datasets.iter().map(|d| d.max_time_nanos).max().unwrap_or(0),
-        size: first.map_or(0, |d| d.object_size),
-        strings: Vec::new(),
-        datasets: Vec::with_capacity(datasets.len()),
-    };
-    for d in datasets {
-        debug_assert_eq!(d.id, out.id, "one object's datasets");
-        out.datasets.push(pb::Dataset {
-            tenant: strings.get(&d.tenant),
-            min_time: d.min_time_nanos,
-            max_time: d.max_time_nanos,
-            samples_offset: d.samples.offset,
-            samples_size: d.samples.size,
-            symbols_offset: d.symbols.offset,
-            symbols_size: d.symbols.size,
-            rows: d.rows,
-            profiles: d.profiles,
-            series: d
-                .series
-                .iter()
-                .map(|s| pb::Series {
-                    profile_type: strings.get(&s.profile_type),
-                    labels: s
-                        .labels
-                        .iter()
-                        .flat_map(|(k, v)| [strings.get(k), strings.get(v)])
-                        .collect(),
-                    min_time: s.min_time_nanos,
-                    max_time: s.max_time_nanos,
-                    first_row: s.first_row,
-                    rows: s.rows,
-                })
-                .collect(),
-            compacted_from: d.compacted_from.clone(),
-            stack_nodes: d.stack_nodes,
-            rollups: d
-                .rollups
-                .iter()
-                .map(|r| pb::Rollup {
-                    resolution: r.resolution_nanos,
-                    offset: r.section.offset,
-                    size: r.section.size,
-                    series_first_row: r.series_rows.iter().map(|x| x.start).collect(),
-                    series_rows: r.series_rows.iter().map(|x| x.end - x.start).collect(),
-                })
-                .collect(),
-        });
-    }
-    out.strings = strings.strings;
-    out
-}
-
-/// The datasets of an object's protobuf metadata, checked.
-pub fn decode_object_meta(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeError> {
-    if !(MIN_BLOCK_FORMAT_VERSION..=BLOCK_FORMAT_VERSION).contains(&msg.format_version) {
-        return Err(DecodeError::Version {
-            what: "block format",
-            version: msg.format_version,
-            supported: BLOCK_FORMAT_VERSION,
-        });
-    }
-    if ulid::Ulid::from_string(&msg.id).is_err() {
-        return Err(DecodeError::BlockId(msg.id.clone()));
-    }
-    let s = |i: u32| -> Result<String, DecodeError> {
-        msg.strings
-            .get(i as usize)
-            .cloned()
-            .ok_or(DecodeError::StringIndex(i))
-    };
-    let text = |i: u32| -> Result<&str, DecodeError> {
-        msg.strings
-            .get(i as usize)
-            .map(String::as_str)
-            .ok_or(DecodeError::StringIndex(i))
-    };
-    let mut out = Vec::with_capacity(msg.datasets.len());
-    for d in &msg.datasets {
-        // The dataset's series share one label table and their profile type ids.
-        let mut table = LabelTableBuilder::default();
-        let mut types: HashMap<u32, Arc<str>> = HashMap::new();
-        let mut parts = Vec::with_capacity(d.series.len());
-        for x in &d.series {
-            if x.labels.len() % 2 != 0 {
-                return Err(DecodeError::OddLabels);
-            }
-            let pairs = x
-                .labels
-                .chunks_exact(2)
-                .map(|kv| Ok((text(kv[0])?, text(kv[1])?)))
-                .collect::<Result<Vec<_>, DecodeError>>()?;
-            table.add(pairs);
-            let profile_type = match types.get(&x.profile_type) {
-                Some(t) => Arc::clone(t),
-                None => {
-                    let t: Arc<str> = text(x.profile_type)?.into();
-                    types.insert(x.profile_type, Arc::clone(&t));
-                    t
-                }
-            };
-            parts.push((profile_type, x));
-        }
-        let series: Vec<SeriesMeta> = parts
-            .into_iter()
-            .zip(table.finish())
-            .map(|((profile_type, x), labels)| SeriesMeta {
-                labels,
-                profile_type,
-                min_time_nanos: x.min_time,
-                max_time_nanos: x.max_time,
-                first_row: x.first_row,
-                rows: x.rows,
-            })
-            .collect();
-        let rows: u64 = series.iter().map(|x| x.rows).sum();
-        if rows != d.rows {
-            return Err(DecodeError::Rows {
-                series: rows,
-                dataset: d.rows,
-            });
-        }
-        out.push(BlockMeta {
-            format_version: msg.format_version,
-            id: msg.id.clone(),
-            tenant: s(d.tenant)?,
-            shard: msg.shard,
-            level: msg.level,
-            min_time_nanos: d.min_time,
-            max_time_nanos: d.max_time,
-            object_size: msg.size,
-            samples: Section {
-                offset: d.samples_offset,
-                size: d.samples_size,
-            },
-            symbols: Section {
-                offset: d.symbols_offset,
-                size: d.symbols_size,
-            },
-            series,
-            rows: d.rows,
-            profiles: d.profiles,
-            stack_nodes: d.stack_nodes,
-            compacted_from: d.compacted_from.clone(),
-            rollups: d
-                .rollups
-                .iter()
-                .map(|r| decode_rollup(r, d.series.len()))
-                .collect::<Result<_, DecodeError>>()?,
-            index: Default::default(),
-        });
-    }
-    Ok(out)
-}
-
-fn decode_rollup(r: &pb::Rollup, series: usize) -> Result<Rollup, DecodeError> {
-    if r.series_first_row.len() != series || r.series_rows.len() != series {
-        return Err(DecodeError::RollupSeries {
-            rollup: r.series_rows.len(),
-            dataset: series,
-        });
-    }
-    if r.resolution < 0 {
-        return Err(DecodeError::RollupResolution(r.resolution));
-    }
-    Ok(Rollup {
-        resolution_nanos: r.resolution,
-        section: Section {
-            offset: r.offset,
-            size: r.size,
-        },
-        series_rows: r
-            .series_first_row
-            .iter()
-            .zip(&r.series_rows)
-            .map(|(&first, &n)| first..first.saturating_add(n))
-            .collect(),
-    })
-}
-
 /// The footer closing an object whose datasets are `datasets` (their `object_size` is ignored).
 pub fn encode_footer(datasets: &[BlockMeta]) -> Vec<u8> {
-    let mut msg = encode_object_meta(datasets);
-    msg.size = 0;
-    let mut out = msg.encode_to_vec();
+    let mut out = wire::encode(datasets, 0);
     let len = out.len() as u32;
+    let version = datasets
+        .first()
+        .map_or(BLOCK_FORMAT_VERSION, |d| d.format_version);
     out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&msg.format_version.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32fast::hash(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(FOOTER_MAGIC);
@@ -609,12 +390,7 @@ pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, 
     if crc32fast::hash(body) != crc {
         return Err(DecodeError::Checksum("footer"));
     }
-    let msg =
-        pb::BlockMeta::decode(&body[..body.len() - 8]).map_err(|source| DecodeError::Protobuf {
-            what: "footer",
-            source,
-        })?;
-    let mut metas = decode_object_meta(&msg)?;
+    let mut metas = wire::decode(&body[..body.len() - 8])?;
     for m in &mut metas {
         m.object_size = object_size;
         let end = m.samples.offset + m.samples.size;

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use hashbrown::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 /// Strings and label pairs shared by the series of one entry.
 #[derive(Default)]
@@ -19,7 +21,8 @@ pub struct LabelTable {
 }
 
 impl LabelTable {
-    fn string(&self, i: u32) -> &str {
+    /// String `i` of the table.
+    pub(crate) fn string(&self, i: u32) -> &str {
         let i = i as usize;
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         &self.text[start..self.ends[i] as usize]
@@ -40,22 +43,41 @@ impl LabelTable {
 #[derive(Default)]
 pub struct LabelTableBuilder {
     table: LabelTable,
-    ids: HashMap<Box<str>, u32>,
+    /// Ids of the table's strings by the hash of their text, which the table holds: a copy
+    /// per string would cost a million-series entry's decoding tens of megabytes more.
+    ids: HashTable<u32>,
+    hasher: DefaultHashBuilder,
     /// Ranges of the series added, to be tied to the finished table.
     ranges: Vec<(u32, u32)>,
+    /// For [`Self::add_labels`]: per table met (kept alive here, so its address stays its
+    /// own), the id in this table of each of its strings, `u32::MAX` until met.
+    ids_of: hashbrown::HashMap<usize, (Arc<LabelTable>, Vec<u32>)>,
+}
+
+/// The id of `s` in `table`, stored on first sight; `ids` holds the table's ids by the hash of
+/// their strings.
+fn intern(
+    table: &mut LabelTable,
+    ids: &mut HashTable<u32>,
+    hasher: &DefaultHashBuilder,
+    s: &str,
+) -> u32 {
+    let hash = hasher.hash_one(s);
+    if let Some(&i) = ids.find(hash, |&i| table.string(i) == s) {
+        return i;
+    }
+    let i = table.ends.len() as u32;
+    table.text.push_str(s);
+    table.ends.push(table.text.len() as u32);
+    let table = &*table;
+    ids.insert_unique(hash, i, |&i| hasher.hash_one(table.string(i)));
+    i
 }
 
 impl LabelTableBuilder {
     /// The id of `s`, stored on first sight.
     pub fn intern(&mut self, s: &str) -> u32 {
-        if let Some(&i) = self.ids.get(s) {
-            return i;
-        }
-        let i = self.table.ends.len() as u32;
-        self.table.text.push_str(s);
-        self.table.ends.push(self.table.text.len() as u32);
-        self.ids.insert(s.into(), i);
-        i
+        intern(&mut self.table, &mut self.ids, &self.hasher, s)
     }
 
     /// Adds a series' labels; returns its number among the series added.
@@ -63,6 +85,37 @@ impl LabelTableBuilder {
         let start = self.table.pairs.len() as u32;
         for (k, v) in labels {
             let pair = (self.intern(k), self.intern(v));
+            self.table.pairs.push(pair);
+        }
+        self.ranges
+            .push((start, self.table.pairs.len() as u32 - start));
+        self.ranges.len() - 1
+    }
+
+    /// Adds a series' labels given as another table's: each string of that table is looked up
+    /// once, not once per series naming it (a merge's output gathers its series from a few
+    /// tables, each naming a string such as `service_name` a million times).
+    pub fn add_labels(&mut self, labels: &SeriesLabels) -> usize {
+        let start = self.table.pairs.len() as u32;
+        let source = labels.table();
+        let (_, map) = self
+            .ids_of
+            .entry(Arc::as_ptr(source) as usize)
+            .or_insert_with(|| (Arc::clone(source), vec![u32::MAX; source.strings()]));
+        for &(k, v) in labels.ids() {
+            let mut id = |i: u32| {
+                let slot = &mut map[i as usize];
+                if *slot == u32::MAX {
+                    *slot = intern(
+                        &mut self.table,
+                        &mut self.ids,
+                        &self.hasher,
+                        source.string(i),
+                    );
+                }
+                *slot
+            };
+            let pair = (id(k), id(v));
             self.table.pairs.push(pair);
         }
         self.ranges
@@ -134,6 +187,11 @@ impl SeriesLabels {
     /// The table these labels live in (shared by an entry's series).
     pub fn table(&self) -> &Arc<LabelTable> {
         &self.table
+    }
+
+    /// The (name, value) pairs as ids of strings of [`Self::table`].
+    pub(crate) fn ids(&self) -> &[(u32, u32)] {
+        &self.table.pairs[self.start as usize..(self.start + self.len) as usize]
     }
 }
 
@@ -213,6 +271,20 @@ mod tests {
             SeriesLabels::new([("service_name", "a"), ("pod", "1")])
         );
         assert!(s[0] < s[2]);
+        // Labels given as other tables' land in one table, each string once.
+        let other = SeriesLabels::new([("pod", "3"), ("service_name", "a")]);
+        let mut b = LabelTableBuilder::default();
+        for l in [&s[0], &other, &s[2], &s[1]] {
+            b.add_labels(l);
+        }
+        let merged = b.finish();
+        assert_eq!(merged[0], s[0]);
+        assert_eq!(merged[1], other);
+        assert_eq!(merged[2], s[2]);
+        assert!(merged[3].is_empty());
+        assert!(Arc::ptr_eq(merged[0].table(), merged[1].table()));
+        // "service_name", "a", "pod", "1", "3", "2".
+        assert_eq!(merged[0].table().strings(), 6);
         assert_eq!(
             format!("{:?}", s[2]),
             r#"[("service_name", "a"), ("pod", "2")]"#

@@ -692,14 +692,17 @@ impl Metastore for Embedded {
         if blocks.is_empty() {
             return Ok(());
         }
-        self.0
+        let written = self
+            .0
             .write(move |_, tx| {
                 for b in &blocks {
                     EmbeddedMetastore::insert_entry(tx, b)?;
                 }
-                Ok(())
+                Ok(blocks)
             })
-            .await
+            .await?;
+        super::cache_written(&self.0.cache, written);
+        Ok(())
     }
 
     async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
@@ -900,7 +903,8 @@ impl Metastore for Embedded {
         delete_after_ms: u64,
     ) -> Result<()> {
         let (job_id, owner) = (job.id, owner.to_owned());
-        self.0
+        let written = self
+            .0
             .write(move |m, tx| {
                 let Some(job) = EmbeddedMetastore::get_job(tx, job_id)? else {
                     return Err(Error::LeaseLost { job: job_id });
@@ -925,9 +929,11 @@ impl Metastore for Embedded {
                     }
                     EmbeddedMetastore::insert_entry(tx, b)?;
                 }
-                Ok(())
+                Ok(outputs)
             })
-            .await
+            .await?;
+        super::cache_written(&self.0.cache, written);
+        Ok(())
     }
 
     async fn cancel_job(&self, job: &Job) -> Result<()> {
@@ -1239,16 +1245,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         let id = block_id(1, 1);
+        let written = entry("t", &id, 0, 0, 5, 9, &[("s", CPU)]);
         {
             let m = Embedded::open(&path).unwrap();
-            m.add_blocks(vec![entry("t", &id, 0, 0, 5, 9, &[("s", CPU)])])
-                .await
-                .unwrap();
+            m.add_blocks(vec![written.clone()]).await.unwrap();
+            // Kept as written (not decoded) by the process that wrote it.
+            let got = m.query_blocks(BlockQuery::all("t")).await.unwrap();
+            assert_eq!(*got[0], written);
         }
+        // Decoded from the file by the next: the same entry.
         let m = Embedded::open(&path).unwrap();
         let got = m.query_blocks(BlockQuery::all("t")).await.unwrap();
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].id, id);
+        assert_eq!(*got[0], written);
+        assert!(
+            m.query_blocks(BlockQuery::all("u"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     /// Retention and tenant deletion give the file's space back (redb compaction), unlike

@@ -588,13 +588,15 @@ impl Metastore for Postgres {
                 b.id.as_str(),
             ))
         });
-        let blocks = &blocks;
+        let written = &blocks;
         transaction!(self, false, |tx| {
-            for b in blocks {
+            for b in written {
                 Self::insert_entry(&tx, b).await?;
             }
             Ok(())
-        })
+        })?;
+        super::cache_written(&self.cache, blocks);
+        Ok(())
     }
 
     async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
@@ -839,7 +841,7 @@ impl Metastore for Postgres {
         delete_after_ms: u64,
     ) -> Result<()> {
         let job_id = big(job.id);
-        let outputs = &outputs;
+        let written = &outputs;
         transaction!(self, true, |tx| {
             let Some(row) = tx
                 .query_opt(
@@ -867,14 +869,16 @@ impl Metastore for Postgres {
                 self.remove_entry(&tx, &e, due, true, false).await?;
             }
             Self::delete_job(&tx, job_id).await?;
-            for b in outputs {
+            for b in written {
                 if b.tenant != current.tenant {
                     return Err(Error::Metastore("output of another tenant".into()));
                 }
                 Self::insert_entry(&tx, b).await?;
             }
             Ok(())
-        })
+        })?;
+        super::cache_written(&self.cache, outputs);
+        Ok(())
     }
 
     async fn cancel_job(&self, job: &Job) -> Result<()> {
@@ -1099,12 +1103,12 @@ mod tests {
         let (a, b) = tokio::join!(Postgres::connect(&config), Postgres::connect(&config));
         let (a, b) = (a.unwrap(), b.unwrap());
         let id = block_id(1, 1);
-        a.add_blocks(vec![entry("t", &id, 0, 0, 5, 9, &[("s", CPU)])])
-            .await
-            .unwrap();
+        let written = entry("t", &id, 0, 0, 5, 9, &[("s", CPU)]);
+        a.add_blocks(vec![written.clone()]).await.unwrap();
+        // The other process decodes it from the database: the same entry.
         let got = b.query_blocks(BlockQuery::all("t")).await.unwrap();
         assert_eq!(got.len(), 1);
-        assert_eq!(got[0].id, id);
+        assert_eq!(*got[0], written);
         assert!(
             b.query_blocks(BlockQuery::all("other"))
                 .await
