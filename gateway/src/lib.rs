@@ -42,3 +42,8 @@ pub mod server;
 pub mod tenants;
 pub mod time;
 pub mod transport;
+
+/// The unit tests allocate as the `kiln` binary does (`main.rs`), through jemalloc.
+#[cfg(test)]
+#[global_allocator]
+static TEST_ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod lifecycle;
 pub mod listener;
+pub mod memory;
 pub mod self_profile;
 pub mod traces;
 pub mod upkeep;

@@ -356,6 +356,12 @@ pub struct StorageArgs {
     /// process has the query role.
     #[arg(long, env = "KILN_FRESH_CACHE_BYTES", default_value_t = 64 << 20)]
     pub fresh_cache_bytes: u64,
+
+    /// Freed memory the allocator may hold for reuse, in bytes: past it, Kiln returns all of it
+    /// to the system at once rather than over jemalloc's 10 s decay (checked every 100 ms); 0
+    /// leaves it to jemalloc.
+    #[arg(long, env = "KILN_ALLOCATOR_DIRTY_BYTES", default_value_t = 128 << 20)]
+    pub allocator_dirty_bytes: u64,
 }
 
 /// `kiln serve` flags: background upkeep of the stored blocks.

@@ -60,6 +60,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
 /// Runs `kiln serve` until SIGTERM.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let app = build_app(&args).await?;
+    super::memory::spawn_purger(args.storage.allocator_dirty_bytes);
     let listener = tokio::net::TcpListener::bind(args.network.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.network.listen))?;
