@@ -89,7 +89,7 @@ fn put_packed(tag: u32, values: impl Iterator<Item = u64> + Clone, out: &mut Vec
 
 /// Writes the metadata of an object holding `datasets` (all of one object: same id, shard and
 /// level), its size given as `size`.
-pub(super) fn encode(datasets: &[BlockMeta], size: u64) -> Vec<u8> {
+pub(super) fn encode<'a>(datasets: &'a [BlockMeta], size: u64) -> Vec<u8> {
     let first = datasets.first();
     let mut out = Vec::new();
     put_varint(
@@ -125,6 +125,20 @@ pub(super) fn encode(datasets: &[BlockMeta], size: u64) -> Vec<u8> {
         put_varint(7, d.symbols.size, &mut out);
         put_varint(8, d.rows, &mut out);
         put_varint(9, d.profiles, &mut out);
+        // Profile types first, so their ids stay small (one byte in every series); a series
+        // mostly shares its type with the one before it, and so its id.
+        let mut last_type: Option<(&Arc<str>, u32)> = None;
+        let mut type_id = |strings: &mut Strings<'a>, t: &'a Arc<str>| match last_type {
+            Some((last, id)) if Arc::ptr_eq(last, t) => id,
+            _ => {
+                let id = strings.get(t);
+                last_type = Some((t, id));
+                id
+            }
+        };
+        for s in &d.series {
+            type_id(&mut strings, &s.profile_type);
+        }
         // Series that share one label table (as decoded, merged or written, they all do) take
         // their ids from it; others are looked up string by string.
         let table = d.series.first().map(|s| s.labels.table());
@@ -133,7 +147,11 @@ pub(super) fn encode(datasets: &[BlockMeta], size: u64) -> Vec<u8> {
             .map(|t| strings.append(t));
         for s in &d.series {
             series.clear();
-            put_varint(1, strings.get(&s.profile_type).into(), &mut series);
+            put_varint(
+                1,
+                type_id(&mut strings, &s.profile_type).into(),
+                &mut series,
+            );
             ids.clear();
             match base {
                 Some(base) => {
@@ -897,6 +915,58 @@ mod tests {
                 }
             }
             prop_assert_eq!(decode(&bytes).ok(), prost_decode(&bytes));
+        }
+    }
+
+    /// A dataset's profile types are numbered before its label table's strings, so they stay
+    /// one byte in every series however many strings the labels have.
+    #[test]
+    fn profile_types_keep_small_ids_beside_a_large_label_table() {
+        let id = ulid::Ulid::from_parts(1_700_000_000_000, 7).to_string();
+        let mut table = LabelTableBuilder::default();
+        let pods: Vec<String> = (0..300).map(|i| format!("pod-{i}")).collect();
+        for p in &pods {
+            table.add([("pod", p.as_str())]);
+        }
+        let mut d = tests_meta(&id);
+        d.series = table
+            .finish()
+            .into_iter()
+            .enumerate()
+            .map(|(i, labels)| SeriesMeta {
+                labels,
+                profile_type: if i % 2 == 0 { "cpu" } else { "alloc" }.into(),
+                min_time_nanos: 1,
+                max_time_nanos: 2,
+                first_row: i as u64,
+                rows: 1,
+            })
+            .collect();
+        d.rows = 300;
+        let msg = pb::BlockMeta::decode(&encode(std::slice::from_ref(&d), 0)[..]).unwrap();
+        assert!(msg.datasets[0].series.iter().all(|s| s.profile_type < 128));
+        assert_eq!(decode(&msg.encode_to_vec()).unwrap(), vec![d]);
+    }
+
+    fn tests_meta(id: &str) -> BlockMeta {
+        BlockMeta {
+            format_version: BLOCK_FORMAT_VERSION,
+            id: id.into(),
+            tenant: "t".into(),
+            shard: 0,
+            level: 1,
+            min_time_nanos: 1,
+            max_time_nanos: 2,
+            object_size: 0,
+            samples: Section::default(),
+            symbols: Section::default(),
+            series: Vec::new(),
+            rows: 0,
+            profiles: 1,
+            stack_nodes: 0,
+            compacted_from: Vec::new(),
+            rollups: Vec::new(),
+            index: Default::default(),
         }
     }
 
