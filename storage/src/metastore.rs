@@ -312,12 +312,17 @@ fn entry_weight(b: &BlockMeta) -> usize {
     bytes
 }
 
-/// Keeps entries just written in `cache` as they were given, so the listing or the compaction
-/// that reads them next does not decode them again: a million-series entry decoded beside the
-/// writer's own copy was a few hundred megabytes more at the peak of a compaction (ADR 0017).
-/// Decoding an entry gives back what was encoded (`meta::wire`'s tests), so the cached value is
-/// the one a read would have made.
-pub(crate) fn cache_written(cache: &EntryCache, blocks: Vec<BlockMeta>) {
+/// Keeps entries just written in `cache` as they were given (when `keep` is set), so the
+/// listing or the compaction that reads them next does not decode them again: a million-series
+/// entry decoded beside the writer's own copy was a few hundred megabytes more at the peak of a
+/// compaction (ADR 0017). Decoding an entry gives back what was encoded (`meta::wire`'s tests),
+/// so the cached value is the one a read would have made. A process that answers no queries
+/// keeps none: it would seldom read them, and another process's compaction removes them
+/// without this cache knowing.
+pub(crate) fn cache_written(cache: &EntryCache, keep: bool, blocks: Vec<BlockMeta>) {
+    if !keep {
+        return;
+    }
     for mut b in blocks {
         // Built by pushing, a writer's lists may hold twice their length.
         b.series.shrink_to_fit();

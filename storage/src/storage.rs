@@ -57,7 +57,8 @@ pub struct StorageConfig {
     pub spool_max_bytes: u64,
     /// Whether the blocks this process writes (segments, compaction outputs) go into its query
     /// engine's symbol cache as they are registered, so the first query of fresh data reads and
-    /// decodes no symbols: where this process answers queries.
+    /// decodes no symbols, and their metastore entries stay decoded as written: where this
+    /// process answers queries.
     pub warm_query_cache: bool,
 }
 
@@ -92,18 +93,25 @@ impl StorageConfig {
 
     /// The metastore these settings name (PostgreSQL: connected and migrated).
     pub async fn open_metastore(&self) -> Result<Arc<dyn Metastore>> {
-        Ok(match &self.metastore {
+        // Entries written are kept decoded where this process also answers queries.
+        let keep = self.warm_query_cache;
+        let embedded = |path: &Path| -> Result<Arc<dyn Metastore>> {
+            let m = Embedded::open(path)?;
+            m.keep_written(keep);
+            Ok(Arc::new(m))
+        };
+        match &self.metastore {
             Some(url) if postgres::is_postgres_url(url) => {
-                Arc::new(postgres::Postgres::connect(&postgres::PostgresConfig::new(url)).await?)
+                let m = postgres::Postgres::connect(&postgres::PostgresConfig::new(url)).await?;
+                m.keep_written(keep);
+                Ok(Arc::new(m))
             }
-            Some(url) if url.contains("://") => {
-                return Err(Error::Config(format!(
-                    "metastore {url}: use postgres://…, or a path for the embedded metastore"
-                )));
-            }
-            Some(path) => Arc::new(Embedded::open(Path::new(path))?),
-            None => Arc::new(Embedded::open(&self.embedded_metastore_path())?),
-        })
+            Some(url) if url.contains("://") => Err(Error::Config(format!(
+                "metastore {url}: use postgres://…, or a path for the embedded metastore"
+            ))),
+            Some(path) => embedded(Path::new(path)),
+            None => embedded(&self.embedded_metastore_path()),
+        }
     }
 
     /// Where the embedded metastore lives by default.

@@ -178,6 +178,8 @@ pub struct EmbeddedMetastore {
     /// One write transaction at a time, and reopening only between them.
     write_lock: tokio::sync::Mutex<()>,
     cache: super::EntryCache,
+    /// Whether entries written are kept in `cache` ([`Embedded::keep_written`]).
+    keep_written: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for EmbeddedMetastore {
@@ -260,6 +262,7 @@ impl EmbeddedMetastore {
             db: RwLock::new(None),
             write_lock: tokio::sync::Mutex::new(()),
             cache: super::entry_cache(),
+            keep_written: std::sync::atomic::AtomicBool::new(true),
         };
         let db = m.db()?;
         let tx = db.begin_write().map_err(db_err)?;
@@ -672,6 +675,16 @@ impl EmbeddedMetastore {
 pub struct Embedded(pub Arc<EmbeddedMetastore>);
 
 impl Embedded {
+    /// Whether entries this process writes are kept decoded in its cache as written (the
+    /// default), for the queries and compactions of the same process that read them next.
+    pub fn keep_written(&self, keep: bool) {
+        self.0
+            .keep_written
+            .store(keep, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Embedded {
     /// Opens (or creates) the metastore file.
     pub fn open(path: &Path) -> Result<Self> {
         Ok(Self(Arc::new(EmbeddedMetastore::open(path)?)))
@@ -701,7 +714,13 @@ impl Metastore for Embedded {
                 Ok(blocks)
             })
             .await?;
-        super::cache_written(&self.0.cache, written);
+        super::cache_written(
+            &self.0.cache,
+            self.0
+                .keep_written
+                .load(std::sync::atomic::Ordering::Relaxed),
+            written,
+        );
         Ok(())
     }
 
@@ -932,7 +951,13 @@ impl Metastore for Embedded {
                 Ok(outputs)
             })
             .await?;
-        super::cache_written(&self.0.cache, written);
+        super::cache_written(
+            &self.0.cache,
+            self.0
+                .keep_written
+                .load(std::sync::atomic::Ordering::Relaxed),
+            written,
+        );
         Ok(())
     }
 
@@ -1258,6 +1283,35 @@ mod tests {
         let got = m.query_blocks(BlockQuery::all("t")).await.unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(*got[0], written);
+        assert!(
+            m.query_blocks(BlockQuery::all("u"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn written_entries_are_kept_decoded_only_where_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Embedded::open(&dir.path().join("m.redb")).unwrap();
+        let kept = entry("t", &block_id(1, 1), 0, 0, 5, 9, &[("s", CPU)]);
+        m.add_blocks(vec![kept.clone()]).await.unwrap();
+        assert!(m.0.cache.contains_key(&kept.key()));
+        m.keep_written(false);
+        let not_kept = entry("t", &block_id(1, 2), 0, 0, 5, 9, &[("s", CPU)]);
+        m.add_blocks(vec![not_kept.clone()]).await.unwrap();
+        assert!(!m.0.cache.contains_key(&not_kept.key()));
+        // Read, it is decoded (and cached then), the same either way.
+        let mut got: Vec<BlockMeta> = m
+            .query_blocks(BlockQuery::all("t"))
+            .await
+            .unwrap()
+            .iter()
+            .map(|b| (**b).clone())
+            .collect();
+        got.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(got, [kept, not_kept]);
         assert!(
             m.query_blocks(BlockQuery::all("u"))
                 .await

@@ -68,6 +68,8 @@ impl PostgresConfig {
 pub struct Postgres {
     pool: Pool,
     cache: super::EntryCache,
+    /// Whether entries written are kept in `cache` ([`Postgres::keep_written`]).
+    keep_written: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -225,9 +227,21 @@ impl Postgres {
         let m = Self {
             pool,
             cache: super::entry_cache(),
+            keep_written: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         m.migrate().await?;
         Ok(m)
+    }
+
+    /// Whether entries this process writes are kept decoded in its cache as written (the
+    /// default), for the queries and compactions of the same process that read them next.
+    pub fn keep_written(&self, keep: bool) {
+        self.keep_written
+            .store(keep, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn keeps_written(&self) -> bool {
+        self.keep_written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object> {
@@ -595,7 +609,7 @@ impl Metastore for Postgres {
             }
             Ok(())
         })?;
-        super::cache_written(&self.cache, blocks);
+        super::cache_written(&self.cache, self.keeps_written(), blocks);
         Ok(())
     }
 
@@ -877,7 +891,7 @@ impl Metastore for Postgres {
             }
             Ok(())
         })?;
-        super::cache_written(&self.cache, outputs);
+        super::cache_written(&self.cache, self.keeps_written(), outputs);
         Ok(())
     }
 
