@@ -33,6 +33,11 @@ impl LabelTable {
         self.ends.len()
     }
 
+    /// Label pairs held, of every series sharing the table.
+    pub(crate) fn pairs(&self) -> usize {
+        self.pairs.len()
+    }
+
     /// Approximate bytes held.
     pub fn heap_bytes(&self) -> usize {
         self.text.capacity() + 4 * self.ends.capacity() + 8 * self.pairs.capacity()

@@ -139,11 +139,16 @@ pub(super) fn encode<'a>(datasets: &'a [BlockMeta], size: u64) -> Vec<u8> {
         for s in &d.series {
             type_id(&mut strings, &s.profile_type);
         }
-        // Series that share one label table (as decoded, merged or written, they all do) take
-        // their ids from it; others are looked up string by string.
+        // Series that share one label table of their own (as decoded, merged or written, they
+        // all do) take their ids from it; others are looked up string by string. A table whose
+        // pairs are not all this dataset's is shared with other series, maybe another
+        // tenant's, and its strings are not written whole.
         let table = d.series.first().map(|s| s.labels.table());
         let base = table
-            .filter(|t| d.series.iter().all(|s| Arc::ptr_eq(s.labels.table(), t)))
+            .filter(|t| {
+                d.series.iter().all(|s| Arc::ptr_eq(s.labels.table(), t))
+                    && t.pairs() == d.series.iter().map(|s| s.labels.len()).sum::<usize>()
+            })
             .map(|t| strings.append(t));
         for s in &d.series {
             series.clear();
@@ -946,6 +951,30 @@ mod tests {
         let msg = pb::BlockMeta::decode(&encode(std::slice::from_ref(&d), 0)[..]).unwrap();
         assert!(msg.datasets[0].series.iter().all(|s| s.profile_type < 128));
         assert_eq!(decode(&msg.encode_to_vec()).unwrap(), vec![d]);
+    }
+
+    /// Series whose table also holds other series' labels (another dataset's, say) are written
+    /// string by string: none of the other series' strings reach the bytes.
+    #[test]
+    fn a_label_table_shared_beyond_the_dataset_is_not_written_whole() {
+        let id = ulid::Ulid::from_parts(1_700_000_000_000, 7).to_string();
+        let mut table = LabelTableBuilder::default();
+        table.add([("pod", "mine")]);
+        table.add([("pod", "someone-elses")]);
+        let labels = table.finish();
+        let mut d = tests_meta(&id);
+        d.series = vec![SeriesMeta {
+            labels: labels[0].clone(),
+            profile_type: "cpu".into(),
+            min_time_nanos: 1,
+            max_time_nanos: 2,
+            first_row: 0,
+            rows: 1,
+        }];
+        d.rows = 1;
+        let bytes = encode(std::slice::from_ref(&d), 0);
+        assert!(!bytes.windows(13).any(|w| w == b"someone-elses"));
+        assert_eq!(decode(&bytes).unwrap(), vec![d]);
     }
 
     fn tests_meta(id: &str) -> BlockMeta {
