@@ -19,28 +19,29 @@ use tracing::warn;
 /// How often the dirty pages are counted.
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// jemalloc's `MALLCTL_ARENAS_ALL`: every arena at once, in `arena.<i>` and `stats.arenas.<i>`.
-const ALL_ARENAS: &str = "4096";
+/// Dirty pages of every arena (4096 is jemalloc's `MALLCTL_ARENAS_ALL`).
+const DIRTY_PAGES: &[u8] = b"stats.arenas.4096.pdirty\0";
+
+/// Purges every arena.
+const PURGE: &[u8] = b"arena.4096.purge\0";
 
 /// Bytes of dirty pages the allocator holds, over all arenas.
 fn dirty_bytes(page: usize) -> Option<usize> {
     epoch::advance().ok()?;
-    let name = format!("stats.arenas.{ALL_ARENAS}.pdirty\0");
-    let pages: usize = name.as_bytes().name().read().ok()?;
+    let pages: usize = DIRTY_PAGES.name().read().ok()?;
     Some(pages.saturating_mul(page))
 }
 
 /// `arena.<all>.purge`: returns every arena's dirty pages to the system.
 #[allow(unsafe_code)]
 fn purge() -> bool {
-    let name = format!("arena.{ALL_ARENAS}.purge\0");
     // SAFETY: `arena.<i>.purge` is a documented control that reads and writes nothing
     // (https://jemalloc.net/jemalloc.3.html#arena.i.purge): every pointer is null and the
-    // length 0, as it requires; the name is NUL-terminated and outlives the call. The ctl
+    // length 0, as it requires; the name is a NUL-terminated constant. The ctl
     // crate's safe and raw writers always pass a value, which this control refuses.
     let rc = unsafe {
         tikv_jemalloc_sys::mallctl(
-            name.as_ptr().cast(),
+            PURGE.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
