@@ -1,7 +1,8 @@
 //! The segment writer: one task per shard buffers profiles per tenant and flushes them once the
 //! first of them has waited the flush interval, or sooner when the buffer passes the size limit,
-//! or as soon as the previous flush is done when writes queued up behind it (group commit), as
-//! one segment object holding every tenant's dataset (one PUT per shard and flush). A write is answered only once the
+//! or, after a flush, with the writes that queued up during it and came within the linger after
+//! it (group commit), as one segment object holding every tenant's dataset (one PUT per shard
+//! and flush). A write is answered only once the
 //! segment is in the object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
 //! (unavailable: the client may retry) and nothing of it is acknowledged — unless the object
@@ -65,6 +66,13 @@ pub struct WriterConfig {
     pub flush_interval: Duration,
     /// A shard flushes as soon as its buffer passes this many bytes.
     pub flush_bytes: usize,
+    /// After a flush, how long a shard waits for another write before it flushes the writes
+    /// gathered meanwhile (never longer than `flush_interval` from the flush's end). Senders
+    /// with a few requests in flight (an OpenTelemetry Collector's exporters, an SDK's
+    /// uploader) answer an acknowledgement with their next request within a millisecond or
+    /// two: gathered, they share one segment, and none waits out a new `flush_interval`.
+    /// Zero flushes what queued during the flush at once.
+    pub flush_linger: Duration,
     /// Time of segment ids (their metastore partition).
     pub clock: Clock,
 }
@@ -75,6 +83,7 @@ impl Default for WriterConfig {
             shards: 1,
             flush_interval: Duration::from_millis(50),
             flush_bytes: 32 << 20,
+            flush_linger: Duration::from_millis(3),
             clock: Clock::default(),
         }
     }
@@ -294,8 +303,9 @@ fn buffer(
 
 /// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch)
 /// or until the buffer passes `flush_bytes`. Flushes run one at a time, and writes that
-/// arrive during one are flushed together as soon as it is done, without waiting another
-/// interval (group commit): under load, acknowledgements follow the flushes back to back.
+/// arrive during one, or within `flush_linger` of each other after it, are flushed together
+/// without waiting another interval (group commit): under load, acknowledgements follow the
+/// flushes back to back.
 async fn run_shard(
     shard: u32,
     mut rx: mpsc::Receiver<Command>,
@@ -350,9 +360,24 @@ async fn run_shard(
             flush(shard, &ctx, &mut pending, &mut hints).await;
             (size, flush_at) = (0, None);
             let mut control = None;
+            // The writers this flush answered send their next writes within moments: gather
+            // them until none comes for the linger (at most a flush interval), rather than
+            // flushing the first of them alone or leaving them to wait out a new interval.
+            let cap = tokio::time::Instant::now() + config.flush_interval;
             while size < config.flush_bytes {
-                match rx.try_recv() {
-                    Ok(Command::Write {
+                let next = match rx.try_recv() {
+                    Ok(cmd) => Some(cmd),
+                    Err(mpsc::error::TryRecvError::Empty) if !config.flush_linger.is_zero() => {
+                        let until = (tokio::time::Instant::now() + config.flush_linger).min(cap);
+                        match tokio::time::timeout_at(until, rx.recv()).await {
+                            Ok(cmd) => cmd,
+                            Err(_) => None,
+                        }
+                    }
+                    Err(_) => None,
+                };
+                match next {
+                    Some(Command::Write {
                         tenant,
                         profiles,
                         ack,
@@ -362,11 +387,11 @@ async fn run_shard(
                         // and the worker's other tasks (queries) would wait for all of them.
                         tokio::task::consume_budget().await;
                     }
-                    Ok(other) => {
+                    Some(other) => {
                         control = Some(other);
                         break;
                     }
-                    Err(_) => break,
+                    None => break,
                 }
             }
             match control {

@@ -1,5 +1,6 @@
 //! The shard writer's flushes against a slow object store: one flush at a time per shard, the
-//! writes that arrive meanwhile flushed together right after it (group commit), no buffer
+//! writes that arrive meanwhile flushed together right after it (group commit), those sent just
+//! after it sharing a segment without waiting a new interval, no buffer
 //! taking writes past its size limit, and a close waiting for the flush it interrupts. Nothing
 //! is acknowledged before its segment is stored, and nothing acknowledged is lost.
 
@@ -94,6 +95,41 @@ async fn writes_during_a_flush_are_flushed_together_right_after_it() {
         [(frames("main;other"), 4)].into_iter().collect()
     );
     assert!(stacks_around(&s, "c", T0).await.is_empty());
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_sent_right_after_a_flush_share_a_segment_without_waiting_an_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = one_shard(dir.path());
+    c.writer.flush_interval = Duration::from_secs(3);
+    c.writer.flush_linger = Duration::from_millis(300);
+    let (s, store) = faulty_storage(c).await;
+    let s = Arc::new(s);
+    // The first write waits out the interval: nothing else shares it.
+    write(&s, "a", "first", 1).await.unwrap().unwrap();
+    assert_eq!(store.puts.load(Ordering::SeqCst), 1);
+    // A sender answering the acknowledgement, then another a moment later: both within the
+    // linger of the write before them.
+    let answered = std::time::Instant::now();
+    let second = write(&s, "a", "second", 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let third = write(&s, "a", "third", 3);
+    second.await.unwrap().unwrap();
+    third.await.unwrap().unwrap();
+    // Flushed once the writes paused, long before a new interval would have ended.
+    let waited = answered.elapsed();
+    assert!(waited < Duration::from_secs(2), "waited {waited:?}");
+    assert_eq!(store.puts.load(Ordering::SeqCst), 2);
+    let want: BTreeMap<Vec<String>, i64> = [
+        (frames("main;first"), 1),
+        (frames("main;second"), 2),
+        (frames("main;third"), 3),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(stacks_around(&s, "a", T0).await, want);
+    assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
 

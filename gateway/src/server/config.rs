@@ -337,6 +337,13 @@ pub struct StorageArgs {
     #[arg(long, env = "KILN_FLUSH_BYTES", default_value_t = 32 << 20)]
     pub flush_bytes: usize,
 
+    /// After a flush, how long, in milliseconds, a shard waits for another write before it
+    /// flushes the writes gathered meanwhile (at most the flush interval): the senders a flush
+    /// answered share the next segment instead of waiting out a new interval. 0 flushes what
+    /// queued during the flush at once.
+    #[arg(long, env = "KILN_FLUSH_LINGER_MS", default_value_t = 3)]
+    pub flush_linger_ms: u64,
+
     /// Memory for cached symbol tables, in bytes.
     #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
     pub symbols_cache_bytes: u64,
@@ -534,6 +541,7 @@ impl ServeArgs {
             .unwrap_or_else(|| default_shards(s.object_store.as_deref()));
         c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
         c.writer.flush_bytes = s.flush_bytes;
+        c.writer.flush_linger = Duration::from_millis(s.flush_linger_ms);
         c.symbols_cache_bytes = s.symbols_cache_bytes;
         c.results_cache_bytes = s.results_cache_bytes;
         c.pages_cache_bytes = s.pages_cache_bytes;
