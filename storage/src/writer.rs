@@ -369,10 +369,11 @@ async fn run_shard(
                     Ok(cmd) => Some(cmd),
                     Err(mpsc::error::TryRecvError::Empty) if !config.flush_linger.is_zero() => {
                         let until = (tokio::time::Instant::now() + config.flush_linger).min(cap);
-                        match tokio::time::timeout_at(until, rx.recv()).await {
-                            Ok(cmd) => cmd,
-                            Err(_) => None,
-                        }
+                        // Quiet for the linger: `None`, flush.
+                        tokio::time::timeout_at(until, rx.recv())
+                            .await
+                            .ok()
+                            .flatten()
                     }
                     Err(_) => None,
                 };
