@@ -1,7 +1,8 @@
 //! The segment writer: one task per shard buffers profiles per tenant and flushes them once the
-//! first of them has waited the flush interval, or sooner when the buffer passes the size limit,
-//! or, after a flush, with the writes that queued up during it and came within the linger after
-//! it (group commit), as one segment object holding every tenant's dataset (one PUT per shard
+//! first of them has waited the flush interval, or sooner when the buffer passes the size limit
+//! or the writes pause (for six times their mean gap, at least the linger: senders waiting for
+//! their acknowledgements), or, after a flush, with the writes that queued up during it and came
+//! within the linger after it (group commit), as one segment object holding every tenant's dataset (one PUT per shard
 //! and flush). A write is answered only once the
 //! segment is in the object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
@@ -71,7 +72,9 @@ pub struct WriterConfig {
     /// with a few requests in flight (an OpenTelemetry Collector's exporters, an SDK's
     /// uploader) answer an acknowledgement with their next request within a millisecond or
     /// two: gathered, they share one segment, and none waits out a new `flush_interval`.
-    /// Zero flushes what queued during the flush at once.
+    /// Zero flushes what queued during the flush at once. Also the shortest pause in the
+    /// writes that ends a batch before `flush_interval` (where writes come fast enough that
+    /// six of their mean gaps are shorter than the interval); zero: never.
     pub flush_linger: Duration,
     /// Time of segment ids (their metastore partition).
     pub clock: Clock,
@@ -301,8 +304,8 @@ fn buffer(
     p.builder.estimated_bytes().saturating_sub(before)
 }
 
-/// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch)
-/// or until the buffer passes `flush_bytes`. Flushes run one at a time, and writes that
+/// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch),
+/// until the buffer passes `flush_bytes`, or until the writes pause ([`Arrivals`]). Flushes run one at a time, and writes that
 /// arrive during one, or within `flush_linger` of each other after it, are flushed together
 /// without waiting another interval (group commit): under load, acknowledgements follow the
 /// flushes back to back.
@@ -317,8 +320,15 @@ async fn run_shard(
     let mut size = 0usize;
     // When the oldest buffered write has waited `flush_interval`.
     let mut flush_at: Option<tokio::time::Instant> = None;
+    // When the writes have paused long enough that the batch is taken as complete.
+    let mut quiet_at: Option<tokio::time::Instant> = None;
+    let mut arrivals = Arrivals::new(&config);
     loop {
-        let cmd = match flush_at {
+        let wake = match (flush_at, quiet_at) {
+            (Some(a), Some(q)) => Some(a.min(q)),
+            (a, q) => a.or(q),
+        };
+        let cmd = match wake {
             None => rx.recv().await,
             Some(at) => tokio::select! {
                 cmd = rx.recv() => cmd,
@@ -332,12 +342,14 @@ async fn run_shard(
                 ack,
             }) => {
                 size += buffer(&mut pending, &hints, tenant, &profiles, ack);
-                flush_at.get_or_insert_with(|| tokio::time::Instant::now() + config.flush_interval);
+                let now = tokio::time::Instant::now();
+                flush_at.get_or_insert(now + config.flush_interval);
+                quiet_at = arrivals.arrive(now).map(|quiet| now + quiet);
             }
             Some(Command::Tick) => {}
             Some(Command::Flush { done }) => {
                 flush(shard, &ctx, &mut pending, &mut hints).await;
-                (size, flush_at) = (0, None);
+                (size, flush_at, quiet_at) = (0, None, None);
                 let _ = done.send(());
                 continue;
             }
@@ -350,7 +362,8 @@ async fn run_shard(
                 return;
             }
         }
-        let due = flush_at.is_some_and(|at| at <= tokio::time::Instant::now());
+        let now = tokio::time::Instant::now();
+        let due = flush_at.is_some_and(|at| at <= now) || quiet_at.is_some_and(|at| at <= now);
         if !due && size < config.flush_bytes {
             continue;
         }
@@ -358,7 +371,7 @@ async fn run_shard(
         // nothing waits.
         loop {
             flush(shard, &ctx, &mut pending, &mut hints).await;
-            (size, flush_at) = (0, None);
+            (size, flush_at, quiet_at) = (0, None, None);
             let mut control = None;
             // The writers this flush answered send their next writes within moments: gather
             // them until none comes for the linger (at most a flush interval), rather than
@@ -383,6 +396,7 @@ async fn run_shard(
                         profiles,
                         ack,
                     }) => {
+                        arrivals.arrive(tokio::time::Instant::now());
                         size += buffer(&mut pending, &hints, tenant, &profiles, ack);
                         // `try_recv` never yields: under load hundreds of writes queue here,
                         // and the worker's other tasks (queries) would wait for all of them.
@@ -413,6 +427,45 @@ async fn run_shard(
                 break;
             }
         }
+    }
+}
+
+/// How a shard's writes arrive: the mean gap between them, to tell a batch that is complete
+/// (its senders all wait for their acknowledgements) from a pause in a steady stream.
+struct Arrivals {
+    last: Option<tokio::time::Instant>,
+    /// Moving mean of the gaps, in seconds (each gap at most a flush interval).
+    mean_gap: f64,
+    linger: Duration,
+    interval: Duration,
+}
+
+impl Arrivals {
+    /// A pause this many mean gaps long ends a batch: writes that arrive independently of
+    /// each other (many agents, each on its own timer) pause that long once in about 400
+    /// gaps, so their batches still fill a flush interval.
+    const QUIET_GAPS: f64 = 6.0;
+
+    fn new(config: &WriterConfig) -> Self {
+        Self {
+            last: None,
+            mean_gap: config.flush_interval.as_secs_f64(),
+            linger: config.flush_linger,
+            interval: config.flush_interval,
+        }
+    }
+
+    /// Counts a write arriving at `now`; returns how long a pause after it ends the batch, if
+    /// shorter than the flush interval (never without a linger).
+    fn arrive(&mut self, now: tokio::time::Instant) -> Option<Duration> {
+        if let Some(last) = self.last.replace(now) {
+            let gap = now.duration_since(last).min(self.interval).as_secs_f64();
+            self.mean_gap += 0.1 * (gap - self.mean_gap);
+        }
+        let quiet = self
+            .linger
+            .max(Duration::from_secs_f64(Self::QUIET_GAPS * self.mean_gap));
+        (!self.linger.is_zero() && quiet < self.interval).then_some(quiet)
     }
 }
 
@@ -584,4 +637,55 @@ async fn flush_segment(
     }
     ctx.metastore.add_blocks(metas).await?;
     Ok(Some(flushed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrivals(linger_ms: u64) -> Arrivals {
+        Arrivals::new(&WriterConfig {
+            flush_linger: Duration::from_millis(linger_ms),
+            ..WriterConfig::default()
+        })
+    }
+
+    /// Feeds writes `gap` apart; returns the pause that would end the batch after the last.
+    fn steady(a: &mut Arrivals, gap: Duration, writes: u32) -> Option<Duration> {
+        let t0 = tokio::time::Instant::now();
+        (0..writes).fold(None, |_, i| a.arrive(t0 + gap * i))
+    }
+
+    #[test]
+    fn a_pause_ends_a_batch_only_where_writes_come_fast() {
+        // A shard's first write: nothing known, the flush interval governs.
+        let mut a = arrivals(3);
+        assert_eq!(a.arrive(tokio::time::Instant::now()), None);
+        // Writes a millisecond apart (senders answering their acknowledgements): six gaps'
+        // pause ends the batch.
+        let quiet = steady(&mut a, Duration::from_millis(1), 100).expect("a pause");
+        assert!(
+            quiet >= Duration::from_millis(5) && quiet < Duration::from_millis(8),
+            "{quiet:?}"
+        );
+        // Never shorter than the linger.
+        let mut a = arrivals(20);
+        assert_eq!(
+            steady(&mut a, Duration::from_millis(1), 100),
+            Some(Duration::from_millis(20))
+        );
+        // Writes 20 ms apart (agents on their own timers, 50 a second): a pause that long is
+        // no sign the batch is complete; the flush interval governs.
+        let mut a = arrivals(3);
+        assert_eq!(steady(&mut a, Duration::from_millis(20), 100), None);
+        // After a fast stream, an idle minute: the flush interval governs again.
+        let mut a = arrivals(3);
+        assert!(steady(&mut a, Duration::from_millis(1), 100).is_some());
+        let later = tokio::time::Instant::now() + Duration::from_secs(60);
+        a.arrive(later);
+        assert!(a.arrive(later + Duration::from_secs(60)).is_none());
+        // No linger, no early flush.
+        let mut a = arrivals(0);
+        assert_eq!(steady(&mut a, Duration::from_millis(1), 100), None);
+    }
 }
