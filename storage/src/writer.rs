@@ -2,9 +2,9 @@
 //! first of them has waited the flush interval, or sooner when the buffer passes the size limit
 //! or the writes pause (for six times their mean gap, at least the linger: senders waiting for
 //! their acknowledgements), or, after a flush, with the writes that queued up during it and came
-//! within the linger after it (group commit), as one segment object holding every tenant's dataset (one PUT per shard
-//! and flush). A write is answered only once the
-//! segment is in the object store and all its datasets are registered in the metastore, in one
+//! within the linger after it (group commit), as one segment object holding every tenant's
+//! dataset (one PUT per shard and flush). A write is answered only once the segment is in the
+//! object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
 //! (unavailable: the client may retry) and nothing of it is acknowledged — unless the object
 //! store is what failed and the spool ([`crate::spool`]) has room: then the segment is spooled
@@ -305,10 +305,10 @@ fn buffer(
 }
 
 /// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch),
-/// until the buffer passes `flush_bytes`, or until the writes pause ([`Arrivals`]). Flushes run one at a time, and writes that
-/// arrive during one, or within `flush_linger` of each other after it, are flushed together
-/// without waiting another interval (group commit): under load, acknowledgements follow the
-/// flushes back to back.
+/// until the buffer passes `flush_bytes`, or until the writes pause ([`Arrivals`]). Flushes
+/// run one at a time, and writes that arrive during one, or within `flush_linger` of each
+/// other after it, are flushed together without waiting another interval (group commit):
+/// under load, acknowledgements follow the flushes back to back.
 async fn run_shard(
     shard: u32,
     mut rx: mpsc::Receiver<Command>,
