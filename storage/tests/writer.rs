@@ -46,6 +46,14 @@ async fn first_write_held(
     panic!("the first write's PUT was never held");
 }
 
+/// The stacks `main;<name>` with their values, as [`stacks_around`] answers them.
+fn stacks(named: &[(&str, i64)]) -> BTreeMap<Vec<String>, i64> {
+    named
+        .iter()
+        .map(|&(name, value)| (frames(&format!("main;{name}")), value))
+        .collect()
+}
+
 /// Writes `value` of the stack `main;<name>` to `tenant` on a task of its own.
 fn write(
     s: &Arc<Storage>,
@@ -82,18 +90,11 @@ async fn writes_during_a_flush_are_flushed_together_right_after_it() {
     }
     // The first segment, then one for everything that came while it was written.
     assert_eq!(store.puts.load(Ordering::SeqCst), 2);
-    let a: BTreeMap<Vec<String>, i64> = [
-        (frames("main;first"), 1),
-        (frames("main;second"), 2),
-        (frames("main;third"), 3),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(stacks_around(&s, "a", T0).await, a);
     assert_eq!(
-        stacks_around(&s, "b", T0).await,
-        [(frames("main;other"), 4)].into_iter().collect()
+        stacks_around(&s, "a", T0).await,
+        stacks(&[("first", 1), ("second", 2), ("third", 3)])
     );
+    assert_eq!(stacks_around(&s, "b", T0).await, stacks(&[("other", 4)]));
     assert!(stacks_around(&s, "c", T0).await.is_empty());
     s.close().await;
 }
@@ -121,14 +122,10 @@ async fn writes_sent_right_after_a_flush_share_a_segment_without_waiting_an_inte
     let waited = answered.elapsed();
     assert!(waited < Duration::from_secs(2), "waited {waited:?}");
     assert_eq!(store.puts.load(Ordering::SeqCst), 2);
-    let want: BTreeMap<Vec<String>, i64> = [
-        (frames("main;first"), 1),
-        (frames("main;second"), 2),
-        (frames("main;third"), 3),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(stacks_around(&s, "a", T0).await, want);
+    assert_eq!(
+        stacks_around(&s, "a", T0).await,
+        stacks(&[("first", 1), ("second", 2), ("third", 3)])
+    );
     assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
@@ -181,10 +178,10 @@ async fn a_close_waits_for_the_running_flush_and_flushes_what_waits_behind_it() 
     }
     // Both are durable: a new process reads them.
     let s = Storage::open(one_shard(dir.path())).await.unwrap();
-    let want: BTreeMap<Vec<String>, i64> = [(frames("main;first"), 1), (frames("main;second"), 2)]
-        .into_iter()
-        .collect();
-    assert_eq!(stacks_around(&s, "a", T0).await, want);
+    assert_eq!(
+        stacks_around(&s, "a", T0).await,
+        stacks(&[("first", 1), ("second", 2)])
+    );
     assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
