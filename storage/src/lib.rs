@@ -31,6 +31,7 @@ pub mod store;
 pub mod symbols;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod wal;
 pub mod writer;
 
 mod storage;
