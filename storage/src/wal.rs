@@ -28,6 +28,8 @@
 //! locations), so what it returns is safe to add to a dataset, and it sizes each list by the
 //! bytes left, so a forged count allocates no more than the record could hold.
 
+pub mod log;
+
 use kiln_otel::model::{
     Function, Labels, Line, Location, Mapping, NormalizedProfile, ProfileType, Sample, Series,
     SharedStr, Symbols,
