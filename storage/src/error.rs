@@ -194,7 +194,4 @@ pub enum DecodeError {
     /// it field by field, [`crate::meta`]).
     #[error("block metadata: {0}")]
     Wire(&'static str),
-    /// A write-ahead log record is malformed ([`crate::wal`]).
-    #[error("write-ahead log record: {0}")]
-    Record(&'static str),
 }

@@ -1,544 +1,411 @@
-//! Records of the write-ahead log that ADR 0018 proposes: one write (a tenant and the
-//! normalized profiles of one request) as bytes, and back.
+//! A write shard's write-ahead log (ADR 0018, proposed; not yet used by the writer): records
+//! appended and synced in groups, read back after a restart above a checkpoint, and deleted by
+//! whole files once a registered segment holds them. A record is opaque here: ADR 0018 has it
+//! be a request as the gateway received it: encoding the normalized profiles again took
+//! 13.6–19.3 % of the server's CPU in the variants profiled (docs/performance.md, 2026-11-30).
 //!
-//! A record holds what [`crate::writer::Writer::write`] was given, after decoding,
-//! normalization and the request's checks, so replaying it needs no ingest path of the gateway
-//! and gives the same rows whatever format the request came in. Integers are LEB128 varints
-//! (signed ones zigzag-coded), strings a varint length and UTF-8 bytes, lists a varint count and
-//! their items:
+//! A log is a directory of files named by the sequence number of their first record
+//! (`00000000000000000001.kwal`), each a header and frames:
 //!
 //! ```text
-//!  record   := version (u8, 1) | tenant: str | profiles: list of profile
-//!  profile  := functions: list of (name: str, system_name: str, filename: str, start_line: sint)
-//!              mappings:  list of (memory_start, memory_limit, file_offset: uint,
-//!                                  filename: str, build_id: str, has_functions: u8)
-//!              locations: list of (mapping: uint (0 none, else index + 1), address: uint,
-//!                                  frame_type: str, lines: list of (function: uint, line: sint))
-//!              series:    list of series
-//!  series   := labels: list of (name: str, value: str) | profile type: 5 × str
-//!              | time_nanos: sint | duration_nanos: sint | samples: list of sample
-//!  sample   := stack: list of uint (location indices, leaf first) | value: sint | span_id: uint
-//!              | trace: u8 (0 none, 1 then 16 bytes) | timestamp_nanos: sint
-//!              | labels: list of (name: str, value: str)
+//!  header:  b"KWAL" | u16 LE version (1) | u16 LE 0 | u64 LE first sequence number
+//!  frame:   u32 LE payload length | u32 LE CRC-32 of the sequence number and payload
+//!           | u64 LE sequence number | payload (a record)
 //! ```
 //!
-//! The log's own framing (length, CRC, sequence number) wraps a record and is not part of it.
-//! [`decode_write`] reads bytes from disk, which a torn or damaged file can make anything: it
-//! checks every index against its table (a location's mapping and functions, a sample's
-//! locations), so what it returns is safe to add to a dataset, and it sizes each list by the
-//! bytes left, so a forged count allocates no more than the record could hold.
+//! Sequence numbers rise by one from frame to frame and from file to file. A group of records
+//! is written and synced (`fdatasync`) before any of them is acknowledged, so what a crash tears
+//! was never acknowledged: reading a file stops at its first frame that is short, fails its CRC
+//! or breaks the sequence, and the frames before it are the file's records. A process that opens
+//! the log appends to a new file, so every file but the newest ends where its writer stopped.
+//! The bytes a read skips are counted ([`Replay::skipped_bytes`]): after a crash they are a
+//! torn group, otherwise damage.
 
-pub mod log;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
-use kiln_otel::model::{
-    Function, Labels, Line, Location, Mapping, NormalizedProfile, ProfileType, Sample, Series,
-    SharedStr, Symbols,
-};
+use crate::{Error, Result};
 
-use crate::error::DecodeError;
+const MAGIC: &[u8; 4] = b"KWAL";
+const VERSION: u16 = 1;
+const HEADER_BYTES: usize = 16;
+const FRAME_BYTES: usize = 16;
+const EXTENSION: &str = "kwal";
 
-/// Version of the record encoding.
-pub const RECORD_VERSION: u8 = 1;
+/// What an opened log held above the checkpoint.
+#[derive(Debug, Default)]
+pub struct Replay {
+    /// Records above the checkpoint, by sequence number, oldest first.
+    pub records: Vec<(u64, Vec<u8>)>,
+    /// Bytes of files after the last whole frame (torn groups, or damage).
+    pub skipped_bytes: u64,
+}
 
-const WHAT: &str = "write-ahead log record";
+/// A shard's log.
+#[derive(Debug)]
+pub struct Log {
+    dir: PathBuf,
+    /// Each file's first sequence number and path, oldest first; the last takes appends.
+    files: Vec<(u64, PathBuf)>,
+    /// The file appends go to, and its length (none until the first append, and after a
+    /// release that deleted it).
+    current: Option<(std::fs::File, u64)>,
+    next_seq: u64,
+    max_file_bytes: u64,
+    buf: Vec<u8>,
+}
 
-/// Appends the record of a write of `profiles` by `tenant` to `out`.
-pub fn encode_write(tenant: &str, profiles: &[NormalizedProfile], out: &mut Vec<u8>) {
-    out.push(RECORD_VERSION);
-    put_str(out, tenant);
-    put_uint(out, profiles.len() as u64);
-    for p in profiles {
-        encode_profile(p, out);
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
     }
 }
 
-fn encode_profile(p: &NormalizedProfile, out: &mut Vec<u8>) {
-    let s = &p.symbols;
-    put_uint(out, s.functions.len() as u64);
-    for f in &s.functions {
-        put_str(out, &f.name);
-        put_str(out, &f.system_name);
-        put_str(out, &f.filename);
-        put_sint(out, f.start_line);
-    }
-    put_uint(out, s.mappings.len() as u64);
-    for m in &s.mappings {
-        put_uint(out, m.memory_start);
-        put_uint(out, m.memory_limit);
-        put_uint(out, m.file_offset);
-        put_str(out, &m.filename);
-        put_str(out, &m.build_id);
-        out.push(u8::from(m.has_functions));
-    }
-    put_uint(out, s.locations.len() as u64);
-    for l in &s.locations {
-        put_uint(out, l.mapping.map_or(0, |m| u64::from(m) + 1));
-        put_uint(out, l.address);
-        put_str(out, &l.frame_type);
-        put_uint(out, l.lines.len() as u64);
-        for line in &l.lines {
-            put_uint(out, u64::from(line.function));
-            put_sint(out, line.line);
-        }
-    }
-    put_uint(out, p.series.len() as u64);
-    for series in &p.series {
-        put_pairs(out, series.labels.len(), series.labels.iter());
-        let t = &series.profile_type;
-        for part in [
-            &t.name,
-            &t.sample_type,
-            &t.sample_unit,
-            &t.period_type,
-            &t.period_unit,
-        ] {
-            put_str(out, part);
-        }
-        put_sint(out, series.time_nanos);
-        put_sint(out, series.duration_nanos);
-        put_uint(out, series.samples.len() as u64);
-        for sample in &series.samples {
-            put_uint(out, sample.stack.len() as u64);
-            for &loc in &sample.stack {
-                put_uint(out, u64::from(loc));
+impl Log {
+    /// Opens the log in `dir` (creating it) and reads the records an earlier process left above
+    /// `checkpoint` (the last sequence number a registered segment holds). Appends go to a new
+    /// file of at most about `max_file_bytes`.
+    pub fn open(dir: &Path, checkpoint: u64, max_file_bytes: u64) -> Result<(Self, Replay)> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            if path.extension().and_then(|e| e.to_str()) != Some(EXTENSION) {
+                continue;
             }
-            put_sint(out, sample.value);
-            put_uint(out, sample.span_id);
-            match &sample.trace_id {
-                Some(id) => {
-                    out.push(1);
-                    out.extend_from_slice(id);
+            let first = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.parse::<u64>().ok());
+            if let Some(first) = first {
+                files.push((first, path));
+            }
+        }
+        files.sort();
+        let mut replay = Replay::default();
+        let mut last = checkpoint;
+        for (first, path) in &files {
+            let mut bytes = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(io(path))?;
+            let (records, whole) = read_file(&bytes, *first);
+            replay.skipped_bytes += (bytes.len() - whole) as u64;
+            for (seq, payload) in records {
+                last = last.max(seq);
+                if seq > checkpoint {
+                    replay.records.push((seq, payload.to_vec()));
                 }
-                None => out.push(0),
             }
-            put_sint(out, sample.timestamp_nanos);
-            put_pairs(
-                out,
-                sample.labels.len(),
-                sample.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            );
         }
-    }
-}
-
-fn put_uint(out: &mut Vec<u8>, v: u64) {
-    prost::encoding::encode_varint(v, out);
-}
-
-fn put_sint(out: &mut Vec<u8>, v: i64) {
-    put_uint(out, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    put_uint(out, s.len() as u64);
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn put_pairs<'a>(out: &mut Vec<u8>, len: usize, pairs: impl Iterator<Item = (&'a str, &'a str)>) {
-    put_uint(out, len as u64);
-    for (k, v) in pairs {
-        put_str(out, k);
-        put_str(out, v);
-    }
-}
-
-/// Reads a record [`encode_write`] wrote: the tenant and its profiles.
-pub fn decode_write(bytes: &[u8]) -> Result<(String, Vec<NormalizedProfile>), DecodeError> {
-    let mut r = Reader(bytes);
-    let version = r.u8()?;
-    if version != RECORD_VERSION {
-        return Err(DecodeError::Version {
-            what: WHAT,
-            version: u32::from(version),
-            supported: u32::from(RECORD_VERSION),
-        });
-    }
-    let tenant = r.str()?.to_owned();
-    // The smallest profile is its four empty lists.
-    let n = r.count(4)?;
-    let mut profiles = Vec::with_capacity(n);
-    for _ in 0..n {
-        profiles.push(decode_profile(&mut r)?);
-    }
-    if !r.0.is_empty() {
-        return Err(DecodeError::Record("bytes after its end"));
-    }
-    Ok((tenant, profiles))
-}
-
-fn decode_profile(r: &mut Reader<'_>) -> Result<NormalizedProfile, DecodeError> {
-    let n = r.count(4)?;
-    let mut functions = Vec::with_capacity(n);
-    for _ in 0..n {
-        functions.push(Function {
-            name: SharedStr::from(r.str()?),
-            system_name: SharedStr::from(r.str()?),
-            filename: SharedStr::from(r.str()?),
-            start_line: r.sint()?,
-        });
-    }
-    let n = r.count(6)?;
-    let mut mappings = Vec::with_capacity(n);
-    for _ in 0..n {
-        mappings.push(Mapping {
-            memory_start: r.uint()?,
-            memory_limit: r.uint()?,
-            file_offset: r.uint()?,
-            filename: r.str()?.to_owned(),
-            build_id: r.str()?.to_owned(),
-            has_functions: r.flag()?,
-        });
-    }
-    let n = r.count(4)?;
-    let mut locations = Vec::with_capacity(n);
-    for _ in 0..n {
-        let mapping = match r.uint()? {
-            0 => None,
-            m if m <= mappings.len() as u64 => Some((m - 1) as u32),
-            _ => return Err(DecodeError::OutOfRange("a location's mapping")),
+        let log = Self {
+            dir: dir.to_owned(),
+            files,
+            current: None,
+            next_seq: last + 1,
+            max_file_bytes,
+            buf: Vec::new(),
         };
-        let address = r.uint()?;
-        let frame_type = r.str()?.to_owned();
-        let lines = r.count(2)?;
-        let mut location = Location {
-            mapping,
-            address,
-            lines: Default::default(),
-            frame_type,
-        };
-        for _ in 0..lines {
-            let function = r.index(functions.len(), "a line's function")?;
-            location.lines.push(Line {
-                function,
-                line: r.sint()?,
-            });
-        }
-        locations.push(location);
+        Ok((log, replay))
     }
-    // The smallest series: no labels, five empty strings, two times and no samples.
-    let n = r.count(9)?;
-    let mut series = Vec::with_capacity(n);
-    for _ in 0..n {
-        let labels = Labels::from_pairs(r.pairs()?);
-        let profile_type = ProfileType {
-            name: r.str()?.to_owned(),
-            sample_type: r.str()?.to_owned(),
-            sample_unit: r.str()?.to_owned(),
-            period_type: r.str()?.to_owned(),
-            period_unit: r.str()?.to_owned(),
-        };
-        let time_nanos = r.sint()?;
-        let duration_nanos = r.sint()?;
-        // The smallest sample: an empty stack, value, span, no trace, timestamp, no labels.
-        let n = r.count(6)?;
-        let mut samples = Vec::with_capacity(n);
-        for _ in 0..n {
-            let depth = r.count(1)?;
-            let mut stack = Vec::with_capacity(depth);
-            for _ in 0..depth {
-                stack.push(r.index(locations.len(), "a sample's location")?);
-            }
-            let value = r.sint()?;
-            let span_id = r.uint()?;
-            let trace_id = match r.u8()? {
-                0 => None,
-                1 => Some(r.array()?),
-                _ => return Err(DecodeError::Record("a sample's trace flag is not 0 or 1")),
-            };
-            samples.push(Sample {
-                stack,
-                value,
-                span_id,
-                trace_id,
-                timestamp_nanos: r.sint()?,
-                labels: r.pairs()?,
-            });
-        }
-        series.push(Series {
-            labels,
-            profile_type,
-            time_nanos,
-            duration_nanos,
-            samples,
-        });
+
+    /// The sequence number the next record gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
     }
-    Ok(NormalizedProfile {
-        symbols: Symbols {
-            functions,
-            locations,
-            mappings,
-        },
-        series,
-    })
+
+    /// Appends `records` in order and syncs them; returns the sequence number of the last (of
+    /// the one before them when there are none). Once this returns they survive a crash.
+    pub fn append<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<u64> {
+        self.buf.clear();
+        let mut seq = self.next_seq;
+        for payload in records {
+            let len = u32::try_from(payload.len()).map_err(|_| {
+                Error::InvalidWrite("a write is too large for the write-ahead log".into())
+            })?;
+            self.buf.extend_from_slice(&len.to_le_bytes());
+            self.buf
+                .extend_from_slice(&frame_crc(seq, payload).to_le_bytes());
+            self.buf.extend_from_slice(&seq.to_le_bytes());
+            self.buf.extend_from_slice(payload);
+            seq += 1;
+        }
+        if seq == self.next_seq {
+            return Ok(seq - 1);
+        }
+        if self
+            .current
+            .as_ref()
+            .is_none_or(|(_, len)| *len >= self.max_file_bytes)
+        {
+            self.start_file()?;
+        }
+        let path = &self.files.last().expect("a file was started").1;
+        let (file, len) = self.current.as_mut().expect("a file was started");
+        file.write_all(&self.buf)
+            .and_then(|()| file.sync_data())
+            .map_err(io(path))?;
+        *len += self.buf.len() as u64;
+        self.next_seq = seq;
+        Ok(seq - 1)
+    }
+
+    /// Starts a file for the records from `next_seq` on, its name made durable.
+    fn start_file(&mut self) -> Result<()> {
+        let path = self.dir.join(format!("{:020}.{EXTENSION}", self.next_seq));
+        let mut header = Vec::with_capacity(HEADER_BYTES);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&0u16.to_le_bytes());
+        header.extend_from_slice(&self.next_seq.to_le_bytes());
+        let mut file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        file.write_all(&header)
+            .and_then(|()| file.sync_all())
+            .map_err(io(&path))?;
+        std::fs::File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&self.dir))?;
+        self.files.push((self.next_seq, path));
+        self.current = Some((file, HEADER_BYTES as u64));
+        Ok(())
+    }
+
+    /// Deletes the files whose every record is at or below `seq` (a registered segment holds
+    /// them); returns how many.
+    pub fn release_through(&mut self, seq: u64) -> Result<usize> {
+        // A file's records end where the next file's begin; the newest file's at `next_seq`.
+        let ends: Vec<u64> = self
+            .files
+            .iter()
+            .skip(1)
+            .map(|(first, _)| *first)
+            .chain([self.next_seq])
+            .collect();
+        let done = ends.iter().take_while(|&&end| end <= seq + 1).count();
+        for (_, path) in self.files.drain(..done) {
+            std::fs::remove_file(&path).map_err(io(&path))?;
+        }
+        if self.files.is_empty() {
+            self.current = None;
+        }
+        Ok(done)
+    }
+
+    /// The log's files, oldest first.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(_, p)| p.as_path())
+    }
 }
 
-/// The fuzz entry of [`decode_write`] (`fuzz/fuzz_targets/wal_record.rs`,
-/// `storage/tests/wal_records.rs`): whatever decodes reads back the same once encoded again, and
-/// a dataset takes it without a panic.
-pub fn fuzz(data: &[u8]) {
-    let Ok(write) = decode_write(data) else {
-        return;
-    };
-    let mut again = Vec::new();
-    encode_write(&write.0, &write.1, &mut again);
-    assert_eq!(
-        decode_write(&again).as_ref(),
-        Ok(&write),
-        "a record re-encoded"
-    );
-    let (tenant, profiles) = write;
-    let mut dataset = crate::block::DatasetBuilder::new(tenant);
-    for p in &profiles {
-        dataset.add(p);
-    }
+fn frame_crc(seq: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&seq.to_le_bytes());
+    h.update(payload);
+    h.finalize()
 }
 
-/// What is left of a record.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.0.len() < n {
-            return Err(DecodeError::Truncated(WHAT));
+/// The records of one file whose first record is `first`, and the bytes they end at (the
+/// header's end when there are none, 0 when the header is bad).
+fn read_file(bytes: &[u8], first: u64) -> (Vec<(u64, &[u8])>, usize) {
+    let header_ok = bytes.len() >= HEADER_BYTES
+        && &bytes[..4] == MAGIC
+        && bytes[4..6] == VERSION.to_le_bytes()
+        && bytes[8..16] == first.to_le_bytes();
+    if !header_ok {
+        return (Vec::new(), 0);
+    }
+    let mut records = Vec::new();
+    let mut at = HEADER_BYTES;
+    let mut expect = first;
+    while let Some(frame) = bytes.get(at..at + FRAME_BYTES) {
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
+        let seq = u64::from_le_bytes(frame[8..16].try_into().expect("8 bytes"));
+        let start = at + FRAME_BYTES;
+        let Some(payload) = bytes.get(start..start.saturating_add(len)) else {
+            break;
+        };
+        if seq != expect || frame_crc(seq, payload) != crc {
+            break;
         }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+        records.push((seq, payload));
+        expect += 1;
+        at = start + len;
     }
-
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn flag(&mut self) -> Result<bool, DecodeError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(DecodeError::Record("a flag is not 0 or 1")),
-        }
-    }
-
-    fn uint(&mut self) -> Result<u64, DecodeError> {
-        prost::encoding::decode_varint(&mut self.0)
-            .map_err(|source| DecodeError::Protobuf { what: WHAT, source })
-    }
-
-    fn sint(&mut self) -> Result<i64, DecodeError> {
-        let v = self.uint()?;
-        Ok(((v >> 1) as i64) ^ -((v & 1) as i64))
-    }
-
-    /// A list's count, refused when the bytes left could not hold that many items of at least
-    /// `min_bytes` each.
-    fn count(&mut self, min_bytes: usize) -> Result<usize, DecodeError> {
-        let n = self.uint()?;
-        if n > (self.0.len() / min_bytes) as u64 {
-            return Err(DecodeError::Truncated(WHAT));
-        }
-        Ok(n as usize)
-    }
-
-    /// An index into a table of `len` entries.
-    fn index(&mut self, len: usize, what: &'static str) -> Result<u32, DecodeError> {
-        match self.uint()? {
-            i if i < len as u64 => Ok(i as u32),
-            _ => Err(DecodeError::OutOfRange(what)),
-        }
-    }
-
-    fn str(&mut self) -> Result<&'a str, DecodeError> {
-        let n = self.count(1)?;
-        std::str::from_utf8(self.take(n)?).map_err(|_| DecodeError::Record("a string is not UTF-8"))
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        Ok(self.take(N)?.try_into().expect("took N bytes"))
-    }
-
-    fn pairs(&mut self) -> Result<Vec<(String, String)>, DecodeError> {
-        let n = self.count(2)?;
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push((self.str()?.to_owned(), self.str()?.to_owned()));
-        }
-        Ok(out)
-    }
+    (records, at)
 }
 
 #[cfg(test)]
 mod tests {
-    use kiln_otel::model::smallvec;
-
     use super::*;
 
-    fn rich() -> NormalizedProfile {
-        let f = |name: &str| Function {
-            name: name.into(),
-            system_name: format!("sys.{name}").as_str().into(),
-            filename: "main.go".into(),
-            start_line: -3,
-        };
-        let series = |ty: &str, value: i64| Series {
-            labels: Labels::from_pairs([("service_name", "api"), ("pod", "a-1")]),
-            profile_type: ProfileType {
-                name: "process_cpu".into(),
-                sample_type: ty.into(),
-                sample_unit: "nanoseconds".into(),
-                period_type: "cpu".into(),
-                period_unit: "nanoseconds".into(),
-            },
-            time_nanos: 1_700_000_000_000_000_000,
-            duration_nanos: 10_000_000_000,
-            samples: vec![
-                Sample {
-                    stack: vec![0, 1, 2],
-                    value,
-                    span_id: u64::MAX,
-                    trace_id: Some([7; 16]),
-                    timestamp_nanos: 1_700_000_000_500_000_000,
-                    labels: vec![("thread.name".into(), "main".into())],
-                },
-                Sample {
-                    stack: vec![],
-                    value: -value,
-                    ..Default::default()
-                },
-            ],
-        };
-        NormalizedProfile {
-            symbols: Symbols {
-                functions: vec![f("main"), f("run"), f("ünïcode")],
-                locations: vec![
-                    Location {
-                        mapping: Some(0),
-                        address: 0x4010,
-                        lines: smallvec![
-                            Line {
-                                function: 2,
-                                line: 7
-                            },
-                            Line {
-                                function: 1,
-                                line: 0
-                            }
-                        ],
-                        frame_type: "native".into(),
-                    },
-                    Location {
-                        mapping: None,
-                        address: 0,
-                        lines: smallvec![Line {
-                            function: 0,
-                            line: i64::MIN
-                        }],
-                        frame_type: String::new(),
-                    },
-                    Location {
-                        mapping: Some(1),
-                        address: u64::MAX,
-                        lines: Default::default(),
-                        frame_type: "kernel".into(),
-                    },
-                ],
-                mappings: vec![
-                    Mapping {
-                        memory_start: 0x1000,
-                        memory_limit: 0x9000,
-                        file_offset: 0,
-                        filename: "/usr/bin/api".into(),
-                        build_id: "abcdef".into(),
-                        has_functions: true,
-                    },
-                    Mapping::default(),
-                ],
-            },
-            series: vec![series("cpu", 10), series("samples", i64::MAX)],
-        }
+    fn payloads(replay: &Replay) -> Vec<(u64, String)> {
+        replay
+            .records
+            .iter()
+            .map(|(s, p)| (*s, String::from_utf8(p.clone()).unwrap()))
+            .collect()
+    }
+
+    fn rec(s: &str) -> &[u8] {
+        s.as_bytes()
     }
 
     #[test]
-    fn a_write_reads_back_as_written() {
-        let profiles = vec![rich(), NormalizedProfile::default(), rich()];
-        let mut bytes = Vec::new();
-        encode_write("tenant-a", &profiles, &mut bytes);
-        let (tenant, got) = decode_write(&bytes).unwrap();
-        assert_eq!(tenant, "tenant-a");
-        assert_eq!(got, profiles);
-        let mut empty = Vec::new();
-        encode_write("", &[], &mut empty);
-        assert_eq!(decode_write(&empty).unwrap(), (String::new(), Vec::new()));
+    fn records_read_back_above_the_checkpoint_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        assert!(replay.records.is_empty());
+        assert_eq!(log.append([rec("a"), rec("b")]).unwrap(), 2);
+        assert_eq!(log.append([]).unwrap(), 2, "nothing appended");
+        assert_eq!(log.append([rec("c")]).unwrap(), 3);
+        drop(log);
+        let (mut log, replay) = Log::open(dir.path(), 1, 1 << 20).unwrap();
+        assert_eq!(
+            payloads(&replay),
+            [(2, "b".into()), (3, "c".into())],
+            "above checkpoint 1"
+        );
+        assert_eq!(replay.skipped_bytes, 0);
+        // The next process goes on from the last record, in a file of its own.
+        assert_eq!(log.append([rec("d")]).unwrap(), 4);
+        assert_eq!(log.files().count(), 2);
+        drop(log);
+        let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        assert_eq!(replay.records.len(), 4);
+        // A checkpoint past every record (the metastore is ahead of the log's files).
+        let (mut log, replay) = Log::open(dir.path(), 10, 1 << 20).unwrap();
+        assert!(replay.records.is_empty());
+        assert_eq!(log.append([rec("e")]).unwrap(), 11);
     }
 
     #[test]
-    fn every_prefix_and_every_flipped_byte_is_refused_or_safe_to_add() {
-        let mut bytes = Vec::new();
-        encode_write("t", &[rich()], &mut bytes);
-        for end in 0..bytes.len() {
+    fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        log.append([rec("kept")]).unwrap();
+        let path = log.files().next().unwrap().to_owned();
+        let whole = std::fs::metadata(&path).unwrap().len();
+        log.append([rec("torn-1"), rec("torn-2")]).unwrap();
+        drop(log);
+        let full = std::fs::read(&path).unwrap();
+        for cut in whole as usize..full.len() {
+            let d = tempfile::tempdir().unwrap();
+            std::fs::write(d.path().join(path.file_name().unwrap()), &full[..cut]).unwrap();
+            let (mut log, replay) = Log::open(d.path(), 0, 1 << 20).unwrap();
+            let kept = payloads(&replay);
             assert!(
-                decode_write(&bytes[..end]).is_err(),
-                "a prefix of {end} bytes"
+                kept == [(1, "kept".into())] || kept == [(1, "kept".into()), (2, "torn-1".into())],
+                "cut at {cut}: {kept:?}"
             );
+            assert_eq!(
+                replay.skipped_bytes,
+                (cut - whole as usize - if kept.len() == 2 { 22 } else { 0 }) as u64
+            );
+            // Appends go on after what was read, never reusing a number a reader saw.
+            assert_eq!(log.append([rec("next")]).unwrap(), kept.len() as u64 + 1);
+            let (_, again) = Log::open(d.path(), 0, 1 << 20).unwrap();
+            assert_eq!(again.records.last().unwrap().0, kept.len() as u64 + 1);
         }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(decode_write(&longer).is_err(), "a trailing byte");
-        let mut decoded = 0;
-        for at in 0..bytes.len() {
-            for mask in [0x01, 0x80, 0xff] {
-                let mut bad = bytes.clone();
-                bad[at] ^= mask;
-                // Whatever decodes has every index in range: a dataset takes it.
-                decoded += usize::from(decode_write(&bad).is_ok());
-                fuzz(&bad);
+    }
+
+    #[test]
+    fn a_damaged_frame_ends_its_file_and_not_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1).unwrap();
+        // Files of one group each (the size limit is 1 byte).
+        log.append([rec("one"), rec("two")]).unwrap();
+        log.append([rec("three")]).unwrap();
+        let paths: Vec<PathBuf> = log.files().map(Path::to_owned).collect();
+        assert_eq!(paths.len(), 2);
+        drop(log);
+        let mut bytes = std::fs::read(&paths[0]).unwrap();
+        // The first frame's payload: "one" fails its CRC, so "two" is not read either.
+        bytes[HEADER_BYTES + FRAME_BYTES] ^= 0x20;
+        std::fs::write(&paths[0], &bytes).unwrap();
+        let (_, replay) = Log::open(dir.path(), 0, 1).unwrap();
+        assert_eq!(payloads(&replay), [(3, "three".into())]);
+        assert_eq!(
+            replay.skipped_bytes,
+            (bytes.len() - HEADER_BYTES) as u64,
+            "both frames of the damaged file"
+        );
+        // A file whose header is not a log's is skipped whole.
+        std::fs::write(&paths[1], b"KWAX").unwrap();
+        let (_, replay) = Log::open(dir.path(), 0, 1).unwrap();
+        assert!(replay.records.is_empty());
+    }
+
+    #[test]
+    fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1).unwrap();
+        log.append([rec("1"), rec("2")]).unwrap();
+        log.append([rec("3")]).unwrap();
+        log.append([rec("4"), rec("5")]).unwrap();
+        assert_eq!(log.files().count(), 3);
+        assert_eq!(
+            log.release_through(1).unwrap(),
+            0,
+            "record 2 is not held yet"
+        );
+        assert_eq!(log.release_through(3).unwrap(), 2);
+        assert_eq!(log.files().count(), 1);
+        let (_, replay) = Log::open(dir.path(), 3, 1).unwrap();
+        assert_eq!(payloads(&replay), [(4, "4".into()), (5, "5".into())]);
+        assert_eq!(log.release_through(5).unwrap(), 1);
+        assert_eq!(log.files().count(), 0);
+        // After every file is gone the numbers go on.
+        assert_eq!(log.append([rec("6")]).unwrap(), 6);
+        drop(log);
+        let (_, replay) = Log::open(dir.path(), 5, 1).unwrap();
+        assert_eq!(payloads(&replay), [(6, "6".into())]);
+    }
+
+    #[test]
+    fn any_bytes_as_a_log_file_read_without_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        for i in 0..20u8 {
+            log.append([vec![i; usize::from(i) * 7].as_slice()])
+                .unwrap();
+        }
+        let path = log.files().next().unwrap().to_owned();
+        drop(log);
+        let good = std::fs::read(&path).unwrap();
+        // xorshift, seeded: the damage is random but repeatable.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..500 {
+            let mut bytes = good.clone();
+            for _ in 0..1 + next() % 4 {
+                let at = (next() as usize) % bytes.len();
+                match next() % 3 {
+                    0 => bytes[at] ^= 1 << (next() % 8),
+                    1 => bytes.truncate(at.max(1)),
+                    _ => bytes[at] = next() as u8,
+                }
+            }
+            if round % 50 == 0 {
+                bytes = (0..next() % 4096).map(|_| next() as u8).collect();
+            }
+            std::fs::write(&path, &bytes).unwrap();
+            let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+            // Whatever reads back is a run of the records as written, from the first.
+            for (n, (seq, payload)) in replay.records.iter().enumerate() {
+                assert_eq!(*seq, n as u64 + 1, "round {round}");
+                assert_eq!(*payload, vec![n as u8; n * 7], "round {round}");
             }
         }
-        // Flipped values, times and names still decode: the dataset path ran.
-        assert!(
-            decoded > bytes.len() / 2,
-            "{decoded} of {} decoded",
-            3 * bytes.len()
-        );
-    }
-
-    #[test]
-    fn references_outside_their_tables_are_refused() {
-        let cases: [(&str, fn(&mut NormalizedProfile)); 3] = [
-            ("a line's function", |p| {
-                p.symbols.locations[0].lines[0].function = 3
-            }),
-            ("a location's mapping", |p| {
-                p.symbols.locations[0].mapping = Some(2)
-            }),
-            ("a sample's location", |p| {
-                p.series[0].samples[0].stack = vec![3]
-            }),
-        ];
-        for (what, break_it) in cases {
-            let mut p = rich();
-            break_it(&mut p);
-            let mut bytes = Vec::new();
-            encode_write("t", &[p], &mut bytes);
-            assert_eq!(
-                decode_write(&bytes).unwrap_err(),
-                DecodeError::OutOfRange(what)
-            );
-        }
-    }
-
-    #[test]
-    fn a_forged_count_allocates_nothing_past_the_record() {
-        let mut bytes = vec![RECORD_VERSION];
-        put_str(&mut bytes, "t");
-        put_uint(&mut bytes, u64::MAX);
-        assert_eq!(
-            decode_write(&bytes).unwrap_err(),
-            DecodeError::Truncated(WHAT)
-        );
-        let mut other = vec![RECORD_VERSION + 1];
-        put_str(&mut other, "t");
-        assert!(matches!(
-            decode_write(&other).unwrap_err(),
-            DecodeError::Version { version: 2, .. }
-        ));
     }
 }
