@@ -195,3 +195,11 @@ pub enum DecodeError {
     #[error("block metadata: {0}")]
     Wire(&'static str),
 }
+
+/// Wraps an I/O error with the path it happened at: `.map_err(io(path))`.
+pub(crate) fn io(path: &std::path::Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}

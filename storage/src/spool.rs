@@ -34,6 +34,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
+use crate::error::io;
 use crate::meta::{FOOTER_TRAILER_BYTES, decode_footer, footer_len};
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
@@ -78,13 +79,6 @@ struct OpenFile {
     file: std::fs::File,
     records: u32,
     len: u64,
-}
-
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    }
 }
 
 impl Spool {

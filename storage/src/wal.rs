@@ -24,6 +24,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use crate::error::io;
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"KWAL";
@@ -53,13 +54,6 @@ pub struct Log {
     next_seq: u64,
     max_file_bytes: u64,
     buf: Vec<u8>,
-}
-
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    }
 }
 
 impl Log {
