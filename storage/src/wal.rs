@@ -137,11 +137,17 @@ impl Log {
         }
         let path = &self.files.last().expect("a file was started").1;
         let (file, len) = self.current.as_mut().expect("a file was started");
-        file.write_all(&self.buf)
-            .and_then(|()| file.sync_data())
-            .map_err(io(path))?;
-        *len += self.buf.len() as u64;
+        let written = file.write_all(&self.buf).and_then(|()| file.sync_data());
+        // The group's numbers are used either way: a failed group may have left whole frames
+        // (replayed after a restart, as a write whose answer was lost is retried), and after it
+        // the file ends in bytes a reader stops at, so the next group goes to a new file.
         self.next_seq = seq;
+        if let Err(e) = written {
+            let e = io(path)(e);
+            self.current = None;
+            return Err(e);
+        }
+        *len += self.buf.len() as u64;
         Ok(seq - 1)
     }
 
@@ -158,12 +164,15 @@ impl Log {
             .append(true)
             .open(&path)
             .map_err(io(&path))?;
-        file.write_all(&header)
+        let made = file
+            .write_all(&header)
             .and_then(|()| file.sync_all())
-            .map_err(io(&path))?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir))?;
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all());
+        if let Err(e) = made {
+            // Not left behind: the next group tries the same name again.
+            let _ = std::fs::remove_file(&path);
+            return Err(io(&path)(e));
+        }
         self.files.push((self.next_seq, path));
         self.current = Some((file, HEADER_BYTES as u64));
         Ok(())
@@ -306,6 +315,28 @@ mod tests {
             let (_, again) = Log::open(d.path(), 0, 1 << 20).unwrap();
             assert_eq!(again.records.last().unwrap().0, kept.len() as u64 + 1);
         }
+    }
+
+    #[test]
+    fn a_failed_group_is_answered_with_an_error_and_the_next_goes_to_a_new_file() {
+        let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+            eprintln!("SKIPPED: no /dev/full");
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        assert_eq!(log.append([rec("a")]).unwrap(), 1);
+        // The disk fills up under the open file: writes to /dev/full fail with ENOSPC.
+        log.current.as_mut().unwrap().0 = full;
+        let err = log.append([rec("b")]).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        // The failed group's number is not given again; its bytes, had any been written,
+        // would end the old file where a reader stops.
+        assert_eq!(log.append([rec("c")]).unwrap(), 3);
+        assert_eq!(log.files().count(), 2);
+        drop(log);
+        let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        assert_eq!(payloads(&replay), [(1, "a".into()), (3, "c".into())]);
     }
 
     #[test]
