@@ -104,11 +104,6 @@ impl Log {
         Ok((log, replay))
     }
 
-    /// The sequence number the next record gets.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
     /// Appends `records` in order and syncs them; returns the sequence number of the last (of
     /// the one before them when there are none). Once this returns they survive a crash.
     pub fn append<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<u64> {
