@@ -180,6 +180,14 @@ pub struct Removed {
     pub objects: usize,
 }
 
+/// Where a write-ahead log stands: every record up to `seq` of the log named `log` (a process's
+/// log id and shard, [`crate::writer`]) is in registered blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogCheckpoint {
+    pub log: String,
+    pub seq: u64,
+}
+
 /// Block metadata storage. Every method that changes something is one transaction, durable when
 /// it returns.
 #[async_trait::async_trait]
@@ -188,6 +196,20 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// queryable once this returns. Refuses the whole batch with [`crate::Error::BlockExists`]
     /// when one of them is already registered or was compacted away.
     async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()>;
+
+    /// Registers blocks as [`Metastore::add_blocks`] does and, in the same transaction, records
+    /// that a write-ahead log's records up to `checkpoint.seq` are in registered blocks (ADR
+    /// 0018): after a crash, only the records above it are replayed. A checkpoint never moves
+    /// back. `blocks` may be empty (records whose writes held no samples).
+    async fn add_blocks_checkpointed(
+        &self,
+        blocks: Vec<BlockMeta>,
+        checkpoint: &LogCheckpoint,
+    ) -> Result<()>;
+
+    /// The last checkpoint recorded for the log `log` ([`Metastore::add_blocks_checkpointed`]);
+    /// 0 when none was.
+    async fn log_checkpoint(&self, log: &str) -> Result<u64>;
 
     /// Blocks that `query` selects, reading only the partitions of its time range.
     async fn query_blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>>;

@@ -90,6 +90,12 @@ pub struct StorageMetrics {
     pub spool_undecodable_records: Counter,
     /// Spool files set aside as `*.corrupt` (unreadable, or holding undecodable records).
     pub spool_files_set_aside: Counter,
+    /// Groups of records appended (and synced) to the write-ahead log, and their bytes.
+    pub log_appends: Counter,
+    pub log_bytes: Counter,
+    /// Write-ahead log records replayed at start, and those that did not decode (skipped).
+    pub log_replayed_records: Counter,
+    pub log_undecodable_records: Counter,
 }
 
 /// Every `op` label value.
@@ -137,6 +143,10 @@ impl StorageMetrics {
             spool_bytes: Gauge::default(),
             spool_undecodable_records: Counter::default(),
             spool_files_set_aside: Counter::default(),
+            log_appends: Counter::default(),
+            log_bytes: Counter::default(),
+            log_replayed_records: Counter::default(),
+            log_undecodable_records: Counter::default(),
         }
     }
 }
@@ -179,6 +189,26 @@ impl StorageMetrics {
             "storage_flush_duration_seconds",
             "Time to build, upload and register a segment",
             self.flush_duration.clone(),
+        );
+        r.register(
+            "storage_log_appends",
+            "Groups of writes appended and synced to the write-ahead log (one fdatasync each)",
+            self.log_appends.clone(),
+        );
+        r.register(
+            "storage_log_bytes",
+            "Bytes of records appended to the write-ahead log",
+            self.log_bytes.clone(),
+        );
+        r.register(
+            "storage_log_replayed_records",
+            "Write-ahead log records replayed at start",
+            self.log_replayed_records.clone(),
+        );
+        r.register(
+            "storage_log_undecodable_records",
+            "Write-ahead log records replayed at start that did not decode (their writes skipped)",
+            self.log_undecodable_records.clone(),
         );
         r.register(
             "storage_spool_bytes",

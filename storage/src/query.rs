@@ -183,6 +183,9 @@ pub struct QueryEngine {
     /// ([`Self::warm_object`]).
     fresh: cache::FreshObjects,
     counters: Arc<QueryCounters>,
+    /// The writer of this process, where it acknowledges writes from a log: a query first cuts
+    /// what it buffers ([`crate::writer::Writer::barrier`]).
+    barrier: Arc<std::sync::OnceLock<crate::writer::WriteBarrier>>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -251,12 +254,27 @@ impl QueryEngine {
             pages,
             fresh: cache::fresh_objects(fresh_bytes),
             counters: Arc::new(QueryCounters::default()),
+            barrier: Arc::default(),
         }
     }
 
     /// Counters of the read path.
     pub fn counters(&self) -> &QueryCounters {
         &self.counters
+    }
+
+    /// Has every query of this engine (and its clones) first cut what the writer of this
+    /// process acknowledged from its log and buffers.
+    pub(crate) fn set_write_barrier(&self, barrier: crate::writer::WriteBarrier) {
+        let _ = self.barrier.set(barrier);
+    }
+
+    /// Waits for the writer's barrier, where there is one: every write acknowledged before
+    /// this call is then in a registered block.
+    pub(crate) async fn write_barrier(&self) {
+        if let Some(b) = self.barrier.get() {
+            b.wait().await;
+        }
     }
 }
 

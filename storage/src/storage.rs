@@ -183,7 +183,10 @@ impl Storage {
         config.validate()?;
         let store = config.open_object_store()?;
         let metastore = config.open_metastore().await?;
-        Self::with_parts(config, store, metastore)
+        let storage = Self::with_parts(config, store, metastore)?;
+        // With a write-ahead log: what it held is replayed and registered before anything else.
+        storage.writer.ready().await?;
+        Ok(storage)
     }
 
     /// Opens the storage on the given object store and metastore.
@@ -193,8 +196,15 @@ impl Storage {
         metastore: Arc<dyn Metastore>,
     ) -> Result<Self> {
         config.validate()?;
+        let mut config = config;
+        let shards = config.writer.shards.max(1);
+        if let Some(log) = &mut config.writer.log {
+            log.id = crate::writer::log_id(&log.dir, shards)?;
+        }
         let store = store.instrumented(Arc::default());
-        let spool = if config.spool_max_bytes > 0 {
+        // With a write-ahead log, a segment the store refuses is kept and tried again, its
+        // writes in the log meanwhile: no spool.
+        let spool = if config.spool_max_bytes > 0 && config.writer.log.is_none() {
             let spool = Spool::open(SpoolConfig {
                 dir: config.data_dir.join("spool"),
                 max_bytes: config.spool_max_bytes,
@@ -266,6 +276,28 @@ impl Storage {
     /// Writes the profiles of one request together: all are stored, or none.
     pub async fn write_all(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
         self.writer.write(tenant, profiles).await
+    }
+
+    /// Like [`Storage::write_all`], with the write's write-ahead log record (the request the
+    /// profiles were decoded from): acknowledged once the log is synced, where the writer logs
+    /// writes ([`crate::writer::Writer::write_logged`]).
+    pub async fn write_logged(
+        &self,
+        tenant: &str,
+        profiles: Vec<NormalizedProfile>,
+        record: Option<Vec<u8>>,
+    ) -> Result<()> {
+        self.writer.write_logged(tenant, profiles, record).await
+    }
+
+    /// Whether writes are acknowledged from a write-ahead log (and so take a record).
+    pub fn logs_writes(&self) -> bool {
+        self.writer.logs_writes()
+    }
+
+    /// Waits until every write acknowledged so far is in a registered block (ADR 0018).
+    pub async fn barrier(&self) {
+        self.writer.barrier().await;
     }
 
     /// Flushes every buffer now.

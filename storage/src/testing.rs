@@ -374,6 +374,18 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn add_blocks(&self, blocks: Vec<crate::meta::BlockMeta>) -> crate::Result<()> {
         self.count().add_blocks(blocks).await
     }
+    async fn add_blocks_checkpointed(
+        &self,
+        blocks: Vec<crate::meta::BlockMeta>,
+        checkpoint: &crate::metastore::LogCheckpoint,
+    ) -> crate::Result<()> {
+        self.count()
+            .add_blocks_checkpointed(blocks, checkpoint)
+            .await
+    }
+    async fn log_checkpoint(&self, log: &str) -> crate::Result<u64> {
+        self.count().log_checkpoint(log).await
+    }
     async fn query_blocks(
         &self,
         query: crate::metastore::BlockQuery<'_>,
@@ -522,4 +534,46 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::Bl
         rollups: vec![],
         index: Default::default(),
     }
+}
+
+/// A write-ahead log record for [`RecordsOfText`]: a CPU profile of one stack, as text
+/// (`tenant`, `service`, folded stack, value, time in nanoseconds, one per line).
+pub fn text_record(
+    tenant: &str,
+    service: &str,
+    stack: &str,
+    value: i64,
+    time_nanos: i64,
+) -> Vec<u8> {
+    format!("{tenant}\n{service}\n{stack}\n{value}\n{time_nanos}").into_bytes()
+}
+
+/// Decodes [`text_record`]s back into their writes, as the gateway decodes its requests.
+#[derive(Debug, Default)]
+pub struct RecordsOfText;
+
+impl crate::writer::RecordDecoder for RecordsOfText {
+    fn decode(&self, record: &[u8]) -> Result<(String, Vec<NormalizedProfile>), String> {
+        let text = std::str::from_utf8(record).map_err(|e| e.to_string())?;
+        let f: Vec<&str> = text.split('\n').collect();
+        let [tenant, service, stack, value, time] = f[..] else {
+            return Err(format!("{} fields, not 5", f.len()));
+        };
+        let value = value.parse::<i64>().map_err(|e| e.to_string())?;
+        let time = time.parse::<i64>().map_err(|e| e.to_string())?;
+        Ok((
+            tenant.to_owned(),
+            vec![profile(service, &[(frames(stack), value)], time)],
+        ))
+    }
+}
+
+/// [`config`] with writes acknowledged from a write-ahead log of [`text_record`]s (in
+/// `dir/wal`), a segment cut every `segment_interval`.
+pub fn logged_config(dir: &std::path::Path, segment_interval: Duration) -> StorageConfig {
+    let mut c = config(dir);
+    let mut log = crate::writer::LogConfig::new(dir.join("wal"), Arc::new(RecordsOfText));
+    log.segment_interval = segment_interval;
+    c.writer.log = Some(log);
+    c
 }

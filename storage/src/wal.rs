@@ -1,4 +1,4 @@
-//! A write shard's write-ahead log (ADR 0018, proposed; not yet used by the writer): records
+//! A write shard's write-ahead log (ADR 0018; [`crate::writer`]'s logged shards): records
 //! appended and synced in groups, read back after a restart above a checkpoint, and deleted by
 //! whole files once a registered segment holds them. A record is opaque here: ADR 0018 has it
 //! be a request as the gateway received it: encoding the normalized profiles again took
@@ -171,6 +171,12 @@ impl Log {
         self.files.push((self.next_seq, path));
         self.current = Some((file, HEADER_BYTES as u64));
         Ok(())
+    }
+
+    /// The sequence number of the last record appended or read (numbers of a failed group
+    /// included), or the checkpoint the log opened at.
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
     }
 
     /// Deletes the files whose every record is at or below `seq` (a registered segment holds

@@ -11,21 +11,28 @@
 //! on local disk, the writes are acknowledged, and the spool's drainer (a task of this writer)
 //! puts and registers it once the store answers again.
 
+mod logged;
+
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, debug, error};
 
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+
 use crate::block::{DatasetBuilder, DatasetCapacity, assemble_object};
-use crate::meta::{Clock, object_path};
-use crate::metastore::Metastore;
+use crate::meta::{BlockMeta, Clock, object_path};
+use crate::metastore::{LogCheckpoint, Metastore};
 use crate::metrics::OutcomeLabels;
 use crate::query::QueryEngine;
 use crate::spool::Spool;
 use crate::store::ObjectStorage;
+use crate::symbols::SymbolTable;
 use crate::{Error, ErrorKind, Result};
 
 /// The earliest time a profile or sample may carry: 2000-01-01T00:00:00Z.
@@ -78,6 +85,101 @@ pub struct WriterConfig {
     pub flush_linger: Duration,
     /// Time of segment ids (their metastore partition).
     pub clock: Clock,
+    /// Acknowledge writes from a write-ahead log rather than from their segment (ADR 0018);
+    /// none: every write waits for its segment.
+    pub log: Option<LogConfig>,
+}
+
+/// Turns a write-ahead log record back into the write it was (ADR 0018): the tenant and its
+/// normalized profiles, as the gateway made them from the request the record holds.
+pub trait RecordDecoder: Send + Sync {
+    fn decode(
+        &self,
+        record: &[u8],
+    ) -> std::result::Result<(String, Vec<NormalizedProfile>), String>;
+}
+
+/// The write-ahead log's settings.
+#[derive(Clone)]
+pub struct LogConfig {
+    /// `<data-dir>/wal`: a directory per shard, and the file naming the log ([`log_id`]).
+    pub dir: PathBuf,
+    /// The log's id, which with a shard number names its checkpoint in the metastore
+    /// ([`log_id`]; set by [`crate::Storage`]).
+    pub id: String,
+    /// How often a shard cuts a segment of the writes it acknowledged from the log.
+    pub segment_interval: Duration,
+    /// A log file takes appends until it is about this large.
+    pub max_file_bytes: u64,
+    pub decoder: Arc<dyn RecordDecoder>,
+}
+
+impl std::fmt::Debug for LogConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogConfig")
+            .field("dir", &self.dir)
+            .field("id", &self.id)
+            .field("segment_interval", &self.segment_interval)
+            .field("max_file_bytes", &self.max_file_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogConfig {
+    /// Defaults in `dir`: a segment every 200 ms, files of 64 MiB.
+    pub fn new(dir: impl Into<PathBuf>, decoder: Arc<dyn RecordDecoder>) -> Self {
+        Self {
+            dir: dir.into(),
+            id: String::new(),
+            segment_interval: Duration::from_millis(200),
+            max_file_bytes: 64 << 20,
+            decoder,
+        }
+    }
+}
+
+/// The id of the log in `dir` (made once, kept in `dir/id`): checkpoints are recorded under it
+/// and a shard's number, so processes sharing a metastore keep theirs apart. Refuses a log that
+/// holds records of more than `shards` shards (started with fewer shards than it was written
+/// with: those records would not be replayed).
+pub fn log_id(dir: &Path, shards: u32) -> Result<String> {
+    std::fs::create_dir_all(dir).map_err(crate::error::io(dir))?;
+    for entry in std::fs::read_dir(dir).map_err(crate::error::io(dir))? {
+        let path = entry.map_err(crate::error::io(dir))?.path();
+        let shard = path
+            .file_name()
+            .and_then(|n| n.to_str()?.parse::<u32>().ok());
+        let Some(shard) = shard.filter(|s| *s >= shards) else {
+            continue;
+        };
+        let holds = std::fs::read_dir(&path)
+            .map_err(crate::error::io(&path))?
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().extension().is_some_and(|x| x == "kwal"));
+        if holds {
+            return Err(Error::Config(format!(
+                "the write-ahead log in {} holds records of shard {shard}: start with at least \
+                 {} shards to replay them",
+                dir.display(),
+                shard + 1
+            )));
+        }
+    }
+    let path = dir.join("id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(crate::error::io(&path)(e)),
+    }
+    let id = ulid::Ulid::generate().to_string();
+    let tmp = dir.join("id.tmp");
+    std::fs::write(&tmp, &id)
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| std::fs::File::open(dir)?.sync_all())
+        .map_err(crate::error::io(&path))?;
+    Ok(id)
 }
 
 impl Default for WriterConfig {
@@ -88,6 +190,7 @@ impl Default for WriterConfig {
             flush_bytes: 32 << 20,
             flush_linger: Duration::from_millis(3),
             clock: Clock::default(),
+            log: None,
         }
     }
 }
@@ -98,6 +201,8 @@ enum Command {
     Write {
         tenant: String,
         profiles: Vec<NormalizedProfile>,
+        /// The write's write-ahead log record, where the gateway logs its format.
+        record: Option<Vec<u8>>,
         ack: Ack,
     },
     Flush {
@@ -114,6 +219,11 @@ enum Command {
 #[derive(Debug, Clone)]
 pub struct Writer {
     shards: Vec<mpsc::Sender<Command>>,
+    /// Per shard, whether it buffers writes it acknowledged from its log (a barrier cuts them).
+    buffered: Vec<Arc<AtomicBool>>,
+    /// Per logged shard, answered once its log is open and replayed ([`Writer::ready`]).
+    ready: Arc<std::sync::Mutex<Vec<oneshot::Receiver<Result<()>>>>>,
+    logged: bool,
     tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     drainer: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
     ctx: Arc<FlushContext>,
@@ -183,24 +293,40 @@ impl Writer {
                 }
             })
         });
+        let mut buffered = Vec::new();
+        let mut ready = Vec::new();
         let shards = (0..config.shards.max(1))
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(1024);
-                tasks.push(tokio::spawn(run_shard(
-                    shard,
-                    rx,
-                    Arc::clone(&ctx),
-                    config.clone(),
-                )));
+                let flag = Arc::new(AtomicBool::new(false));
+                buffered.push(Arc::clone(&flag));
+                let ctx = Arc::clone(&ctx);
+                let task = if config.log.is_some() {
+                    let (answer, wait) = oneshot::channel();
+                    ready.push(wait);
+                    tokio::spawn(logged::run(shard, rx, ctx, config.clone(), flag, answer))
+                } else {
+                    tokio::spawn(run_shard(shard, rx, ctx, config.clone()))
+                };
+                tasks.push(task);
                 tx
             })
             .collect();
-        Self {
+        let writer = Self {
             shards,
+            buffered,
+            ready: Arc::new(std::sync::Mutex::new(ready)),
+            logged: config.log.is_some(),
             tasks: Arc::new(std::sync::Mutex::new(tasks)),
             drainer: Arc::new(std::sync::Mutex::new(drainer)),
             ctx,
+        };
+        if writer.logged
+            && let Some(query) = &writer.ctx.warm
+        {
+            query.set_write_barrier(writer.barrier_handle());
         }
+        writer
     }
 
     /// Drains the spool now (tests; the drainer does it every second).
@@ -208,10 +334,55 @@ impl Writer {
         drain_spool(&self.ctx).await;
     }
 
+    /// Waits until every shard has opened its write-ahead log and registered what it replayed
+    /// (at once without a log); the first error, if any. Answers once.
+    pub async fn ready(&self) -> Result<()> {
+        let waits = std::mem::take(&mut *self.ready.lock().expect("ready lock"));
+        for wait in waits {
+            wait.await.map_err(|_| Error::ShuttingDown)??;
+        }
+        Ok(())
+    }
+
+    /// Whether writes are acknowledged from a write-ahead log (and so take a record).
+    pub fn logs_writes(&self) -> bool {
+        self.logged
+    }
+
+    /// Cuts a segment of every write a shard acknowledged from its log and still buffers, and
+    /// waits for it: a query that follows sees every write acknowledged before it began.
+    /// Nothing to do without a log, or when nothing is buffered.
+    pub async fn barrier(&self) {
+        self.barrier_handle().wait().await;
+    }
+
+    fn barrier_handle(&self) -> WriteBarrier {
+        WriteBarrier {
+            shards: self
+                .shards
+                .iter()
+                .map(mpsc::Sender::downgrade)
+                .zip(self.buffered.iter().cloned())
+                .collect(),
+        }
+    }
+
     /// Writes profiles of one request and waits until all are durable. They land in the same
     /// block, so they are stored all together or not at all.
-    #[tracing::instrument(name = "storage.write", skip_all, fields(tenant = %tenant, profiles = profiles.len()))]
     pub async fn write(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
+        self.write_logged(tenant, profiles, None).await
+    }
+
+    /// Like [`Writer::write`]; with a write-ahead log, `record` (the request the profiles were
+    /// decoded from, [`RecordDecoder`]) is appended to it and the write is acknowledged once the
+    /// log is synced. Without a record, or without a log, the write waits for its segment.
+    #[tracing::instrument(name = "storage.write", skip_all, fields(tenant = %tenant, profiles = profiles.len()))]
+    pub async fn write_logged(
+        &self,
+        tenant: &str,
+        profiles: Vec<NormalizedProfile>,
+        record: Option<Vec<u8>>,
+    ) -> Result<()> {
         check_times(&profiles, crate::query::now_ms() as i64 * 1_000_000)?;
         let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
             return Ok(());
@@ -224,6 +395,7 @@ impl Writer {
             .send(Command::Write {
                 tenant: tenant.to_owned(),
                 profiles,
+                record: record.filter(|_| self.logged),
                 ack,
             })
             .await
@@ -270,6 +442,35 @@ impl Writer {
     }
 }
 
+/// What a query engine holds of the writer in its process ([`Writer::barrier`]): the shards'
+/// queues (weakly: the writer's own handles keep them open) and their buffered flags.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteBarrier {
+    shards: Vec<(mpsc::WeakSender<Command>, Arc<AtomicBool>)>,
+}
+
+impl WriteBarrier {
+    /// [`Writer::barrier`].
+    pub(crate) async fn wait(&self) {
+        let mut waits = Vec::new();
+        for (shard, buffered) in &self.shards {
+            if !buffered.load(Ordering::Acquire) {
+                continue;
+            }
+            let Some(shard) = shard.upgrade() else {
+                continue;
+            };
+            let (done, wait) = oneshot::channel();
+            if shard.send(Command::Flush { done }).await.is_ok() {
+                waits.push(wait);
+            }
+        }
+        for w in waits {
+            let _ = w.await;
+        }
+    }
+}
+
 struct Pending {
     builder: DatasetBuilder,
     acks: Vec<Ack>,
@@ -280,13 +481,14 @@ struct Pending {
 /// A tenant absent from a flush loses its hint.
 type Hints = BTreeMap<String, DatasetCapacity>;
 
-/// Adds a write to the shard's buffer; returns the bytes it added.
+/// Adds a write to the shard's buffer, with the acknowledgement that waits for its segment
+/// (none for a write acknowledged from the log); returns the bytes it added.
 fn buffer(
     pending: &mut BTreeMap<String, Pending>,
     hints: &Hints,
     tenant: String,
     profiles: &[NormalizedProfile],
-    ack: Ack,
+    ack: Option<Ack>,
 ) -> usize {
     let p = pending.entry(tenant.clone()).or_insert_with(|| {
         // Looked up once per tenant and flush, when its dataset starts.
@@ -300,7 +502,7 @@ fn buffer(
     for profile in profiles {
         p.builder.add(profile);
     }
-    p.acks.push(ack);
+    p.acks.extend(ack);
     p.builder.estimated_bytes().saturating_sub(before)
 }
 
@@ -340,8 +542,9 @@ async fn run_shard(
                 tenant,
                 profiles,
                 ack,
+                ..
             }) => {
-                size += buffer(&mut pending, &hints, tenant, &profiles, ack);
+                size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
                 let now = tokio::time::Instant::now();
                 flush_at.get_or_insert(now + config.flush_interval);
                 quiet_at = arrivals.arrive(now).map(|quiet| now + quiet);
@@ -395,9 +598,10 @@ async fn run_shard(
                         tenant,
                         profiles,
                         ack,
+                        ..
                     }) => {
                         arrivals.arrive(tokio::time::Instant::now());
-                        size += buffer(&mut pending, &hints, tenant, &profiles, ack);
+                        size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
                         // `try_recv` never yields: under load hundreds of writes queue here,
                         // and the worker's other tasks (queries) would wait for all of them.
                         tokio::task::consume_budget().await;
@@ -502,52 +706,47 @@ async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String,
         pending.into_values().map(|p| (p.builder, p.acks)).unzip();
     span.record("writes", acks.iter().map(Vec::len).sum::<usize>());
     let result = flush_segment(shard, ctx, builders).await;
-    let metrics = ctx.store.metrics();
     match &result {
-        Ok(Some(Flushed {
-            rows,
-            bytes,
-            spooled,
-            ..
-        })) => {
-            span.record("rows", rows).record("bytes", bytes);
-            metrics
-                .flush_duration
-                .observe(started.elapsed().as_secs_f64());
-            metrics.flush_bytes.observe(*bytes as f64);
-            metrics.flush_rows.inc_by(*rows);
-            metrics
-                .flushes
-                .get_or_create(&OutcomeLabels {
-                    outcome: if *spooled { "spooled" } else { "ok" },
-                })
-                .inc();
-        }
+        Ok(Some(flushed)) => observe_flush(ctx, started, Ok(flushed)),
         Ok(None) => {}
-        Err(_) => {
-            metrics
-                .flushes
-                .get_or_create(&OutcomeLabels { outcome: "error" })
-                .inc();
-        }
-    }
-    match &result {
-        Ok(Some(Flushed {
-            id,
-            tenants,
-            rows,
-            bytes,
-            spooled,
-        })) => debug!(
-            shard, segment = %id, tenants, rows, bytes, spooled,
-            elapsed_ms = started.elapsed().as_millis() as u64, "segment flushed"
-        ),
-        Ok(None) => {}
-        Err(e) => error!(shard, error = %e, "segment flush failed; its writes are refused"),
+        Err(e) => observe_flush(ctx, started, Err(e)),
     }
     let result = result.map(|_| ()).map_err(|e| (e.kind(), e.to_string()));
     for ack in acks.into_iter().flatten() {
         let _ = ack.send(result.clone());
+    }
+}
+
+/// Counts a flush's outcome in the metrics, logs it, and records it in the flush's span.
+fn observe_flush(ctx: &FlushContext, started: Instant, outcome: Result<&Flushed, &Error>) {
+    let metrics = ctx.store.metrics();
+    let span = tracing::Span::current();
+    match outcome {
+        Ok(f) => {
+            span.record("rows", f.rows).record("bytes", f.bytes);
+            metrics
+                .flush_duration
+                .observe(started.elapsed().as_secs_f64());
+            metrics.flush_bytes.observe(f.bytes as f64);
+            metrics.flush_rows.inc_by(f.rows);
+            let outcome = if f.spooled { "spooled" } else { "ok" };
+            metrics
+                .flushes
+                .get_or_create(&OutcomeLabels { outcome })
+                .inc();
+            debug!(
+                segment = %f.id, tenants = f.tenants, rows = f.rows, bytes = f.bytes,
+                spooled = f.spooled, elapsed_ms = started.elapsed().as_millis() as u64,
+                "segment flushed"
+            );
+        }
+        Err(e) => {
+            metrics
+                .flushes
+                .get_or_create(&OutcomeLabels { outcome: "error" })
+                .inc();
+            error!(error = %e, "segment flush failed");
+        }
     }
 }
 
@@ -561,13 +760,24 @@ struct Flushed {
     spooled: bool,
 }
 
-/// Writes every tenant's dataset of one flush as one segment object, then registers all of
-/// them in one metastore transaction; or spools the segment when the store is unreachable.
-async fn flush_segment(
+/// A segment built from a flush's datasets, not yet in the store and the metastore.
+struct Built {
+    path: String,
+    object: bytes::Bytes,
+    metas: Vec<BlockMeta>,
+    /// What the query engine's caches get of each block before it is visible (taken by the
+    /// first attempt to register it).
+    warmed: Vec<(Arc<SymbolTable>, Option<ArrowReaderMetadata>)>,
+    flushed: Flushed,
+}
+
+/// Encodes every tenant's dataset of one flush as one segment object (none when they hold
+/// nothing).
+async fn build_segment(
     shard: u32,
     ctx: &FlushContext,
     builders: Vec<DatasetBuilder>,
-) -> Result<Option<Flushed>> {
+) -> Result<Option<Built>> {
     let builders: Vec<DatasetBuilder> = builders.into_iter().filter(|b| !b.is_empty()).collect();
     if builders.is_empty() {
         return Ok(None);
@@ -599,44 +809,82 @@ async fn flush_segment(
     })
     .await
     .map_err(|e| Error::Task(e.to_string()))??;
-    let path = object_path(0, shard, "", &id);
-    let bytes = object.len();
-    let rows = metas.iter().map(|m| m.rows).sum();
-    let tenants = metas.len();
-    let mut flushed = Flushed {
-        id,
-        tenants,
-        rows,
-        bytes,
+    let flushed = Flushed {
+        bytes: object.len(),
+        rows: metas.iter().map(|m| m.rows).sum(),
+        tenants: metas.len(),
+        id: id.clone(),
         spooled: false,
     };
-    match ctx.store.put_durable(&path, object.clone()).await {
+    Ok(Some(Built {
+        path: object_path(0, shard, "", &id),
+        object,
+        metas,
+        warmed,
+        flushed,
+    }))
+}
+
+/// Puts a built segment into the object store (or, when `spool` and the store is
+/// unreachable, into the spool: its datasets are registered once drained) and registers its
+/// datasets, with `checkpoint` when given, in one metastore transaction. May be tried again
+/// with the same segment: the same object goes to the same path.
+async fn publish_segment(
+    ctx: &FlushContext,
+    built: &mut Built,
+    spool: bool,
+    checkpoint: Option<&LogCheckpoint>,
+) -> Result<()> {
+    match ctx
+        .store
+        .put_durable(&built.path, built.object.clone())
+        .await
+    {
         Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::Unavailable && ctx.spool.is_some() => {
+        Err(e) if e.kind() == ErrorKind::Unavailable && spool && ctx.spool.is_some() => {
             let spool = ctx.spool.as_ref().expect("checked");
-            // Its datasets are registered when the drainer has put it in the store.
             spool
-                .append(object)
+                .append(built.object.clone())
                 .await
                 .inspect_err(|_| error!(error = %e, "the object store is unreachable"))?;
             ctx.store.metrics().spool_bytes.set(spool.bytes() as i64);
-            flushed.spooled = true;
-            return Ok(Some(flushed));
+            built.flushed.spooled = true;
+            return Ok(());
         }
         Err(e) => return Err(e),
     }
     // Before the blocks are visible: a query that finds them finds their symbols cached.
     if let Some(query) = &ctx.warm {
-        for (meta, (table, metadata)) in metas.iter().zip(warmed) {
-            query.warm_object(meta, &object);
+        for (meta, (table, metadata)) in built.metas.iter().zip(std::mem::take(&mut built.warmed)) {
+            query.warm_object(meta, &built.object);
             query.warm_symbols(meta, table).await;
             if let Some(metadata) = metadata {
                 query.warm_samples_metadata(meta, metadata).await;
             }
         }
     }
-    ctx.metastore.add_blocks(metas).await?;
-    Ok(Some(flushed))
+    match checkpoint {
+        None => ctx.metastore.add_blocks(built.metas.clone()).await,
+        Some(c) => {
+            ctx.metastore
+                .add_blocks_checkpointed(built.metas.clone(), c)
+                .await
+        }
+    }
+}
+
+/// Writes every tenant's dataset of one flush as one segment object, then registers all of
+/// them in one metastore transaction; or spools the segment when the store is unreachable.
+async fn flush_segment(
+    shard: u32,
+    ctx: &FlushContext,
+    builders: Vec<DatasetBuilder>,
+) -> Result<Option<Flushed>> {
+    let Some(mut built) = build_segment(shard, ctx, builders).await? else {
+        return Ok(None);
+    };
+    publish_segment(ctx, &mut built, true, None).await?;
+    Ok(Some(built.flushed))
 }
 
 #[cfg(test)]

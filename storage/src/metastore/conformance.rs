@@ -33,6 +33,7 @@ macro_rules! metastore_conformance_suite {
             top_level_blocks_are_queued_and_merge_among_themselves,
             retention_and_tenant_deletion_leave_others_untouched,
             quarantine_takes_blocks_out_of_lookups,
+            log_checkpoints_go_with_their_blocks,
         );
     };
     (@tests $open:expr; $($name:ident),* $(,)?) => {
@@ -613,4 +614,57 @@ pub async fn quarantine_takes_blocks_out_of_lookups(m: &dyn Metastore) {
     assert!(m.known_objects().await.unwrap().contains(&a));
     m.delete_tenant("t", 0, 0).await.unwrap();
     assert!(m.quarantined(None).await.unwrap().is_empty());
+}
+
+/// A log's checkpoint is recorded with the blocks it names, in their transaction: refused with
+/// them, never moved back, and one log's does not touch another's.
+pub async fn log_checkpoints_go_with_their_blocks(m: &dyn Metastore) {
+    use crate::metastore::LogCheckpoint;
+    let at = |log: &str, seq| LogCheckpoint {
+        log: log.into(),
+        seq,
+    };
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 0);
+    let (x, y) = (block_id(1, 1), block_id(1, 2));
+    m.add_blocks_checkpointed(
+        vec![entry("t", &x, 0, 0, T0, T0, &[("s", CPU)])],
+        &at("a/0", 7),
+    )
+    .await
+    .unwrap();
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 7);
+    assert_eq!(m.log_checkpoint("a/1").await.unwrap(), 0);
+    // A batch refused (a duplicate) leaves the checkpoint where it was.
+    let err = m
+        .add_blocks_checkpointed(
+            vec![
+                entry("t", &y, 0, 0, T0, T0, &[("s", CPU)]),
+                entry("t", &x, 0, 0, T0, T0, &[("s", CPU)]),
+            ],
+            &at("a/0", 9),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BlockExists { .. }), "{err}");
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 7);
+    assert_eq!(
+        ids(&m.query_blocks(BlockQuery::all("t")).await.unwrap()),
+        set(&[&x])
+    );
+    // Records that held no samples move it with no blocks; it never moves back.
+    m.add_blocks_checkpointed(Vec::new(), &at("a/0", 12))
+        .await
+        .unwrap();
+    m.add_blocks_checkpointed(
+        vec![entry("t", &y, 0, 0, T0, T0, &[("s", CPU)])],
+        &at("a/0", 10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 12);
+    m.add_blocks_checkpointed(Vec::new(), &at("a/1", 3))
+        .await
+        .unwrap();
+    assert_eq!(m.log_checkpoint("a/1").await.unwrap(), 3);
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 12);
 }

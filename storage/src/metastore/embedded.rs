@@ -31,8 +31,8 @@ use redb::{
 };
 
 use super::{
-    BlockMeta, BlockQuery, Job, Metastore, PartitionStats, Quarantined, QueuedBlock, Removed,
-    Tombstone,
+    BlockMeta, BlockQuery, Job, LogCheckpoint, Metastore, PartitionStats, Quarantined, QueuedBlock,
+    Removed, Tombstone,
 };
 use crate::{Error, Result};
 
@@ -53,6 +53,8 @@ const CLAIMS: TableDefinition<'_, (&str, &str, i64), u64> = TableDefinition::new
 const QUARANTINE: TableDefinition<'_, (&str, &str, i64), &[u8]> =
     TableDefinition::new("quarantine");
 const COUNTERS: TableDefinition<'_, &str, u64> = TableDefinition::new("counters");
+/// Write-ahead logs' checkpoints, by log name.
+const LOG_CHECKPOINTS: TableDefinition<'_, &str, u64> = TableDefinition::new("log_checkpoints");
 
 /// Greater than every tenant id and block id (both ASCII).
 const MAX_STR: &str = "\u{10FFFF}";
@@ -278,6 +280,7 @@ impl EmbeddedMetastore {
             tx.open_table(CLAIMS).map_err(db_err)?;
             tx.open_table(QUARANTINE).map_err(db_err)?;
             tx.open_table(COUNTERS).map_err(db_err)?;
+            tx.open_table(LOG_CHECKPOINTS).map_err(db_err)?;
         }
         tx.commit().map_err(db_err)?;
         Ok(m)
@@ -699,10 +702,10 @@ impl Embedded {
     }
 }
 
-#[async_trait::async_trait]
-impl Metastore for Embedded {
-    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
-        if blocks.is_empty() {
+impl Embedded {
+    /// Registers `blocks` and records `checkpoint`, in one transaction.
+    async fn add(&self, blocks: Vec<BlockMeta>, checkpoint: Option<LogCheckpoint>) -> Result<()> {
+        if blocks.is_empty() && checkpoint.is_none() {
             return Ok(());
         }
         let written = self
@@ -710,6 +713,14 @@ impl Metastore for Embedded {
             .write(move |_, tx| {
                 for b in &blocks {
                     EmbeddedMetastore::insert_entry(tx, b)?;
+                }
+                if let Some(c) = &checkpoint {
+                    let mut t = tx.open_table(LOG_CHECKPOINTS).map_err(db_err)?;
+                    let at = t
+                        .get(c.log.as_str())
+                        .map_err(db_err)?
+                        .map_or(0, |v| v.value());
+                    t.insert(c.log.as_str(), at.max(c.seq)).map_err(db_err)?;
                 }
                 Ok(blocks)
             })
@@ -722,6 +733,27 @@ impl Metastore for Embedded {
             written,
         );
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Metastore for Embedded {
+    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
+        self.add(blocks, None).await
+    }
+
+    async fn add_blocks_checkpointed(
+        &self,
+        blocks: Vec<BlockMeta>,
+        checkpoint: &LogCheckpoint,
+    ) -> Result<()> {
+        self.add(blocks, Some(checkpoint.clone())).await
+    }
+
+    async fn log_checkpoint(&self, log: &str) -> Result<u64> {
+        let tx = self.0.read_tx()?;
+        let t = tx.open_table(LOG_CHECKPOINTS).map_err(db_err)?;
+        Ok(t.get(log).map_err(db_err)?.map_or(0, |v| v.value()))
     }
 
     async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {

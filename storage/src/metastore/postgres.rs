@@ -25,13 +25,16 @@ use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use super::{
-    BlockMeta, BlockQuery, Job, Metastore, PartitionStats, Quarantined, QueuedBlock, Removed,
-    Tombstone,
+    BlockMeta, BlockQuery, Job, LogCheckpoint, Metastore, PartitionStats, Quarantined, QueuedBlock,
+    Removed, Tombstone,
 };
 use crate::{Error, Result};
 
 /// Schema migrations, applied in order; each runs once per database.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("postgres/0001_init.sql")),
+    (2, include_str!("postgres/0002_log_checkpoints.sql")),
+];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.
 const MIGRATION_LOCK: i64 = 0x6b69_6c6e_0001;
@@ -587,14 +590,17 @@ const QUERY_BLOCKS: &str = "FROM kiln_blocks b
        AND ($5::TEXT IS NULL OR $5 = ANY (b.profile_types))
      ORDER BY b.partition, b.shard, b.id";
 
-#[async_trait::async_trait]
-impl Metastore for Postgres {
-    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
-        if blocks.is_empty() {
+impl Postgres {
+    /// Registers `blocks` and records `checkpoint`, in one transaction.
+    async fn add(
+        &self,
+        mut blocks: Vec<BlockMeta>,
+        checkpoint: Option<&LogCheckpoint>,
+    ) -> Result<()> {
+        if blocks.is_empty() && checkpoint.is_none() {
             return Ok(());
         }
         // One lock order for every writer: partition rows by (tenant, partition).
-        let mut blocks = blocks;
         blocks.sort_by(|a, b| {
             (a.tenant.as_str(), a.partition(), a.id.as_str()).cmp(&(
                 b.tenant.as_str(),
@@ -607,10 +613,47 @@ impl Metastore for Postgres {
             for b in written {
                 Self::insert_entry(&tx, b).await?;
             }
+            if let Some(c) = checkpoint {
+                tx.execute(
+                    "INSERT INTO kiln_log_checkpoints (log, seq) VALUES ($1, $2)
+                     ON CONFLICT (log) DO UPDATE
+                     SET seq = GREATEST(kiln_log_checkpoints.seq, EXCLUDED.seq)",
+                    &[&c.log, &(c.seq as i64)],
+                )
+                .await
+                .map_err(pg_err)?;
+            }
             Ok(())
         })?;
         super::cache_written(&self.cache, self.keeps_written(), blocks);
         Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Metastore for Postgres {
+    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
+        self.add(blocks, None).await
+    }
+
+    async fn add_blocks_checkpointed(
+        &self,
+        blocks: Vec<BlockMeta>,
+        checkpoint: &LogCheckpoint,
+    ) -> Result<()> {
+        self.add(blocks, Some(checkpoint)).await
+    }
+
+    async fn log_checkpoint(&self, log: &str) -> Result<u64> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT seq FROM kiln_log_checkpoints WHERE log = $1",
+                &[&log],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
     }
 
     async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {

@@ -51,6 +51,7 @@ impl QueryEngine {
         start: i64,
         end: i64,
     ) -> Result<Vec<(Arc<BlockMeta>, FixedBitSet)>> {
+        self.write_barrier().await;
         let blocks = self
             .metastore
             .query_blocks(BlockQuery::new(tenant, start, end))
@@ -171,6 +172,7 @@ impl QueryEngine {
     /// Oldest and newest sample time of a tenant.
     /// From the metastore's partition summaries, so it costs the same whatever the data's age.
     pub async fn profile_stats(&self, tenant: &str) -> Result<ProfileStats> {
+        self.write_barrier().await;
         let parts = self.metastore.partitions(tenant).await?;
         if parts.is_empty() {
             return Ok(ProfileStats::default());
@@ -187,6 +189,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<u32>)>> {
+        self.write_barrier().await;
         let blocks = self.metastore.query_blocks(filter.block_query()).await?;
         Ok(blocks
             .into_iter()

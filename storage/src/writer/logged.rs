@@ -1,0 +1,507 @@
+//! A shard that acknowledges writes from its write-ahead log (ADR 0018).
+//!
+//! A write's record (the request as the gateway received it, [`super::RecordDecoder`]) is
+//! appended to the shard's log ([`crate::wal`]) with every other write waiting, in one group and
+//! one `fdatasync`, and the writes are then acknowledged; their profiles wait in the shard's
+//! dataset builders. A segment is cut every [`super::LogConfig::segment_interval`], when the
+//! buffer passes `flush_bytes`, and when a query in this process asks for a barrier
+//! ([`super::Writer::barrier`]); the metastore transaction that registers it also records the
+//! shard's checkpoint, the last record it holds, and the log's files at or below it are then
+//! deleted. At start the shard reads its records above the checkpoint, decodes them back into
+//! writes and cuts a segment of them before it takes new writes.
+//!
+//! A segment the store or the metastore refuses is kept, built, and tried again every
+//! [`RETRY`], in order, ahead of later segments (its writes are in the log meanwhile); past
+//! [`BACKLOG_FLUSHES`] flushes' bytes of such segments, new writes are refused (503). A group
+//! the log fails to append is not acknowledged from the log: its writes wait for their segment
+//! as they do without a log. Writes without a record (formats the gateway does not log) wait
+//! for their segment too, cut within the flush interval.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::{Instrument, debug, error, info, warn};
+
+use super::{
+    Ack, Built, Command, FlushContext, Hints, LogConfig, Pending, WriterConfig, buffer,
+    build_segment, observe_flush, publish_segment,
+};
+use crate::metastore::LogCheckpoint;
+use crate::wal::Log;
+use crate::{Error, ErrorKind, Result};
+
+/// How often a segment the store or metastore refused is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+/// Unregistered segments' bytes, in `flush_bytes`, past which new writes are refused.
+const BACKLOG_FLUSHES: usize = 4;
+
+/// A segment waiting to be registered, with what it answers.
+struct Unpublished {
+    /// `None`: records that held no samples; only the checkpoint is recorded.
+    built: Option<Built>,
+    /// The last record the segment holds.
+    through: u64,
+    /// Writes that wait for the segment (those not acknowledged from the log).
+    acks: Vec<Ack>,
+    attempts: u32,
+}
+
+struct Shard {
+    id: u32,
+    ctx: Arc<FlushContext>,
+    config: WriterConfig,
+    log: Log,
+    name: String,
+    interval: Duration,
+    /// Set while the shard buffers writes a barrier must cut ([`super::Writer::barrier`]).
+    buffered: Arc<AtomicBool>,
+    pending: BTreeMap<String, Pending>,
+    hints: Hints,
+    size: usize,
+    /// When the buffered writes are cut into a segment.
+    cut_at: Option<tokio::time::Instant>,
+    /// Records of buffered writes not yet appended, and the writes they acknowledge.
+    records: Vec<Vec<u8>>,
+    waiting: Vec<(String, Ack)>,
+    /// The last record appended whose write is buffered (or in a segment).
+    logged_through: u64,
+    /// The last checkpoint registered.
+    recorded: u64,
+    backlog: VecDeque<Unpublished>,
+    retry_at: Option<tokio::time::Instant>,
+}
+
+/// Opens a shard's log, replays what it holds above the checkpoint, and runs the shard; `ready`
+/// answers once the replayed writes are in a registered segment (or the log failed to open).
+pub(super) async fn run(
+    shard: u32,
+    mut rx: mpsc::Receiver<Command>,
+    ctx: Arc<FlushContext>,
+    config: WriterConfig,
+    buffered: Arc<AtomicBool>,
+    ready: oneshot::Sender<Result<()>>,
+) {
+    let log_config = config.log.clone().expect("a logged shard has a log");
+    let name = format!("{}/{shard}", log_config.id);
+    let opened = open(&ctx, &log_config, shard, &name).await;
+    let (log, replay) = match opened {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let checkpoint = replay.checkpoint;
+    let mut s = Shard {
+        id: shard,
+        ctx,
+        interval: log_config.segment_interval,
+        config,
+        log,
+        name,
+        buffered,
+        pending: BTreeMap::new(),
+        hints: Hints::new(),
+        size: 0,
+        cut_at: None,
+        records: Vec::new(),
+        waiting: Vec::new(),
+        logged_through: checkpoint,
+        recorded: checkpoint,
+        backlog: VecDeque::new(),
+        retry_at: None,
+    };
+    if let Err(e) = s.replay(&log_config, replay).await {
+        let _ = ready.send(Err(e));
+        return;
+    }
+    let _ = ready.send(Ok(()));
+    s.run(&mut rx).await;
+}
+
+/// What a shard's log held above its checkpoint.
+struct Replay {
+    checkpoint: u64,
+    records: Vec<(u64, Vec<u8>)>,
+    skipped_bytes: u64,
+}
+
+async fn open(
+    ctx: &FlushContext,
+    config: &LogConfig,
+    shard: u32,
+    name: &str,
+) -> Result<(Log, Replay)> {
+    let checkpoint = ctx.metastore.log_checkpoint(name).await?;
+    let dir = config.dir.join(shard.to_string());
+    let max_file_bytes = config.max_file_bytes;
+    let (log, replay) =
+        tokio::task::spawn_blocking(move || Log::open(&dir, checkpoint, max_file_bytes))
+            .await
+            .map_err(|e| Error::Task(e.to_string()))??;
+    Ok((
+        log,
+        Replay {
+            checkpoint,
+            records: replay.records,
+            skipped_bytes: replay.skipped_bytes,
+        },
+    ))
+}
+
+impl Shard {
+    /// Decodes the records an earlier process left above the checkpoint back into writes and
+    /// registers them in segments, before any new write.
+    async fn replay(&mut self, config: &LogConfig, replay: Replay) -> Result<()> {
+        if replay.skipped_bytes > 0 {
+            // After a crash, the torn last group (never acknowledged); otherwise damage.
+            warn!(
+                shard = self.id,
+                skipped_bytes = replay.skipped_bytes,
+                "the write-ahead log ends in bytes that do not read as records; skipped"
+            );
+        }
+        if replay.records.is_empty() {
+            return Ok(());
+        }
+        let (count, first) = (replay.records.len(), replay.records[0].0);
+        info!(
+            shard = self.id,
+            records = count,
+            first,
+            "replaying the write-ahead log"
+        );
+        let started = Instant::now();
+        let mut undecodable = 0usize;
+        for (seq, record) in replay.records {
+            let decoder = Arc::clone(&config.decoder);
+            let decoded = tokio::task::spawn_blocking(move || decoder.decode(&record))
+                .await
+                .map_err(|e| Error::Task(e.to_string()))?;
+            match decoded {
+                Ok((tenant, profiles)) => {
+                    self.size += buffer(&mut self.pending, &self.hints, tenant, &profiles, None);
+                }
+                Err(e) => {
+                    undecodable += 1;
+                    self.ctx.store.metrics().log_undecodable_records.inc();
+                    error!(shard = self.id, seq, error = %e,
+                        "a write-ahead log record does not decode; its write is skipped");
+                }
+            }
+            self.ctx.store.metrics().log_replayed_records.inc();
+            self.logged_through = seq;
+            if self.size >= self.config.flush_bytes {
+                self.cut().await;
+            }
+        }
+        self.cut().await;
+        if let Some(stuck) = self.backlog.front() {
+            let through = stuck.through;
+            return Err(Error::Flush {
+                kind: ErrorKind::Unavailable,
+                message: format!(
+                    "the write-ahead log's records up to {through} could not be registered \
+                     after a replay (the object store or metastore refused them)"
+                ),
+            });
+        }
+        info!(
+            shard = self.id,
+            records = count,
+            undecodable,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "write-ahead log replayed"
+        );
+        Ok(())
+    }
+
+    async fn run(&mut self, rx: &mut mpsc::Receiver<Command>) {
+        loop {
+            // A group of records is appended once no more writes wait.
+            if !self.records.is_empty() && rx.is_empty() {
+                self.commit();
+            }
+            let wake = match (self.cut_at, self.retry_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let cmd = match wake {
+                None => rx.recv().await,
+                Some(at) => tokio::select! {
+                    cmd = rx.recv() => cmd,
+                    () = tokio::time::sleep_until(at) => Some(Command::Tick),
+                },
+            };
+            match cmd {
+                Some(Command::Write {
+                    tenant,
+                    profiles,
+                    record,
+                    ack,
+                }) => self.write(tenant, &profiles, record, ack),
+                Some(Command::Tick) => {}
+                Some(Command::Flush { done }) => {
+                    self.commit();
+                    self.cut().await;
+                    let _ = done.send(());
+                    continue;
+                }
+                None | Some(Command::Close { .. }) => {
+                    self.commit();
+                    self.cut().await;
+                    rx.close();
+                    if !self.backlog.is_empty() {
+                        warn!(
+                            shard = self.id,
+                            segments = self.backlog.len(),
+                            "closing with segments the store or metastore refused; the \
+                             write-ahead log keeps their writes for the next start"
+                        );
+                    }
+                    for u in self.backlog.drain(..) {
+                        for ack in u.acks {
+                            let _ = ack.send(Err((
+                                ErrorKind::Unavailable,
+                                "the storage is shutting down".into(),
+                            )));
+                        }
+                    }
+                    if let Some(Command::Close { done }) = cmd {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if self.cut_at.is_some_and(|at| at <= now) || self.size >= self.config.flush_bytes {
+                self.commit();
+                self.cut().await;
+            } else if self.retry_at.is_some_and(|at| at <= now) {
+                self.publish().await;
+            }
+        }
+    }
+
+    /// Buffers a write; its record waits for the next group.
+    fn write(
+        &mut self,
+        tenant: String,
+        profiles: &[kiln_otel::model::NormalizedProfile],
+        record: Option<Vec<u8>>,
+        ack: Ack,
+    ) {
+        let backlog: usize = self
+            .backlog
+            .iter()
+            .filter_map(|u| u.built.as_ref())
+            .map(|b| b.object.len())
+            .sum();
+        if backlog > BACKLOG_FLUSHES * self.config.flush_bytes {
+            let _ = ack.send(Err((
+                ErrorKind::Unavailable,
+                format!(
+                    "{backlog} bytes of segments wait for the object store or metastore; \
+                     writes are refused until they are registered"
+                ),
+            )));
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        match record {
+            Some(record) => {
+                self.size += buffer(
+                    &mut self.pending,
+                    &self.hints,
+                    tenant.clone(),
+                    profiles,
+                    None,
+                );
+                self.records.push(record);
+                self.waiting.push((tenant, ack));
+                self.cut_at.get_or_insert(now + self.interval);
+            }
+            None => {
+                self.size += buffer(&mut self.pending, &self.hints, tenant, profiles, Some(ack));
+                let at = now + self.config.flush_interval;
+                self.cut_at = Some(self.cut_at.map_or(at, |c| c.min(at)));
+            }
+        }
+        self.buffered.store(true, Ordering::Release);
+    }
+
+    /// Appends the waiting records in one group and acknowledges their writes; when the log
+    /// fails, their writes wait for their segment instead.
+    fn commit(&mut self) {
+        if self.records.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.records);
+        let log = &mut self.log;
+        let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
+        let metrics = self.ctx.store.metrics();
+        match appended {
+            Ok(seq) => {
+                self.logged_through = seq;
+                metrics.log_appends.inc();
+                metrics
+                    .log_bytes
+                    .inc_by(records.iter().map(|r| r.len() as u64).sum());
+                for (_, ack) in self.waiting.drain(..) {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                error!(shard = self.id, error = %e,
+                    "the write-ahead log refused a group; its writes wait for their segment");
+                // The group's numbers are burned, and whole frames of it may have reached the
+                // disk: the segment holding its writes covers them, so they are not replayed.
+                self.logged_through = self.log.last_seq();
+                for (tenant, ack) in self.waiting.drain(..) {
+                    if let Some(p) = self.pending.get_mut(&tenant) {
+                        p.acks.push(ack);
+                    }
+                }
+                let at = tokio::time::Instant::now() + self.config.flush_interval;
+                self.cut_at = Some(self.cut_at.map_or(at, |c| c.min(at)));
+            }
+        }
+    }
+
+    /// Builds a segment of what the shard buffers and registers it (after any segments
+    /// waiting before it).
+    async fn cut(&mut self) {
+        self.buffered.store(false, Ordering::Release);
+        self.cut_at = None;
+        self.size = 0;
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() && !self.needs_checkpoint() {
+            // Nothing new since the last segment; what waits is tried on its timer.
+            return;
+        }
+        self.hints = pending
+            .iter()
+            .map(|(tenant, p)| (tenant.clone(), p.builder.capacity_hint()))
+            .collect();
+        let (builders, acks): (Vec<_>, Vec<Vec<Ack>>) =
+            pending.into_values().map(|p| (p.builder, p.acks)).unzip();
+        let acks: Vec<Ack> = acks.into_iter().flatten().collect();
+        let span = tracing::info_span!(
+            "storage.flush",
+            shard = self.id,
+            writes = acks.len(),
+            rows = tracing::field::Empty,
+            bytes = tracing::field::Empty,
+        );
+        let built = build_segment(self.id, &self.ctx, builders)
+            .instrument(span)
+            .await;
+        match built {
+            Ok(built) => {
+                if built.is_some() || !acks.is_empty() || self.needs_checkpoint() {
+                    self.backlog.push_back(Unpublished {
+                        built,
+                        through: self.logged_through,
+                        acks,
+                        attempts: 0,
+                    });
+                }
+            }
+            Err(e) => {
+                // Not seen: encoding what the builders accepted does not fail. The records stay
+                // in the log until a later segment's checkpoint passes them.
+                error!(shard = self.id, through = self.logged_through, error = %e,
+                    "a segment could not be encoded; its writes are lost");
+                for ack in acks {
+                    let _ = ack.send(Err((e.kind(), e.to_string())));
+                }
+            }
+        }
+        self.publish().await;
+    }
+
+    /// Whether records were appended past the last checkpoint recorded or waiting.
+    fn needs_checkpoint(&self) -> bool {
+        let last = self.backlog.back().map_or(self.recorded, |u| u.through);
+        last < self.logged_through
+    }
+
+    /// Registers the waiting segments in order, each with its checkpoint, and deletes the log
+    /// files they cover; stops at the first refused, to try again in [`RETRY`].
+    async fn publish(&mut self) {
+        self.retry_at = None;
+        while let Some(u) = self.backlog.front_mut() {
+            let started = Instant::now();
+            let checkpoint = LogCheckpoint {
+                log: self.name.clone(),
+                seq: u.through,
+            };
+            let span = tracing::info_span!(
+                "storage.flush",
+                shard = self.id,
+                writes = u.acks.len(),
+                rows = tracing::field::Empty,
+                bytes = tracing::field::Empty,
+            );
+            let result = match &mut u.built {
+                Some(built) => {
+                    publish_segment(&self.ctx, built, false, Some(&checkpoint))
+                        .instrument(span.clone())
+                        .await
+                }
+                None => {
+                    self.ctx
+                        .metastore
+                        .add_blocks_checkpointed(Vec::new(), &checkpoint)
+                        .await
+                }
+            };
+            // A retry that finds its blocks registered: the earlier attempt committed, with
+            // its checkpoint, and only its answer was lost.
+            let result = match result {
+                Err(Error::BlockExists { .. }) if u.attempts > 0 => Ok(()),
+                other => other,
+            };
+            u.attempts += 1;
+            match result {
+                Ok(()) => {
+                    if let Some(built) = &u.built {
+                        span.in_scope(|| observe_flush(&self.ctx, started, Ok(&built.flushed)));
+                    }
+                    let u = self.backlog.pop_front().expect("the front");
+                    self.recorded = u.through;
+                    for ack in u.acks {
+                        let _ = ack.send(Ok(()));
+                    }
+                    let log = &mut self.log;
+                    if let Err(e) = blocking_in_place(|| log.release_through(u.through)) {
+                        warn!(shard = self.id, error = %e,
+                            "write-ahead log files could not be deleted; tried again later");
+                    }
+                }
+                Err(e) => {
+                    if u.attempts == 1 {
+                        span.in_scope(|| observe_flush(&self.ctx, started, Err(&e)));
+                    } else {
+                        debug!(shard = self.id, attempts = u.attempts, error = %e,
+                            "a segment is still refused");
+                    }
+                    self.retry_at = Some(tokio::time::Instant::now() + RETRY);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs blocking file work on this worker thread, telling a multi-threaded runtime to move its
+/// other tasks elsewhere meanwhile (a current-thread runtime, in tests, just runs it).
+fn blocking_in_place<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

@@ -1,0 +1,292 @@
+//! Writes acknowledged from the write-ahead log (ADR 0018): a query sees every acknowledged
+//! write at once, and after a crash every acknowledged write is stored exactly once — whether
+//! the crash came before its segment, after the segment was registered but before the log was
+//! released, or while the object store was refusing segments.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use kiln_storage::Storage;
+use kiln_storage::testing::{
+    faulty_storage, frames, logged_config, profile, stacks_around, text_record,
+};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+const SEC: i64 = 1_000_000_000;
+/// Long enough that no segment is cut by time within a test.
+const NEVER: Duration = Duration::from_secs(3600);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `f` on a runtime of its own, then drops the runtime's tasks where they stand, as a
+/// SIGKILL would: no flush, no close.
+fn then_crash<T>(f: impl std::future::Future<Output = T>) -> T {
+    let rt = runtime();
+    let out = rt.block_on(f);
+    rt.shutdown_timeout(Duration::from_secs(10));
+    out
+}
+
+/// Writes `n` one-sample writes of `tenant` (values 1..=n at `T0 + i s`), each acknowledged.
+async fn write_logged(s: &Storage, tenant: &str, stack: &str, from: i64, n: i64) {
+    for i in from..from + n {
+        let record = text_record(tenant, "api", stack, i, T0 + i * SEC);
+        let p = profile("api", &[(frames(stack), i)], T0 + i * SEC);
+        s.write_logged(tenant, vec![p], Some(record)).await.unwrap();
+    }
+}
+
+fn sum(from: i64, n: i64) -> i64 {
+    (from..from + n).sum()
+}
+
+fn wal_files(dir: &Path) -> usize {
+    walkdir(dir.join("wal").as_path())
+}
+
+fn walkdir(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walkdir(&p)
+            } else {
+                usize::from(p.extension().is_some_and(|x| x == "kwal"))
+            }
+        })
+        .sum()
+}
+
+async fn stacks(s: &Storage, tenant: &str) -> BTreeMap<Vec<String>, i64> {
+    stacks_around(s, tenant, T0).await
+}
+
+#[test]
+fn acknowledged_writes_are_read_at_once_and_survive_a_crash_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), NEVER);
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert!(s.logs_writes());
+        write_logged(&s, "a", "main;first", 1, 10).await;
+        // No segment was cut by time: the query's barrier cuts one, so it reads them all.
+        assert_eq!(
+            stacks(&s, "a").await,
+            [(frames("main;first"), sum(1, 10))].into_iter().collect()
+        );
+        // Registered: their log files are gone.
+        assert_eq!(wal_files(dir.path()), 0);
+        // Acknowledged from the log only, then the crash.
+        write_logged(&s, "a", "main;second", 11, 5).await;
+        write_logged(&s, "b", "main;b_only", 1, 3).await;
+        assert!(wal_files(dir.path()) > 0);
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 8);
+        let want: BTreeMap<Vec<String>, i64> = [
+            (frames("main;first"), sum(1, 10)),
+            (frames("main;second"), sum(11, 5)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(stacks(&s, "a").await, want);
+        assert_eq!(
+            stacks(&s, "b").await,
+            [(frames("main;b_only"), sum(1, 3))].into_iter().collect()
+        );
+        // Tenants are walls, after a replay too.
+        assert!(stacks(&s, "c").await.is_empty());
+        // The replayed writes are registered and their files deleted: a second crash replays
+        // nothing.
+        assert_eq!(wal_files(dir.path()), 0);
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 0);
+        assert_eq!(
+            stacks(&s, "a").await.get(&frames("main;second")),
+            Some(&sum(11, 5))
+        );
+        s.close().await;
+    });
+}
+
+/// A crash after a segment was registered but before its log files were deleted: the
+/// checkpoint, recorded with the segment, keeps its records from being replayed.
+#[test]
+fn records_a_registered_segment_holds_are_not_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), NEVER);
+    let saved = tempfile::tempdir().unwrap();
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        write_logged(&s, "a", "main;x", 1, 6).await;
+        // The log as it stood before the segment: put back after the crash, as if its deletion
+        // never happened.
+        copy_dir(&dir.path().join("wal"), saved.path());
+        s.flush().await;
+        assert_eq!(wal_files(dir.path()), 0);
+        write_logged(&s, "a", "main;y", 7, 2).await;
+    });
+    copy_dir(saved.path(), &dir.path().join("wal"));
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 2);
+        let want: BTreeMap<Vec<String>, i64> =
+            [(frames("main;x"), sum(1, 6)), (frames("main;y"), sum(7, 2))]
+                .into_iter()
+                .collect();
+        assert_eq!(stacks(&s, "a").await, want);
+        s.close().await;
+    });
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// While the object store refuses segments, writes are still acknowledged from the log; the
+/// segments are kept and registered once it answers, and a crash meanwhile loses nothing.
+#[test]
+fn segments_the_store_refuses_are_tried_again_and_a_crash_meanwhile_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), Duration::from_millis(20));
+    then_crash(async {
+        let (s, store) = faulty_storage(config.clone()).await;
+        write_logged(&s, "a", "main;up", 1, 3).await;
+        s.flush().await;
+        store.set_down(true);
+        write_logged(&s, "a", "main;down", 4, 4).await;
+        // Cut and refused, more than once.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.set_down(false);
+        // Tried again within a second; the query's barrier cuts nothing new.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let want: BTreeMap<Vec<String>, i64> = [
+            (frames("main;up"), sum(1, 3)),
+            (frames("main;down"), sum(4, 4)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(stacks(&s, "a").await, want);
+        store.set_down(true);
+        write_logged(&s, "a", "main;lost?", 8, 2).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        let want: BTreeMap<Vec<String>, i64> = [
+            (frames("main;up"), sum(1, 3)),
+            (frames("main;down"), sum(4, 4)),
+            (frames("main;lost?"), sum(8, 2)),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(stacks(&s, "a").await, want);
+        assert!(stacks(&s, "b").await.is_empty());
+        s.close().await;
+    });
+}
+
+/// A record that does not decode is skipped and counted at replay; the others are stored.
+#[test]
+fn an_undecodable_record_is_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), NEVER);
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        write_logged(&s, "a", "main;ok", 1, 2).await;
+        let p = profile("api", &[(frames("main;bad"), 100)], T0);
+        s.write_logged("a", vec![p], Some(b"not a record".to_vec()))
+            .await
+            .unwrap();
+        write_logged(&s, "a", "main;ok", 3, 1).await;
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 4);
+        assert_eq!(s.metrics().log_undecodable_records.get(), 1);
+        assert_eq!(
+            stacks(&s, "a").await,
+            [(frames("main;ok"), sum(1, 3))].into_iter().collect()
+        );
+        s.close().await;
+    });
+}
+
+/// Writes without a record (formats the gateway does not log) wait for their segment, which
+/// is cut within the flush interval, not the segment interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_without_a_record_wait_for_their_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), NEVER))
+        .await
+        .unwrap();
+    s.write("a", profile("api", &[(frames("main;plain"), 4)], T0))
+        .await
+        .unwrap();
+    // Acknowledged once registered: visible to a process with no barrier (a query process).
+    let blocks = s
+        .metastore()
+        .query_blocks(kiln_storage::metastore::BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(wal_files(dir.path()), 0);
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
+/// The log refuses to start with fewer shards than it holds records of.
+#[test]
+fn a_log_of_more_shards_than_configured_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = logged_config(dir.path(), NEVER);
+    config.writer.shards = 2;
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        for i in 0..20 {
+            let service = format!("svc{i}");
+            let record = text_record("a", &service, "main", 1, T0);
+            let p = profile(&service, &[(frames("main"), 1)], T0);
+            s.write_logged("a", vec![p], Some(record)).await.unwrap();
+        }
+    });
+    config.writer.shards = 1;
+    let err = runtime()
+        .block_on(Storage::open(config.clone()))
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().contains("at least 2 shards"), "{err}");
+    config.writer.shards = 2;
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 20);
+        assert_eq!(
+            stacks(&s, "a").await,
+            [(frames("main"), 20)].into_iter().collect()
+        );
+        s.close().await;
+    });
+}
