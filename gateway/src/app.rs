@@ -7,6 +7,7 @@ pub mod budget;
 mod roles;
 mod stacks;
 mod upload_ids;
+pub mod wal;
 pub mod write;
 
 use std::sync::Arc;

@@ -10,10 +10,12 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
 use kiln_otel::labels::{AppName, parse_app_name};
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels};
+use kiln_otel::normalize::NormalizeLimits;
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
 
 use crate::app::AppRef;
 use crate::app::budget;
+use crate::app::wal::{PprofPart, Record, RecordBody};
 use crate::app::write::{blocking, decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
@@ -189,6 +191,8 @@ async fn ingest(
 
     let normalize_limits = limits.normalize();
     let max_decompressed = limits.max_decompressed_bytes;
+    // The write-ahead log's record, for the formats it takes (pprof).
+    let mut record = None;
     let (profile, decompressed) = match (format, is_multipart) {
         ("pprof", _) => {
             apply_app_labels(&mut meta, &name);
@@ -201,6 +205,13 @@ async fn ingest(
             .await?;
             share.cover(body.estimate()).await?;
             let meta = meta.clone();
+            record = Some(pprof_record(
+                &meta,
+                dotnet,
+                body.bytes(),
+                normalize_limits,
+                max_decompressed,
+            ));
             decode(body.bytes().len(), move || {
                 let (mut p, size) = pprof::decode_checked(body, max_decompressed)?;
                 if dotnet {
@@ -232,6 +243,13 @@ async fn ingest(
                 dotnet |= unknown_spy && keys.iter().any(|k| k == DOTNET_CONFIG_KEY);
                 meta.display_names = names;
             }
+            record = Some(pprof_record(
+                &meta,
+                dotnet,
+                profile.bytes(),
+                normalize_limits,
+                max_decompressed,
+            ));
             decode(profile.bytes().len(), move || {
                 let (mut p, size) = pprof::decode_checked(profile, max_decompressed)?;
                 if dotnet {
@@ -311,7 +329,26 @@ async fn ingest(
             )));
         }
     };
-    store(app, tenant, vec![profile], decompressed).await
+    store(app, tenant, vec![profile], decompressed, record).await
+}
+
+/// The write-ahead log record of one pprof upload.
+fn pprof_record(
+    meta: &IngestMeta,
+    dotnet: bool,
+    body: &Bytes,
+    limits: NormalizeLimits,
+    max_decompressed_bytes: usize,
+) -> Record {
+    Record {
+        limits,
+        max_decompressed_bytes,
+        body: RecordBody::Pprof(vec![PprofPart {
+            meta: meta.clone(),
+            dotnet,
+            body: body.clone(),
+        }]),
+    }
 }
 
 /// `name{k=v}` labels for pprof uploads: the app name is the service name unless a label says so.

@@ -27,6 +27,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, server::NamedService};
 
 use crate::app::AppRef;
+use crate::app::wal::{Record, RecordBody};
 use crate::app::write::{decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
@@ -111,13 +112,23 @@ async fn export(
     }
     let limits = app.limits(tenant).normalize();
     let decompressed_bytes = body.len();
+    let now = now_nanos();
+    let record = Record {
+        limits,
+        max_decompressed_bytes: app.limits(tenant).max_decompressed_bytes,
+        body: RecordBody::Otlp {
+            body: body.clone(),
+            json: encoding == Encoding::Json,
+            now_nanos: now,
+        },
+    };
     let converted = decode(decompressed_bytes, move || {
         let req = match encoding {
             Encoding::Json => kiln_otel::otlp_json::parse_request(&body)?,
             Encoding::Protobuf => decode_request(&body)?,
         };
         drop(body);
-        Ok(kiln_otel::otlp::convert(&req, now_nanos(), &limits)?)
+        Ok(kiln_otel::otlp::convert(&req, now, &limits)?)
     })
     .await?;
     let rejected = converted.rejected;
@@ -126,7 +137,14 @@ async fn export(
         app.tenants
             .charge_ingest(tenant, decompressed_bytes as u64)?;
     } else {
-        store(app, tenant, vec![converted.profile], decompressed_bytes).await?;
+        store(
+            app,
+            tenant,
+            vec![converted.profile],
+            decompressed_bytes,
+            Some(record),
+        )
+        .await?;
     }
     let partial_success = (!rejected.is_empty()).then(|| ExportProfilesPartialSuccess {
         rejected_profiles: rejected.len() as i64,

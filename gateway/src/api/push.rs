@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::app::AppRef;
 use crate::app::budget;
+use crate::app::wal::{PprofPart, Record, RecordBody};
 use crate::app::write::{decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
@@ -74,26 +75,47 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
     }
     share.cover(decoded).await?;
     let bytes = walked.iter().map(|w| w.bytes().len()).sum();
+    // Each series' metadata: its labels, the request's time.
+    let mut metas = Vec::with_capacity(req.series.len());
+    for (i, series) in req.series.iter_mut().enumerate() {
+        let mut labels = Labels::default();
+        for pair in std::mem::take(&mut series.labels) {
+            if pair.name.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "series {i} has a label with no name"
+                )));
+            }
+            labels.set(pair.name, pair.value);
+        }
+        labels.set_default(LABEL_SERVICE_NAME, kiln_otel::model::UNKNOWN_SERVICE);
+        metas.push(IngestMeta {
+            labels,
+            time_nanos: now,
+            ..Default::default()
+        });
+    }
+    let record = Record {
+        limits: normalize_limits,
+        max_decompressed_bytes: limits.max_decompressed_bytes,
+        body: RecordBody::Pprof(
+            req.series
+                .iter()
+                .zip(&metas)
+                .flat_map(|(series, meta)| {
+                    series.samples.iter().map(|sample| PprofPart {
+                        meta: meta.clone(),
+                        dotnet: false,
+                        body: sample.raw_profile.clone(),
+                    })
+                })
+                .collect(),
+        ),
+    };
     let profiles = decode(bytes, move || {
         let mut walked = walked.into_iter();
         let mut total = 0usize;
         let mut out = Vec::new();
-        for (i, series) in req.series.into_iter().enumerate() {
-            let mut labels = Labels::default();
-            for pair in series.labels {
-                if pair.name.is_empty() {
-                    return Err(ApiError::invalid(format!(
-                        "series {i} has a label with no name"
-                    )));
-                }
-                labels.set(pair.name, pair.value);
-            }
-            labels.set_default(LABEL_SERVICE_NAME, kiln_otel::model::UNKNOWN_SERVICE);
-            let meta = IngestMeta {
-                labels,
-                time_nanos: now,
-                ..Default::default()
-            };
+        for (i, (series, meta)) in req.series.into_iter().zip(metas).enumerate() {
             for j in 0..series.samples.len() {
                 let checked = walked.next().expect("a walk per sample");
                 let (profile, size) = pprof::decode_checked(checked, limits.max_decompressed_bytes)
@@ -113,7 +135,7 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
         Ok((out, total))
     })
     .await?;
-    store(app, tenant, profiles.0, profiles.1).await
+    store(app, tenant, profiles.0, profiles.1, Some(record)).await
 }
 
 /// `POST /push.v1.PusherService/Push`.

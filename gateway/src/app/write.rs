@@ -6,16 +6,21 @@
 use kiln_otel::model::NormalizedProfile;
 
 use crate::app::AppRef;
+use crate::app::wal::Record;
 use crate::auth::TenantId;
 use crate::error::ApiError;
 
 /// Writes normalized profiles for a tenant after its rate and series limits, the service's
-/// source version written into their mappings' build ids; returns once all are durable. `decompressed_bytes` is what the rate limit charges.
+/// source version written into their mappings' build ids; returns once all are durable.
+/// `decompressed_bytes` is what the rate limit charges. `record` is the request they were
+/// decoded from, where its format is logged: with a write-ahead log, the write is durable once
+/// the record is (ADR 0018).
 pub async fn store(
     app: &AppRef,
     tenant: &TenantId,
     mut profiles: Vec<NormalizedProfile>,
     decompressed_bytes: usize,
+    record: Option<Record>,
 ) -> Result<(), ApiError> {
     app.tenants
         .charge_ingest(tenant, decompressed_bytes as u64)?;
@@ -44,10 +49,13 @@ pub async fn store(
         .await?;
     // Stored and added in a task of its own: a request cancelled mid-flush (the client gone)
     // is still stored by the writer, and so its sums are still added.
+    let record = record
+        .filter(|_| app.storage.logs_writes())
+        .map(|r| r.encode(tenant));
     let task = {
         let (app, tenant) = (AppRef::clone(app), tenant.clone());
         let work = async move {
-            app.storage.write_all(&tenant, profiles).await?;
+            app.storage.write_logged(&tenant, profiles, record).await?;
             evaluation
                 .commit(
                     &app.storage,

@@ -328,8 +328,26 @@ pub struct StorageArgs {
     #[arg(long, env = "KILN_SHARDS")]
     pub shards: Option<u32>,
 
+    /// Where a write is acknowledged from (ADR 0018). `log`: once its request is in the
+    /// write-ahead log (`<data-dir>/wal`, one fdatasync per group of writes), its profiles cut
+    /// into a segment every `--segment-interval-ms` and the log's records replayed at start
+    /// after a crash; `store`: once the segment holding it is in the object store and the
+    /// metastore. Default: `log` on the local file system (the log shares the objects' disk),
+    /// `store` on a remote object store (where the spool takes over while the store is down).
+    /// JFR, speedscope, folded text and Parca's writes are acknowledged from the store either
+    /// way.
+    #[arg(long, env = "KILN_ACK_FROM", value_enum)]
+    pub ack_from: Option<AckFrom>,
+
+    /// With `--ack-from log`: how often, in milliseconds, a shard cuts a segment of the writes
+    /// it acknowledged from the log (sooner at `--flush-bytes`, or when a query in this process
+    /// needs them).
+    #[arg(long, env = "KILN_SEGMENT_INTERVAL_MS", default_value_t = 200)]
+    pub segment_interval_ms: u64,
+
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
-    /// that arrive during a flush are flushed together right after it (group commit).
+    /// that arrive during a flush are flushed together right after it (group commit). With
+    /// `--ack-from log`, for writes of the formats not logged.
     #[arg(long, env = "KILN_FLUSH_INTERVAL_MS", default_value_t = 50)]
     pub flush_interval_ms: u64,
 
@@ -543,6 +561,15 @@ impl ServeArgs {
         c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
         c.writer.flush_bytes = s.flush_bytes;
         c.writer.flush_linger = Duration::from_millis(s.flush_linger_ms);
+        // Only where this process writes.
+        if s.ack_from() == AckFrom::Log && self.roles().is_ok_and(|r| r.ingest) {
+            let mut log = kiln_storage::writer::LogConfig::new(
+                s.data_dir.join("wal"),
+                crate::app::wal::Records::decoder(),
+            );
+            log.segment_interval = Duration::from_millis(s.segment_interval_ms.max(1));
+            c.writer.log = Some(log);
+        }
         c.symbols_cache_bytes = s.symbols_cache_bytes;
         c.results_cache_bytes = s.results_cache_bytes;
         c.pages_cache_bytes = s.pages_cache_bytes;
@@ -568,6 +595,32 @@ impl ServeArgs {
 /// less (`kiln bench --preset small`: 0.93× the server CPU of two); against a remote store a
 /// flush waits a PUT and a PostgreSQL commit, and one shard gave 0.76× the profiles a second
 /// of two at 32 requests in flight (`--scaled-out`, docs/performance.md 2026-11-29, third).
+/// Where writes are acknowledged from (`--ack-from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AckFrom {
+    /// The write-ahead log.
+    Log,
+    /// The object store and the metastore (the segment).
+    Store,
+}
+
+impl StorageArgs {
+    /// `--ack-from`, or its default for the object store.
+    pub fn ack_from(&self) -> AckFrom {
+        self.ack_from.unwrap_or_else(|| {
+            if self
+                .object_store
+                .as_deref()
+                .is_some_and(kiln_storage::store::is_remote_url)
+            {
+                AckFrom::Store
+            } else {
+                AckFrom::Log
+            }
+        })
+    }
+}
+
 fn default_shards(object_store: Option<&str>) -> u32 {
     if object_store.is_some_and(kiln_storage::store::is_remote_url) {
         2
