@@ -23,7 +23,7 @@ const MAX_INFLATED: usize = 16 << 20;
 const NOW_NANOS: i64 = 1_700_000_000_000_000_000;
 
 /// Every fuzz entry, by the name its `cargo fuzz` target has.
-pub const ENTRIES: [(&str, fn(&[u8])); 9] = [
+pub const ENTRIES: [(&str, fn(&[u8])); 10] = [
     ("pprof", pprof),
     ("otlp_protobuf", otlp_protobuf),
     ("otlp_json", otlp_json),
@@ -33,6 +33,7 @@ pub const ENTRIES: [(&str, fn(&[u8])); 9] = [
     ("parca_arrow", parca_arrow),
     ("push", push),
     ("parca_raw", parca_raw),
+    ("record", record),
 ];
 
 fn meta() -> IngestMeta {
@@ -173,4 +174,13 @@ pub fn parca_raw(data: &[u8]) {
             pprof(&sample.raw_profile);
         }
     }
+}
+
+/// A write-ahead log record ([`crate::record`]), read back and decoded as a replay does.
+pub fn record(data: &[u8]) {
+    let Ok((_, mut r)) = crate::record::Record::decode(data) else {
+        return;
+    };
+    r.max_decompressed_bytes = r.max_decompressed_bytes.min(MAX_INFLATED);
+    let _ = r.profiles();
 }

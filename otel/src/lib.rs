@@ -30,6 +30,7 @@ pub mod otlp;
 pub mod otlp_json;
 pub mod parca;
 pub mod pprof;
+pub mod record;
 pub mod speedscope;
 
 pub use error::{Error, Result};

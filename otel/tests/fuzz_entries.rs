@@ -103,6 +103,11 @@ fn parca_raw() {
 }
 
 #[test]
+fn record() {
+    run("record");
+}
+
+#[test]
 fn every_entry_is_tested() {
     let names: Vec<&str> = ENTRIES.iter().map(|(n, _)| *n).collect();
     assert_eq!(
@@ -116,7 +121,8 @@ fn every_entry_is_tested() {
             "folded",
             "parca_arrow",
             "push",
-            "parca_raw"
+            "parca_raw",
+            "record"
         ]
     );
 }

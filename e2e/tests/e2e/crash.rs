@@ -1,7 +1,9 @@
 //! Crash safety: `kiln` is killed with SIGKILL at random moments while clients ingest and the
 //! compactor merges, then started again. Every acknowledged profile is present exactly once,
 //! nothing is duplicated, another tenant's data is untouched, and once the sweeper's grace
-//! period has passed no half-written object is left.
+//! period has passed no half-written object is left. One client sends folded text (acknowledged
+//! once its segment is registered), the other pprof (acknowledged from the write-ahead log,
+//! ADR 0018: replayed after each kill).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -79,12 +81,18 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
                         .expect("a client");
                     for i in 0.. {
                         let name = format!("t{trial}w{w}n{i}");
+                        let (format, body) = if w == 0 {
+                            ("", format!("main;{name} 1\n").into_bytes())
+                        } else {
+                            ("&format=pprof", cpu_pprof(&name))
+                        };
                         let r = http
                             .post(format!(
-                                "http://127.0.0.1:{port}/ingest?name=crash.cpu&from=1700000000"
+                                "http://127.0.0.1:{port}/ingest?name=crash.cpu&from=1700000000\
+                                 {format}"
                             ))
                             .header("X-Scope-OrgID", "crash")
-                            .body(format!("main;{name} 1\n"))
+                            .body(body)
                             .send();
                         match r {
                             Ok(r) if r.status().is_success() => {
@@ -149,6 +157,10 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
         "no compaction ran while the trials killed kiln"
     );
     let log = kiln.log_text();
+    ensure!(
+        log.contains("write-ahead log replayed"),
+        "no kill left a write-ahead log to replay"
+    );
     eprintln!(
         "{TRIALS} SIGKILL trials: {} writes acknowledged, {} cut off; {} compaction jobs done, \
          {} orphan objects swept, {} interrupted uploads removed",
@@ -158,6 +170,10 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
         log.matches("orphan object deleted").count(),
         log.matches("interrupted uploads and compactions removed")
             .count(),
+    );
+    eprintln!(
+        "write-ahead log: {} replays after a kill",
+        log.matches("write-ahead log replayed").count()
     );
 
     // Past the grace period (2 s) and a sweep (every second), the sweeper has removed what the
@@ -214,6 +230,46 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
     kiln.assert_tenant_empty("nobody")?;
     Ok(())
+}
+
+/// A CPU pprof of one sample (10 ms at 100 Hz) of the stack `main;leaf`.
+fn cpu_pprof(leaf: &str) -> Vec<u8> {
+    use kiln_proto::google::v1 as pb;
+    let strings = ["", "cpu", "nanoseconds", "main", leaf];
+    let location = |id: u64| pb::Location {
+        id,
+        line: vec![pb::Line {
+            function_id: id,
+            line: 1,
+        }],
+        ..Default::default()
+    };
+    let profile = pb::Profile {
+        string_table: strings.map(String::from).to_vec(),
+        sample_type: vec![pb::ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(pb::ValueType { r#type: 1, unit: 2 }),
+        period: ONE,
+        function: vec![
+            pb::Function {
+                id: 1,
+                name: 3,
+                ..Default::default()
+            },
+            pb::Function {
+                id: 2,
+                name: 4,
+                ..Default::default()
+            },
+        ],
+        location: vec![location(1), location(2)],
+        sample: vec![pb::Sample {
+            location_id: vec![2, 1],
+            value: vec![ONE],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    kiln_otel::pprof::encode(&profile)
 }
 
 /// Files a crash can leave: staged uploads (`…#N`) and compaction scratch files (`….part`).

@@ -28,11 +28,24 @@ pub fn seeds(entry: &str, corpus: Option<&Path>) -> Vec<Vec<u8>> {
         "parca_arrow" => parca_arrow(),
         "push" => vec![push()],
         "parca_raw" => vec![parca_raw_of(pprof())],
+        "record" => vec![
+            record_of_pprof(pprof()),
+            record_of(crate::record::RecordBody::Otlp {
+                body: otlp().encode_to_vec().into(),
+                json: false,
+                now_nanos: 1_700_000_000_000_000_000,
+            }),
+            record_of(crate::record::RecordBody::Otlp {
+                body: OTLP_JSON.as_bytes().to_vec().into(),
+                json: true,
+                now_nanos: 1_700_000_000_000_000_000,
+            }),
+        ],
         other => panic!("no fuzz entry {other}"),
     };
     if let Some(dir) = corpus {
         let (sub, keep): (&str, fn(&str) -> bool) = match entry {
-            "pprof" | "push" | "parca_raw" => ("pprof", |_| true),
+            "pprof" | "push" | "parca_raw" | "record" => ("pprof", |_| true),
             "otlp_protobuf" => ("otlp", |n| n.ends_with(".bin")),
             "otlp_json" => ("otlp", |n| n.ends_with(".json")),
             "jfr" => ("jfr", |n| n.ends_with(".jfr.gz")),
@@ -54,6 +67,7 @@ pub fn seeds(entry: &str, corpus: Option<&Path>) -> Vec<Vec<u8>> {
             out.push(match entry {
                 "push" => push_of(data),
                 "parca_raw" => parca_raw_of(data),
+                "record" => record_of_pprof(data),
                 _ => data,
             });
         }
@@ -425,4 +439,32 @@ fn parca_arrow() -> Vec<Vec<u8>> {
         parca::ipc(&parca::v1_sample_record(&samples, &ty), false),
         parca::ipc(&parca::v2_sample_record(&samples, &ty), true),
     ]
+}
+
+/// A write-ahead log record of `body`, with the default limits.
+fn record_of(body: crate::record::RecordBody) -> Vec<u8> {
+    crate::record::Record {
+        limits: crate::normalize::NormalizeLimits::default(),
+        max_decompressed_bytes: 16 << 20,
+        body,
+    }
+    .encode("tenant")
+}
+
+/// A write-ahead log record of one pprof upload with labels and display names.
+fn record_of_pprof(data: Vec<u8>) -> Vec<u8> {
+    let mut meta = crate::normalize::IngestMeta {
+        time_nanos: 1_700_000_000_000_000_000,
+        duration_nanos: 10_000_000_000,
+        ..Default::default()
+    };
+    meta.labels.set("service_name".into(), "fuzz".into());
+    meta.display_names.insert("samples".into(), "cpu".into());
+    record_of(crate::record::RecordBody::Pprof(vec![
+        crate::record::PprofPart {
+            meta,
+            dotnet: false,
+            body: data.into(),
+        },
+    ]))
 }
