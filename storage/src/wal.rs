@@ -189,6 +189,7 @@ impl Log {
             .skip(1)
             .map(|(first, _)| *first)
             .chain([self.next_seq])
+            .take(self.files.len())
             .collect();
         let done = ends.iter().take_while(|&&end| end <= seq + 1).count();
         for (_, path) in self.files.drain(..done) {
@@ -386,6 +387,9 @@ mod tests {
         assert_eq!(payloads(&replay), [(4, "4".into()), (5, "5".into())]);
         assert_eq!(log.release_through(5).unwrap(), 1);
         assert_eq!(log.files().count(), 0);
+        // Releasing with no file left (a segment of writes without records) deletes nothing.
+        assert_eq!(log.release_through(5).unwrap(), 0);
+        assert_eq!(log.release_through(9).unwrap(), 0);
         // After every file is gone the numbers go on.
         assert_eq!(log.append([rec("6")]).unwrap(), 6);
         drop(log);

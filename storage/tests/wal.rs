@@ -254,6 +254,17 @@ async fn writes_without_a_record_wait_for_their_segment() {
         .unwrap();
     assert_eq!(blocks.len(), 1);
     assert_eq!(wal_files(dir.path()), 0);
+    // The shard goes on taking both kinds.
+    s.write("a", profile("api", &[(frames("main;plain"), 1)], T0))
+        .await
+        .unwrap();
+    write_logged(&s, "a", "main;logged", 1, 2).await;
+    assert_eq!(
+        stacks(&s, "a").await,
+        [(frames("main;plain"), 5), (frames("main;logged"), 3)]
+            .into_iter()
+            .collect()
+    );
     assert!(stacks(&s, "b").await.is_empty());
     s.close().await;
 }

@@ -37,6 +37,8 @@ use crate::{Error, ErrorKind, Result};
 const RETRY: Duration = Duration::from_secs(1);
 /// Unregistered segments' bytes, in `flush_bytes`, past which new writes are refused.
 const BACKLOG_FLUSHES: usize = 4;
+/// A group of records this large is appended even while more writes wait.
+const GROUP_BYTES: usize = 8 << 20;
 
 /// A segment waiting to be registered, with what it answers.
 struct Unpublished {
@@ -47,6 +49,8 @@ struct Unpublished {
     /// Writes that wait for the segment (those not acknowledged from the log).
     acks: Vec<Ack>,
     attempts: u32,
+    /// When the segment was cut.
+    started: Instant,
 }
 
 struct Shard {
@@ -65,6 +69,7 @@ struct Shard {
     cut_at: Option<tokio::time::Instant>,
     /// Records of buffered writes not yet appended, and the writes they acknowledge.
     records: Vec<Vec<u8>>,
+    record_bytes: usize,
     waiting: Vec<(String, Ack)>,
     /// The last record appended whose write is buffered (or in a segment).
     logged_through: u64,
@@ -108,6 +113,7 @@ pub(super) async fn run(
         size: 0,
         cut_at: None,
         records: Vec::new(),
+        record_bytes: 0,
         waiting: Vec::new(),
         logged_through: checkpoint,
         recorded: checkpoint,
@@ -221,8 +227,9 @@ impl Shard {
 
     async fn run(&mut self, rx: &mut mpsc::Receiver<Command>) {
         loop {
-            // A group of records is appended once no more writes wait.
-            if !self.records.is_empty() && rx.is_empty() {
+            // A group of records is appended once no more writes wait, or once it is large
+            // (under a stream that never pauses, its writes would otherwise wait for the cut).
+            if !self.records.is_empty() && (rx.is_empty() || self.record_bytes >= GROUP_BYTES) {
                 self.commit();
             }
             let wake = match (self.cut_at, self.retry_at) {
@@ -340,6 +347,7 @@ impl Shard {
             return;
         }
         let records = std::mem::take(&mut self.records);
+        self.record_bytes = 0;
         let log = &mut self.log;
         let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
         let metrics = self.ctx.store.metrics();
@@ -374,6 +382,7 @@ impl Shard {
     /// Builds a segment of what the shard buffers and registers it (after any segments
     /// waiting before it).
     async fn cut(&mut self) {
+        let started = Instant::now();
         self.buffered.store(false, Ordering::Release);
         self.cut_at = None;
         self.size = 0;
@@ -407,6 +416,7 @@ impl Shard {
                         through: self.logged_through,
                         acks,
                         attempts: 0,
+                        started,
                     });
                 }
             }
@@ -434,7 +444,7 @@ impl Shard {
     async fn publish(&mut self) {
         self.retry_at = None;
         while let Some(u) = self.backlog.front_mut() {
-            let started = Instant::now();
+            let started = u.started;
             let checkpoint = LogCheckpoint {
                 log: self.name.clone(),
                 seq: u.through,
