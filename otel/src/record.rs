@@ -69,13 +69,21 @@ pub struct PprofPart {
 }
 
 impl Record {
+    /// The bytes of the bodies it holds.
+    pub fn body_bytes(&self) -> usize {
+        match &self.body {
+            RecordBody::Pprof(parts) => parts.iter().map(|p| p.body.len()).sum(),
+            RecordBody::Otlp { body, .. } => body.len(),
+        }
+    }
+
     /// The record of `tenant`'s write.
     pub fn encode(&self, tenant: &str) -> Vec<u8> {
-        let body_bytes = match &self.body {
-            RecordBody::Pprof(parts) => parts.iter().map(|p| p.body.len() + 64).sum(),
-            RecordBody::Otlp { body, .. } => body.len(),
+        let parts = match &self.body {
+            RecordBody::Pprof(parts) => parts.len(),
+            RecordBody::Otlp { .. } => 1,
         };
-        let mut out = Vec::with_capacity(body_bytes + 128);
+        let mut out = Vec::with_capacity(self.body_bytes() + 64 * parts + 128);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(match self.body {

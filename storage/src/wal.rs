@@ -32,6 +32,8 @@ const VERSION: u16 = 1;
 const HEADER_BYTES: usize = 16;
 const FRAME_BYTES: usize = 16;
 const EXTENSION: &str = "kwal";
+/// The group buffer's capacity kept between appends.
+const KEEP_BUFFER_BYTES: usize = 8 << 20;
 
 /// What an opened log held above the checkpoint.
 #[derive(Debug, Default)]
@@ -143,6 +145,10 @@ impl Log {
             return Err(e);
         }
         *len += self.buf.len() as u64;
+        if self.buf.capacity() > KEEP_BUFFER_BYTES {
+            // A rare large group's buffer is not kept for the process's life.
+            self.buf = Vec::new();
+        }
         Ok(seq - 1)
     }
 

@@ -301,3 +301,23 @@ fn a_log_of_more_shards_than_configured_is_refused() {
         s.close().await;
     });
 }
+
+/// A write stays behind the barrier until its segment is registered, not only until it is cut:
+/// a query that comes while its segment waits for the store tries the segment again, and sees
+/// the write once the store takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_waits_for_a_segment_cut_but_not_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, store) = faulty_storage(logged_config(dir.path(), Duration::from_millis(10))).await;
+    store.set_down(true);
+    write_logged(&s, "a", "main;late", 1, 3).await;
+    // Cut and refused; the next try is a second away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.set_down(false);
+    assert_eq!(
+        stacks(&s, "a").await,
+        [(frames("main;late"), sum(1, 3))].into_iter().collect()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}

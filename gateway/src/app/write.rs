@@ -50,7 +50,7 @@ pub async fn store(
     // Stored and added in a task of its own: a request cancelled mid-flush (the client gone)
     // is still stored by the writer, and so its sums are still added.
     let record = record
-        .filter(|_| app.storage.logs_writes())
+        .filter(|r| app.storage.logs_writes() && r.body_bytes() <= MAX_RECORD_BYTES)
         .map(|r| r.encode(tenant));
     let task = {
         let (app, tenant) = (AppRef::clone(app), tenant.clone());
@@ -73,6 +73,11 @@ pub async fn store(
     app.metrics.stored(tenant, series, samples);
     Ok(())
 }
+
+/// Writes whose bodies (as decoded) are larger than this are acknowledged once their segment
+/// is registered rather than from the write-ahead log: their record would hold a second copy of
+/// a large body in memory until appended (an amplified body inflates to tens of megabytes).
+pub(crate) const MAX_RECORD_BYTES: usize = 4 << 20;
 
 /// Bodies up to this size (uncompressed) are decoded and normalized on the request's own task
 /// ([`decode`]): at about 50 instructions a byte that is ~0.2 ms for the ~15 kB of an SDK's

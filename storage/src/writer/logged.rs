@@ -51,6 +51,8 @@ struct Unpublished {
     attempts: u32,
     /// When the segment was cut.
     started: Instant,
+    /// Its `storage.flush` span, from the cut to its registration.
+    span: tracing::Span,
 }
 
 struct Shard {
@@ -60,7 +62,8 @@ struct Shard {
     log: Log,
     name: String,
     interval: Duration,
-    /// Set while the shard buffers writes a barrier must cut ([`super::Writer::barrier`]).
+    /// Set from a write's buffering until its segment is registered: a barrier
+    /// ([`super::Writer::barrier`]) must then cut it, or wait for the cut under way.
     buffered: Arc<AtomicBool>,
     pending: BTreeMap<String, Pending>,
     hints: Hints,
@@ -383,12 +386,13 @@ impl Shard {
     /// waiting before it).
     async fn cut(&mut self) {
         let started = Instant::now();
-        self.buffered.store(false, Ordering::Release);
         self.cut_at = None;
         self.size = 0;
         let pending = std::mem::take(&mut self.pending);
         if pending.is_empty() && !self.needs_checkpoint() {
-            // Nothing new since the last segment; what waits is tried on its timer.
+            // Nothing new since the last segment; what waits for the store is tried now (a
+            // barrier's cut: its query needs it).
+            self.publish().await;
             return;
         }
         self.hints = pending
@@ -406,7 +410,7 @@ impl Shard {
             bytes = tracing::field::Empty,
         );
         let built = build_segment(self.id, &self.ctx, builders)
-            .instrument(span)
+            .instrument(span.clone())
             .await;
         match built {
             Ok(built) => {
@@ -417,6 +421,7 @@ impl Shard {
                         acks,
                         attempts: 0,
                         started,
+                        span,
                     });
                 }
             }
@@ -449,13 +454,7 @@ impl Shard {
                 log: self.name.clone(),
                 seq: u.through,
             };
-            let span = tracing::info_span!(
-                "storage.flush",
-                shard = self.id,
-                writes = u.acks.len(),
-                rows = tracing::field::Empty,
-                bytes = tracing::field::Empty,
-            );
+            let span = u.span.clone();
             let result = match &mut u.built {
                 Some(built) => {
                     publish_segment(&self.ctx, built, false, Some(&checkpoint))
@@ -503,6 +502,11 @@ impl Shard {
                     return;
                 }
             }
+        }
+        // Every write acknowledged is in a registered segment (the shard takes no write while
+        // it cuts and publishes): a barrier has nothing to wait for until the next.
+        if self.pending.is_empty() {
+            self.buffered.store(false, Ordering::Release);
         }
     }
 }
