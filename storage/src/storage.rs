@@ -322,6 +322,8 @@ impl Storage {
     /// Erases every block of `tenant`: its index entries at once (no query sees them after
     /// this), its objects once no other tenant's entry needs them. Returns entries removed.
     pub async fn delete_tenant(&self, tenant: &str) -> Result<usize> {
+        // Writes acknowledged from the log are registered first, so they are deleted too.
+        self.writer.barrier().await;
         let removed = self.metastore.delete_tenant(tenant, now_ms(), 0).await?;
         self.collect_garbage(now_ms()).await?;
         for doc in self.store.list(&tenant_documents(tenant)).await? {
@@ -527,6 +529,7 @@ impl Storage {
 
     /// Bytes stored for `tenant` (its datasets), from the metastore's partition summaries.
     pub async fn stored_bytes(&self, tenant: &str) -> Result<u64> {
+        self.writer.barrier().await;
         Ok(self
             .metastore
             .partitions(tenant)
