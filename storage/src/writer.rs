@@ -10,6 +10,10 @@
 //! store is what failed and the spool ([`crate::spool`]) has room: then the segment is spooled
 //! on local disk, the writes are acknowledged, and the spool's drainer (a task of this writer)
 //! puts and registers it once the store answers again.
+//!
+//! With a write-ahead log ([`WriterConfig::log`], ADR 0018) the shards are [`logged`]'s
+//! instead: a write that carries a record is acknowledged once the record is in the log, and
+//! segments are cut by time, size and queries' barriers.
 
 mod logged;
 

@@ -28,3 +28,4 @@ mod spool;
 mod symbolize;
 mod traces;
 mod ui;
+mod wal;
