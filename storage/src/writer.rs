@@ -530,17 +530,7 @@ async fn run_shard(
     let mut quiet_at: Option<tokio::time::Instant> = None;
     let mut arrivals = Arrivals::new(&config);
     loop {
-        let wake = match (flush_at, quiet_at) {
-            (Some(a), Some(q)) => Some(a.min(q)),
-            (a, q) => a.or(q),
-        };
-        let cmd = match wake {
-            None => rx.recv().await,
-            Some(at) => tokio::select! {
-                cmd = rx.recv() => cmd,
-                () = tokio::time::sleep_until(at) => Some(Command::Tick),
-            },
-        };
+        let cmd = next_command(&mut rx, flush_at, quiet_at).await;
         match cmd {
             Some(Command::Write {
                 tenant,
@@ -635,6 +625,26 @@ async fn run_shard(
                 break;
             }
         }
+    }
+}
+
+/// A shard's next command, or [`Command::Tick`] at the earlier of two deadlines (none: wait
+/// for a command).
+async fn next_command(
+    rx: &mut mpsc::Receiver<Command>,
+    a: Option<tokio::time::Instant>,
+    b: Option<tokio::time::Instant>,
+) -> Option<Command> {
+    let wake = match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    match wake {
+        None => rx.recv().await,
+        Some(at) => tokio::select! {
+            cmd = rx.recv() => cmd,
+            () = tokio::time::sleep_until(at) => Some(Command::Tick),
+        },
     }
 }
 

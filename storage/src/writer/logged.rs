@@ -27,7 +27,7 @@ use tracing::{Instrument, debug, error, info, warn};
 
 use super::{
     Ack, Built, Command, FlushContext, Hints, LogConfig, Pending, WriterConfig, buffer,
-    build_segment, observe_flush, publish_segment,
+    build_segment, next_command, observe_flush, publish_segment,
 };
 use crate::metastore::LogCheckpoint;
 use crate::wal::Log;
@@ -235,17 +235,7 @@ impl Shard {
             if !self.records.is_empty() && (rx.is_empty() || self.record_bytes >= GROUP_BYTES) {
                 self.commit();
             }
-            let wake = match (self.cut_at, self.retry_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let cmd = match wake {
-                None => rx.recv().await,
-                Some(at) => tokio::select! {
-                    cmd = rx.recv() => cmd,
-                    () = tokio::time::sleep_until(at) => Some(Command::Tick),
-                },
-            };
+            let cmd = next_command(rx, self.cut_at, self.retry_at).await;
             match cmd {
                 Some(Command::Write {
                     tenant,
