@@ -334,8 +334,8 @@ pub struct StorageArgs {
     /// after a crash; `store`: once the segment holding it is in the object store and the
     /// metastore. Default: `log` on the local file system (the log shares the objects' disk),
     /// `store` on a remote object store (where the spool takes over while the store is down).
-    /// JFR, speedscope, folded text and Parca's writes are acknowledged from the store either
-    /// way.
+    /// JFR, speedscope, folded text, Parca's writes and bodies past 4 MiB are acknowledged from
+    /// the store either way.
     #[arg(long, env = "KILN_ACK_FROM", value_enum)]
     pub ack_from: Option<AckFrom>,
 
