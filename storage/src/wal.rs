@@ -1,8 +1,9 @@
 //! A write shard's write-ahead log (ADR 0018; [`crate::writer`]'s logged shards): records
 //! appended and synced in groups, read back after a restart above a checkpoint, and deleted by
-//! whole files once a registered segment holds them. A record is opaque here: ADR 0018 has it
-//! be a request as the gateway received it: encoding the normalized profiles again took
-//! 13.6–19.3 % of the server's CPU in the variants profiled (docs/performance.md, 2026-11-30).
+//! whole files once a registered segment holds them. A record is opaque here: the gateway's are
+//! a request's body as its decoder read it, with what decoding took from the request
+//! (`kiln_otel::record`), since encoding the normalized profiles again took 13.6–19.3 % of the
+//! server's CPU in the variants profiled (docs/performance.md, 2026-11-30).
 //!
 //! A log is a directory of files named by the sequence number of their first record
 //! (`00000000000000000001.kwal`), each a header and frames:
