@@ -31,13 +31,14 @@ mod scan;
 mod series;
 mod stacks;
 pub mod tree;
+pub(crate) mod unregistered;
 
 use std::sync::Arc;
 
 use kiln_otel::model::LABEL_SERVICE_NAME;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
-use crate::meta::EntryKey;
+use crate::meta::{BlockMeta, EntryKey};
 use crate::metastore::{BlockQuery, Metastore, SeriesMeta};
 use crate::rollup::Source;
 use crate::selector::{MatchOp, Selector};
@@ -264,16 +265,26 @@ impl QueryEngine {
     }
 
     /// Has every query of this engine (and its clones) first cut what the writer of this
-    /// process acknowledged from its log and buffers.
+    /// process acknowledged from its log and buffers, and read what it has not registered yet.
     pub(crate) fn set_write_barrier(&self, barrier: crate::writer::WriteBarrier) {
         let _ = self.barrier.set(barrier);
     }
 
-    /// Waits for the writer's barrier, where there is one: every write acknowledged before
-    /// this call is then in a registered block.
-    pub(crate) async fn write_barrier(&self) {
-        if let Some(b) = self.barrier.get() {
-            b.wait().await;
+    /// The blocks matching `query`: after the writer's barrier, where there is one, the
+    /// metastore's and those the writer built and has not registered yet (every write
+    /// acknowledged before this call is in one of them).
+    pub(crate) async fn query_blocks(
+        &self,
+        query: BlockQuery<'_>,
+    ) -> crate::Result<Vec<Arc<BlockMeta>>> {
+        match self.barrier.get() {
+            None => self.metastore.query_blocks(query).await,
+            Some(b) => {
+                b.wait().await;
+                b.unregistered()
+                    .query_blocks(self.metastore.as_ref(), query)
+                    .await
+            }
         }
     }
 }

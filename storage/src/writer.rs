@@ -34,6 +34,7 @@ use crate::meta::{BlockMeta, Clock, object_path};
 use crate::metastore::{LogCheckpoint, Metastore};
 use crate::metrics::OutcomeLabels;
 use crate::query::QueryEngine;
+use crate::query::unregistered::Unregistered;
 use crate::spool::Spool;
 use crate::store::ObjectStorage;
 use crate::symbols::SymbolTable;
@@ -209,7 +210,13 @@ enum Command {
         record: Option<Vec<u8>>,
         ack: Ack,
     },
+    /// Cut and register what the shard buffers, and answer once it is registered.
     Flush {
+        done: oneshot::Sender<()>,
+    },
+    /// A query's barrier: cut what the shard buffers into a segment its queries can read
+    /// ([`Unregistered`]), and answer before it is registered.
+    Barrier {
         done: oneshot::Sender<()>,
     },
     Close {
@@ -266,6 +273,9 @@ struct FlushContext {
     /// The query engine whose symbol cache gets each registered segment's symbols (where this
     /// process answers queries).
     warm: Option<QueryEngine>,
+    /// Segments a logged shard built and has not registered yet, read by this process's
+    /// queries ([`Unregistered`]).
+    unregistered: Arc<Unregistered>,
 }
 
 /// How often the drainer looks at the spool.
@@ -286,6 +296,7 @@ impl Writer {
             clock: config.clock.clone(),
             spool,
             warm,
+            unregistered: Arc::default(),
         });
         let mut tasks = Vec::new();
         let drainer = ctx.spool.as_ref().map(|_| {
@@ -354,10 +365,14 @@ impl Writer {
     }
 
     /// Cuts a segment of every write a shard acknowledged from its log and still buffers, and
-    /// waits for it: a query that follows sees every write acknowledged before it began.
-    /// Nothing to do without a log, or when nothing is buffered.
+    /// waits until it and every segment before it are registered: what reads the metastore
+    /// next (a deletion, the bytes stored) sees every write acknowledged before this call.
+    /// Nothing to do without a log. (A query's barrier does not wait for the registration:
+    /// [`WriteBarrier`].)
     pub async fn barrier(&self) {
-        self.barrier_handle().wait().await;
+        if self.logged {
+            self.flush().await;
+        }
     }
 
     fn barrier_handle(&self) -> WriteBarrier {
@@ -368,6 +383,7 @@ impl Writer {
                 .map(mpsc::Sender::downgrade)
                 .zip(self.buffered.iter().cloned())
                 .collect(),
+            unregistered: Arc::clone(&self.ctx.unregistered),
         }
     }
 
@@ -446,15 +462,19 @@ impl Writer {
     }
 }
 
-/// What a query engine holds of the writer in its process ([`Writer::barrier`]): the shards'
-/// queues (weakly: the writer's own handles keep them open) and their buffered flags.
+/// What a query engine holds of the writer in its process: the shards' queues (weakly: the
+/// writer's own handles keep them open), their buffered flags, and the segments built and not
+/// yet registered.
 #[derive(Debug, Clone)]
 pub(crate) struct WriteBarrier {
     shards: Vec<(mpsc::WeakSender<Command>, Arc<AtomicBool>)>,
+    unregistered: Arc<Unregistered>,
 }
 
 impl WriteBarrier {
-    /// [`Writer::barrier`].
+    /// Has every shard that buffers writes cut them into a segment, and waits for the cuts
+    /// (not their registration): every write acknowledged before this call is then in a
+    /// registered block or in [`Self::unregistered`].
     pub(crate) async fn wait(&self) {
         let mut waits = Vec::new();
         for (shard, buffered) in &self.shards {
@@ -465,13 +485,18 @@ impl WriteBarrier {
                 continue;
             };
             let (done, wait) = oneshot::channel();
-            if shard.send(Command::Flush { done }).await.is_ok() {
+            if shard.send(Command::Barrier { done }).await.is_ok() {
                 waits.push(wait);
             }
         }
         for w in waits {
             let _ = w.await;
         }
+    }
+
+    /// The segments built and not yet registered.
+    pub(crate) fn unregistered(&self) -> &Unregistered {
+        &self.unregistered
     }
 }
 
@@ -544,7 +569,7 @@ async fn run_shard(
                 quiet_at = arrivals.arrive(now).map(|quiet| now + quiet);
             }
             Some(Command::Tick) => {}
-            Some(Command::Flush { done }) => {
+            Some(Command::Flush { done } | Command::Barrier { done }) => {
                 flush(shard, &ctx, &mut pending, &mut hints).await;
                 (size, flush_at, quiet_at) = (0, None, None);
                 let _ = done.send(());
@@ -608,7 +633,7 @@ async fn run_shard(
                 }
             }
             match control {
-                Some(Command::Flush { done }) => {
+                Some(Command::Flush { done } | Command::Barrier { done }) => {
                     flush(shard, &ctx, &mut pending, &mut hints).await;
                     size = 0;
                     let _ = done.send(());
@@ -867,7 +892,20 @@ async fn publish_segment(
         }
         Err(e) => return Err(e),
     }
-    // Before the blocks are visible: a query that finds them finds their symbols cached.
+    warm(ctx, built).await;
+    match checkpoint {
+        None => ctx.metastore.add_blocks(built.metas.clone()).await,
+        Some(c) => {
+            ctx.metastore
+                .add_blocks_checkpointed(built.metas.clone(), c)
+                .await
+        }
+    }
+}
+
+/// Gives the query engine what it reads first of a segment's blocks, before they are visible:
+/// a query that finds them finds their symbols cached. Once per segment.
+async fn warm(ctx: &FlushContext, built: &mut Built) {
     if let Some(query) = &ctx.warm {
         for (meta, (table, metadata)) in built.metas.iter().zip(std::mem::take(&mut built.warmed)) {
             query.warm_object(meta, &built.object);
@@ -875,14 +913,6 @@ async fn publish_segment(
             if let Some(metadata) = metadata {
                 query.warm_samples_metadata(meta, metadata).await;
             }
-        }
-    }
-    match checkpoint {
-        None => ctx.metastore.add_blocks(built.metas.clone()).await,
-        Some(c) => {
-            ctx.metastore
-                .add_blocks_checkpointed(built.metas.clone(), c)
-                .await
         }
     }
 }

@@ -85,7 +85,8 @@ fn acknowledged_writes_are_read_at_once_and_survive_a_crash_exactly_once() {
             stacks(&s, "a").await,
             [(frames("main;first"), sum(1, 10))].into_iter().collect()
         );
-        // Registered: their log files are gone.
+        // Registered (the query reads them before): their log files are gone.
+        s.barrier().await;
         assert_eq!(wal_files(dir.path()), 0);
         // Acknowledged from the log only, then the crash.
         write_logged(&s, "a", "main;second", 11, 5).await;
@@ -302,22 +303,94 @@ fn a_log_of_more_shards_than_configured_is_refused() {
     });
 }
 
-/// A write stays behind the barrier until its segment is registered, not only until it is cut:
-/// a query that comes while its segment waits for the store tries the segment again, and sees
-/// the write once the store takes it.
+/// A query reads a segment its barrier cut before it is registered, from memory: while the
+/// store refuses it, and while the store holds its put. Once it is registered the query reads
+/// it from the store, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_query_waits_for_a_segment_cut_but_not_registered() {
+async fn a_query_reads_a_segment_cut_but_not_registered() {
     let dir = tempfile::tempdir().unwrap();
     let (s, store) = faulty_storage(logged_config(dir.path(), Duration::from_millis(10))).await;
     store.set_down(true);
     write_logged(&s, "a", "main;late", 1, 3).await;
     // Cut and refused; the next try is a second away.
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let late: BTreeMap<Vec<String>, i64> =
+        [(frames("main;late"), sum(1, 3))].into_iter().collect();
+    assert_eq!(stacks(&s, "a").await, late);
+    assert!(stacks(&s, "b").await.is_empty());
     store.set_down(false);
-    assert_eq!(
-        stacks(&s, "a").await,
-        [(frames("main;late"), sum(1, 3))].into_iter().collect()
+    s.barrier().await;
+    assert_eq!(wal_files(dir.path()), 0);
+    assert_eq!(stacks(&s, "a").await, late);
+
+    // A put that hangs (the segment cut within 10 ms): the shard waits on it, its queries
+    // do not.
+    store.hold_puts.store(true, std::sync::atomic::Ordering::SeqCst);
+    let s2 = s.clone();
+    let more = tokio::spawn(async move { write_logged(&s2, "a", "main;held", 1, 1).await });
+    tokio::time::timeout(Duration::from_secs(10), more)
+        .await
+        .expect("acknowledged from the log while the store holds the put")
+        .unwrap();
+    let want: BTreeMap<Vec<String>, i64> = [
+        (frames("main;late"), sum(1, 3)),
+        (frames("main;held"), 1),
+    ]
+    .into_iter()
+    .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(store.held_puts.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    let read = tokio::time::timeout(Duration::from_secs(10), stacks(&s, "a"))
+        .await
+        .expect("a query does not wait for a held put");
+    assert_eq!(read, want);
+    assert!(stacks(&s, "b").await.is_empty());
+    store.hold_puts.store(false, std::sync::atomic::Ordering::SeqCst);
+    s.barrier().await;
+    assert_eq!(stacks(&s, "a").await, want);
+    s.close().await;
+}
+
+/// Queries racing a stream of writes, their segments' cuts and registrations: each sees every
+/// write acknowledged before it began, and none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_racing_cuts_and_registrations_see_each_write_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), Duration::from_millis(3)))
+        .await
+        .unwrap();
+    let (sent, acked, done) = (
+        Arc::new(AtomicI64::new(0)),
+        Arc::new(AtomicI64::new(0)),
+        Arc::new(AtomicBool::new(false)),
     );
+    let writer = {
+        let (s, sent, acked, done) = (s.clone(), sent.clone(), acked.clone(), done.clone());
+        tokio::spawn(async move {
+            for i in 1..=400 {
+                sent.fetch_add(i, Ordering::SeqCst);
+                write_logged(&s, "a", "main;w", i, 1).await;
+                acked.fetch_add(i, Ordering::SeqCst);
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    let mut queries = 0;
+    while !done.load(Ordering::SeqCst) {
+        let floor = acked.load(Ordering::SeqCst);
+        let got = stacks(&s, "a").await.values().sum::<i64>();
+        let ceiling = sent.load(Ordering::SeqCst);
+        assert!(
+            (floor..=ceiling).contains(&got),
+            "read {got}, acknowledged {floor}, sent {ceiling}"
+        );
+        queries += 1;
+    }
+    writer.await.unwrap();
+    assert!(queries > 10, "{queries} queries");
+    assert_eq!(stacks(&s, "a").await.values().sum::<i64>(), sum(1, 400));
     assert!(stacks(&s, "b").await.is_empty());
     s.close().await;
 }

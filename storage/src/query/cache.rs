@@ -44,6 +44,11 @@ pub(super) struct FreshObject {
 }
 
 impl FreshObject {
+    /// A whole object.
+    pub(super) fn whole(bytes: bytes::Bytes) -> Self {
+        Self { base: 0, bytes }
+    }
+
     /// `r` (a range of the object) when it is held.
     pub(super) fn slice(&self, r: &std::ops::Range<u64>) -> Option<bytes::Bytes> {
         let (start, end) = (
@@ -255,9 +260,16 @@ impl QueryEngine {
         self.fresh.entry_count()
     }
 
-    /// What is held in memory of the object a block was written in, if anything.
+    /// What is held in memory of the object a block was written in, if anything: the whole
+    /// object while the block is not yet registered.
     pub(super) fn fresh_object(&self, block: &BlockMeta) -> Option<FreshObject> {
-        self.fresh.get(&block.key())
+        let key = block.key();
+        if let Some(b) = self.barrier.get()
+            && let Some(object) = b.unregistered().object(&key)
+        {
+            return Some(object);
+        }
+        self.fresh.get(&key)
     }
 
     /// The symbols of a block, cached (as stored: [`Self::named_symbols`] names their native

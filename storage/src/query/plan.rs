@@ -51,9 +51,7 @@ impl QueryEngine {
         start: i64,
         end: i64,
     ) -> Result<Vec<(Arc<BlockMeta>, FixedBitSet)>> {
-        self.write_barrier().await;
         let blocks = self
-            .metastore
             .query_blocks(BlockQuery::new(tenant, start, end))
             .await?;
         Ok(blocks
@@ -172,16 +170,28 @@ impl QueryEngine {
     /// Oldest and newest sample time of a tenant.
     /// From the metastore's partition summaries, so it costs the same whatever the data's age.
     pub async fn profile_stats(&self, tenant: &str) -> Result<ProfileStats> {
-        self.write_barrier().await;
-        let parts = self.metastore.partitions(tenant).await?;
-        if parts.is_empty() {
-            return Ok(ProfileStats::default());
-        }
-        Ok(ProfileStats {
-            data_ingested: true,
-            oldest_nanos: parts.iter().map(|p| p.min_time_nanos).min().unwrap_or(0),
-            newest_nanos: parts.iter().map(|p| p.max_time_nanos).max().unwrap_or(0),
-        })
+        let (parts, unregistered) = match self.barrier.get() {
+            None => (self.metastore.partitions(tenant).await?, None),
+            Some(b) => {
+                b.wait().await;
+                let _listing = b.unregistered().listing().await;
+                let parts = self.metastore.partitions(tenant).await?;
+                (parts, b.unregistered().time_range(tenant))
+            }
+        };
+        let ranges = parts
+            .iter()
+            .map(|p| (p.min_time_nanos, p.max_time_nanos))
+            .chain(unregistered);
+        Ok(ranges
+            .reduce(|(lo, hi), (l, h)| (lo.min(l), hi.max(h)))
+            .map_or_else(ProfileStats::default, |(oldest_nanos, newest_nanos)| {
+                ProfileStats {
+                    data_ingested: true,
+                    oldest_nanos,
+                    newest_nanos,
+                }
+            }))
     }
 
     /// Blocks with at least one series the filter selects, with those series' indices.
@@ -189,8 +199,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<u32>)>> {
-        self.write_barrier().await;
-        let blocks = self.metastore.query_blocks(filter.block_query()).await?;
+        let blocks = self.query_blocks(filter.block_query()).await?;
         Ok(blocks
             .into_iter()
             .filter_map(|b| {

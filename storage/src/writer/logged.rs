@@ -250,6 +250,17 @@ impl Shard {
                     let _ = done.send(());
                     continue;
                 }
+                Some(Command::Barrier { done }) => {
+                    // The query needs the acknowledged writes only: those whose records wait
+                    // are cut without them, and answered once their segment is registered.
+                    self.defer_waiting();
+                    self.build().await;
+                    let _ = done.send(());
+                    if self.retry_at.is_none() {
+                        self.publish().await;
+                    }
+                    continue;
+                }
                 None | Some(Command::Close { .. }) => {
                     self.commit();
                     self.cut().await;
@@ -320,6 +331,7 @@ impl Shard {
                     profiles,
                     None,
                 );
+                self.record_bytes += record.len();
                 self.records.push(record);
                 self.waiting.push((tenant, ack));
                 self.cut_at.get_or_insert(now + self.interval);
@@ -340,7 +352,6 @@ impl Shard {
             return;
         }
         let records = std::mem::take(&mut self.records);
-        self.record_bytes = 0;
         let log = &mut self.log;
         let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
         let metrics = self.ctx.store.metrics();
@@ -361,13 +372,21 @@ impl Shard {
                 // The group's numbers are burned, and whole frames of it may have reached the
                 // disk: the segment holding its writes covers them, so they are not replayed.
                 self.logged_through = self.log.last_seq();
-                for (tenant, ack) in self.waiting.drain(..) {
-                    if let Some(p) = self.pending.get_mut(&tenant) {
-                        p.acks.push(ack);
-                    }
-                }
+                self.defer_waiting();
                 let at = tokio::time::Instant::now() + self.config.flush_interval;
                 self.cut_at = Some(self.cut_at.map_or(at, |c| c.min(at)));
+            }
+        }
+    }
+
+    /// Leaves the records waiting for a group out of the log: their writes wait for the
+    /// segment that holds them instead.
+    fn defer_waiting(&mut self) {
+        self.records.clear();
+        self.record_bytes = 0;
+        for (tenant, ack) in self.waiting.drain(..) {
+            if let Some(p) = self.pending.get_mut(&tenant) {
+                p.acks.push(ack);
             }
         }
     }
@@ -375,14 +394,19 @@ impl Shard {
     /// Builds a segment of what the shard buffers and registers it (after any segments
     /// waiting before it).
     async fn cut(&mut self) {
+        self.build().await;
+        self.publish().await;
+    }
+
+    /// Builds a segment of what the shard buffers, readable by this process's queries at once
+    /// ([`crate::query::unregistered`]), to be registered after any segments waiting before it.
+    async fn build(&mut self) {
         let started = Instant::now();
         self.cut_at = None;
         self.size = 0;
         let pending = std::mem::take(&mut self.pending);
         if pending.is_empty() && !self.needs_checkpoint() {
-            // Nothing new since the last segment; what waits for the store is tried now (a
-            // barrier's cut: its query needs it).
-            self.publish().await;
+            self.buffered.store(false, Ordering::Release);
             return;
         }
         self.hints = pending
@@ -403,7 +427,11 @@ impl Shard {
             .instrument(span.clone())
             .await;
         match built {
-            Ok(built) => {
+            Ok(mut built) => {
+                if let Some(b) = &mut built {
+                    super::warm(&self.ctx, b).await;
+                    self.ctx.unregistered.insert(&b.metas, &b.object);
+                }
                 if built.is_some() || !acks.is_empty() || self.needs_checkpoint() {
                     self.backlog.push_back(Unpublished {
                         built,
@@ -425,7 +453,8 @@ impl Shard {
                 }
             }
         }
-        self.publish().await;
+        // What the shard buffered is readable now (it takes no write while it builds).
+        self.buffered.store(false, Ordering::Release);
     }
 
     /// Whether records were appended past the last checkpoint recorded or waiting.
@@ -471,6 +500,9 @@ impl Shard {
                         span.in_scope(|| observe_flush(&self.ctx, started, Ok(&built.flushed)));
                     }
                     let u = self.backlog.pop_front().expect("the front");
+                    if let Some(built) = &u.built {
+                        self.ctx.unregistered.remove(&built.metas).await;
+                    }
                     self.recorded = u.through;
                     for ack in u.acks {
                         let _ = ack.send(Ok(()));
@@ -492,11 +524,6 @@ impl Shard {
                     return;
                 }
             }
-        }
-        // Every write acknowledged is in a registered segment (the shard takes no write while
-        // it cuts and publishes): a barrier has nothing to wait for until the next.
-        if self.pending.is_empty() {
-            self.buffered.store(false, Ordering::Release);
         }
     }
 }
