@@ -5,9 +5,10 @@
 //! one `fdatasync`, and the writes are then acknowledged; their profiles wait in the shard's
 //! dataset builders. A segment is cut every [`super::LogConfig::segment_interval`], when the
 //! buffer passes `flush_bytes`, and when a query in this process asks for a barrier
-//! ([`super::Writer::barrier`]); the metastore transaction that registers it also records the
-//! shard's checkpoint, the last record it holds, and the log's files at or below it are then
-//! deleted. At start the shard reads its records above the checkpoint, decodes them back into
+//! ([`super::WriteBarrier`]); from its cut until its registration the process's queries read it
+//! from memory ([`crate::query::unregistered`]). The metastore transaction that registers it
+//! also records the shard's checkpoint, the last record it holds, and the log's files at or
+//! below it are then deleted. At start the shard reads its records above the checkpoint, decodes them back into
 //! writes and cuts a segment of them before it takes new writes.
 //!
 //! A segment the store or the metastore refuses is kept, built, and tried again every
@@ -62,8 +63,9 @@ struct Shard {
     log: Log,
     name: String,
     interval: Duration,
-    /// Set from a write's buffering until its segment is registered: a barrier
-    /// ([`super::Writer::barrier`]) must then cut it, or wait for the cut under way.
+    /// Set from a write's buffering until its segment is built (readable by queries): a
+    /// query's barrier ([`super::WriteBarrier`]) must then cut it, or wait for the cut under
+    /// way.
     buffered: Arc<AtomicBool>,
     pending: BTreeMap<String, Pending>,
     hints: Hints,
@@ -352,6 +354,7 @@ impl Shard {
             return;
         }
         let records = std::mem::take(&mut self.records);
+        self.record_bytes = 0;
         let log = &mut self.log;
         let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
         let metrics = self.ctx.store.metrics();
