@@ -314,8 +314,7 @@ async fn a_query_reads_a_segment_cut_but_not_registered() {
     write_logged(&s, "a", "main;late", 1, 3).await;
     // Cut and refused; the next try is a second away.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let late: BTreeMap<Vec<String>, i64> =
-        [(frames("main;late"), sum(1, 3))].into_iter().collect();
+    let late: BTreeMap<Vec<String>, i64> = [(frames("main;late"), sum(1, 3))].into_iter().collect();
     assert_eq!(stacks(&s, "a").await, late);
     assert!(stacks(&s, "b").await.is_empty());
     store.set_down(false);
@@ -325,19 +324,19 @@ async fn a_query_reads_a_segment_cut_but_not_registered() {
 
     // A put that hangs (the segment cut within 10 ms): the shard waits on it, its queries
     // do not.
-    store.hold_puts.store(true, std::sync::atomic::Ordering::SeqCst);
+    store
+        .hold_puts
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let s2 = s.clone();
     let more = tokio::spawn(async move { write_logged(&s2, "a", "main;held", 1, 1).await });
     tokio::time::timeout(Duration::from_secs(10), more)
         .await
         .expect("acknowledged from the log while the store holds the put")
         .unwrap();
-    let want: BTreeMap<Vec<String>, i64> = [
-        (frames("main;late"), sum(1, 3)),
-        (frames("main;held"), 1),
-    ]
-    .into_iter()
-    .collect();
+    let want: BTreeMap<Vec<String>, i64> =
+        [(frames("main;late"), sum(1, 3)), (frames("main;held"), 1)]
+            .into_iter()
+            .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(store.held_puts.load(std::sync::atomic::Ordering::SeqCst) > 0);
     let read = tokio::time::timeout(Duration::from_secs(10), stacks(&s, "a"))
@@ -345,7 +344,9 @@ async fn a_query_reads_a_segment_cut_but_not_registered() {
         .expect("a query does not wait for a held put");
     assert_eq!(read, want);
     assert!(stacks(&s, "b").await.is_empty());
-    store.hold_puts.store(false, std::sync::atomic::Ordering::SeqCst);
+    store
+        .hold_puts
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     s.barrier().await;
     assert_eq!(stacks(&s, "a").await, want);
     s.close().await;

@@ -37,10 +37,7 @@ impl Unregistered {
         for meta in metas {
             blocks.insert(
                 meta.key(),
-                (
-                    Arc::new(meta.clone()),
-                    FreshObject::whole(object.clone()),
-                ),
+                (Arc::new(meta.clone()), FreshObject::whole(object.clone())),
             );
         }
     }
@@ -106,5 +103,4 @@ impl Unregistered {
         let blocks = self.blocks.read().expect("unregistered blocks lock");
         blocks.get(key).map(|(_, o)| o.clone())
     }
-
 }
