@@ -136,7 +136,7 @@ impl LogConfig {
         Self {
             dir: dir.into(),
             id: String::new(),
-            segment_interval: Duration::from_millis(200),
+            segment_interval: Duration::from_millis(1000),
             max_file_bytes: 64 << 20,
             decoder,
         }
