@@ -96,6 +96,8 @@ pub struct StorageMetrics {
     /// Write-ahead log records replayed at start, and those that did not decode (skipped).
     pub log_replayed_records: Counter,
     pub log_undecodable_records: Counter,
+    /// Write shards that panicked (and were started again, up to five times).
+    pub shard_panics: Counter,
 }
 
 /// Every `op` label value.
@@ -147,6 +149,7 @@ impl StorageMetrics {
             log_bytes: Counter::default(),
             log_replayed_records: Counter::default(),
             log_undecodable_records: Counter::default(),
+            shard_panics: Counter::default(),
         }
     }
 }
@@ -209,6 +212,11 @@ impl StorageMetrics {
             "storage_log_undecodable_records",
             "Write-ahead log records replayed at start that did not decode (their writes skipped)",
             self.log_undecodable_records.clone(),
+        );
+        r.register(
+            "storage_shard_panics",
+            "Write shards that panicked (a bug; each started again, up to five times)",
+            self.shard_panics.clone(),
         );
         r.register(
             "storage_spool_bytes",

@@ -40,6 +40,13 @@ use crate::store::ObjectStorage;
 use crate::symbols::SymbolTable;
 use crate::{Error, ErrorKind, Result};
 
+/// Switches for the tests.
+#[cfg(feature = "testing")]
+pub mod testing {
+    /// A write of this tenant panics its shard (as a bug would), before it is logged.
+    pub const PANICKING_TENANT: &str = "testing-panics-its-write-shard";
+}
+
 /// The earliest time a profile or sample may carry: 2000-01-01T00:00:00Z.
 pub const MIN_TIME_NANOS: i64 = 946_684_800_000_000_000;
 /// How far past now a profile or sample may reach (agents' clocks run ahead of Kiln's).
@@ -316,13 +323,12 @@ impl Writer {
                 let flag = Arc::new(AtomicBool::new(false));
                 buffered.push(Arc::clone(&flag));
                 let ctx = Arc::clone(&ctx);
-                let task = if config.log.is_some() {
+                let answer = config.log.is_some().then(|| {
                     let (answer, wait) = oneshot::channel();
                     ready.push(wait);
-                    tokio::spawn(logged::run(shard, rx, ctx, config.clone(), flag, answer))
-                } else {
-                    tokio::spawn(run_shard(shard, rx, ctx, config.clone()))
-                };
+                    answer
+                });
+                let task = tokio::spawn(supervise(shard, rx, ctx, config.clone(), flag, answer));
                 tasks.push(task);
                 tx
             })
@@ -519,6 +525,10 @@ fn buffer(
     profiles: &[NormalizedProfile],
     ack: Option<Ack>,
 ) -> usize {
+    #[cfg(feature = "testing")]
+    if tenant == testing::PANICKING_TENANT {
+        panic!("a write shard's panic, injected by a test");
+    }
     let p = pending.entry(tenant.clone()).or_insert_with(|| {
         // Looked up once per tenant and flush, when its dataset starts.
         let hint = hints.get(&tenant).copied().unwrap_or_default();
@@ -542,7 +552,7 @@ fn buffer(
 /// under load, acknowledgements follow the flushes back to back.
 async fn run_shard(
     shard: u32,
-    mut rx: mpsc::Receiver<Command>,
+    rx: &mut mpsc::Receiver<Command>,
     ctx: Arc<FlushContext>,
     config: WriterConfig,
 ) {
@@ -555,7 +565,7 @@ async fn run_shard(
     let mut quiet_at: Option<tokio::time::Instant> = None;
     let mut arrivals = Arrivals::new(&config);
     loop {
-        let cmd = next_command(&mut rx, flush_at, quiet_at).await;
+        let cmd = next_command(rx, flush_at, quiet_at).await;
         match cmd {
             Some(Command::Write {
                 tenant,
@@ -650,6 +660,82 @@ async fn run_shard(
                 break;
             }
         }
+    }
+}
+
+/// How many times a shard that panics is started again before it is left stopped.
+const SHARD_RESTARTS: u32 = 5;
+
+/// Runs a shard's loop ([`run_shard`], or [`logged::run`] with a log) and starts it again
+/// when it panics (a bug), up to [`SHARD_RESTARTS`] times; past that, its writes are refused
+/// (503) until the process restarts. A panic drops what the shard held: writes it had not
+/// acknowledged are answered with an error (the client retries), and with a log the restarted
+/// shard replays the log above its checkpoint, as a start after a crash does, so the writes it
+/// had acknowledged from the log are registered again, once.
+async fn supervise(
+    shard: u32,
+    mut rx: mpsc::Receiver<Command>,
+    ctx: Arc<FlushContext>,
+    config: WriterConfig,
+    buffered: Arc<AtomicBool>,
+    mut ready: Option<oneshot::Sender<Result<()>>>,
+) {
+    use futures::FutureExt;
+    let mut panics = 0u32;
+    loop {
+        let run = async {
+            match ready.take() {
+                Some(answer) => {
+                    let buffered = Arc::clone(&buffered);
+                    logged::run(
+                        shard,
+                        &mut rx,
+                        Arc::clone(&ctx),
+                        config.clone(),
+                        buffered,
+                        answer,
+                    )
+                    .await
+                }
+                None if config.log.is_some() => {
+                    // A restart: nothing waits for this shard to be ready.
+                    let (answer, _) = oneshot::channel();
+                    let buffered = Arc::clone(&buffered);
+                    logged::run(
+                        shard,
+                        &mut rx,
+                        Arc::clone(&ctx),
+                        config.clone(),
+                        buffered,
+                        answer,
+                    )
+                    .await
+                }
+                None => run_shard(shard, &mut rx, Arc::clone(&ctx), config.clone()).await,
+            }
+        };
+        let Err(panic) = std::panic::AssertUnwindSafe(run).catch_unwind().await else {
+            return;
+        };
+        panics += 1;
+        ctx.store.metrics().shard_panics.inc();
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|m| m.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        // Its segments not yet registered go with it: the restart replays their writes.
+        ctx.unregistered.remove_shard(shard).await;
+        buffered.store(false, Ordering::Release);
+        if panics > SHARD_RESTARTS {
+            error!(shard, panics, panic = %message,
+                "a write shard panicked again; it is not started again, and its writes are \
+                 refused until the process restarts");
+            return;
+        }
+        error!(shard, panics, panic = %message,
+            "a write shard panicked; starting it again (the writes it had not acknowledged are \
+             refused)");
     }
 }
 

@@ -2,6 +2,8 @@
 //! write at once, and after a crash every acknowledged write is stored exactly once — whether
 //! the crash came before its segment, after the segment was registered but before the log was
 //! released, or while the object store was refusing segments.
+//!
+//! Also here: a write shard that panics (a bug) is started again, and with a log replays it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -393,5 +395,68 @@ async fn queries_racing_cuts_and_registrations_see_each_write_once() {
     assert!(queries > 10, "{queries} queries");
     assert_eq!(stacks(&s, "a").await.values().sum::<i64>(), sum(1, 400));
     assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
+/// A shard that panics (a bug) is started again: the writes it had acknowledged from its log
+/// are replayed and read once, the write it was taking is refused, and later writes are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_panics_is_started_again_and_replays_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), NEVER))
+        .await
+        .unwrap();
+    // Acknowledged from the log and buffered: no segment is cut by time.
+    write_logged(&s, "a", "main;before", 1, 3).await;
+    let tenant = kiln_storage::writer::testing::PANICKING_TENANT;
+    let record = text_record(tenant, "api", "main", 1, T0);
+    let p = profile("api", &[(frames("main"), 1)], T0);
+    let refused = s.write_logged(tenant, vec![p], Some(record)).await;
+    assert!(refused.is_err(), "{refused:?}");
+    write_logged(&s, "a", "main;after", 1, 2).await;
+    assert_eq!(s.metrics().shard_panics.get(), 1);
+    assert_eq!(s.metrics().log_replayed_records.get(), 3);
+    assert_eq!(
+        stacks(&s, "a").await,
+        [
+            (frames("main;before"), sum(1, 3)),
+            (frames("main;after"), sum(1, 2)),
+        ]
+        .into_iter()
+        .collect()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    assert!(stacks(&s, tenant).await.is_empty());
+    s.close().await;
+}
+
+/// Without a log too: the write that panicked its shard is refused, the shard's earlier writes
+/// (registered before they were acknowledged) stay, and later writes are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_without_a_log_is_started_again_after_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(kiln_storage::testing::config(dir.path()))
+        .await
+        .unwrap();
+    assert!(!s.logs_writes());
+    let write = |tenant: &'static str, stack: &'static str| {
+        let s = s.clone();
+        async move {
+            s.write(tenant, profile("api", &[(frames(stack), 1)], T0))
+                .await
+        }
+    };
+    write("a", "main;before").await.unwrap();
+    let tenant = kiln_storage::writer::testing::PANICKING_TENANT;
+    assert!(write(tenant, "main").await.is_err());
+    write("a", "main;after").await.unwrap();
+    assert_eq!(s.metrics().shard_panics.get(), 1);
+    assert_eq!(
+        stacks(&s, "a").await,
+        [(frames("main;before"), 1), (frames("main;after"), 1)]
+            .into_iter()
+            .collect()
+    );
+    assert!(stacks(&s, tenant).await.is_empty());
     s.close().await;
 }

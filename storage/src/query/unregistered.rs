@@ -52,6 +52,14 @@ impl Unregistered {
         }
     }
 
+    /// Takes out every block of write shard `shard` (a shard that panicked: its restart
+    /// replays their writes from its log).
+    pub(crate) async fn remove_shard(&self, shard: u32) {
+        let _gate = self.gate.write().await;
+        let mut blocks = self.blocks.write().expect("unregistered blocks lock");
+        blocks.retain(|_, (b, _)| b.shard != shard);
+    }
+
     /// The metastore's blocks matching `query`, and the unregistered ones it does not hold.
     pub(crate) async fn query_blocks(
         &self,

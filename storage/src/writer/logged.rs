@@ -88,7 +88,7 @@ struct Shard {
 /// answers once the replayed writes are in a registered segment (or the log failed to open).
 pub(super) async fn run(
     shard: u32,
-    mut rx: mpsc::Receiver<Command>,
+    rx: &mut mpsc::Receiver<Command>,
     ctx: Arc<FlushContext>,
     config: WriterConfig,
     buffered: Arc<AtomicBool>,
@@ -130,7 +130,7 @@ pub(super) async fn run(
         return;
     }
     let _ = ready.send(Ok(()));
-    s.run(&mut rx).await;
+    s.run(rx).await;
 }
 
 /// What a shard's log held above its checkpoint.
