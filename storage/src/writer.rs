@@ -143,7 +143,7 @@ impl LogConfig {
         Self {
             dir: dir.into(),
             id: String::new(),
-            segment_interval: Duration::from_millis(1000),
+            segment_interval: Duration::from_millis(200),
             max_file_bytes: 64 << 20,
             decoder,
         }
@@ -684,34 +684,21 @@ async fn supervise(
     let mut panics = 0u32;
     loop {
         let run = async {
-            match ready.take() {
-                Some(answer) => {
-                    let buffered = Arc::clone(&buffered);
-                    logged::run(
-                        shard,
-                        &mut rx,
-                        Arc::clone(&ctx),
-                        config.clone(),
-                        buffered,
-                        answer,
-                    )
-                    .await
-                }
-                None if config.log.is_some() => {
-                    // A restart: nothing waits for this shard to be ready.
-                    let (answer, _) = oneshot::channel();
-                    let buffered = Arc::clone(&buffered);
-                    logged::run(
-                        shard,
-                        &mut rx,
-                        Arc::clone(&ctx),
-                        config.clone(),
-                        buffered,
-                        answer,
-                    )
-                    .await
-                }
-                None => run_shard(shard, &mut rx, Arc::clone(&ctx), config.clone()).await,
+            if config.log.is_some() {
+                // At a restart nothing waits for the shard to be ready.
+                let answer = ready.take().unwrap_or_else(|| oneshot::channel().0);
+                let buffered = Arc::clone(&buffered);
+                logged::run(
+                    shard,
+                    &mut rx,
+                    Arc::clone(&ctx),
+                    config.clone(),
+                    buffered,
+                    answer,
+                )
+                .await;
+            } else {
+                run_shard(shard, &mut rx, Arc::clone(&ctx), config.clone()).await;
             }
         };
         let Err(panic) = std::panic::AssertUnwindSafe(run).catch_unwind().await else {

@@ -8,8 +8,8 @@
 //! ([`super::WriteBarrier`]); from its cut until its registration the process's queries read it
 //! from memory ([`crate::query::unregistered`]). The metastore transaction that registers it
 //! also records the shard's checkpoint, the last record it holds, and the log's files at or
-//! below it are then deleted. At start the shard reads its records above the checkpoint, decodes them back into
-//! writes and cuts a segment of them before it takes new writes.
+//! below it are then deleted. At start the shard reads its records above the checkpoint,
+//! decodes them back into writes and cuts a segment of them before it takes new writes.
 //!
 //! A segment the store or the metastore refuses is kept, built, and tried again every
 //! [`RETRY`], in order, ahead of later segments (its writes are in the log meanwhile); past
