@@ -358,6 +358,20 @@ impl Kiln {
         Ok(r.profile_types)
     }
 
+    /// Label names of a tenant's series over all time.
+    pub fn label_names(&self, tenant: &str) -> Result<Vec<String>> {
+        let r: t::LabelNamesResponse = self.connect(
+            tenant,
+            "/querier.v1.QuerierService/LabelNames",
+            &t::LabelNamesRequest {
+                matchers: vec![],
+                start: ALL_TIME.0,
+                end: ALL_TIME.1,
+            },
+        )?;
+        Ok(r.names)
+    }
+
     /// The flame graph of a profile type and selector over all time.
     pub fn flamegraph(
         &self,
@@ -387,17 +401,9 @@ impl Kiln {
         if !types.is_empty() {
             bail!("tenant {tenant} sees profile types {types:?}");
         }
-        let names: t::LabelNamesResponse = self.connect(
-            tenant,
-            "/querier.v1.QuerierService/LabelNames",
-            &t::LabelNamesRequest {
-                matchers: vec![],
-                start: ALL_TIME.0,
-                end: ALL_TIME.1,
-            },
-        )?;
-        if !names.names.is_empty() {
-            bail!("tenant {tenant} sees label names {:?}", names.names);
+        let names = self.label_names(tenant)?;
+        if !names.is_empty() {
+            bail!("tenant {tenant} sees label names {names:?}");
         }
         Ok(())
     }

@@ -377,24 +377,16 @@ fn ebpf_payload_is_identical_over_grpc_http_and_json() -> Result<()> {
     ensure!(cpu.total % 50_000_000 == 0, "cpu total {}", cpu.total);
 
     // thread.* stay per sample: not label names, but in the pprof samples.
-    let names: t::LabelNamesResponse = kiln.connect(
-        "ebpf-grpc",
-        "/querier.v1.QuerierService/LabelNames",
-        &t::LabelNamesRequest {
-            matchers: vec![],
-            start: ALL_TIME.0,
-            end: ALL_TIME.1,
-        },
-    )?;
+    let names = kiln.label_names("ebpf-grpc")?;
     ensure!(
-        !names.names.iter().any(|n| n.starts_with("thread.")),
+        !names.iter().any(|n| n.starts_with("thread.")),
         "{:?}",
-        names.names
+        names
     );
     ensure!(
-        names.names.iter().any(|n| n == "process.pid"),
+        names.iter().any(|n| n == "process.pid"),
         "resource attributes are labels: {:?}",
-        names.names
+        names
     );
     let pprof: kiln_proto::google::v1::Profile = kiln.connect(
         "ebpf-grpc",

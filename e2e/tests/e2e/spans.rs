@@ -201,27 +201,12 @@ fn pyroscope_otel_root_spans_have_their_own_flame_graphs() -> Result<()> {
     ensure!(both.names.iter().any(|n| n.contains("kiln_span_beta_work")));
     ensure!(both.total >= a.total + b.total);
     // span_name stays a series label; span ids never are.
-    let names: kiln_proto::types::v1::LabelNamesResponse = kiln.connect(
-        "span-team",
-        "/querier.v1.QuerierService/LabelNames",
-        &kiln_proto::types::v1::LabelNamesRequest {
-            matchers: vec![],
-            start: ALL_TIME.0,
-            end: ALL_TIME.1,
-        },
-    )?;
+    let names = kiln.label_names("span-team")?;
+    ensure!(names.iter().any(|n| n == "span_name"), "{:?}", names);
     ensure!(
-        names.names.iter().any(|n| n == "span_name"),
+        !names.iter().any(|n| n == "span_id" || n == "trace_id"),
         "{:?}",
-        names.names
-    );
-    ensure!(
-        !names
-            .names
-            .iter()
-            .any(|n| n == "span_id" || n == "trace_id"),
-        "{:?}",
-        names.names
+        names
     );
     // Exactly what Grafana's Tempo "profiles for this span" link sends: the configured profile
     // type, `{service_name="..."}` from the span's tags, the span's `pyroscope.profile.id`, and
@@ -321,22 +306,11 @@ fn corpus_span_ids_stay_per_sample() -> Result<()> {
             }
         }
         // Span ids never become series labels.
-        let names: kiln_proto::types::v1::LabelNamesResponse = kiln.connect(
-            &tenant,
-            "/querier.v1.QuerierService/LabelNames",
-            &kiln_proto::types::v1::LabelNamesRequest {
-                matchers: vec![],
-                start: ALL_TIME.0,
-                end: ALL_TIME.1,
-            },
-        )?;
+        let names = kiln.label_names(&tenant)?;
         ensure!(
-            !names
-                .names
-                .iter()
-                .any(|n| n == "span_id" || n == "profile_id"),
+            !names.iter().any(|n| n == "span_id" || n == "profile_id"),
             "{:?}",
-            names.names
+            names
         );
     }
     kiln.assert_tenant_empty("spans-other")?;

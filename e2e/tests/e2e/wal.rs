@@ -79,17 +79,9 @@ type Everything = (
 
 fn everything(kiln: &Kiln, tenant: &str) -> Result<Everything> {
     use kiln_proto::types::v1 as t;
-    let names: t::LabelNamesResponse = kiln.connect(
-        tenant,
-        "/querier.v1.QuerierService/LabelNames",
-        &t::LabelNamesRequest {
-            matchers: vec![],
-            start: ALL_TIME.0,
-            end: ALL_TIME.1,
-        },
-    )?;
+    let names = kiln.label_names(tenant)?;
     let mut labels = BTreeMap::new();
-    for name in names.names {
+    for name in names {
         let values: t::LabelValuesResponse = kiln.connect(
             tenant,
             "/querier.v1.QuerierService/LabelValues",
