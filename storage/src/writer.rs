@@ -138,12 +138,12 @@ impl std::fmt::Debug for LogConfig {
 }
 
 impl LogConfig {
-    /// Defaults in `dir`: a segment every 200 ms, files of 64 MiB.
+    /// Defaults in `dir`: a segment every second, files of 64 MiB.
     pub fn new(dir: impl Into<PathBuf>, decoder: Arc<dyn RecordDecoder>) -> Self {
         Self {
             dir: dir.into(),
             id: String::new(),
-            segment_interval: Duration::from_millis(200),
+            segment_interval: Duration::from_secs(1),
             max_file_bytes: 64 << 20,
             decoder,
         }

@@ -342,7 +342,7 @@ pub struct StorageArgs {
     /// With `--ack-from log`: how often, in milliseconds, a shard cuts a segment of the writes
     /// it acknowledged from the log (sooner at `--flush-bytes`, or when a query in this process
     /// needs them).
-    #[arg(long, env = "KILN_SEGMENT_INTERVAL_MS", default_value_t = 200)]
+    #[arg(long, env = "KILN_SEGMENT_INTERVAL_MS", default_value_t = 1000)]
     pub segment_interval_ms: u64,
 
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
