@@ -248,47 +248,59 @@ pub struct Arrivals {
     primed: bool,
     /// The blocks queued at the last planning, by a hash of (tenant, id).
     seen: std::collections::HashSet<u64>,
-    /// The last arrival in each (tenant, partition, shard) with blocks queued.
-    last: HashMap<(String, i64, u32), u64>,
+    /// The last arrival in each (tenant, partition, shard) with blocks queued, by a hash of
+    /// the three.
+    last: HashMap<u64, u64>,
 }
 
 impl Arrivals {
     /// Notes the queue as seen at `now_ms`.
     fn update(&mut self, queued: &[QueuedBlock], now_ms: u64) {
         let mut seen = std::collections::HashSet::with_capacity(queued.len());
-        let mut last: HashMap<(String, i64, u32), u64> = HashMap::new();
+        let mut last: HashMap<u64, u64> = HashMap::new();
         for b in queued {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
-            h.update(b.tenant.as_bytes());
-            h.update(&[0]);
-            h.update(b.id.as_bytes());
-            let hash = h.digest();
+            let hash = hash_of(&[b.tenant.as_bytes(), b.id.as_bytes()]);
             seen.insert(hash);
             let came = if !self.primed || self.seen.contains(&hash) {
                 b.created_ms
             } else {
                 now_ms
             };
-            let key = (b.tenant.clone(), b.partition, b.shard);
-            let at = last.entry(key).or_insert(came);
+            let at = last.entry(group_of(b)).or_insert(came);
             *at = (*at).max(came);
         }
         // A group with nothing queued is forgotten: whatever it gets next is an arrival.
-        for (key, at) in &mut last {
-            if let Some(&before) = self.last.get(key) {
+        for (group, at) in &mut last {
+            if let Some(&before) = self.last.get(group) {
                 *at = (*at).max(before);
             }
         }
         (self.primed, self.seen, self.last) = (true, seen, last);
     }
 
-    /// When the last block came to (tenant, partition, shard).
+    /// When the last block came to `b`'s (tenant, partition, shard).
     fn last(&self, b: &QueuedBlock) -> u64 {
-        self.last
-            .get(&(b.tenant.clone(), b.partition, b.shard))
-            .copied()
-            .unwrap_or(b.created_ms)
+        self.last.get(&group_of(b)).copied().unwrap_or(b.created_ms)
     }
+}
+
+/// A hash of byte strings, each ended by a 0 byte.
+fn hash_of(parts: &[&[u8]]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for part in parts {
+        h.update(part);
+        h.update(&[0]);
+    }
+    h.digest()
+}
+
+/// A hash of a block's (tenant, partition, shard).
+fn group_of(b: &QueuedBlock) -> u64 {
+    hash_of(&[
+        b.tenant.as_bytes(),
+        &b.partition.to_le_bytes(),
+        &b.shard.to_le_bytes(),
+    ])
 }
 
 /// Groups of queued blocks that should be merged now, per the policies; `arrivals` is the

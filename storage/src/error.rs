@@ -90,6 +90,13 @@ pub enum Error {
     Flush { kind: ErrorKind, message: String },
     #[error("the storage engine is shutting down")]
     ShuttingDown,
+    /// A write's shard stopped before answering it: the engine closed, or the shard panicked
+    /// (a bug) and was started again. Nothing of the write is stored.
+    #[error(
+        "the write was not stored: its write shard stopped before answering it (the storage \
+         is closing, or the shard failed and was started again); send it again"
+    )]
+    Unanswered,
     #[error("invalid storage configuration: {0}")]
     Config(String),
     #[error("background task failed: {0}")]
@@ -109,7 +116,8 @@ impl Error {
             | Self::MetastoreConflict(_)
             | Self::Io { .. }
             | Self::SpoolFull { .. }
-            | Self::BlockGone { .. } => ErrorKind::Unavailable,
+            | Self::BlockGone { .. }
+            | Self::Unanswered => ErrorKind::Unavailable,
             Self::Flush { kind, .. } => *kind,
             // A read of Parquet pages failed in the store (the reader carries Kiln's error):
             // that error's kind, an unreachable store's `Unavailable` rather than a bug's.

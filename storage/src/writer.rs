@@ -427,7 +427,7 @@ impl Writer {
             .await
             .map_err(|_| Error::ShuttingDown)?;
         done.await
-            .map_err(|_| Error::ShuttingDown)?
+            .map_err(|_| Error::Unanswered)?
             .map_err(|(kind, message)| Error::Flush { kind, message })
     }
 
