@@ -82,6 +82,21 @@ fn bench_tiny_runs_side_by_side_with_peers() -> Result<()> {
     Ok(())
 }
 
+/// `--server-arg` reaches the server's command line: a flag the server does not know stops it,
+/// and the bench with it; one it knows runs as usual.
+#[test]
+fn bench_passes_server_args_to_its_server() -> Result<()> {
+    let refused = run_bench(&["--server-arg=--no-such-flag"], &[]).unwrap_err();
+    let said = refused.to_string();
+    ensure!(
+        said.contains("kiln serve exited") && said.contains("--no-such-flag"),
+        "the server's refusal is not shown: {said}"
+    );
+    let (_, v) = run_bench(&["--server-arg=--segment-interval-ms=50"], &[])?;
+    ensure!(v["kiln"]["profiles"] == 240, "{v}");
+    Ok(())
+}
+
 #[test]
 fn bench_tiny_scaled_out_on_postgres_and_s3() -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -148,6 +148,11 @@ pub struct BenchArgs {
     /// same load for two builds compared (`KILN_BENCH_SERVER` runs another build's server).
     #[arg(long)]
     pub load_rate: Option<f64>,
+    /// A flag for the server, added after the bench's own (repeatable, e.g.
+    /// `--server-arg=--segment-interval-ms=200`): two settings of one build compared. A flag
+    /// the bench sets itself (its compaction ages, `--log`, ...) cannot be given again.
+    #[arg(long = "server-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
     /// The scaled-out processes' metastore (`postgres://…`).
     #[arg(long)]
     pub metastore: Option<String>,
@@ -330,6 +335,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    extra.extend(args.server_args.iter().cloned());
     let server = Deployment::single(&dir.join("data"), &extra)?;
     if args.recording_rules > 0 {
         recording::make_rules(
@@ -521,7 +527,7 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting kiln serve")?;
-        let s = Self {
+        let mut s = Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
             data: data.to_owned(),
@@ -530,6 +536,10 @@ impl Server {
         loop {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(s);
+            }
+            // Refused flags and the like: said on its stderr (the bench's), and at once.
+            if let Some(status) = s.child.try_wait()? {
+                anyhow::bail!("kiln serve exited as it started ({status}); see its error above");
             }
             ensure!(Instant::now() < deadline, "kiln serve did not start");
             std::thread::sleep(Duration::from_millis(50));
