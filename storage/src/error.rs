@@ -91,10 +91,11 @@ pub enum Error {
     #[error("the storage engine is shutting down")]
     ShuttingDown,
     /// A write's shard stopped before answering it: the engine closed, or the shard panicked
-    /// (a bug) and was started again. Nothing of the write is stored.
+    /// (a bug) and was started again. The write was not acknowledged; one whose record the log
+    /// had taken just before is replayed all the same.
     #[error(
-        "the write was not stored: its write shard stopped before answering it (the storage \
-         is closing, or the shard failed and was started again); send it again"
+        "the write was not acknowledged: its write shard stopped before answering it (the \
+         storage is closing, or the shard failed and was started again); send it again"
     )]
     Unanswered,
     #[error("invalid storage configuration: {0}")]
