@@ -85,7 +85,7 @@ pub struct LevelPolicy {
 /// *open*. Open blocks fall in size tiers (`tier_bytes`, then × `fanout` each tier up); as soon
 /// as `fanout` of them share a tier they are merged, as a size-tiered LSM does, so each row is
 /// rewritten about log_fanout(target / first size) times. Once no block of any level has come
-/// to the (tenant, partition, shard) for `age` (as the planner saw them come: [`Arrivals`]),
+/// to the (tenant, partition, shard) for `age` (as the planner saw them come: [`BlockArrivals`]),
 /// its open blocks are packed together up to
 /// `target_bytes`, and with them any block still waiting below the top (other than an L0
 /// segment), which no other block of its level would ever join. While blocks keep coming (a
@@ -228,7 +228,7 @@ pub struct Compactor {
     /// This compactor's name in leases.
     owner: String,
     /// When its planner saw blocks come.
-    arrivals: std::sync::Mutex<Arrivals>,
+    arrivals: std::sync::Mutex<BlockArrivals>,
 }
 
 /// When blocks came to each (tenant, partition, shard), as one planner saw its queue: what
@@ -243,7 +243,7 @@ pub struct Compactor {
 /// before came when it was seen; the blocks of a planner's first queue (a process that just
 /// started) came at their ULID time, as far as it can tell.
 #[derive(Debug, Default)]
-pub struct Arrivals {
+pub struct BlockArrivals {
     /// Whether a queue was seen before.
     primed: bool,
     /// The blocks queued at the last planning, by a hash of (tenant, id).
@@ -253,7 +253,7 @@ pub struct Arrivals {
     last: HashMap<u64, u64>,
 }
 
-impl Arrivals {
+impl BlockArrivals {
     /// Notes the queue as seen at `now_ms`.
     fn update(&mut self, queued: &[QueuedBlock], now_ms: u64) {
         let mut seen = std::collections::HashSet::with_capacity(queued.len());
@@ -313,7 +313,7 @@ fn group_of(b: &QueuedBlock) -> u64 {
 pub fn plan_jobs(
     config: &CompactionConfig,
     queued: Vec<QueuedBlock>,
-    arrivals: &mut Arrivals,
+    arrivals: &mut BlockArrivals,
     now_ms: u64,
 ) -> Vec<Job> {
     arrivals.update(&queued, now_ms);
@@ -834,7 +834,7 @@ impl Compactor {
             .compaction_queued_blocks
             .set(queued.len() as i64);
         let jobs = if first_sight {
-            plan_jobs(&self.config, queued, &mut Arrivals::default(), now_ms)
+            plan_jobs(&self.config, queued, &mut BlockArrivals::default(), now_ms)
         } else {
             let mut arrivals = self.arrivals.lock().unwrap_or_else(|e| e.into_inner());
             plan_jobs(&self.config, queued, &mut arrivals, now_ms)
@@ -1283,7 +1283,7 @@ mod tests {
 
     /// [`plan_jobs`] by a planner that has not planned before: blocks came at their ULID time.
     fn plan(c: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
-        plan_jobs(c, queued, &mut Arrivals::default(), now_ms)
+        plan_jobs(c, queued, &mut BlockArrivals::default(), now_ms)
     }
 
     fn sources(jobs: &[Job]) -> Vec<Vec<String>> {
@@ -1401,7 +1401,7 @@ mod tests {
             created_ms,
             ..top(id, 1, bytes)
         };
-        let mut arrivals = Arrivals::default();
+        let mut arrivals = BlockArrivals::default();
         // Two open top-level blocks, and a segment that has just come.
         let open = vec![
             block(0, TOP_LEVEL, 40 * MIB, now - 3 * hour),
