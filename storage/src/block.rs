@@ -345,6 +345,35 @@ pub struct Row {
     pub profile_id: Option<[u8; 16]>,
 }
 
+/// `rows` stably sorted by (series, timestamp), each row moved once. Rows come profile by
+/// profile, a profile's rows of a series sharing its timestamp: the runs of one key are sorted
+/// (a few thousand a segment), not the rows (a stable sort of the rows merged those runs,
+/// moving every row once per merge pass).
+fn sort_by_series_and_time(rows: Vec<Row>) -> Vec<Row> {
+    // (series, timestamp, first row, rows) of each run of one key, in the order they came.
+    let mut runs: Vec<(u32, i64, usize, usize)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if (run.0, run.1) == (r.series, r.timestamp) => run.3 += 1,
+            _ => runs.push((r.series, r.timestamp, i, 1)),
+        }
+    }
+    if runs.is_sorted_by_key(|&(series, time, _, _)| (series, time)) {
+        return rows;
+    }
+    runs.sort_by_key(|&(series, time, _, _)| (series, time));
+    let mut slots: Vec<Option<Row>> = rows.into_iter().map(Some).collect();
+    let mut sorted = Vec::with_capacity(slots.len());
+    for (_, _, first, len) in runs {
+        sorted.extend(
+            slots[first..first + len]
+                .iter_mut()
+                .map(|r| r.take().expect("each row is in one run")),
+        );
+    }
+    sorted
+}
+
 /// The sort key of a row within its series.
 pub type RowKey<'a> = (
     i64,
@@ -726,9 +755,7 @@ impl DatasetBuilder {
         for row in &mut rows {
             row.series = new_id[row.series as usize];
         }
-        // Rows come profile by profile, a profile's rows of a series sharing its timestamp:
-        // runs a stable sort by (series, timestamp) merges, without comparing whole keys.
-        rows.sort_by_key(|r| (r.series, r.timestamp));
+        let mut rows = sort_by_series_and_time(rows);
         // Stack ids numbered as the rows meet them, so a series' stacks have neighbouring ids;
         // then each (series, timestamp)'s rows sorted by their whole key.
         let renumbered = symbols.renumber_stacks(rows.iter().map(|r| r.stack));
@@ -956,6 +983,33 @@ mod tests {
     use super::*;
     use crate::symbols::SymbolTable;
     use crate::testing::{frames, profile};
+
+    proptest::proptest! {
+        /// Sorting the runs of one (series, timestamp) is the stable sort of the rows.
+        #[test]
+        fn rows_sorted_by_their_runs_as_a_stable_sort_sorts_them(
+            keys in proptest::collection::vec((0u32..4, 0i64..3, 1usize..4), 0..40),
+        ) {
+            let mut rows = Vec::new();
+            for (series, timestamp, n) in keys {
+                for _ in 0..n {
+                    rows.push(Row {
+                        series,
+                        timestamp,
+                        stack: rows.len() as u32,
+                        value: 1,
+                        span_id: 0,
+                        trace_id: None,
+                        labels: None,
+                        profile_id: None,
+                    });
+                }
+            }
+            let mut expected = rows.clone();
+            expected.sort_by_key(|r| (r.series, r.timestamp));
+            proptest::prop_assert_eq!(sort_by_series_and_time(rows), expected);
+        }
+    }
 
     /// A segment's optional columns that hold nothing are written uncompressed, the rest with
     /// LZ4 (no codec context to make per column chunk); the file reads back the same, and

@@ -61,10 +61,14 @@ pub struct SymbolsBuilder {
     locations: Vec<pb::Location>,
     /// Indices into `locations`, by a hash of their content (looked up without building one).
     location_index: HashTable<u32>,
+    /// Indices into `locations` by the 128-bit xxh3 of a profile's location as
+    /// [`Self::add_locations`] keys it (its strings' hashes, not this block's indices).
+    location_keys: HashMap<u128, u32, BuildHasherDefault<PreHashed>>,
     hasher: DefaultHashBuilder,
     /// Reused buffers for a location's lines while it is looked up.
     scratch_functions: Vec<u32>,
     scratch_lines: Vec<i64>,
+    scratch_key: Vec<u8>,
     parents: Vec<u32>,
     node_locations: Vec<u32>,
     children: HashMap<(u32, u32), u32>,
@@ -72,11 +76,11 @@ pub struct SymbolsBuilder {
     stacks: Vec<u32>,
     /// Tree node -> its stack id plus one (0: no row refers to the node yet).
     node_stacks: Vec<u32>,
-    /// Stack ids of the stacks [`Self::add_stack_path`] added, with the hash of their locations
-    /// (leaf first): a stack met again in the same block (a service's hot stacks, profile after
-    /// profile) is one hash and a walk up its nodes comparing locations, not a probe of
-    /// `children` per frame.
-    stack_paths: HashTable<(u64, u32)>,
+    /// Stack ids of the stacks [`Self::add_stack_path`] added, by the 128-bit xxh3 of their
+    /// locations (leaf first): a stack met again in the same block (a service's hot stacks,
+    /// profile after profile) is one hash and one probe, not a probe of `children` per frame
+    /// (two stacks sharing a hash are a 2^-128 chance, as two strings are).
+    stack_paths: HashMap<u128, u32, BuildHasherDefault<PreHashed>>,
     /// [`Self::add_stack_path`] calls, and those that found their stack in `stack_paths`.
     path_lookups: u64,
     path_hits: u64,
@@ -176,15 +180,17 @@ impl Default for SymbolsBuilder {
             function_index: HashMap::new(),
             locations: Vec::new(),
             location_index: HashTable::new(),
+            location_keys: HashMap::default(),
             hasher: DefaultHashBuilder::default(),
             scratch_functions: Vec::new(),
             scratch_lines: Vec::new(),
+            scratch_key: Vec::new(),
             parents: vec![0],
             node_locations: vec![0],
             children: HashMap::new(),
             stacks: Vec::new(),
             node_stacks: vec![0],
-            stack_paths: HashTable::new(),
+            stack_paths: HashMap::default(),
             path_lookups: 0,
             path_hits: 0,
         }
@@ -232,6 +238,7 @@ impl SymbolsBuilder {
         b.function_index.reserve(c.functions);
         b.locations.reserve(c.locations);
         b.location_index = HashTable::with_capacity(c.locations);
+        b.location_keys.reserve(c.locations);
         b.parents.reserve(c.nodes);
         b.node_locations.reserve(c.nodes);
         b.node_stacks.reserve(c.nodes);
@@ -342,8 +349,14 @@ impl SymbolsBuilder {
         i
     }
 
-    /// Interns a profile's locations (and their functions and mappings); returns, for every
-    /// location of the profile, its index in this block.
+    /// Interns a profile's locations (and the functions and mappings they name); returns, for
+    /// every location of the profile, its index in this block.
+    ///
+    /// A location is found by the 128-bit xxh3 of its content ([`Self::location_keys`]): its
+    /// mapping, address and frame type, and for each line the line number and the hashes of
+    /// its function's strings. A location met before (most of a profile's: a service's stacks
+    /// repeat) is one probe; its function's strings and the function itself are interned only
+    /// when the location is new. A function no location names is not kept.
     pub fn add_locations(&mut self, symbols: &ProfileSymbols) -> Vec<u32> {
         let mappings: Vec<u32> = symbols
             .mappings
@@ -360,36 +373,42 @@ impl SymbolsBuilder {
                 self.intern_mapping(mapping)
             })
             .collect();
+        // Per function of the profile: the hash of its content, then (once a new location
+        // names it) its index in this block; computed when a location first names it.
+        const UNSET: u32 = u32::MAX;
+        let mut function_keys: Vec<Option<u128>> = vec![None; symbols.functions.len()];
+        let mut function_ids: Vec<u32> = vec![UNSET; symbols.functions.len()];
         // A profile's functions share their file names (`model::Function`'s strings are
         // shared): each one is hashed once, then found by its address and length (an empty
         // string may start where another one does; two strings never share both).
-        let mut files: hashbrown::HashMap<(*const u8, usize), u32> = hashbrown::HashMap::new();
+        let mut files: hashbrown::HashMap<(*const u8, usize), u128> = hashbrown::HashMap::new();
         let same = |a: &str, b: &str| a.as_ptr() == b.as_ptr() && a.len() == b.len();
-        let functions: Vec<u32> = symbols
-            .functions
-            .iter()
-            .map(|f| {
-                let name = self.string(&f.name);
-                // Most producers (Go's runtime/pprof among them) repeat the name here:
-                // comparing the bytes costs less than hashing them again.
-                let system_name = if same(&f.system_name, &f.name) || f.system_name == f.name {
-                    name
-                } else {
-                    self.string(&f.system_name)
-                };
-                let filename = match files.entry((f.filename.as_ptr(), f.filename.len())) {
-                    hashbrown::hash_map::Entry::Occupied(e) => *e.get(),
-                    hashbrown::hash_map::Entry::Vacant(e) => *e.insert(self.string(&f.filename)),
-                };
-                let function = pb::Function {
-                    name,
-                    system_name,
-                    filename,
-                    start_line: f.start_line,
-                };
-                self.intern_function(function)
-            })
-            .collect();
+        let mut function_key = |i: usize| -> u128 {
+            if let Some(k) = function_keys[i] {
+                return k;
+            }
+            let f = &symbols.functions[i];
+            let name = string_hash(&f.name);
+            // Most producers (Go's runtime/pprof among them) repeat the name here: comparing
+            // the bytes costs less than hashing them again.
+            let system_name = if same(&f.system_name, &f.name) || f.system_name == f.name {
+                name
+            } else {
+                string_hash(&f.system_name)
+            };
+            let filename = *files
+                .entry((f.filename.as_ptr(), f.filename.len()))
+                .or_insert_with(|| string_hash(&f.filename));
+            let mut key = [0u8; 56];
+            key[..16].copy_from_slice(&name.to_le_bytes());
+            key[16..32].copy_from_slice(&system_name.to_le_bytes());
+            key[32..48].copy_from_slice(&filename.to_le_bytes());
+            key[48..].copy_from_slice(&f.start_line.to_le_bytes());
+            let k = xxhash_rust::xxh3::xxh3_128(&key);
+            function_keys[i] = Some(k);
+            k
+        };
+        let mut key = std::mem::take(&mut self.scratch_key);
         let (mut funcs, mut lines) = (
             std::mem::take(&mut self.scratch_functions),
             std::mem::take(&mut self.scratch_lines),
@@ -398,22 +417,55 @@ impl SymbolsBuilder {
             .locations
             .iter()
             .map(|l| {
+                let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
+                let frame_type = self.string(&l.frame_type);
+                key.clear();
+                key.extend_from_slice(&mapping.to_le_bytes());
+                key.extend_from_slice(&frame_type.to_le_bytes());
+                key.extend_from_slice(&l.address.to_le_bytes());
+                for line in &l.lines {
+                    key.extend_from_slice(&function_key(line.function as usize).to_le_bytes());
+                    key.extend_from_slice(&line.line.to_le_bytes());
+                }
+                let hash = xxhash_rust::xxh3::xxh3_128(&key);
+                if let Some(&i) = self.location_keys.get(&hash) {
+                    return i;
+                }
                 funcs.clear();
-                funcs.extend(l.lines.iter().map(|x| functions[x.function as usize]));
+                for line in &l.lines {
+                    let slot = &mut function_ids[line.function as usize];
+                    if *slot == UNSET {
+                        *slot = self
+                            .intern_profile_function(&symbols.functions[line.function as usize]);
+                    }
+                    funcs.push(*slot);
+                }
                 lines.clear();
                 lines.extend(l.lines.iter().map(|x| x.line));
-                let frame_type = self.string(&l.frame_type);
-                self.intern_location(
-                    l.mapping.map_or(0, |m| mappings[m as usize] + 1),
-                    l.address,
-                    &funcs,
-                    &lines,
-                    frame_type,
-                )
+                let i = self.intern_location(mapping, l.address, &funcs, &lines, frame_type);
+                self.location_keys.insert(hash, i);
+                i
             })
             .collect();
-        (self.scratch_functions, self.scratch_lines) = (funcs, lines);
+        (self.scratch_functions, self.scratch_lines, self.scratch_key) = (funcs, lines, key);
         out
+    }
+
+    /// Interns a profile's function (and its strings).
+    fn intern_profile_function(&mut self, f: &kiln_otel::model::Function) -> u32 {
+        let name = self.string(&f.name);
+        let system_name = if f.system_name == f.name {
+            name
+        } else {
+            self.string(&f.system_name)
+        };
+        let function = pb::Function {
+            name,
+            system_name,
+            filename: self.string(&f.filename),
+            start_line: f.start_line,
+        };
+        self.intern_function(function)
     }
 
     /// Inserts a stack of block location indices, leaf first; returns its stack id.
@@ -426,31 +478,21 @@ impl SymbolsBuilder {
     }
 
     /// [`Self::add_stack`] of a stack of block location indices, leaf first, found by its
-    /// locations when this builder added it before.
+    /// locations' 128-bit xxh3 when this builder added it before (one probe, no walk up the
+    /// tree comparing its nodes).
     pub fn add_stack_path(&mut self, leaf_first: &[u32]) -> u32 {
         self.path_lookups += 1;
-        let hash = self.hasher.hash_one(leaf_first);
-        let (stacks, parents, node_locations) = (&self.stacks, &self.parents, &self.node_locations);
-        let same = |id: u32| {
-            let mut node = stacks[id as usize];
-            for &loc in leaf_first {
-                if node == 0 || node_locations[node as usize] != loc {
-                    return false;
-                }
-                node = parents[node as usize];
-            }
-            node == 0
-        };
-        if let Some(&(_, id)) = self
-            .stack_paths
-            .find(hash, |&(h, id)| h == hash && same(id))
-        {
+        let mut key = std::mem::take(&mut self.scratch_key);
+        key.clear();
+        key.extend(leaf_first.iter().flat_map(|l| l.to_le_bytes()));
+        let hash = xxhash_rust::xxh3::xxh3_128(&key);
+        self.scratch_key = key;
+        if let Some(&id) = self.stack_paths.get(&hash) {
             self.path_hits += 1;
             return id;
         }
         let id = self.add_stack(leaf_first.iter().copied());
-        self.stack_paths
-            .insert_unique(hash, (hash, id), |&(h, _)| h);
+        self.stack_paths.insert(hash, id);
         id
     }
 
@@ -494,7 +536,7 @@ impl SymbolsBuilder {
             self.node_stacks[node as usize] = id as u32 + 1;
         }
         self.stacks = stacks;
-        for (_, id) in self.stack_paths.iter_mut() {
+        for id in self.stack_paths.values_mut() {
             *id = new_of[*id as usize];
         }
         new_of
@@ -592,9 +634,10 @@ impl SymbolsBuilder {
             + self.strings.len() * 48
             + self.functions.len() * 64
             + self.locations.len() * 96
+            + self.location_keys.capacity() * 20
             + self.parents.len() * 44
             + self.stacks.len() * 4
-            + self.stack_paths.capacity() * 17
+            + self.stack_paths.capacity() * 33
     }
 
     /// Encodes the section.
@@ -1498,6 +1541,80 @@ mod tests {
         assert_eq!(a.strings.len(), 17);
         // Functions 15..20 repeat 0..5 but for three whose file differs.
         assert_eq!(a.functions.len(), 15 + 3);
+    }
+
+    /// Locations are found by their content's hash: the same content in another profile
+    /// (other string buffers, other order) finds the same location, and a location differing in
+    /// any part (mapping, address, frame type, a line's number, its function's name, system
+    /// name, file or start line) is another; a function no location names is not kept.
+    #[test]
+    fn locations_found_by_content_hash_are_the_locations_interned() {
+        use kiln_otel::model::Mapping;
+        let function = |name: &str, system: &str, file: &str, start: i64| Function {
+            name: name.into(),
+            system_name: system.into(),
+            filename: file.into(),
+            start_line: start,
+        };
+        let profile = |reversed: bool| {
+            let mut p = ProfileSymbols {
+                functions: vec![
+                    function("f", "f", "a.go", 1),
+                    function("f", "f_sys", "a.go", 1),
+                    function("f", "f", "b.go", 1),
+                    function("f", "f", "a.go", 2),
+                    function("g", "g", "a.go", 1),
+                    function("unused", "unused", "c.go", 0),
+                ],
+                mappings: vec![Mapping {
+                    memory_start: 0x1000,
+                    filename: "/bin/app".into(),
+                    ..Default::default()
+                }],
+                locations: Vec::new(),
+            };
+            let line = |function: u32, line: i64| Line { function, line };
+            let location =
+                |mapping: Option<u32>, address: u64, lines: Vec<Line>, frame: &str| Location {
+                    mapping,
+                    address,
+                    lines: lines.into_iter().collect(),
+                    frame_type: frame.into(),
+                };
+            p.locations = vec![
+                location(None, 0, vec![line(0, 10)], ""),
+                location(None, 0, vec![line(0, 11)], ""),
+                location(None, 0, vec![line(1, 10)], ""),
+                location(None, 0, vec![line(2, 10)], ""),
+                location(None, 0, vec![line(3, 10)], ""),
+                location(None, 0, vec![line(4, 10)], ""),
+                location(None, 0, vec![line(4, 10), line(0, 10)], ""),
+                location(None, 0, vec![line(0, 10)], "native"),
+                location(None, 0x10, vec![line(0, 10)], ""),
+                location(Some(0), 0x10, vec![line(0, 10)], ""),
+                location(None, 0, vec![line(0, 10)], ""),
+            ];
+            if reversed {
+                p.functions.reverse();
+                for l in &mut p.locations {
+                    for line in &mut l.lines {
+                        line.function = 5 - line.function;
+                    }
+                }
+                p.locations.reverse();
+            }
+            p
+        };
+        let mut b = SymbolsBuilder::default();
+        let first = b.add_locations(&profile(false));
+        // Ten distinct locations; the last repeats the first.
+        assert_eq!(first, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0]);
+        assert_eq!(b.locations.len(), 10);
+        assert_eq!(b.functions.len(), 5, "the unused function is not kept");
+        let mut again = b.add_locations(&profile(true));
+        again.reverse();
+        assert_eq!(again, first);
+        assert_eq!((b.locations.len(), b.functions.len()), (10, 5));
     }
 
     #[test]

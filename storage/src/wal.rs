@@ -33,8 +33,6 @@ const VERSION: u16 = 1;
 const HEADER_BYTES: usize = 16;
 const FRAME_BYTES: usize = 16;
 const EXTENSION: &str = "kwal";
-/// The group buffer's capacity kept between appends.
-const KEEP_BUFFER_BYTES: usize = 8 << 20;
 
 /// What an opened log held above the checkpoint.
 #[derive(Debug, Default)]
@@ -56,6 +54,7 @@ pub struct Log {
     current: Option<(std::fs::File, u64)>,
     next_seq: u64,
     max_file_bytes: u64,
+    /// A group's frame headers (16 bytes a record), reused.
     buf: Vec<u8>,
 }
 
@@ -110,9 +109,12 @@ impl Log {
     /// Appends `records` in order and syncs them; returns the sequence number of the last (of
     /// the one before them when there are none). Once this returns they survive a crash.
     pub fn append<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<u64> {
+        // The frames' headers are made in `buf`; the payloads are written from where they are
+        // (one `writev` of headers and payloads), not copied after them.
         self.buf.clear();
+        let payloads: Vec<&[u8]> = records.into_iter().collect();
         let mut seq = self.next_seq;
-        for payload in records {
+        for payload in &payloads {
             let len = u32::try_from(payload.len()).map_err(|_| {
                 Error::InvalidWrite("a write is too large for the write-ahead log".into())
             })?;
@@ -120,7 +122,6 @@ impl Log {
             self.buf
                 .extend_from_slice(&frame_crc(seq, payload).to_le_bytes());
             self.buf.extend_from_slice(&seq.to_le_bytes());
-            self.buf.extend_from_slice(payload);
             seq += 1;
         }
         if seq == self.next_seq {
@@ -135,7 +136,19 @@ impl Log {
         }
         let path = &self.files.last().expect("a file was started").1;
         let (file, len) = self.current.as_mut().expect("a file was started");
-        let written = file.write_all(&self.buf).and_then(|()| file.sync_data());
+        let mut slices: Vec<std::io::IoSlice<'_>> = self
+            .buf
+            .chunks_exact(FRAME_BYTES)
+            .zip(&payloads)
+            .flat_map(|(header, payload)| {
+                [
+                    std::io::IoSlice::new(header),
+                    std::io::IoSlice::new(payload),
+                ]
+            })
+            .collect();
+        let bytes = self.buf.len() + payloads.iter().map(|p| p.len()).sum::<usize>();
+        let written = write_all_vectored(file, &mut slices).and_then(|()| file.sync_data());
         // The group's numbers are used either way: a failed group may have left whole frames
         // (replayed after a restart, as a write whose answer was lost is retried), and after it
         // the file ends in bytes a reader stops at, so the next group goes to a new file.
@@ -145,11 +158,7 @@ impl Log {
             self.current = None;
             return Err(e);
         }
-        *len += self.buf.len() as u64;
-        if self.buf.capacity() > KEEP_BUFFER_BYTES {
-            // A rare large group's buffer is not kept for the process's life.
-            self.buf = Vec::new();
-        }
+        *len += bytes as u64;
         Ok(seq - 1)
     }
 
@@ -212,6 +221,23 @@ impl Log {
     pub fn files(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|(_, p)| p.as_path())
     }
+}
+
+/// `Write::write_all` of `slices` in as few `writev` calls as the kernel takes them.
+fn write_all_vectored(
+    file: &mut std::fs::File,
+    mut slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    std::io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match file.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn frame_crc(seq: u64, payload: &[u8]) -> u32 {
