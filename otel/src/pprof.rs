@@ -227,7 +227,7 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
             factor: DECODED_FACTOR,
         });
     }
-    Ok((decode_presized(raw, estimate)?, size))
+    Ok((decode_presized(raw, estimate, None)?, size))
 }
 
 /// What decoding the plain pprof `raw` may allocate, by the walk that knows pprof's schema
@@ -253,14 +253,17 @@ pub fn check(
 /// budget already covers ([`check`]): a body of many fields that
 /// do not decode (decoding stops at the first) reserves no more than that, and a table past it
 /// grows as decoding fills it, as before.
-fn decode_presized(raw: Bytes, estimate: usize) -> Result<Profile> {
+///
+/// `counts`: the top level's counts when the walk made them already
+/// ([`kiln_proto::wire::Checked::top_level_counts`]); counted here otherwise.
+fn decode_presized(raw: Bytes, estimate: usize, counts: Option<&[usize; 16]>) -> Result<Profile> {
     fn reserve<T>(table: &mut Vec<T>, count: usize, budget: &mut usize) {
         let n = count.min(*budget / std::mem::size_of::<T>().max(1));
         *budget -= n * std::mem::size_of::<T>();
         table.reserve_exact(n);
     }
     let mut profile = Profile::default();
-    if let Some(counts) = top_level_counts(&raw) {
+    if let Some(counts) = counts.copied().or_else(|| top_level_counts(&raw)) {
         let mut budget = estimate;
         reserve(&mut profile.sample_type, counts[1], &mut budget);
         reserve(&mut profile.sample, counts[2], &mut budget);
@@ -329,7 +332,11 @@ pub fn decode_checked(
         });
     }
     Ok((
-        decode_presized(checked.bytes().clone(), checked.estimate())?,
+        decode_presized(
+            checked.bytes().clone(),
+            checked.estimate(),
+            checked.top_level_counts(),
+        )?,
         size,
     ))
 }
@@ -635,12 +642,21 @@ mod tests {
         }
         let bytes = Bytes::from(p.encode_to_vec());
         let estimate = check_estimate(&bytes).unwrap();
-        let reserved = decode_presized(bytes.clone(), estimate).unwrap();
+        let reserved = decode_presized(bytes.clone(), estimate, None).unwrap();
         assert_eq!(reserved.sample.capacity(), 40);
         assert_eq!(reserved.location.capacity(), 40);
         assert_eq!(reserved.function.capacity(), 40);
         assert_eq!(reserved.string_table.capacity(), 43);
-        let grown = decode_presized(bytes, 0).unwrap();
+        // The walk's counts are the count pass's, and reserve the same.
+        let checked = check(bytes.clone()).unwrap();
+        assert_eq!(
+            checked.top_level_counts(),
+            top_level_counts(&bytes).as_ref()
+        );
+        let walked = decode_presized(bytes.clone(), estimate, checked.top_level_counts()).unwrap();
+        assert_eq!(walked.sample.capacity(), 40);
+        assert_eq!(walked.string_table.capacity(), 43);
+        let grown = decode_presized(bytes, 0, None).unwrap();
         assert_ne!(
             grown.sample.capacity(),
             40,

@@ -97,19 +97,33 @@ pub fn decode_within<M: Message + Default, B: Buf + AsRef<[u8]>>(
 pub struct Checked {
     bytes: bytes::Bytes,
     estimate: usize,
+    /// Length-delimited fields of each number below 16 at the top level, when the walk knew
+    /// the schema ([`check_with_schema`]).
+    top_level: Option<[usize; 16]>,
 }
 
 /// Walks `bytes` as [`decoded_estimate`] does (refusing what nests deeper than [`MAX_DEPTH`])
 /// and keeps them with the estimate, to decode later without another walk.
 pub fn check(bytes: bytes::Bytes) -> Result<Checked, WireError> {
     let estimate = decoded_estimate(&bytes, MAX_DEPTH)?;
-    Ok(Checked { bytes, estimate })
+    Ok(Checked {
+        bytes,
+        estimate,
+        top_level: None,
+    })
 }
 
 impl Checked {
     /// What decoding may allocate ([`decoded_estimate`]).
     pub fn estimate(&self) -> usize {
         self.estimate
+    }
+
+    /// How many length-delimited fields (messages and strings) of each number below 16 the
+    /// top level holds, as [`check_with_schema`] counted them on its walk (`None` after
+    /// [`check`], or where the bytes were not as the schema has them).
+    pub fn top_level_counts(&self) -> Option<&[usize; 16]> {
+        self.top_level.as_ref()
     }
 
     /// The bytes walked.
@@ -178,22 +192,41 @@ pub static PPROF_PROFILE: Schema = {
 /// its answer, refusal or estimate, stands for them. So this refuses no more than [`check`]
 /// does, and its estimate is never above [`check`]'s.
 pub fn check_with_schema(bytes: bytes::Bytes, schema: &Schema) -> Result<Checked, WireError> {
-    let estimate = decoded_estimate_with_schema(&bytes, schema)?;
-    Ok(Checked { bytes, estimate })
+    let mut top_level = [0usize; 16];
+    let (estimate, top_level) = match walk_schema(&bytes, schema, MAX_DEPTH, &mut top_level) {
+        Some(fields) => (estimate_of(bytes.len(), fields), Some(top_level)),
+        None => (decoded_estimate(&bytes, MAX_DEPTH)?, None),
+    };
+    Ok(Checked {
+        bytes,
+        estimate,
+        top_level,
+    })
 }
 
 /// [`decoded_estimate`] (with [`MAX_DEPTH`]) by the walk of [`check_with_schema`].
 pub fn decoded_estimate_with_schema(buf: &[u8], schema: &Schema) -> Result<usize, WireError> {
-    let fields = match walk_schema(buf, schema, MAX_DEPTH) {
+    let fields = match walk_schema(buf, schema, MAX_DEPTH, &mut [0; 16]) {
         Some(fields) => fields,
         None => check_shape(buf, MAX_DEPTH)?,
     };
-    Ok(buf.len().saturating_add(fields.saturating_mul(FIELD_COST)))
+    Ok(estimate_of(buf.len(), fields))
+}
+
+/// The estimate of a body of `len` bytes holding `fields` length-delimited fields and groups.
+fn estimate_of(len: usize, fields: usize) -> usize {
+    len.saturating_add(fields.saturating_mul(FIELD_COST))
 }
 
 /// The walk of [`check_with_schema`]: the length-delimited fields and groups it read, or `None`
-/// where `buf` is not as `schema` has it, or nests deeper than `max`.
-fn walk_schema(buf: &[u8], schema: &Schema, max: usize) -> Option<usize> {
+/// where `buf` is not as `schema` has it, or nests deeper than `max`. `top_level`: counts of
+/// the top level's length-delimited fields by number (below 16).
+fn walk_schema(
+    buf: &[u8],
+    schema: &Schema,
+    max: usize,
+    top_level: &mut [usize; 16],
+) -> Option<usize> {
     /// A message being read (`group` 0) or a group (its field number; its fields all skipped
     /// by prost, groups among them entered), which ends by `end`.
     #[derive(Clone, Copy)]
@@ -236,6 +269,11 @@ fn walk_schema(buf: &[u8], schema: &Schema, max: usize) -> Option<usize> {
                     .ok()
                     .filter(|&l| l <= cur.end - start)?;
                 fields += 1;
+                if outer.is_empty()
+                    && let Some(c) = top_level.get_mut(number as usize)
+                {
+                    *c += 1;
+                }
                 match cur.schema.and_then(|s| s.message(number)) {
                     Some(inner) if len > 0 => {
                         if outer.len() >= max {
