@@ -71,7 +71,7 @@ pub const FIELD_COST: usize = 32;
 /// body of them decodes to many times its size). Refuses what nests deeper than `max`.
 pub fn decoded_estimate(buf: &[u8], max: usize) -> Result<usize, WireError> {
     let fields = check_shape(buf, max)?;
-    Ok(buf.len().saturating_add(fields.saturating_mul(FIELD_COST)))
+    Ok(estimate_of(buf.len(), fields))
 }
 
 /// [`decode`], refusing first what [`decoded_estimate`] puts past `max_decoded` bytes.

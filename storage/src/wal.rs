@@ -228,6 +228,8 @@ fn write_all_vectored(
     file: &mut std::fs::File,
     mut slices: &mut [std::io::IoSlice<'_>],
 ) -> std::io::Result<()> {
+    // Empty slices first (an empty record) are dropped, so a write of nothing means the
+    // file took nothing (`WriteZero`), never that only empty slices were left.
     std::io::IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
         match file.write_vectored(slices) {
