@@ -426,7 +426,17 @@ fn read_field(buf: &[u8], pos: usize, end: usize) -> Option<(usize, Field)> {
 }
 
 /// A varint of at most 10 bytes at `pos`, before `end`: its value and the position after it.
-fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Option<(u64, usize)> {
+#[inline]
+fn read_varint(buf: &[u8], pos: usize, end: usize) -> Option<(u64, usize)> {
+    // Most keys and lengths are one byte.
+    match buf.get(pos) {
+        Some(&b) if b < 0x80 && pos < end => Some((u64::from(b), pos + 1)),
+        _ => read_varint_slow(buf, pos, end),
+    }
+}
+
+/// [`read_varint`] of a varint of more than one byte (or none).
+fn read_varint_slow(buf: &[u8], mut pos: usize, end: usize) -> Option<(u64, usize)> {
     let mut value = 0u64;
     for shift in (0..70).step_by(7) {
         if pos >= end {

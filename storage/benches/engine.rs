@@ -171,6 +171,18 @@ fn symbols_interning(c: &mut Criterion) {
     c.bench_function("symbols_add_locations_hits_2000", |b| {
         b.iter(|| builder.add_locations(&symbols))
     });
+    // The same hits in a block that holds 200,000 other locations (a segment of many
+    // services): a table larger than the caches, where a lookup waits on memory.
+    let mut other = symbols.clone();
+    for round in 0..100 {
+        for (i, l) in other.locations.iter_mut().enumerate() {
+            l.address = (round * 2_000 + i as u64) + 1;
+        }
+        builder.add_locations(&other);
+    }
+    c.bench_function("symbols_add_locations_hits_2000_of_200000", |b| {
+        b.iter(|| builder.add_locations(&symbols))
+    });
 }
 
 fn flamegraph(c: &mut Criterion) {

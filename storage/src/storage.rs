@@ -16,7 +16,7 @@ use crate::metastore::{BlockQuery, Metastore, Removed};
 use crate::query::{QueryEngine, now_ms};
 use crate::spool::{Spool, SpoolConfig};
 use crate::store::ObjectStorage;
-use crate::writer::{Writer, WriterConfig};
+use crate::writer::{ExpectedWrite, Writer, WriterConfig};
 use crate::{Error, Result};
 
 /// Storage settings.
@@ -281,13 +281,23 @@ impl Storage {
     /// Like [`Storage::write_all`], with the write's write-ahead log record (the request the
     /// profiles were decoded from): acknowledged once the log is synced, where the writer logs
     /// writes ([`crate::writer::Writer::write_logged`]).
+    /// `expected`: the write's [`Storage::expect_write`], if it took one.
     pub async fn write_logged(
         &self,
         tenant: &str,
         profiles: Vec<NormalizedProfile>,
         record: Option<Vec<u8>>,
+        expected: Option<ExpectedWrite>,
     ) -> Result<()> {
-        self.writer.write_logged(tenant, profiles, record).await
+        self.writer
+            .write_logged(tenant, profiles, record, expected)
+            .await
+    }
+
+    /// Announces a write about to be decoded ([`crate::writer::Writer::expect_write`]): a
+    /// group of log records waits briefly for it, so one `fdatasync` acknowledges more writes.
+    pub fn expect_write(&self) -> ExpectedWrite {
+        self.writer.expect_write()
     }
 
     /// Whether writes are acknowledged from a write-ahead log (and so take a record).

@@ -69,6 +69,7 @@ pub struct SymbolsBuilder {
     scratch_functions: Vec<u32>,
     scratch_lines: Vec<i64>,
     scratch_key: Vec<u8>,
+    scratch_hashes: Vec<u128>,
     parents: Vec<u32>,
     node_locations: Vec<u32>,
     children: HashMap<(u32, u32), u32>,
@@ -185,6 +186,7 @@ impl Default for SymbolsBuilder {
             scratch_functions: Vec::new(),
             scratch_lines: Vec::new(),
             scratch_key: Vec::new(),
+            scratch_hashes: Vec::new(),
             parents: vec![0],
             node_locations: vec![0],
             children: HashMap::new(),
@@ -408,46 +410,65 @@ impl SymbolsBuilder {
             function_keys[i] = Some(k);
             k
         };
+        // Three passes: every location's key, then the lookups, then the new locations. The
+        // lookups are most of the cost (a table of a block's locations is larger than the
+        // caches, and a probe waits on memory); in a loop of their own, independent of each
+        // other and of hashing, the processor has several in flight at once.
         let mut key = std::mem::take(&mut self.scratch_key);
+        let mut hashes = std::mem::take(&mut self.scratch_hashes);
+        hashes.clear();
+        for l in &symbols.locations {
+            let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
+            let frame_type = self.string(&l.frame_type);
+            key.clear();
+            key.extend_from_slice(&mapping.to_le_bytes());
+            key.extend_from_slice(&frame_type.to_le_bytes());
+            key.extend_from_slice(&l.address.to_le_bytes());
+            for line in &l.lines {
+                key.extend_from_slice(&function_key(line.function as usize).to_le_bytes());
+                key.extend_from_slice(&line.line.to_le_bytes());
+            }
+            hashes.push(xxhash_rust::xxh3::xxh3_128(&key));
+        }
+        self.scratch_key = key;
+        let mut out: Vec<u32> = hashes
+            .iter()
+            .map(|hash| self.location_keys.get(hash).copied().unwrap_or(UNSET))
+            .collect();
         let (mut funcs, mut lines) = (
             std::mem::take(&mut self.scratch_functions),
             std::mem::take(&mut self.scratch_lines),
         );
-        let out = symbols
-            .locations
-            .iter()
-            .map(|l| {
-                let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
-                let frame_type = self.string(&l.frame_type);
-                key.clear();
-                key.extend_from_slice(&mapping.to_le_bytes());
-                key.extend_from_slice(&frame_type.to_le_bytes());
-                key.extend_from_slice(&l.address.to_le_bytes());
-                for line in &l.lines {
-                    key.extend_from_slice(&function_key(line.function as usize).to_le_bytes());
-                    key.extend_from_slice(&line.line.to_le_bytes());
+        for ((l, &hash), slot) in symbols.locations.iter().zip(&hashes).zip(&mut out) {
+            if *slot != UNSET {
+                continue;
+            }
+            // The same content twice in one profile: the first made it.
+            if let Some(&i) = self.location_keys.get(&hash) {
+                *slot = i;
+                continue;
+            }
+            funcs.clear();
+            for line in &l.lines {
+                let id = &mut function_ids[line.function as usize];
+                if *id == UNSET {
+                    *id = self.intern_profile_function(&symbols.functions[line.function as usize]);
                 }
-                let hash = xxhash_rust::xxh3::xxh3_128(&key);
-                if let Some(&i) = self.location_keys.get(&hash) {
-                    return i;
-                }
-                funcs.clear();
-                for line in &l.lines {
-                    let slot = &mut function_ids[line.function as usize];
-                    if *slot == UNSET {
-                        *slot = self
-                            .intern_profile_function(&symbols.functions[line.function as usize]);
-                    }
-                    funcs.push(*slot);
-                }
-                lines.clear();
-                lines.extend(l.lines.iter().map(|x| x.line));
-                let i = self.intern_location(mapping, l.address, &funcs, &lines, frame_type);
-                self.location_keys.insert(hash, i);
-                i
-            })
-            .collect();
-        (self.scratch_functions, self.scratch_lines, self.scratch_key) = (funcs, lines, key);
+                funcs.push(*id);
+            }
+            lines.clear();
+            lines.extend(l.lines.iter().map(|x| x.line));
+            let mapping = l.mapping.map_or(0, |m| mappings[m as usize] + 1);
+            let frame_type = self.string(&l.frame_type);
+            let i = self.intern_location(mapping, l.address, &funcs, &lines, frame_type);
+            self.location_keys.insert(hash, i);
+            *slot = i;
+        }
+        (
+            self.scratch_functions,
+            self.scratch_lines,
+            self.scratch_hashes,
+        ) = (funcs, lines, hashes);
         out
     }
 

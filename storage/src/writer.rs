@@ -20,7 +20,7 @@ mod logged;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
@@ -123,6 +123,15 @@ pub struct LogConfig {
     pub segment_interval: Duration,
     /// A log file takes appends until it is about this large.
     pub max_file_bytes: u64,
+    /// How long a group of records waits for more writes before it is appended and synced,
+    /// while more are to be expected (writes announced by [`Writer::expect_write`], or the
+    /// last group held several); zero appends a group as soon as no write waits in the
+    /// shard's queue. Each `fdatasync` costs the server CPU besides the device's flush: at 32
+    /// requests in flight `kiln bench`'s groups held ~7 records without waiting, and 2 ms
+    /// halved the syncs (docs/performance.md, 2026-11-30, sixth). A write waits at most this
+    /// much longer for its acknowledgement (tokio's timer rounds up to the next millisecond),
+    /// and only under a concurrent load: a sender writing alone is not kept waiting.
+    pub group_linger: Duration,
     pub decoder: Arc<dyn RecordDecoder>,
 }
 
@@ -133,18 +142,21 @@ impl std::fmt::Debug for LogConfig {
             .field("id", &self.id)
             .field("segment_interval", &self.segment_interval)
             .field("max_file_bytes", &self.max_file_bytes)
+            .field("group_linger", &self.group_linger)
             .finish_non_exhaustive()
     }
 }
 
 impl LogConfig {
-    /// Defaults in `dir`: a segment every second, files of 64 MiB.
+    /// Defaults in `dir`: a segment every second, files of 64 MiB, groups that wait 2 ms for
+    /// writes under way.
     pub fn new(dir: impl Into<PathBuf>, decoder: Arc<dyn RecordDecoder>) -> Self {
         Self {
             dir: dir.into(),
             id: String::new(),
             segment_interval: Duration::from_secs(1),
             max_file_bytes: 64 << 20,
+            group_linger: Duration::from_millis(2),
             decoder,
         }
     }
@@ -215,6 +227,8 @@ enum Command {
         profiles: Vec<NormalizedProfile>,
         /// The write's write-ahead log record, where the gateway logs its format.
         record: Option<Vec<u8>>,
+        /// Dropped once the shard has the write ([`Writer::expect_write`]).
+        expected: Option<ExpectedWrite>,
         ack: Ack,
     },
     /// Cut and register what the shard buffers, and answer once it is registered.
@@ -283,6 +297,35 @@ struct FlushContext {
     /// Segments a logged shard built and has not registered yet, read by this process's
     /// queries ([`Unregistered`]).
     unregistered: Arc<Unregistered>,
+    /// Writes on their way to a shard ([`Writer::expect_write`]).
+    expected: Arc<Expected>,
+}
+
+/// The count of writes on their way to a shard, and a wake-up for the shards when it falls to
+/// zero.
+#[derive(Debug, Default)]
+struct Expected {
+    count: AtomicUsize,
+    none: tokio::sync::Notify,
+}
+
+/// A write on its way to the writer, from its request's start until a shard has it
+/// ([`Writer::expect_write`]): while any is, a logged shard holding records lets its group wait
+/// up to [`LogConfig::group_linger`] for more before it appends and syncs them (PostgreSQL's
+/// `commit_delay` with `commit_siblings`, counted by the writes under way; the shard also
+/// waits after a group of several writes). Dropping it (the request refused, or its write
+/// handed over) ends the expectation.
+#[derive(Debug)]
+pub struct ExpectedWrite(Arc<Expected>);
+
+impl Drop for ExpectedWrite {
+    fn drop(&mut self) {
+        // The last one (a request refused, or a write handed over): a group waiting for it
+        // goes now.
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none.notify_waiters();
+        }
+    }
 }
 
 /// How often the drainer looks at the spool.
@@ -304,6 +347,7 @@ impl Writer {
             spool,
             warm,
             unregistered: Arc::default(),
+            expected: Arc::default(),
         });
         let mut tasks = Vec::new();
         let drainer = ctx.spool.as_ref().map(|_| {
@@ -396,18 +440,29 @@ impl Writer {
     /// Writes profiles of one request and waits until all are durable. They land in the same
     /// block, so they are stored all together or not at all.
     pub async fn write(&self, tenant: &str, profiles: Vec<NormalizedProfile>) -> Result<()> {
-        self.write_logged(tenant, profiles, None).await
+        self.write_logged(tenant, profiles, None, None).await
+    }
+
+    /// Announces a write that is coming (its request is about to be decoded), until the
+    /// returned guard is dropped or handed to [`Writer::write_logged`]: a logged shard lets a
+    /// group of records wait briefly for the writes under way, so that one `fdatasync`
+    /// acknowledges more of them.
+    pub fn expect_write(&self) -> ExpectedWrite {
+        self.ctx.expected.count.fetch_add(1, Ordering::AcqRel);
+        ExpectedWrite(Arc::clone(&self.ctx.expected))
     }
 
     /// Like [`Writer::write`]; with a write-ahead log, `record` (the request the profiles were
     /// decoded from, [`RecordDecoder`]) is appended to it and the write is acknowledged once the
     /// log is synced. Without a record, or without a log, the write waits for its segment.
+    /// `expected`: this write's [`Writer::expect_write`], dropped once its shard has it.
     #[tracing::instrument(name = "storage.write", skip_all, fields(tenant = %tenant, profiles = profiles.len()))]
     pub async fn write_logged(
         &self,
         tenant: &str,
         profiles: Vec<NormalizedProfile>,
         record: Option<Vec<u8>>,
+        expected: Option<ExpectedWrite>,
     ) -> Result<()> {
         check_times(&profiles, crate::query::now_ms() as i64 * 1_000_000)?;
         let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
@@ -422,6 +477,7 @@ impl Writer {
                 tenant: tenant.to_owned(),
                 profiles,
                 record: record.filter(|_| self.logged),
+                expected,
                 ack,
             })
             .await

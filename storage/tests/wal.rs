@@ -41,7 +41,9 @@ async fn write_logged(s: &Storage, tenant: &str, stack: &str, from: i64, n: i64)
     for i in from..from + n {
         let record = text_record(tenant, "api", stack, i, T0 + i * SEC);
         let p = profile("api", &[(frames(stack), i)], T0 + i * SEC);
-        s.write_logged(tenant, vec![p], Some(record)).await.unwrap();
+        s.write_logged(tenant, vec![p], Some(record), None)
+            .await
+            .unwrap();
     }
 }
 
@@ -221,7 +223,7 @@ fn an_undecodable_record_is_skipped_and_counted() {
         let s = Storage::open(config.clone()).await.unwrap();
         write_logged(&s, "a", "main;ok", 1, 2).await;
         let p = profile("api", &[(frames("main;bad"), 100)], T0);
-        s.write_logged("a", vec![p], Some(b"not a record".to_vec()))
+        s.write_logged("a", vec![p], Some(b"not a record".to_vec()), None)
             .await
             .unwrap();
         write_logged(&s, "a", "main;ok", 3, 1).await;
@@ -272,6 +274,106 @@ async fn writes_without_a_record_wait_for_their_segment() {
     s.close().await;
 }
 
+/// A group of records waits for the writes announced before their decoding
+/// ([`Storage::expect_write`]), and a write is not acknowledged before its group is appended.
+/// When the last announced write ends without arriving (its request refused), a lone write's
+/// group goes at once; two writes that met share one `fdatasync`. After a group of several
+/// writes (a concurrent load), the next group waits for company though none is announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_waits_for_the_writes_under_way_and_goes_when_none_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = logged_config(dir.path(), NEVER);
+    config.writer.log.as_mut().unwrap().group_linger = NEVER;
+    let s = Storage::open(config).await.unwrap();
+    let logged = |s: &Storage, stack: &str, value: i64, expected| {
+        let s = s.clone();
+        let (record, p) = (
+            text_record("a", "api", stack, value, T0),
+            profile("api", &[(frames(stack), value)], T0),
+        );
+        tokio::spawn(async move { s.write_logged("a", vec![p], Some(record), expected).await })
+    };
+    let appends = |s: &Storage| s.metrics().log_appends.get();
+    let settle = || tokio::time::sleep(Duration::from_millis(100));
+
+    // A lone write goes at once.
+    logged(&s, "main;alone", 1, None).await.unwrap().unwrap();
+    assert_eq!(appends(&s), 1);
+
+    // An announced write that never arrives: the group goes when its announcement ends.
+    let refused = s.expect_write();
+    let second = logged(&s, "main;second", 2, None);
+    settle().await;
+    assert!(
+        !second.is_finished(),
+        "acknowledged before its group was appended"
+    );
+    assert_eq!(appends(&s), 1);
+    drop(refused);
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the group goes once no write is under way")
+        .unwrap()
+        .unwrap();
+    assert_eq!(appends(&s), 2);
+
+    // An announced write that arrives joins the group: one append for both.
+    let coming = s.expect_write();
+    let third = logged(&s, "main;third", 3, None);
+    settle().await;
+    assert!(!third.is_finished());
+    logged(&s, "main;fourth", 4, Some(coming))
+        .await
+        .unwrap()
+        .unwrap();
+    third.await.unwrap().unwrap();
+    assert_eq!(appends(&s), 3, "one group for both writes");
+
+    // After that group of two, a lone write waits for company (here, for ever: a flush
+    // appends it).
+    let fifth = logged(&s, "main;fifth", 5, None);
+    settle().await;
+    assert!(!fifth.is_finished());
+    assert_eq!(appends(&s), 3);
+    s.flush().await;
+    fifth.await.unwrap().unwrap();
+    assert_eq!(appends(&s), 4);
+
+    assert_eq!(
+        stacks(&s, "a").await,
+        (1..=5)
+            .zip(["alone", "second", "third", "fourth", "fifth"])
+            .map(|(v, name)| (frames(&format!("main;{name}")), v))
+            .collect()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
+/// A group waits for an announced write at most the group linger: a write whose announced
+/// neighbour never arrives is still acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_waits_no_longer_than_its_linger() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = logged_config(dir.path(), NEVER);
+    config.writer.log.as_mut().unwrap().group_linger = Duration::from_millis(50);
+    let s = Storage::open(config).await.unwrap();
+    let _never = s.expect_write();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        write_logged(&s, "a", "main;alone", 1, 2),
+    )
+    .await
+    .expect("acknowledged after the linger");
+    assert_eq!(s.metrics().log_appends.get(), 2);
+    assert_eq!(
+        stacks(&s, "a").await,
+        [(frames("main;alone"), 3)].into_iter().collect()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
 /// The log refuses to start with fewer shards than it holds records of.
 #[test]
 fn a_log_of_more_shards_than_configured_is_refused() {
@@ -284,7 +386,9 @@ fn a_log_of_more_shards_than_configured_is_refused() {
             let service = format!("svc{i}");
             let record = text_record("a", &service, "main", 1, T0);
             let p = profile(&service, &[(frames("main"), 1)], T0);
-            s.write_logged("a", vec![p], Some(record)).await.unwrap();
+            s.write_logged("a", vec![p], Some(record), None)
+                .await
+                .unwrap();
         }
     });
     config.writer.shards = 1;
@@ -411,7 +515,7 @@ async fn a_shard_that_panics_is_started_again_and_replays_its_log() {
     let tenant = kiln_storage::writer::testing::PANICKING_TENANT;
     let record = text_record(tenant, "api", "main", 1, T0);
     let p = profile("api", &[(frames("main"), 1)], T0);
-    let refused = s.write_logged(tenant, vec![p], Some(record)).await;
+    let refused = s.write_logged(tenant, vec![p], Some(record), None).await;
     assert!(
         matches!(refused, Err(kiln_storage::Error::Unanswered)),
         "{refused:?}"

@@ -109,6 +109,9 @@ async fn ingest(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), ApiError> {
+    // The write announced from the request's start: a group of log records waits briefly for
+    // it while it is read and decoded.
+    let expected = app.storage.expect_write();
     let limits = app.limits(tenant);
     let body = admit(app, tenant, body, limits.max_body_bytes).await?;
     let params = query_params(uri)?;
@@ -329,7 +332,15 @@ async fn ingest(
             )));
         }
     };
-    store(app, tenant, vec![profile], decompressed, record).await
+    store(
+        app,
+        tenant,
+        vec![profile],
+        decompressed,
+        record,
+        Some(expected),
+    )
+    .await
 }
 
 /// The write-ahead log record of one pprof upload.

@@ -105,6 +105,8 @@ async fn export(
     encoding: Encoding,
     share: &mut crate::app::budget::Share,
 ) -> Result<ExportProfilesServiceResponse, ApiError> {
+    // Announced from the start: a group of log records waits briefly for it.
+    let expected = app.storage.expect_write();
     let max_decoded = kiln_otel::pprof::decoded_limit(app.limits(tenant).max_decompressed_bytes);
     if encoding == Encoding::Protobuf {
         let decoded = crate::app::budget::decoded_estimate(body.clone(), None, max_decoded).await?;
@@ -143,6 +145,7 @@ async fn export(
             vec![converted.profile],
             decompressed_bytes,
             Some(record),
+            Some(expected),
         )
         .await?;
     }

@@ -184,7 +184,7 @@ async fn store_arrow(app: &AppRef, tenant: &TenantId, ipc: Bytes) -> Result<(), 
         Ok((profiles, size))
     })
     .await?;
-    store(app, tenant, profiles, size, None).await
+    store(app, tenant, profiles, size, None, None).await
 }
 
 fn broken(s: Status) -> ApiError {
@@ -321,7 +321,7 @@ async fn write_stream(
         )?)
     })
     .await?;
-    store(app, tenant, vec![profile], size, None).await?;
+    store(app, tenant, vec![profile], size, None, None).await?;
     for (id, stack) in sent {
         app.stacks.insert(tenant, id, stack);
     }

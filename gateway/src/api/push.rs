@@ -25,6 +25,8 @@ use crate::transport::grpc::Grpc;
 /// Stores a push request: every sample is decoded and normalized before anything is
 /// written, so a bad sample refuses the whole request and nothing of it is stored.
 pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(), ApiError> {
+    // Announced from the start: a group of log records waits briefly for it.
+    let expected = app.storage.expect_write();
     let limits: TenantLimits = app.limits(tenant);
     let normalize_limits = limits.normalize();
     let now = now_nanos();
@@ -135,7 +137,15 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
         Ok((out, total))
     })
     .await?;
-    store(app, tenant, profiles.0, profiles.1, Some(record)).await
+    store(
+        app,
+        tenant,
+        profiles.0,
+        profiles.1,
+        Some(record),
+        Some(expected),
+    )
+    .await
 }
 
 /// `POST /push.v1.PusherService/Push`.

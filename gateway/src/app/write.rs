@@ -4,6 +4,7 @@
 //! profiles are durable.
 
 use kiln_otel::model::NormalizedProfile;
+use kiln_storage::writer::ExpectedWrite;
 
 use crate::app::AppRef;
 use crate::app::wal::Record;
@@ -14,13 +15,15 @@ use crate::error::ApiError;
 /// source version written into their mappings' build ids; returns once all are durable.
 /// `decompressed_bytes` is what the rate limit charges. `record` is the request they were
 /// decoded from, where its format is logged: with a write-ahead log, the write is durable once
-/// the record is (ADR 0018).
+/// the record is (ADR 0018). `expected`: the write's announcement, taken when its request
+/// came in ([`kiln_storage::Storage::expect_write`]), handed to the writer with the write.
 pub async fn store(
     app: &AppRef,
     tenant: &TenantId,
     mut profiles: Vec<NormalizedProfile>,
     decompressed_bytes: usize,
     record: Option<Record>,
+    expected: Option<ExpectedWrite>,
 ) -> Result<(), ApiError> {
     app.tenants
         .charge_ingest(tenant, decompressed_bytes as u64)?;
@@ -55,7 +58,9 @@ pub async fn store(
     let task = {
         let (app, tenant) = (AppRef::clone(app), tenant.clone());
         let work = async move {
-            app.storage.write_logged(&tenant, profiles, record).await?;
+            app.storage
+                .write_logged(&tenant, profiles, record, expected)
+                .await?;
             evaluation
                 .commit(
                     &app.storage,

@@ -345,6 +345,12 @@ pub struct StorageArgs {
     #[arg(long, env = "KILN_SEGMENT_INTERVAL_MS", default_value_t = 1000)]
     pub segment_interval_ms: u64,
 
+    /// With `--ack-from log`: how long, in milliseconds, a group of log records waits for the
+    /// writes being decoded meanwhile before one fdatasync appends them; a lone write is
+    /// appended at once. 0: a group is appended as soon as no write waits in the shard's queue.
+    #[arg(long, env = "KILN_LOG_GROUP_LINGER_MS", default_value_t = 2)]
+    pub log_group_linger_ms: u64,
+
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
     /// that arrive during a flush are flushed together right after it (group commit). With
     /// `--ack-from log`, for writes of the formats not logged.
@@ -568,6 +574,7 @@ impl ServeArgs {
                 crate::app::wal::Records::decoder(),
             );
             log.segment_interval = Duration::from_millis(s.segment_interval_ms.max(1));
+            log.group_linger = Duration::from_millis(s.log_group_linger_ms);
             c.writer.log = Some(log);
         }
         c.symbols_cache_bytes = s.symbols_cache_bytes;

@@ -162,7 +162,7 @@ async fn write(
     let limits = app.limits(&config.tenant).normalize();
     let normalized = normalize::normalize_pprof(&profile.into(), &meta, &limits)?;
     let size = prost::Message::encoded_len(profile);
-    crate::app::write::store(app, &config.tenant, vec![normalized], size, None).await
+    crate::app::write::store(app, &config.tenant, vec![normalized], size, None, None).await
 }
 
 /// Sample counts by stack (return addresses, leaf first) as a pprof CPU profile that started

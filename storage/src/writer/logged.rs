@@ -75,6 +75,13 @@ struct Shard {
     /// Records of buffered writes not yet appended, and the writes they acknowledge.
     records: Vec<Vec<u8>>,
     record_bytes: usize,
+    /// When the first of `records` arrived.
+    group_at: tokio::time::Instant,
+    /// [`super::LogConfig::group_linger`].
+    group_linger: Duration,
+    /// How many records the last group appended held: more than one means writes come
+    /// concurrently, and the next group waits for company.
+    last_group: usize,
     waiting: Vec<(String, Ack)>,
     /// The last record appended whose write is buffered (or in a segment).
     logged_through: u64,
@@ -119,6 +126,9 @@ pub(super) async fn run(
         cut_at: None,
         records: Vec::new(),
         record_bytes: 0,
+        group_at: tokio::time::Instant::now(),
+        group_linger: log_config.group_linger,
+        last_group: 0,
         waiting: Vec::new(),
         logged_through: checkpoint,
         recorded: checkpoint,
@@ -232,19 +242,40 @@ impl Shard {
 
     async fn run(&mut self, rx: &mut mpsc::Receiver<Command>) {
         loop {
-            // A group of records is appended once no more writes wait, or once it is large
-            // (under a stream that never pauses, its writes would otherwise wait for the cut).
-            if !self.records.is_empty() && (rx.is_empty() || self.record_bytes >= GROUP_BYTES) {
+            // A group of records is appended once no more writes wait and none is under way
+            // (or the group has waited for them long enough), or once it is large (under a
+            // stream that never pauses, its writes would otherwise wait for the cut).
+            // Registered before the count is read, so the last expected write's end is not
+            // missed between the two.
+            let expected = Arc::clone(&self.ctx.expected);
+            let mut none = std::pin::pin!(expected.none.notified());
+            none.as_mut().enable();
+            let linger = self.linger();
+            if !self.records.is_empty()
+                && ((rx.is_empty() && linger.is_none()) || self.record_bytes >= GROUP_BYTES)
+            {
                 self.commit();
             }
-            let cmd = next_command(rx, self.cut_at, self.retry_at).await;
+            let cmd = match linger.filter(|_| !self.records.is_empty()) {
+                None => next_command(rx, self.cut_at, self.retry_at).await,
+                Some(until) => tokio::select! {
+                    cmd = next_command(rx, self.cut_at, self.retry_at) => cmd,
+                    () = tokio::time::sleep_until(until) => Some(Command::Tick),
+                    () = none => Some(Command::Tick),
+                },
+            };
             match cmd {
                 Some(Command::Write {
                     tenant,
                     profiles,
                     record,
+                    expected,
                     ack,
-                }) => self.write(tenant, &profiles, record, ack),
+                }) => {
+                    // The write is here: no longer one to wait for.
+                    drop(expected);
+                    self.write(tenant, &profiles, record, ack);
+                }
                 Some(Command::Tick) => {}
                 Some(Command::Flush { done }) => {
                     self.commit();
@@ -299,6 +330,25 @@ impl Shard {
         }
     }
 
+    /// Until when the waiting group of records waits for more: `None` once it may be
+    /// appended (no group, a large one, or the group linger past its first record:
+    /// [`super::LogConfig::group_linger`]), and when no other write is to be expected: none
+    /// announced ([`super::Writer::expect_write`]) and the last group a lone write's. The
+    /// announcements see the requests in the gateway's handlers; the last group sees the
+    /// rest of a concurrent load (requests still on their way in, senders between their
+    /// acknowledgement and their next write), while a sender whose writes follow each other
+    /// alone is never kept waiting.
+    fn linger(&self) -> Option<tokio::time::Instant> {
+        if self.records.is_empty()
+            || self.record_bytes >= GROUP_BYTES
+            || (self.last_group < 2 && self.ctx.expected.count.load(Ordering::Acquire) == 0)
+        {
+            return None;
+        }
+        let until = self.group_at + self.group_linger;
+        (tokio::time::Instant::now() < until).then_some(until)
+    }
+
     /// Buffers a write; its record waits for the next group.
     fn write(
         &mut self,
@@ -334,6 +384,9 @@ impl Shard {
                     None,
                 );
                 self.record_bytes += record.len();
+                if self.records.is_empty() {
+                    self.group_at = now;
+                }
                 self.records.push(record);
                 self.waiting.push((tenant, ack));
                 self.cut_at.get_or_insert(now + self.interval);
@@ -355,6 +408,7 @@ impl Shard {
         }
         let records = std::mem::take(&mut self.records);
         self.record_bytes = 0;
+        self.last_group = records.len();
         let log = &mut self.log;
         let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
         let metrics = self.ctx.store.metrics();
