@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use kiln_e2e::Kiln;
 use kiln_storage::metastore::Metastore;
 use kiln_storage::query::tree::flamegraph_stacks;
@@ -208,6 +208,7 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
     kiln.start_again()?;
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
     let crash_before = kiln.flamegraph("crash", CPU, "{}")?;
+    let leaves_before = leaves(&kiln, "crash")?;
     kiln.assert_tenant_empty("nobody")?;
 
     // Lose the metastore's contents: `kiln metastore rebuild` recreates them from the footers.
@@ -223,13 +224,35 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
         String::from_utf8_lossy(&out.stderr)
     );
     kiln.start_again()?;
-    ensure!(
-        kiln.flamegraph("crash", CPU, "{}")? == crash_before,
-        "rebuilt index answers differently"
-    );
+    if kiln.flamegraph("crash", CPU, "{}")? != crash_before {
+        // Which writes the rebuilt index counts differently, for the failure's message.
+        let after = leaves(&kiln, "crash")?;
+        let differ: Vec<String> = leaves_before
+            .keys()
+            .chain(after.keys())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|k| leaves_before.get(*k) != after.get(*k))
+            .take(20)
+            .map(|k| format!("{k}: {:?} -> {:?}", leaves_before.get(k), after.get(k)))
+            .collect();
+        bail!(
+            "rebuilt index answers differently: {differ:?}\n{}",
+            rebuild_report(&stdout, &data)
+        );
+    }
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
     kiln.assert_tenant_empty("nobody")?;
     Ok(())
+}
+
+/// What the rebuild said and which objects it read, for a failure's message.
+fn rebuild_report(stdout: &str, data: &std::path::Path) -> String {
+    let objects = object_files(&data.join("objects")).unwrap_or_default();
+    format!(
+        "rebuild: {stdout}\nobjects ({}): {objects:?}",
+        objects.len()
+    )
 }
 
 /// A CPU pprof of one sample (10 ms at 100 Hz) of the stack `main;leaf`.
