@@ -294,7 +294,7 @@ impl Storage {
             .await
     }
 
-    /// Announces a write about to be decoded ([`crate::writer::Writer::expect_write`]): a
+    /// Announces a write whose request has started ([`crate::writer::Writer::expect_write`]): a
     /// group of log records waits briefly for it, so one `fdatasync` acknowledges more writes.
     pub fn expect_write(&self) -> ExpectedWrite {
         self.writer.expect_write()

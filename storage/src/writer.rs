@@ -443,7 +443,7 @@ impl Writer {
         self.write_logged(tenant, profiles, None, None).await
     }
 
-    /// Announces a write that is coming (its request is about to be decoded), until the
+    /// Announces a write that is coming (its request has started), until the
     /// returned guard is dropped or handed to [`Writer::write_logged`]: a logged shard lets a
     /// group of records wait briefly for the writes under way, so that one `fdatasync`
     /// acknowledges more of them.

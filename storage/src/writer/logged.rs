@@ -245,11 +245,6 @@ impl Shard {
             // A group of records is appended once no more writes wait and none is under way
             // (or the group has waited for them long enough), or once it is large (under a
             // stream that never pauses, its writes would otherwise wait for the cut).
-            // Registered before the count is read, so the last expected write's end is not
-            // missed between the two.
-            let expected = Arc::clone(&self.ctx.expected);
-            let mut none = std::pin::pin!(expected.none.notified());
-            none.as_mut().enable();
             let linger = self.linger();
             if !self.records.is_empty()
                 && ((rx.is_empty() && linger.is_none()) || self.record_bytes >= GROUP_BYTES)
@@ -258,11 +253,23 @@ impl Shard {
             }
             let cmd = match linger.filter(|_| !self.records.is_empty()) {
                 None => next_command(rx, self.cut_at, self.retry_at).await,
-                Some(until) => tokio::select! {
-                    cmd = next_command(rx, self.cut_at, self.retry_at) => cmd,
-                    () = tokio::time::sleep_until(until) => Some(Command::Tick),
-                    () = none => Some(Command::Tick),
-                },
+                Some(until) => {
+                    // Woken when the last announced write ends; registered only while a group
+                    // waits (it locks the `Notify`), then the count read again, so an end
+                    // between the first read and the registration is not missed.
+                    let expected = Arc::clone(&self.ctx.expected);
+                    let mut none = std::pin::pin!(expected.none.notified());
+                    none.as_mut().enable();
+                    if self.linger().is_none() {
+                        Some(Command::Tick)
+                    } else {
+                        tokio::select! {
+                            cmd = next_command(rx, self.cut_at, self.retry_at) => cmd,
+                            () = tokio::time::sleep_until(until) => Some(Command::Tick),
+                            () = none => Some(Command::Tick),
+                        }
+                    }
+                }
             };
             match cmd {
                 Some(Command::Write {
