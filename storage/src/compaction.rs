@@ -1038,6 +1038,46 @@ impl Compactor {
         }
     }
 
+    /// What the outputs' footers name as replaced, for `kiln metastore rebuild` to skip: the
+    /// job's sources, and the sources' own replaced entries whose objects may still exist. A
+    /// source's source outlives it when it is an L0 segment another tenant's entry keeps, or
+    /// when deletions run out of order (a crash between two): named here, it is not read back
+    /// beside the data it was merged into once the source between has gone.
+    async fn replaced(
+        &self,
+        job: &Job,
+        ids: &[String],
+        metas: &[Arc<BlockMeta>],
+    ) -> Result<Vec<String>> {
+        let mut out: Vec<String> = ids
+            .iter()
+            .map(|id| crate::meta::compacted_source(id, job.partition))
+            .collect();
+        let inherited: Vec<&String> = metas.iter().flat_map(|m| &m.compacted_from).collect();
+        if inherited.is_empty() {
+            return Ok(out);
+        }
+        let object = |source: &str| {
+            source
+                .split_once('@')
+                .map_or(source, |(id, _)| id)
+                .to_owned()
+        };
+        let mut objects: Vec<String> = inherited.iter().map(|s| object(s)).collect();
+        objects.sort_unstable();
+        objects.dedup();
+        let alive = self.metastore.known_among(&objects).await?;
+        out.extend(
+            inherited
+                .into_iter()
+                .filter(|s| alive.contains(&object(s)))
+                .cloned(),
+        );
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
     /// Merges a job's sources into output files. On failure, names the source that failed when
     /// one did.
     async fn merge(
@@ -1053,17 +1093,16 @@ impl Compactor {
             .into_iter()
             .filter(|b| b.partition() == job.partition)
             .collect();
-        // What the outputs' footers name as replaced: `kiln metastore rebuild` skips those.
-        let ids: Vec<String> = ids
-            .iter()
-            .map(|id| crate::meta::compacted_source(id, job.partition))
-            .collect();
         if metas.len() != ids.len() {
             return Err((
                 None,
                 Error::Metastore(format!("a source of job {} is gone", job.id)),
             ));
         }
+        let ids = self
+            .replaced(job, &ids, &metas)
+            .await
+            .map_err(|e| (None, e))?;
         std::fs::create_dir_all(&self.scratch).map_err(|source| {
             (
                 None,

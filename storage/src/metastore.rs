@@ -289,6 +289,10 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// quarantined. An object not among them is an orphan.
     async fn known_objects(&self) -> Result<HashSet<String>>;
 
+    /// Those of `ids` the metastore knows (as [`Metastore::known_objects`] does): objects
+    /// that may still be in the store.
+    async fn known_among(&self, ids: &[String]) -> Result<HashSet<String>>;
+
     /// Takes every entry of object `id` of `tenant` out of the index because it cannot be read.
     /// Returns false when there was none (already quarantined, say).
     async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool>;

@@ -477,6 +477,12 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn known_objects(&self) -> crate::Result<std::collections::HashSet<String>> {
         self.count().known_objects().await
     }
+    async fn known_among(
+        &self,
+        ids: &[String],
+    ) -> crate::Result<std::collections::HashSet<String>> {
+        self.count().known_among(ids).await
+    }
     async fn quarantine(
         &self,
         tenant: &str,

@@ -655,3 +655,76 @@ async fn blank_columns_stay_uncompressed_through_compaction() {
     assert!(!stacks(&s, "a", "{}").await.contains_key(&frames("main;g0")));
     s.close().await;
 }
+
+/// A segment holds every tenant of its flush, so it outlives a tenant's entry in it while
+/// another tenant's stays. Once that tenant's data has been compacted two levels up and the
+/// level between deleted, the rebuild must still know the segment's part as replaced: a
+/// compacted block names the sources of its sources that still exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_skips_a_shared_segment_compacted_two_levels_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.writer.shards = 1;
+    let s = Storage::open(cfg).await.unwrap();
+    // The first flush holds both tenants: b's only data, so b's entry never merges.
+    let (x, y) = tokio::join!(
+        s.write("a", profile("api", &[(frames("main;first"), 1)], T0)),
+        s.write("b", profile("db", &[(frames("main;b_only"), 2)], T0)),
+    );
+    x.unwrap();
+    y.unwrap();
+    s.flush().await;
+    let shared = blocks(&s, "b").await[0].id.clone();
+    assert!(blocks(&s, "a").await.iter().any(|b| b.id == shared));
+    // a's: 12 segments, merged by fours into L1 and the three L1 blocks into one L2.
+    for i in 1..12 {
+        s.write(
+            "a",
+            profile("api", &[(frames(&format!("main;f{i}")), 1)], T0 + i * SEC),
+        )
+        .await
+        .unwrap();
+        s.flush().await;
+    }
+    s.compactor().compact_all(now_ms()).await.unwrap();
+    let levels: Vec<u32> = blocks(&s, "a").await.iter().map(|b| b.level).collect();
+    assert_eq!(levels, [2], "a compacted to one L2 block");
+    s.collect_garbage(u64::MAX).await.unwrap();
+    assert!(
+        s.store()
+            .list("segments")
+            .await
+            .unwrap()
+            .iter()
+            .any(|o| object_id_of_path(o.location.as_ref()) == Some(shared.as_str())),
+        "the shared segment stays for b"
+    );
+    assert!(
+        s.store().list("blocks/a").await.unwrap().len() == 1,
+        "a's L1 blocks are gone"
+    );
+    let want_a = stacks(&s, "a", "{}").await;
+    let want_b = stacks(&s, "b", "{}").await;
+    s.close().await;
+    drop(s);
+
+    let meta = dir.path().join("metastore");
+    std::fs::remove_dir_all(&meta).unwrap();
+    let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
+    let m =
+        kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
+    let (added, bad) = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    assert_eq!((added, bad.len()), (2, 0), "a's L2 block and b's entry");
+    drop(m);
+    let s = Storage::open(config(dir.path())).await.unwrap();
+    assert_eq!(stacks(&s, "a", "{}").await, want_a, "no duplicates");
+    assert_eq!(stacks(&s, "b", "{}").await, want_b);
+    assert!(
+        !stacks(&s, "b", "{}")
+            .await
+            .keys()
+            .flatten()
+            .any(|f| f.starts_with('f')),
+        "tenant wall"
+    );
+}

@@ -288,6 +288,13 @@ pub async fn shared_segments_are_tombstoned_with_their_last_entry(m: &dyn Metast
         m.due_tombstones(u64::MAX, 100).await.unwrap().is_empty(),
         "b still reads it"
     );
+    let never = block_id(3, 3);
+    let asked = [seg.clone(), out.clone(), never];
+    assert_eq!(
+        m.known_among(&asked).await.unwrap(),
+        [seg.clone(), out.clone()].into_iter().collect(),
+        "the segment and the output, not an id never added"
+    );
     assert_eq!(
         ids(&m.query_blocks(BlockQuery::all("b")).await.unwrap()),
         set(&[&seg])
@@ -311,6 +318,12 @@ pub async fn shared_segments_are_tombstoned_with_their_last_entry(m: &dyn Metast
         .unwrap();
     let known = m.known_objects().await.unwrap();
     assert!(!known.contains(&seg) && known.contains(&out));
+    assert_eq!(
+        m.known_among(&asked).await.unwrap(),
+        [out.clone()].into_iter().collect(),
+        "a forgotten tombstone's object is deleted"
+    );
+    assert!(m.known_among(&[]).await.unwrap().is_empty());
 }
 
 /// Jobs claim their sources, are leased to one owner at a time, and replace their sources in

@@ -1159,6 +1159,21 @@ impl Metastore for Embedded {
         Ok(out)
     }
 
+    async fn known_among(&self, ids: &[String]) -> Result<HashSet<String>> {
+        let tx = self.0.read_tx()?;
+        let objects = tx.open_table(OBJECTS).map_err(db_err)?;
+        let tombstones = tx.open_table(OBJECT_TOMBSTONES).map_err(db_err)?;
+        let mut out = HashSet::new();
+        for id in ids {
+            if objects.get(id.as_str()).map_err(db_err)?.is_some()
+                || tombstones.get(id.as_str()).map_err(db_err)?.is_some()
+            {
+                out.insert(id.clone());
+            }
+        }
+        Ok(out)
+    }
+
     async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
         let (tenant, id, reason) = (tenant.to_owned(), id.to_owned(), reason.to_owned());
         self.0

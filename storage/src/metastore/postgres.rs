@@ -1046,6 +1046,22 @@ impl Metastore for Postgres {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    async fn known_among(&self, ids: &[String]) -> Result<HashSet<String>> {
+        if ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id FROM kiln_objects WHERE id = ANY($1)
+                 UNION SELECT id FROM kiln_object_tombstones WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
         transaction!(self, true, |tx| {
             let located = tx
