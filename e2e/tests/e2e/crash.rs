@@ -223,6 +223,8 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
         "rebuild failed: {stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Read before the rebuilt index is used (its upkeep merges and deletes), for a failure.
+    let report = rebuild_report(&stdout, &data);
     kiln.start_again()?;
     if kiln.flamegraph("crash", CPU, "{}")? != crash_before {
         // Which writes the rebuilt index counts differently, for the failure's message.
@@ -236,23 +238,83 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
             .take(20)
             .map(|k| format!("{k}: {:?} -> {:?}", leaves_before.get(k), after.get(k)))
             .collect();
-        bail!(
-            "rebuilt index answers differently: {differ:?}\n{}",
-            rebuild_report(&stdout, &data)
-        );
+        bail!("rebuilt index answers differently: {differ:?}\n{report}");
     }
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
     kiln.assert_tenant_empty("nobody")?;
     Ok(())
 }
 
-/// What the rebuild said and which objects it read, for a failure's message.
+/// What the rebuild said and which objects it read, each with what the metastore before the
+/// rebuild held of it (live entries, a tombstone, nothing) and what its footer says (tenant,
+/// level, the entries it replaced), for a failure's message.
 fn rebuild_report(stdout: &str, data: &std::path::Path) -> String {
     let objects = object_files(&data.join("objects")).unwrap_or_default();
+    let described = describe_objects(data, &objects)
+        .unwrap_or_else(|e| vec![format!("(objects not described: {e})")]);
     format!(
-        "rebuild: {stdout}\nobjects ({}): {objects:?}",
-        objects.len()
+        "rebuild: {stdout}\nobjects ({}):\n{}",
+        objects.len(),
+        described.join("\n")
     )
+}
+
+fn describe_objects(data: &std::path::Path, objects: &[String]) -> Result<Vec<String>> {
+    let before = std::fs::read_dir(data.join("metastore"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.display().to_string().contains("before-rebuild"))
+        .ok_or_else(|| anyhow::anyhow!("no metastore kept from before the rebuild"))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let m = kiln_storage::metastore::embedded::Embedded::open(&before)?;
+        let store = kiln_storage::store::ObjectStorage::local(&data.join("objects"))?;
+        let mut live = BTreeSet::new();
+        for tenant in ["crash", "bystander"] {
+            for b in m
+                .query_blocks(kiln_storage::metastore::BlockQuery::all(tenant))
+                .await?
+            {
+                live.insert(b.id.clone());
+            }
+        }
+        let tombstoned: BTreeSet<String> = m
+            .due_tombstones(u64::MAX, 100_000)
+            .await?
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        let mut out = Vec::new();
+        for path in objects {
+            let id = kiln_storage::meta::object_id_of_path(path).unwrap_or_default();
+            let state = if live.contains(id) {
+                "live"
+            } else if tombstoned.contains(id) {
+                "tombstoned"
+            } else {
+                "unknown"
+            };
+            let Ok(file) = std::fs::metadata(data.join("objects").join(path)) else {
+                out.push(format!("  {path} [{state}] gone"));
+                continue;
+            };
+            let size = file.len();
+            let footer = match kiln_storage::read_footer(&store, path, size).await {
+                Ok(datasets) => datasets
+                    .iter()
+                    .map(|d| {
+                        format!(
+                            "{} L{} {} rows from {:?}",
+                            d.tenant, d.level, d.rows, d.compacted_from
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Err(e) => format!("unreadable: {e}"),
+            };
+            out.push(format!("  {path} [{state}] {footer}"));
+        }
+        Ok(out)
+    })
 }
 
 /// A CPU pprof of one sample (10 ms at 100 Hz) of the stack `main;leaf`.
