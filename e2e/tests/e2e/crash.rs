@@ -238,6 +238,15 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
             .take(20)
             .map(|k| format!("{k}: {:?} -> {:?}", leaves_before.get(k), after.get(k)))
             .collect();
+        // Kept for a closer look where asked (`KILN_E2E_KEEP=<dir>`).
+        if let Some(keep) = std::env::var_os("KILN_E2E_KEEP") {
+            kiln.stop()?;
+            std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&data)
+                .arg(&keep)
+                .status()?;
+        }
         bail!("rebuilt index answers differently: {differ:?}\n{report}");
     }
     ensure!(kiln.flamegraph("bystander", CPU, "{}")? == bystander);
@@ -299,22 +308,55 @@ fn describe_objects(data: &std::path::Path, objects: &[String]) -> Result<Vec<St
             };
             let size = file.len();
             let footer = match kiln_storage::read_footer(&store, path, size).await {
-                Ok(datasets) => datasets
-                    .iter()
-                    .map(|d| {
-                        format!(
-                            "{} L{} {} rows from {:?}",
-                            d.tenant, d.level, d.rows, d.compacted_from
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; "),
+                Ok(datasets) => {
+                    let mut described = Vec::new();
+                    for d in &datasets {
+                        let indexed = m.get_blocks(&d.tenant, &[d.id.clone()]).await?;
+                        let entry = indexed.iter().find(|b| b.partition() == d.partition());
+                        described.push(format!(
+                            "{} L{} {} rows from {:?}{}",
+                            d.tenant,
+                            d.level,
+                            d.rows,
+                            d.compacted_from,
+                            entry.map(|e| first_difference(e, d)).unwrap_or_default()
+                        ));
+                    }
+                    described.join("; ")
+                }
                 Err(e) => format!("unreadable: {e}"),
             };
             out.push(format!("  {path} [{state}] {footer}"));
         }
         Ok(out)
     })
+}
+
+/// Where the metastore's entry and the footer's dataset of one block differ (the object's size
+/// aside, which the footer cannot hold), or nothing.
+fn first_difference(
+    entry: &kiln_storage::meta::BlockMeta,
+    footer: &kiln_storage::meta::BlockMeta,
+) -> String {
+    let (mut a, mut b) = (entry.clone(), footer.clone());
+    a.object_size = 0;
+    b.object_size = 0;
+    if a == b {
+        return String::new();
+    }
+    let (a, b) = (format!("{a:?}"), format!("{b:?}"));
+    let at = a
+        .bytes()
+        .zip(b.bytes())
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let from = a[..at].char_indices().rev().nth(120).map_or(0, |(i, _)| i);
+    let snip = |s: &str| s[from..].chars().take(400).collect::<String>();
+    format!(
+        " DIFFERS from its entry: entry …{} / footer …{}",
+        snip(&a),
+        snip(&b)
+    )
 }
 
 /// A CPU pprof of one sample (10 ms at 100 Hz) of the stack `main;leaf`.
