@@ -848,6 +848,7 @@ impl DatasetBuilder {
             compacted_from: Vec::new(),
             rollups: Vec::new(),
             index: Default::default(),
+            logs: Vec::new(),
         };
         Ok(BuiltDataset {
             meta,

@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
 use crate::meta::{BlockMeta, EntryKey, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
-use crate::metastore::{Job, Metastore, QueuedBlock};
+use crate::metastore::{Job, LogCheckpoint, Metastore, QueuedBlock};
 use crate::metrics::{CompactionLabels, LevelLabels};
 use crate::query::{QueryEngine, now_ms};
 use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
@@ -672,7 +672,7 @@ impl Output {
         mut self,
         template: &BlockMeta,
         level: u32,
-        sources: &[String],
+        lineage: &Lineage,
         profiles: u64,
     ) -> Result<Written> {
         use std::io::Write;
@@ -739,6 +739,7 @@ impl Output {
         let mut meta = BlockMeta {
             rollups,
             index: Default::default(),
+            logs: lineage.logs.clone(),
             format_version: crate::meta::write_version(),
             id: self.id.clone(),
             tenant: template.tenant.clone(),
@@ -769,7 +770,7 @@ impl Output {
             profiles,
             series: self.series,
             stack_nodes,
-            compacted_from: sources.to_vec(),
+            compacted_from: lineage.replaced.clone(),
         };
         let footer = encode_footer(std::slice::from_ref(&meta));
         file.write_all(&footer).map_err(io)?;
@@ -781,6 +782,16 @@ impl Output {
             symbols: Arc::new(table),
         })
     }
+}
+
+/// What a merge's outputs say in their footers of where their data came from, for
+/// `kiln metastore rebuild`.
+struct Lineage {
+    /// The entries the outputs replace ([`BlockMeta::compacted_from`]).
+    replaced: Vec<String>,
+    /// The latest checkpoint of each write-ahead log among the sources'
+    /// ([`BlockMeta::logs`]).
+    logs: Vec<LogCheckpoint>,
 }
 
 /// A merge's output file, written and synced, not yet in the store.
@@ -1038,11 +1049,22 @@ impl Compactor {
         }
     }
 
-    /// What the outputs' footers name as replaced, for `kiln metastore rebuild` to skip: the
-    /// job's sources, and the sources' own replaced entries whose objects may still exist. A
-    /// source's source outlives it when it is an L0 segment another tenant's entry keeps, or
+    /// What the outputs' footers say of where their data came from ([`Lineage`]). Replaced:
+    /// the job's sources, and the sources' own replaced entries whose objects may still exist.
+    /// A source's source outlives it when it is an L0 segment another tenant's entry keeps, or
     /// when deletions run out of order (a crash between two): named here, it is not read back
     /// beside the data it was merged into once the source between has gone.
+    async fn lineage(
+        &self,
+        job: &Job,
+        ids: &[String],
+        metas: &[Arc<BlockMeta>],
+    ) -> Result<Lineage> {
+        let logs = crate::meta::latest_checkpoints(metas.iter().flat_map(|m| &m.logs));
+        let replaced = self.replaced(job, ids, metas).await?;
+        Ok(Lineage { replaced, logs })
+    }
+
     async fn replaced(
         &self,
         job: &Job,
@@ -1099,8 +1121,8 @@ impl Compactor {
                 Error::Metastore(format!("a source of job {} is gone", job.id)),
             ));
         }
-        let ids = self
-            .replaced(job, &ids, &metas)
+        let lineage = self
+            .lineage(job, &ids, &metas)
             .await
             .map_err(|e| (None, e))?;
         std::fs::create_dir_all(&self.scratch).map_err(|source| {
@@ -1268,7 +1290,7 @@ impl Compactor {
                     let done = std::mem::replace(&mut out, next);
                     let p = if outputs.is_empty() { profiles } else { 0 };
                     outputs.push(
-                        done.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &ids, p)
+                        done.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &lineage, p)
                             .map_err(local)?,
                     );
                 }
@@ -1277,7 +1299,7 @@ impl Compactor {
         if out.rows > 0 || outputs.is_empty() {
             let p = if outputs.is_empty() { profiles } else { 0 };
             outputs.push(
-                out.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &ids, p)
+                out.finish(&metas[0], (job.level + 1).min(TOP_LEVEL), &lineage, p)
                     .map_err(local)?,
             );
         } else {

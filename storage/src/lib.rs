@@ -38,6 +38,6 @@ mod storage;
 
 pub use error::{DecodeError, Error, ErrorKind, Result};
 pub use storage::{
-    Storage, StorageConfig, UpkeepReport, read_footer, rebuild_metastore, series_hash,
+    Rebuilt, Storage, StorageConfig, UpkeepReport, read_footer, rebuild_metastore, series_hash,
     tenant_document_path,
 };

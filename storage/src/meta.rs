@@ -172,6 +172,37 @@ pub struct BlockMeta {
     pub rollups: Vec<Rollup>,
     /// The index of `series`, built on first use ([`BlockMeta::series_index`]).
     pub index: IndexCell,
+    /// The write-ahead logs the object's data came from, each with the last record it holds
+    /// (an object's datasets share them); `kiln metastore rebuild` restores the logs'
+    /// checkpoints from them.
+    pub logs: Vec<LogCheckpoint>,
+}
+
+/// Where a write-ahead log stands: every record up to `seq` of the log named `log` (a process's
+/// log id and shard, [`crate::writer`]) is in registered blocks, or, in an object's metadata,
+/// in that object's data.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LogCheckpoint {
+    pub log: String,
+    pub seq: u64,
+}
+
+/// The highest checkpoint of each log among `logs`, by log name.
+pub fn latest_checkpoints<'a>(
+    logs: impl IntoIterator<Item = &'a LogCheckpoint>,
+) -> Vec<LogCheckpoint> {
+    let mut latest: std::collections::BTreeMap<&str, u64> = Default::default();
+    for c in logs {
+        let seq = latest.entry(c.log.as_str()).or_default();
+        *seq = (*seq).max(c.seq);
+    }
+    latest
+        .into_iter()
+        .map(|(log, seq)| LogCheckpoint {
+            log: log.to_owned(),
+            seq,
+        })
+        .collect()
 }
 
 /// A block's [`SeriesIndex`], built once on first use. Entries are immutable once they are in
@@ -436,6 +467,7 @@ mod tests {
             compacted_from: vec![],
             rollups: vec![],
             index: Default::default(),
+            logs: Vec::new(),
         }
     }
 

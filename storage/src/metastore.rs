@@ -26,7 +26,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-pub use crate::meta::{BlockMeta, PARTITION_NANOS, SeriesMeta, partition_of};
+pub use crate::meta::{BlockMeta, LogCheckpoint, PARTITION_NANOS, SeriesMeta, partition_of};
 
 /// Which blocks a lookup wants.
 #[derive(Debug, Clone, Copy)]
@@ -178,14 +178,6 @@ pub struct Removed {
     pub entries: usize,
     /// Objects that lost their last entry and were tombstoned.
     pub objects: usize,
-}
-
-/// Where a write-ahead log stands: every record up to `seq` of the log named `log` (a process's
-/// log id and shard, [`crate::writer`]) is in registered blocks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogCheckpoint {
-    pub log: String,
-    pub seq: u64,
 }
 
 /// Block metadata storage. Every method that changes something is one transaction, durable when

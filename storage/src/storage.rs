@@ -639,13 +639,26 @@ pub async fn read_footer(store: &ObjectStorage, path: &str, size: u64) -> Result
     decode_footer(&footer, size).map_err(undecodable)
 }
 
+/// What [`rebuild_metastore`] did.
+#[derive(Debug, Default)]
+pub struct Rebuilt {
+    /// Entries added.
+    pub entries: usize,
+    /// Objects whose footer could not be read (path and error), left out.
+    pub unreadable: Vec<String>,
+    /// The write-ahead logs' checkpoints restored.
+    pub checkpoints: Vec<crate::metastore::LogCheckpoint>,
+}
+
 /// Recreates the index from the objects' footers (`kiln metastore rebuild`): every dataset of
-/// every object, less those another object says it was compacted from. Returns the entries
-/// added; objects whose footer cannot be read are reported and skipped.
+/// every object, less those another object says it was compacted from, and each write-ahead
+/// log's checkpoint, the latest an object's footer names (so the records of a log left on disk
+/// that the objects hold are not replayed again). Objects whose footer cannot be read are
+/// reported and skipped.
 pub async fn rebuild_metastore(
     store: &ObjectStorage,
     metastore: &dyn Metastore,
-) -> Result<(usize, Vec<String>)> {
+) -> Result<Rebuilt> {
     let mut objects = store.list("segments").await?;
     objects.extend(store.list("blocks").await?);
     let mut all: Vec<BlockMeta> = Vec::new();
@@ -665,6 +678,8 @@ pub async fn rebuild_metastore(
                 .map(|source| (b.tenant.clone(), source.clone()))
         })
         .collect();
+    // Every object's, replaced ones too: a source's checkpoints are at most its output's.
+    let checkpoints = crate::meta::latest_checkpoints(all.iter().flat_map(|b| &b.logs));
     let keep: Vec<BlockMeta> = all
         .into_iter()
         .filter(|b| {
@@ -682,7 +697,14 @@ pub async fn rebuild_metastore(
             }
         }
     }
-    Ok((added, bad))
+    for c in &checkpoints {
+        metastore.add_blocks_checkpointed(Vec::new(), c).await?;
+    }
+    Ok(Rebuilt {
+        entries: added,
+        unreadable: bad,
+        checkpoints,
+    })
 }
 
 /// Where a tenant's documents live.

@@ -539,6 +539,7 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::Bl
         compacted_from: vec![],
         rollups: vec![],
         index: Default::default(),
+        logs: Vec::new(),
     }
 }
 

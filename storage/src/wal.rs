@@ -59,9 +59,9 @@ pub struct Log {
 }
 
 impl Log {
-    /// Opens the log in `dir` (creating it) and reads the records an earlier process left above
-    /// `checkpoint` (the last sequence number a registered segment holds). Appends go to a new
-    /// file of at most about `max_file_bytes`.
+    /// Opens the log in `dir` (creating it), reads the records an earlier process left above
+    /// `checkpoint` (the last sequence number a registered segment holds) and deletes the files
+    /// wholly at or below it. Appends go to a new file of at most about `max_file_bytes`.
     pub fn open(dir: &Path, checkpoint: u64, max_file_bytes: u64) -> Result<(Self, Replay)> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         let mut files = Vec::new();
@@ -95,7 +95,7 @@ impl Log {
                 }
             }
         }
-        let log = Self {
+        let mut log = Self {
             dir: dir.to_owned(),
             files,
             current: None,
@@ -103,6 +103,10 @@ impl Log {
             max_file_bytes,
             buf: Vec::new(),
         };
+        // Files a registered segment already holds whole (a crash came between the segment's
+        // registration and their deletion) go now: left, they would wait for the shard's next
+        // segment, and a metastore rebuilt without the checkpoint would replay them again.
+        log.release_through(checkpoint)?;
         Ok((log, replay))
     }
 
@@ -322,6 +326,33 @@ mod tests {
         let (mut log, replay) = Log::open(dir.path(), 10, 1 << 20).unwrap();
         assert!(replay.records.is_empty());
         assert_eq!(log.append([rec("e")]).unwrap(), 11);
+    }
+
+    #[test]
+    fn files_a_checkpoint_covers_are_deleted_when_the_log_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        log.append([rec("a"), rec("b")]).unwrap();
+        drop(log);
+        let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        log.append([rec("c")]).unwrap();
+        drop(log);
+        // The first file (records 1 and 2) is covered, the second (3) is not.
+        let (log, replay) = Log::open(dir.path(), 2, 1 << 20).unwrap();
+        assert_eq!(payloads(&replay), [(3, "c".into())]);
+        assert_eq!(log.files().count(), 1);
+        drop(log);
+        // Everything covered: no file is left to read again, whatever checkpoint comes next.
+        let (log, replay) = Log::open(dir.path(), 3, 1 << 20).unwrap();
+        assert!(replay.records.is_empty());
+        assert_eq!(log.files().count(), 0);
+        drop(log);
+        let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        assert!(
+            replay.records.is_empty(),
+            "the files are gone from the disk"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]

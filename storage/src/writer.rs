@@ -941,10 +941,13 @@ struct Built {
 
 /// Encodes every tenant's dataset of one flush as one segment object (none when they hold
 /// nothing).
+/// `logs`: where the shard's write-ahead log stands once the segment holds what it buffered
+/// (none for a shard without a log), written into the segment's footer.
 async fn build_segment(
     shard: u32,
     ctx: &FlushContext,
     builders: Vec<DatasetBuilder>,
+    logs: Vec<LogCheckpoint>,
 ) -> Result<Option<Built>> {
     let builders: Vec<DatasetBuilder> = builders.into_iter().filter(|b| !b.is_empty()).collect();
     if builders.is_empty() {
@@ -955,10 +958,13 @@ async fn build_segment(
     let id_for_task = id.clone();
     let warm = ctx.warm.is_some();
     let (object, metas, warmed) = tokio::task::spawn_blocking(move || -> Result<_> {
-        let datasets = builders
+        let mut datasets = builders
             .into_iter()
             .map(DatasetBuilder::finish)
             .collect::<Result<Vec<_>>>()?;
+        for d in &mut datasets {
+            d.meta.logs = logs.clone();
+        }
         // What a query reads first of each block, as it would read it (the metadata left to
         // the first query should it not parse: the segment is written all the same).
         let warmed = if warm {
@@ -1053,7 +1059,7 @@ async fn flush_segment(
     ctx: &FlushContext,
     builders: Vec<DatasetBuilder>,
 ) -> Result<Option<Flushed>> {
-    let Some(mut built) = build_segment(shard, ctx, builders).await? else {
+    let Some(mut built) = build_segment(shard, ctx, builders, Vec::new()).await? else {
         return Ok(None);
     };
     publish_segment(ctx, &mut built, true, None).await?;

@@ -459,8 +459,11 @@ async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
     let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
     let m =
         kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
-    let (added, bad) = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
-    assert!(added > 0 && bad.is_empty(), "{added} {bad:?}");
+    let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    assert!(
+        rebuilt.entries > 0 && rebuilt.unreadable.is_empty(),
+        "{rebuilt:?}"
+    );
     drop(m);
     let s = Storage::open(config(dir.path())).await.unwrap();
     assert_eq!(
@@ -713,8 +716,12 @@ async fn a_rebuild_skips_a_shared_segment_compacted_two_levels_up() {
     let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
     let m =
         kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
-    let (added, bad) = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
-    assert_eq!((added, bad.len()), (2, 0), "a's L2 block and b's entry");
+    let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    assert_eq!(
+        (rebuilt.entries, rebuilt.unreadable.len()),
+        (2, 0),
+        "a's L2 block and b's entry"
+    );
     drop(m);
     let s = Storage::open(config(dir.path())).await.unwrap();
     assert_eq!(stacks(&s, "a", "{}").await, want_a, "no duplicates");

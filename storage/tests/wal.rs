@@ -158,6 +158,77 @@ fn records_a_registered_segment_holds_are_not_replayed() {
     });
 }
 
+/// The metastore lost after a crash: `kiln metastore rebuild` restores the log's checkpoint
+/// from the objects' footers (here a compacted block's, which took it from the segments it
+/// merged), so the log's records the objects hold are not replayed again, and those they do
+/// not hold are.
+#[test]
+fn a_rebuilt_index_replays_only_the_records_no_object_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), NEVER);
+    let saved = tempfile::tempdir().unwrap();
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        // Four segments, merged into one block (the first level merges by fours); each
+        // segment's log file saved before its deletion, as if a crash had kept it.
+        for i in 0..4 {
+            write_logged(&s, "a", "main;x", 1 + 2 * i, 2).await;
+            copy_dir(&dir.path().join("wal"), saved.path());
+            s.flush().await;
+        }
+        s.compactor()
+            .compact_all(kiln_storage::testing::now_ms())
+            .await
+            .unwrap();
+        s.collect_garbage(u64::MAX).await.unwrap();
+        assert!(s.store().list("segments").await.unwrap().is_empty());
+        // Acknowledged from the log only, then the crash (the storage is not dropped: its
+        // shards would close and cut a segment of what they hold).
+        write_logged(&s, "a", "main;y", 9, 2).await;
+        write_logged(&s, "b", "main;b_only", 1, 1).await;
+        std::mem::forget(s);
+    });
+    copy_dir(saved.path(), &dir.path().join("wal"));
+    assert_eq!(wal_files(dir.path()), 5);
+    // The index is lost and rebuilt from the objects.
+    let meta = dir.path().join("metastore");
+    std::fs::remove_dir_all(&meta).unwrap();
+    then_crash(async {
+        let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
+        let m = kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb"))
+            .unwrap();
+        let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+        assert_eq!(rebuilt.entries, 1, "{rebuilt:?}");
+        assert_eq!(
+            rebuilt
+                .checkpoints
+                .iter()
+                .map(|c| c.seq)
+                .collect::<Vec<_>>(),
+            [8]
+        );
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 3);
+        let want: BTreeMap<Vec<String>, i64> =
+            [(frames("main;x"), sum(1, 8)), (frames("main;y"), sum(9, 2))]
+                .into_iter()
+                .collect();
+        assert_eq!(stacks(&s, "a").await, want);
+        assert_eq!(
+            stacks(&s, "b").await,
+            [(frames("main;b_only"), 1)].into_iter().collect()
+        );
+        assert_eq!(
+            wal_files(dir.path()),
+            0,
+            "the replayed records are registered"
+        );
+        s.close().await;
+    });
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {

@@ -261,8 +261,18 @@ fn rebuild_report(stdout: &str, data: &std::path::Path) -> String {
     let objects = object_files(&data.join("objects")).unwrap_or_default();
     let described = describe_objects(data, &objects)
         .unwrap_or_else(|e| vec![format!("(objects not described: {e})")]);
+    // A log file left beside the rebuilt index is replayed from its start (the checkpoints
+    // went with the old index).
+    let logs: Vec<String> = walk(&data.join("wal"))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            let size = std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0);
+            format!("{p} ({size} bytes)")
+        })
+        .collect();
     format!(
-        "rebuild: {stdout}\nobjects ({}):\n{}",
+        "rebuild: {stdout}\nlog files: {logs:?}\nobjects ({}):\n{}",
         objects.len(),
         described.join("\n")
     )
@@ -311,7 +321,7 @@ fn describe_objects(data: &std::path::Path, objects: &[String]) -> Result<Vec<St
                 Ok(datasets) => {
                     let mut described = Vec::new();
                     for d in &datasets {
-                        let indexed = m.get_blocks(&d.tenant, &[d.id.clone()]).await?;
+                        let indexed = m.get_blocks(&d.tenant, std::slice::from_ref(&d.id)).await?;
                         let entry = indexed.iter().find(|b| b.partition() == d.partition());
                         described.push(format!(
                             "{} L{} {} rows from {:?}{}",

@@ -8,7 +8,8 @@ use kiln_storage::StorageConfig;
 #[derive(Debug, Subcommand)]
 pub enum MetastoreCommand {
     /// Recreate the index from the objects' footers (stop `kiln serve` first). Every dataset of
-    /// every segment and block is registered, less those a compacted block replaced.
+    /// every segment and block is registered, less those a compacted block replaced, and each
+    /// write-ahead log's checkpoint is restored from the footers.
     Rebuild {
         /// The data directory `kiln serve` uses.
         #[arg(long, env = "KILN_DATA_DIR", default_value = "./data")]
@@ -55,13 +56,16 @@ pub async fn run(cmd: MetastoreCommand) -> anyhow::Result<()> {
                 metastore.tenants().await?.is_empty(),
                 "the metastore already holds entries: rebuild into an empty database"
             );
-            let (added, bad) = kiln_storage::rebuild_metastore(&store, metastore.as_ref()).await?;
-            for b in &bad {
+            let rebuilt = kiln_storage::rebuild_metastore(&store, metastore.as_ref()).await?;
+            for b in &rebuilt.unreadable {
                 eprintln!("unreadable object left out: {b}");
             }
             println!(
-                "metastore rebuilt: {added} entries, {} unreadable objects",
-                bad.len()
+                "metastore rebuilt: {} entries, {} unreadable objects, {} write-ahead log \
+                 checkpoints",
+                rebuilt.entries,
+                rebuilt.unreadable.len(),
+                rebuilt.checkpoints.len()
             );
         }
     }

@@ -20,7 +20,8 @@ use prost::encoding::{
 };
 
 use super::{
-    BLOCK_FORMAT_VERSION, BlockMeta, MIN_BLOCK_FORMAT_VERSION, Rollup, Section, SeriesMeta,
+    BLOCK_FORMAT_VERSION, BlockMeta, LogCheckpoint, MIN_BLOCK_FORMAT_VERSION, Rollup, Section,
+    SeriesMeta,
 };
 use crate::error::DecodeError;
 use crate::series_labels::{LabelTable, LabelTableBuilder};
@@ -202,6 +203,12 @@ pub(super) fn encode<'a>(datasets: &'a [BlockMeta], size: u64) -> Vec<u8> {
     for s in &strings.list {
         put_bytes(8, s.as_bytes(), &mut out);
     }
+    for c in first.map_or(&[][..], |d| d.logs.as_slice()) {
+        series.clear();
+        put_bytes(1, c.log.as_bytes(), &mut series);
+        put_varint(2, c.seq, &mut series);
+        put_bytes(10, &series, &mut out);
+    }
     out
 }
 
@@ -245,7 +252,12 @@ impl Fields {
 const BLOCK_META: Fields = Fields {
     varints: &[1, 3, 4, 5, 6, 7],
     packed: &[],
-    last: 9,
+    last: 10,
+};
+const LOG_CHECKPOINT: Fields = Fields {
+    varints: &[2],
+    packed: &[],
+    last: 2,
 };
 const DATASET: Fields = Fields {
     varints: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 12],
@@ -341,6 +353,7 @@ pub(super) fn decode(data: &[u8]) -> Result<Vec<BlockMeta>, DecodeError> {
     let (mut version, mut id, mut shard, mut level, mut size) = (0u32, "", 0u32, 0u32, 0u64);
     let mut strings: Vec<&str> = Vec::new();
     let mut datasets: Vec<&[u8]> = Vec::new();
+    let mut logs = Vec::new();
     fields(data, &BLOCK_META, |tag, v| {
         match tag {
             1 => version = varint(v) as u32,
@@ -350,6 +363,21 @@ pub(super) fn decode(data: &[u8]) -> Result<Vec<BlockMeta>, DecodeError> {
             7 => size = varint(v),
             8 => strings.push(utf8(bytes(v))?),
             9 => datasets.push(bytes(v)),
+            10 => {
+                let mut c = LogCheckpoint {
+                    log: String::new(),
+                    seq: 0,
+                };
+                fields(bytes(v), &LOG_CHECKPOINT, |tag, v| {
+                    match tag {
+                        1 => c.log = utf8(bytes(v))?.to_owned(),
+                        2 => c.seq = varint(v),
+                        _ => {}
+                    }
+                    Ok(())
+                })?;
+                logs.push(c);
+            }
             _ => {}
         }
         Ok(())
@@ -391,6 +419,7 @@ pub(super) fn decode(data: &[u8]) -> Result<Vec<BlockMeta>, DecodeError> {
             compacted_from: Vec::new(),
             rollups: Vec::new(),
             index: Default::default(),
+            logs: logs.clone(),
         };
         let mut tenant = 0;
         // The dataset's series share one label table and their profile type ids.
@@ -568,6 +597,17 @@ mod tests {
             size: first.map_or(0, |d| d.object_size),
             strings: Vec::new(),
             datasets: Vec::with_capacity(datasets.len()),
+            logs: first
+                .map(|d| {
+                    d.logs
+                        .iter()
+                        .map(|c| pb::LogCheckpoint {
+                            log: c.log.clone(),
+                            seq: c.seq,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         for d in datasets {
             debug_assert_eq!(d.id, out.id, "one object's datasets");
@@ -713,6 +753,14 @@ mod tests {
                     .map(|r| prost_rollup(r, d.series.len()))
                     .collect::<Result<_, DecodeError>>()?,
                 index: Default::default(),
+                logs: msg
+                    .logs
+                    .iter()
+                    .map(|c| LogCheckpoint {
+                        log: c.log.clone(),
+                        seq: c.seq,
+                    })
+                    .collect(),
             });
         }
         Ok(out)
@@ -865,13 +913,30 @@ mod tests {
                         })
                         .collect(),
                     index: Default::default(),
+                    logs: Vec::new(),
                 }
             })
     }
 
     fn object() -> impl Strategy<Value = (Vec<BlockMeta>, u64)> {
         let id = ulid::Ulid::from_parts(1_700_000_000_000, 7).to_string();
-        (prop::collection::vec(dataset(id), 1..4), any::<u64>())
+        let logs = prop::collection::vec((0..3u8, any::<u64>()), 0..3);
+        (prop::collection::vec(dataset(id), 1..4), any::<u64>(), logs).prop_map(
+            |(mut datasets, size, logs)| {
+                // An object's datasets share its logs.
+                let logs: Vec<LogCheckpoint> = logs
+                    .into_iter()
+                    .map(|(shard, seq)| LogCheckpoint {
+                        log: format!("01J0000000000000000000LOG0/{shard}"),
+                        seq,
+                    })
+                    .collect();
+                for d in &mut datasets {
+                    d.logs = logs.clone();
+                }
+                (datasets, size)
+            },
+        )
     }
 
     proptest! {
@@ -996,6 +1061,7 @@ mod tests {
             compacted_from: Vec::new(),
             rollups: Vec::new(),
             index: Default::default(),
+            logs: Vec::new(),
         }
     }
 

@@ -107,6 +107,7 @@ pub fn entry(
         compacted_from: vec![],
         rollups: vec![],
         index: Default::default(),
+        logs: Vec::new(),
     }
 }
 

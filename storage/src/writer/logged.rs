@@ -487,7 +487,11 @@ impl Shard {
             rows = tracing::field::Empty,
             bytes = tracing::field::Empty,
         );
-        let built = build_segment(self.id, &self.ctx, builders)
+        let logs = vec![LogCheckpoint {
+            log: self.name.clone(),
+            seq: self.logged_through,
+        }];
+        let built = build_segment(self.id, &self.ctx, builders, logs)
             .instrument(span.clone())
             .await;
         match built {
