@@ -102,6 +102,14 @@ pub async fn ingest_handler(
     result.map(|()| StatusCode::OK)
 }
 
+/// Whether the request says its body is a multipart form.
+fn says_multipart(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"))
+}
+
 async fn ingest(
     app: &AppRef,
     tenant: &TenantId,
@@ -109,13 +117,15 @@ async fn ingest(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), ApiError> {
-    // The write announced from the request's start: a group of log records waits briefly for
-    // it while it is read and decoded.
-    let expected = app.storage.expect_write();
-    let limits = app.limits(tenant);
-    let body = admit(app, tenant, body, limits.max_body_bytes).await?;
     let params = query_params(uri)?;
     let format = params.get("format").map(String::as_str).unwrap_or("");
+    // The write announced from the request's start where its format is logged (pprof, alone
+    // or in Pyroscope's multipart upload): a group of log records waits briefly for it while
+    // it is read and decoded.
+    let logged = format == "pprof" || (format.is_empty() && says_multipart(headers));
+    let expected = logged.then(|| app.storage.expect_write());
+    let limits = app.limits(tenant);
+    let body = admit(app, tenant, body, limits.max_body_bytes).await?;
     let content_type = check_ingest_content_type(headers, format)?;
     let body = read_body(body, limits.max_body_bytes).await?;
     app.metrics.received(tenant, body.len());
@@ -332,15 +342,7 @@ async fn ingest(
             )));
         }
     };
-    store(
-        app,
-        tenant,
-        vec![profile],
-        decompressed,
-        record,
-        Some(expected),
-    )
-    .await
+    store(app, tenant, vec![profile], decompressed, record, expected).await
 }
 
 /// The write-ahead log record of one pprof upload.
