@@ -135,6 +135,19 @@ pub async fn merged_stacks(
         .stacks()
 }
 
+/// Loses the embedded metastore of the data directory `dir` and recreates it from the objects'
+/// footers, as `kiln metastore rebuild` does (the storage on `dir` closed).
+pub async fn rebuild_lost_metastore(dir: &std::path::Path) -> crate::Rebuilt {
+    let meta = dir.join("metastore");
+    std::fs::remove_dir_all(&meta).expect("the metastore's directory");
+    let store = ObjectStorage::local(&dir.join("objects")).expect("a local store");
+    let m = crate::metastore::embedded::Embedded::open(&meta.join("metastore.redb"))
+        .expect("an empty metastore");
+    crate::rebuild_metastore(&store, &m)
+        .await
+        .expect("a rebuild")
+}
+
 /// Settings for tests: a short flush interval, compaction by count only (no age trigger within
 /// a test's lifetime) with small fan-ins, no delete delay.
 pub fn config(dir: &std::path::Path) -> StorageConfig {

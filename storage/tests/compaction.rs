@@ -9,7 +9,8 @@ use kiln_storage::meta::{BlockMeta, PARTITION_NANOS, TOP_LEVEL, object_id_of_pat
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{
-    config, config_with_clock, faulty_storage, filter, frames, now_ms, profile, tenant_rows,
+    config, config_with_clock, faulty_storage, filter, frames, now_ms, profile,
+    rebuild_lost_metastore, tenant_rows,
 };
 use kiln_storage::{ErrorKind, Storage};
 
@@ -54,6 +55,17 @@ async fn blocks(s: &Storage, tenant: &str) -> Vec<Arc<BlockMeta>> {
         .query_blocks(BlockQuery::all(tenant))
         .await
         .unwrap()
+}
+
+/// The ids of the segments in the store.
+async fn segment_ids(s: &Storage) -> Vec<String> {
+    s.store()
+        .list("segments")
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|o| object_id_of_path(o.location.as_ref()).map(str::to_owned))
+        .collect()
 }
 
 async fn objects(s: &Storage) -> usize {
@@ -442,29 +454,17 @@ async fn orphans_are_swept_and_the_index_rebuilds_from_footers() {
         .await
         .unwrap();
     assert_eq!(s.sweep_orphans(now_ms()).await.unwrap(), 1);
-    assert!(
-        s.store()
-            .list("segments")
-            .await
-            .unwrap()
-            .iter()
-            .all(|o| object_id_of_path(o.location.as_ref()) != object_id_of_path(&orphan))
-    );
+    let orphan_id = object_id_of_path(&orphan).unwrap();
+    assert!(!segment_ids(&s).await.iter().any(|id| id == orphan_id));
     s.close().await;
     drop(s);
 
     // Lose the index; rebuild it from the objects (compacted sources not yet deleted included).
-    let meta = dir.path().join("metastore");
-    std::fs::remove_dir_all(&meta).unwrap();
-    let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
-    let m =
-        kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
-    let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    let rebuilt = rebuild_lost_metastore(dir.path()).await;
     assert!(
         rebuilt.entries > 0 && rebuilt.unreadable.is_empty(),
         "{rebuilt:?}"
     );
-    drop(m);
     let s = Storage::open(config(dir.path())).await.unwrap();
     assert_eq!(
         stacks(&s, "a", "{}").await,
@@ -694,12 +694,7 @@ async fn a_rebuild_skips_a_shared_segment_compacted_two_levels_up() {
     assert_eq!(levels, [2], "a compacted to one L2 block");
     s.collect_garbage(u64::MAX).await.unwrap();
     assert!(
-        s.store()
-            .list("segments")
-            .await
-            .unwrap()
-            .iter()
-            .any(|o| object_id_of_path(o.location.as_ref()) == Some(shared.as_str())),
+        segment_ids(&s).await.contains(&shared),
         "the shared segment stays for b"
     );
     assert!(
@@ -711,18 +706,12 @@ async fn a_rebuild_skips_a_shared_segment_compacted_two_levels_up() {
     s.close().await;
     drop(s);
 
-    let meta = dir.path().join("metastore");
-    std::fs::remove_dir_all(&meta).unwrap();
-    let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
-    let m =
-        kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb")).unwrap();
-    let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+    let rebuilt = rebuild_lost_metastore(dir.path()).await;
     assert_eq!(
         (rebuilt.entries, rebuilt.unreadable.len()),
         (2, 0),
         "a's L2 block and b's entry"
     );
-    drop(m);
     let s = Storage::open(config(dir.path())).await.unwrap();
     assert_eq!(stacks(&s, "a", "{}").await, want_a, "no duplicates");
     assert_eq!(stacks(&s, "b", "{}").await, want_b);

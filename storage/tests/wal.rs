@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use kiln_storage::Storage;
 use kiln_storage::testing::{
-    faulty_storage, frames, logged_config, profile, stacks_around, text_record,
+    faulty_storage, frames, logged_config, profile, rebuild_lost_metastore, stacks_around,
+    text_record,
 };
 
 const T0: i64 = 1_700_000_000_000_000_000;
@@ -191,13 +192,8 @@ fn a_rebuilt_index_replays_only_the_records_no_object_holds() {
     copy_dir(saved.path(), &dir.path().join("wal"));
     assert_eq!(wal_files(dir.path()), 5);
     // The index is lost and rebuilt from the objects.
-    let meta = dir.path().join("metastore");
-    std::fs::remove_dir_all(&meta).unwrap();
     then_crash(async {
-        let store = kiln_storage::store::ObjectStorage::local(&dir.path().join("objects")).unwrap();
-        let m = kiln_storage::metastore::embedded::Embedded::open(&meta.join("metastore.redb"))
-            .unwrap();
-        let rebuilt = kiln_storage::rebuild_metastore(&store, &m).await.unwrap();
+        let rebuilt = rebuild_lost_metastore(dir.path()).await;
         assert_eq!(rebuilt.entries, 1, "{rebuilt:?}");
         assert_eq!(
             rebuilt
