@@ -341,7 +341,7 @@ async fn writes_without_a_record_wait_for_their_segment() {
     s.close().await;
 }
 
-/// A group of records waits for the writes announced before their decoding
+/// A group of records waits for the writes announced when their requests started
 /// ([`Storage::expect_write`]), and a write is not acknowledged before its group is appended.
 /// When the last announced write ends without arriving (its request refused), a lone write's
 /// group goes at once; two writes that met share one `fdatasync`. After a group of several
