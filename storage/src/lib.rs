@@ -17,6 +17,7 @@
 pub mod block;
 pub mod compaction;
 pub mod error;
+pub mod fuzz;
 pub mod meta;
 pub mod metastore;
 pub mod metrics;

@@ -376,11 +376,16 @@ pub fn escape_tenant(tenant: &str) -> String {
 
 /// The footer closing an object whose datasets are `datasets` (their `object_size` is ignored).
 pub fn encode_footer(datasets: &[BlockMeta]) -> Vec<u8> {
-    let mut out = wire::encode(datasets, 0);
-    let len = out.len() as u32;
     let version = datasets
         .first()
         .map_or(BLOCK_FORMAT_VERSION, |d| d.format_version);
+    sealed_footer(wire::encode(datasets, 0), version)
+}
+
+/// `body` (the footer's `BlockMeta` protobuf) closed as a footer of format `version`: its
+/// length, the version, the CRC32 of all of it and the magic.
+pub(crate) fn sealed_footer(mut out: Vec<u8>, version: u32) -> Vec<u8> {
+    let len = out.len() as u32;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32fast::hash(&out);
@@ -422,14 +427,17 @@ pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, 
         return Err(DecodeError::Checksum("footer"));
     }
     let mut metas = wire::decode(&body[..body.len() - 8])?;
+    // A section past the end (or whose end overflows) is damage, not a range to read.
+    let outside = |s: &Section| {
+        s.offset
+            .checked_add(s.size)
+            .is_none_or(|end| end > object_size)
+    };
     for m in &mut metas {
         m.object_size = object_size;
-        let end = m.samples.offset + m.samples.size;
-        if end > object_size
-            || m.symbols.offset + m.symbols.size > object_size
-            || m.rollups
-                .iter()
-                .any(|r| r.section.offset.saturating_add(r.section.size) > object_size)
+        if outside(&m.samples)
+            || outside(&m.symbols)
+            || m.rollups.iter().any(|r| outside(&r.section))
         {
             return Err(DecodeError::OutsideObject(m.tenant.clone()));
         }
@@ -504,6 +512,21 @@ mod tests {
         assert_eq!(
             footer_len(b"nothing here at all"),
             Err(DecodeError::Magic("block footer"))
+        );
+        // A section past the object's end, or whose end overflows, is damage.
+        let mut past = b.clone();
+        past.symbols.offset = size;
+        let footer = encode_footer(&[past]);
+        assert_eq!(
+            decode_footer(&footer, size),
+            Err(DecodeError::OutsideObject("b*".into()))
+        );
+        let mut overflowing = b.clone();
+        overflowing.samples.offset = u64::MAX - 1;
+        let footer = encode_footer(&[overflowing]);
+        assert_eq!(
+            decode_footer(&footer, u64::MAX),
+            Err(DecodeError::OutsideObject("b*".into()))
         );
     }
 

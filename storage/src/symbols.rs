@@ -829,6 +829,17 @@ fn v1_section(msg: &pb::Symbols) -> Bytes {
     sealed(1, &[&msg.encode_to_vec()])
 }
 
+/// `raw` (a `Symbols` protobuf as a section of `version` holds it: parents as distances from
+/// version 2 on) sealed as a section of that version: uncompressed for version 1, else its
+/// length and a zstd frame. For the fuzz entry and the tests of damaged sections.
+pub(crate) fn sealed_protobuf(version: u32, raw: &[u8]) -> Bytes {
+    if version == 1 {
+        return sealed(1, &[raw]);
+    }
+    let compressed = ZSTD.with_borrow_mut(|z| z.compress(raw, Pages::Kept));
+    sealed(version, &[&(raw.len() as u32).to_le_bytes(), &compressed])
+}
+
 /// A section: magic, `version`, the `body` parts, and the CRC32 of all of it.
 fn sealed(version: u32, body: &[&[u8]]) -> Bytes {
     let len = body.iter().map(|b| b.len()).sum::<usize>();
@@ -1475,9 +1486,7 @@ mod tests {
 
     /// Decodes `raw` (a `Symbols` protobuf) sealed as a zstd section of format `version`.
     fn decode_as(version: u32, raw: &[u8]) -> Result<SymbolTable, DecodeError> {
-        let mut body = (raw.len() as u32).to_le_bytes().to_vec();
-        body.extend_from_slice(&zstd::bulk::compress(raw, 1).unwrap());
-        SymbolTable::decode(&sealed(version, &[&body]))
+        SymbolTable::decode(&sealed_protobuf(version, raw))
     }
 
     /// A Go-like function table: files shared by several functions, system names the names

@@ -95,11 +95,17 @@ impl Log {
                 }
             }
         }
+        // Only a damaged or forged file names the last number there is.
+        let next_seq = last.checked_add(1).ok_or_else(|| {
+            io(dir)(std::io::Error::other(
+                "the log's sequence numbers are exhausted",
+            ))
+        })?;
         let mut log = Self {
             dir: dir.to_owned(),
             files,
             current: None,
-            next_seq: last + 1,
+            next_seq,
             max_file_bytes,
             buf: Vec::new(),
         };
@@ -255,7 +261,7 @@ fn frame_crc(seq: u64, payload: &[u8]) -> u32 {
 
 /// The records of one file whose first record is `first`, and the bytes they end at (the
 /// header's end when there are none, 0 when the header is bad).
-fn read_file(bytes: &[u8], first: u64) -> (Vec<(u64, &[u8])>, usize) {
+pub(crate) fn read_file(bytes: &[u8], first: u64) -> (Vec<(u64, &[u8])>, usize) {
     let header_ok = bytes.len() >= HEADER_BYTES
         && &bytes[..4] == MAGIC
         && bytes[4..6] == VERSION.to_le_bytes()
@@ -278,8 +284,12 @@ fn read_file(bytes: &[u8], first: u64) -> (Vec<(u64, &[u8])>, usize) {
             break;
         }
         records.push((seq, payload));
-        expect += 1;
         at = start + len;
+        // No record follows the last number there is.
+        let Some(next) = expect.checked_add(1) else {
+            break;
+        };
+        expect = next;
     }
     (records, at)
 }
@@ -298,6 +308,30 @@ mod tests {
 
     fn rec(s: &str) -> &[u8] {
         s.as_bytes()
+    }
+
+    #[test]
+    fn a_file_read_stops_after_the_last_sequence_number_there_is() {
+        let first = u64::MAX;
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&0u16.to_le_bytes());
+        bytes.extend_from_slice(&first.to_le_bytes());
+        // Two frames numbered u64::MAX: a damaged file, not a reason to overflow.
+        for _ in 0..2 {
+            bytes.extend_from_slice(&1u32.to_le_bytes());
+            bytes.extend_from_slice(&frame_crc(first, b"x").to_le_bytes());
+            bytes.extend_from_slice(&first.to_le_bytes());
+            bytes.push(b'x');
+        }
+        let (records, end) = read_file(&bytes, first);
+        assert_eq!(records, [(u64::MAX, &b"x"[..])]);
+        assert_eq!(end, HEADER_BYTES + FRAME_BYTES + 1);
+        // A log holding it cannot number another record: it does not open.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(format!("{first:020}.{EXTENSION}")), &bytes).unwrap();
+        let err = Log::open(dir.path(), 0, 1 << 20).unwrap_err();
+        assert!(err.to_string().contains("exhausted"), "{err}");
     }
 
     #[test]
