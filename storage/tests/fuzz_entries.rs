@@ -2,6 +2,8 @@
 //! mutations of them (`kiln_otel::mutate`): none may panic, and one mutation in a hundred must
 //! decode, so the code behind the checksums and checks is reached. `KILN_FUZZ_ITERATIONS` sets the
 //! mutations per entry (default 2,000); a failure names the seed to replay it.
+//! `KILN_FUZZ_WRITE_SEEDS=<dir>` also writes each entry's seeds to `<dir>/<entry>/`, the corpus to
+//! start a `cargo fuzz` run from (`fuzz/README.md`).
 
 use kiln_otel::mutate::{Rng, mutate};
 use kiln_storage::fuzz::{ENTRIES, seeds::seeds};
@@ -20,6 +22,13 @@ fn run(name: &str) -> u64 {
     let seeds = seeds(name);
     for (i, s) in seeds.iter().enumerate() {
         assert!(entry(s) > 0, "{name}: seed {i} does not decode");
+    }
+    if let Some(dir) = std::env::var_os("KILN_FUZZ_WRITE_SEEDS") {
+        let dir = std::path::Path::new(&dir).join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (i, s) in seeds.iter().enumerate() {
+            std::fs::write(dir.join(format!("seed-{i}")), s).unwrap();
+        }
     }
     let mut decoded = 0;
     for i in 0..iterations() {
