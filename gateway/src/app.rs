@@ -96,6 +96,8 @@ impl App {
         metrics.register_symbolizer(&symbol_metrics);
         let symbolizer = Symbolizer::new(storage.store().clone(), config, symbol_metrics)?;
         storage.set_frame_namer(Arc::new(symbolizer.clone()), deadline);
+        let decode_budget = DecodeBudget::new(256 << 20);
+        symbolizer.set_inflate_budget(Arc::new(decode_budget.clone()));
         Ok(Self {
             storage,
             tenants,
@@ -103,13 +105,19 @@ impl App {
             metrics,
             grpc_max_message_bytes: 64 << 20,
             roles: Roles::ALL,
-            decode_budget: DecodeBudget::new(256 << 20),
+            decode_budget,
             stacks: StackCache::new(DEFAULT_STACK_CACHE_BYTES),
             upload_ids: UploadIds::default(),
             symbolizer,
             debuginfo_uploads: Default::default(),
             recording,
         })
+    }
+
+    /// Sets the decode budget, which ingest and the opening of debug files share.
+    pub fn set_decode_budget(&mut self, budget: DecodeBudget) {
+        self.symbolizer.set_inflate_budget(Arc::new(budget.clone()));
+        self.decode_budget = budget;
     }
 
     /// The limits of a tenant.

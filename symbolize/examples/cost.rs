@@ -165,6 +165,7 @@ async fn main() {
     let limits = UploadLimits {
         max_file_bytes: u64::MAX,
         max_tenant_bytes: u64::MAX,
+        max_inflated_bytes: 512 << 20,
     };
     let started = Instant::now();
     symbolizer

@@ -2,6 +2,11 @@
 //! inlined frames; compressed sections, split DWARF), Go's `.gopclntab` where there is no DWARF,
 //! and the symbol tables last. The file is memory-mapped by `addr2line`'s loader, so a 1 GiB
 //! file costs the pages a lookup touches, not its size in heap.
+//!
+//! Compressed sections (`SHF_COMPRESSED`, zlib or zstd; GNU's `.zdebug_*`) are the exception:
+//! the loader inflates each into the heap, to the size its own header declares. A client writes
+//! that header, so [`Inflation`] reads every declared size first and [`DebugFile::open`] refuses
+//! a file past its [`OpenLimits`] before anything is allocated.
 
 use std::path::Path;
 
@@ -56,6 +61,92 @@ impl std::fmt::Debug for DebugFile {
     }
 }
 
+/// A file's compressed sections may inflate to at most this many times the whole file's size.
+/// DWARF compresses 3–10× with zlib or zstd; a stream of zeros, a thousand times and more.
+pub const MAX_INFLATION_RATIO: u64 = 32;
+
+/// What opening one debug file may inflate into the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenLimits {
+    /// Bytes all of a file's compressed sections may inflate to: its tenant's
+    /// `max_debuginfo_inflated_bytes` at upload, the symbolizer's bound at query time.
+    pub max_inflated_bytes: u64,
+}
+
+impl OpenLimits {
+    /// The bytes a file of `file_bytes` may inflate to: the smaller of the bound and
+    /// [`MAX_INFLATION_RATIO`] times its size.
+    pub fn limit_for(&self, file_bytes: u64) -> u64 {
+        self.max_inflated_bytes
+            .min(file_bytes.saturating_mul(MAX_INFLATION_RATIO))
+    }
+}
+
+/// A file's compressed sections as their headers declare them; nothing is inflated to learn it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inflation {
+    /// Bytes all of them declare once inflated.
+    pub bytes: u64,
+    /// The largest one's name and declared size.
+    pub largest: Option<(String, u64)>,
+    /// The file's own size.
+    pub file_bytes: u64,
+}
+
+impl Inflation {
+    /// Reads the section headers of the file at `path`.
+    pub fn of_file(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(Error::Io)?;
+        let size = file.metadata().map_err(Error::Io)?.len();
+        let cache = object::ReadCache::new(file);
+        let obj = object::File::parse(&cache).map_err(|e| Error::NotElf(e.to_string()))?;
+        Ok(Self::of(&obj, size))
+    }
+
+    /// The compressed sections of a parsed file of `file_bytes`. Every compressed section
+    /// counts, whatever its name: an upper bound of what the loader and the Go table inflate.
+    pub fn of<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>, file_bytes: u64) -> Self {
+        let mut out = Self {
+            file_bytes,
+            ..Self::default()
+        };
+        for section in obj.sections() {
+            // A header that does not read is no inflation: `uncompressed_data` fails on it too.
+            let Ok(range) = section.compressed_file_range() else {
+                continue;
+            };
+            if range.format == object::CompressionFormat::None {
+                continue;
+            }
+            let declared = range.uncompressed_size;
+            out.bytes = out.bytes.saturating_add(declared);
+            if out.largest.as_ref().is_none_or(|(_, n)| declared > *n) {
+                let name = section.name().unwrap_or("?").to_owned();
+                out.largest = Some((name, declared));
+            }
+        }
+        out
+    }
+
+    /// Refuses a file whose sections would inflate past what `limits` allow it.
+    pub fn check(&self, limits: OpenLimits) -> Result<()> {
+        let limit = limits.limit_for(self.file_bytes);
+        if self.bytes <= limit {
+            return Ok(());
+        }
+        let (section, section_bytes) = self.largest.clone().unwrap_or_default();
+        Err(Error::Inflates {
+            declared: self.bytes,
+            section,
+            section_bytes,
+            limit,
+            file_bytes: self.file_bytes,
+            ratio: MAX_INFLATION_RATIO,
+            max: limits.max_inflated_bytes,
+        })
+    }
+}
+
 /// `ET_EXEC`, `ET_DYN` and `ET_REL` (`e_type`).
 const ET_REL: u16 = 1;
 
@@ -69,16 +160,20 @@ pub struct MappingRange {
 }
 
 impl DebugFile {
-    /// Opens a file for lookups (memory-mapped).
-    pub fn open(path: &Path) -> Result<Self> {
-        let loader = std::panic::catch_unwind(|| addr2line::Loader::new(path))
-            .map_err(|_| Error::Damaged("its sections cannot be read".into()))?
-            .map_err(|e| Error::Damaged(e.to_string()))?;
-        // The headers and Go's table are read through a second, lazy view of the file.
+    /// Opens a file for lookups (memory-mapped). A file whose compressed sections declare more
+    /// than `limits` allow is refused ([`Error::Inflates`]) before anything is inflated.
+    pub fn open(path: &Path, limits: OpenLimits) -> Result<Self> {
+        // The headers and Go's table are read through a lazy view of the file, the DWARF
+        // through the loader's mapping.
         let file = std::fs::File::open(path).map_err(Error::Io)?;
         let size = file.metadata().map_err(Error::Io)?.len();
         let cache = object::ReadCache::new(file);
         let obj = object::File::parse(&cache).map_err(|e| Error::NotElf(e.to_string()))?;
+        let inflation = Inflation::of(&obj, size);
+        inflation.check(limits)?;
+        let loader = std::panic::catch_unwind(|| addr2line::Loader::new(path))
+            .map_err(|_| Error::Damaged("its sections cannot be read".into()))?
+            .map_err(|e| Error::Damaged(e.to_string()))?;
         let elf_type = match &obj {
             object::File::Elf32(f) => f.elf_header().e_type.get(f.endian()).0,
             object::File::Elf64(f) => f.elf_header().e_type.get(f.endian()).0,
@@ -90,7 +185,16 @@ impl DebugFile {
             .is_some_and(|s| s.size() > 0);
         let go = go_table(&obj)?;
         let probes = probe_addresses(&obj);
-        let heap_bytes = go.as_ref().map_or(0, GoLineTable::size);
+        // The loader's inflated sections and its symbol map (a name and an address a symbol,
+        // about the size of an ELF symbol), and Go's table.
+        let symbols: u64 = [".symtab", ".dynsym"]
+            .into_iter()
+            .filter_map(|name| obj.section_by_name(name))
+            .map(|s| s.size().min(size))
+            .sum();
+        let heap_bytes = usize::try_from(inflation.bytes.saturating_add(symbols))
+            .unwrap_or(usize::MAX)
+            .saturating_add(go.as_ref().map_or(0, GoLineTable::size));
         Ok(Self {
             loader: std::sync::Mutex::new(loader),
             go,
@@ -114,7 +218,8 @@ impl DebugFile {
         self.size
     }
 
-    /// What this file costs in memory besides its mapping.
+    /// What this file costs in memory besides its mapping: inflated sections, its symbol map,
+    /// Go's table.
     pub fn heap_bytes(&self) -> usize {
         self.heap_bytes
     }
@@ -302,11 +407,45 @@ fn go_table<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> Result<Opt
     if data.is_empty() {
         return Ok(None);
     }
-    let text_start = obj
-        .symbols()
-        .find(|s| s.name() == Ok("runtime.text"))
-        .map(|s| s.address())
+    let text_start = symbol_address(obj, b"runtime.text")
         .or_else(|| obj.section_by_name(".text").map(|s| s.address()))
         .unwrap_or(0);
     GoLineTable::parse(data, obj.is_little_endian(), text_start).map(Some)
+}
+
+/// The address of the symbol table's symbol `name`. Names are compared within the string
+/// table's bytes, read once: the lazy view caches each name it reads on its own (up to 4 KiB),
+/// so many symbols of long names would cost far more than the file's size.
+fn symbol_address<'d, R: object::ReadRef<'d>>(
+    obj: &object::File<'d, R>,
+    name: &[u8],
+) -> Option<u64> {
+    match obj {
+        object::File::Elf32(f) => elf_symbol_address(f, name),
+        object::File::Elf64(f) => elf_symbol_address(f, name),
+        _ => None,
+    }
+}
+
+fn elf_symbol_address<'d, Elf, R>(
+    file: &object::read::elf::ElfFile<'d, Elf, R>,
+    name: &[u8],
+) -> Option<u64>
+where
+    Elf: object::read::elf::FileHeader,
+    R: object::ReadRef<'d>,
+{
+    use object::read::elf::Sym;
+    let table = file.elf_symbol_table();
+    let strings = file
+        .section_by_index(table.string_section())
+        .ok()?
+        .data()
+        .ok()?;
+    let endian = file.endian();
+    table.symbols().iter().find_map(|sym| {
+        let at = usize::try_from(sym.st_name(endian)).ok()?;
+        let rest = strings.get(at..)?;
+        (rest.strip_prefix(name)?.first() == Some(&0)).then(|| sym.st_value(endian).into())
+    })
 }

@@ -17,6 +17,8 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use kiln_storage::store::ObjectStorage;
 
+use crate::budget::BudgetSlot;
+use crate::debug_file::OpenLimits;
 use crate::elf::hex;
 use crate::store::is_hex_id;
 
@@ -73,6 +75,9 @@ struct Inner {
     /// Bumped when a file arrives (cached resolutions may name more frames now).
     generation: Arc<AtomicU64>,
     metrics: Arc<crate::Metrics>,
+    /// What checking a fetched file may inflate, and the budget it reserves from.
+    open_limits: OpenLimits,
+    budget: BudgetSlot,
 }
 
 impl std::fmt::Debug for Debuginfod {
@@ -97,6 +102,7 @@ impl Debuginfod {
         store: ObjectStorage,
         generation: Arc<AtomicU64>,
         metrics: Arc<crate::Metrics>,
+        (open_limits, budget): (OpenLimits, BudgetSlot),
     ) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5).min(config.timeout))
@@ -114,6 +120,8 @@ impl Debuginfod {
                 inflight: Mutex::new(HashMap::new()),
                 generation,
                 metrics,
+                open_limits,
+                budget,
             }),
         }
     }
@@ -355,13 +363,12 @@ impl Inner {
         path: &std::path::Path,
         id: &str,
     ) -> Result<Option<String>, (bool, String)> {
-        let owned = path.to_owned();
-        let info = tokio::task::spawn_blocking(move || crate::store::inspect(&owned))
-            .await
-            .map_err(|e| (false, e.to_string()))?;
+        let info = crate::store::inspect_reserved(path, self.open_limits, &self.budget).await;
         let info = match info {
             Ok(info) => info,
             Err(crate::store::UploadError::NoSymbols) => return Ok(None),
+            // The server is busy: the fetch is tried again.
+            Err(e @ crate::store::UploadError::Busy(_)) => return Err((true, e.to_string())),
             Err(e) => return Err((false, e.to_string())),
         };
         if info.gnu_build_id.as_deref() != Some(id) {

@@ -13,6 +13,7 @@
 //! uploads, [`debuginfod`] fetches what no upload covers, and [`Symbolizer`] answers a batch of
 //! frames within a deadline with its caches (ADR 0013).
 
+pub mod budget;
 pub mod debug_file;
 pub mod debuginfod;
 pub mod elf;
@@ -26,7 +27,7 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use debug_file::{DebugFile, Frame, MappingRange};
+pub use debug_file::{DebugFile, Frame, Inflation, MappingRange, OpenLimits};
 pub use elf::{ElfInfo, FileKind, identify, identify_file};
 pub use error::{Error, Result};
 pub use metrics::Metrics;

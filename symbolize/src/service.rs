@@ -4,7 +4,8 @@
 //!
 //! - which file an id names, per tenant (invalidated by a generation bumped on every upload
 //!   and delete of the tenant);
-//! - open files (memory-mapped), weighed by their size;
+//! - open files (memory-mapped), weighed by their size and the heap they hold (inflated
+//!   sections, symbol maps, Go's table), opened once however many queries ask at once;
 //! - resolved addresses per (file, address), weighed by their bytes: the second query of the
 //!   same frames reads nothing.
 
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use kiln_storage::store::ObjectStorage;
 
+use crate::budget::{BudgetSlot, InflateBudget};
+use crate::debug_file::{Inflation, OpenLimits};
 use crate::debuginfod::{Debuginfod, DebuginfodConfig, Lookup};
 use crate::files::LocalFiles;
 use crate::store::{DebugStore, StoredFile};
@@ -32,6 +35,9 @@ pub struct SymbolizerConfig {
     pub open_bytes: u64,
     /// Resolved addresses, by their bytes.
     pub resolved_bytes: u64,
+    /// Bytes one file's compressed sections may inflate to when a query or a debuginfod fetch
+    /// opens it (uploads are held to their tenant's `max_debuginfo_inflated_bytes`).
+    pub max_inflated_bytes: u64,
     pub debuginfod: DebuginfodConfig,
 }
 
@@ -55,9 +61,13 @@ impl SymbolizerConfig {
             cache_bytes: 1 << 30,
             open_bytes: 1 << 30,
             resolved_bytes: 64 << 20,
+            max_inflated_bytes: DEFAULT_MAX_INFLATED_BYTES,
         }
     }
 }
+
+/// The default bound on what one debug file's compressed sections may inflate to.
+pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 512 << 20;
 
 /// A native frame to name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -98,7 +108,10 @@ struct Inner {
     store: DebugStore,
     files: LocalFiles,
     debuginfod: Debuginfod,
-    open: moka::sync::Cache<String, Arc<DebugFile>>,
+    open: moka::future::Cache<String, Arc<DebugFile>>,
+    /// What a query's open may inflate, and the budget it reserves from.
+    open_limits: OpenLimits,
+    budget: BudgetSlot,
     resolved: moka::sync::Cache<(String, u64), Arc<[Frame]>>,
     /// (tenant, id, tenant generation) → the object of the file it names.
     named: moka::future::Cache<(String, String, u64), Option<String>>,
@@ -146,14 +159,19 @@ impl Symbolizer {
         metrics: Arc<Metrics>,
     ) -> std::io::Result<Self> {
         let global = Arc::new(AtomicU64::new(0));
+        let budget = BudgetSlot::default();
+        let open_limits = OpenLimits {
+            max_inflated_bytes: config.max_inflated_bytes,
+        };
         let files = LocalFiles::new(store.clone(), config.cache_dir.clone(), config.cache_bytes)?;
         let debuginfod = Debuginfod::new(
             config.debuginfod.clone(),
             store.clone(),
             Arc::clone(&global),
             Arc::clone(&metrics),
+            (open_limits, budget.clone()),
         );
-        let open = moka::sync::Cache::builder()
+        let open = moka::future::Cache::builder()
             .max_capacity(config.open_bytes)
             .weigher(|_: &String, f: &Arc<DebugFile>| {
                 u32::try_from(f.mapped_bytes() + f.heap_bytes() as u64).unwrap_or(u32::MAX)
@@ -169,10 +187,12 @@ impl Symbolizer {
             .build();
         Ok(Self {
             inner: Arc::new(Inner {
-                store: DebugStore::new(store),
+                store: DebugStore::new(store, budget.clone()),
                 files,
                 debuginfod,
                 open,
+                open_limits,
+                budget,
                 resolved,
                 named,
                 global,
@@ -180,6 +200,12 @@ impl Symbolizer {
                 metrics,
             }),
         })
+    }
+
+    /// Sets the budget that opening a file reserves its inflated sections from (the server's
+    /// decode budget, shared with ingest). Until then nothing is reserved.
+    pub fn set_inflate_budget(&self, budget: Arc<dyn InflateBudget>) {
+        self.inner.budget.set(budget);
     }
 
     /// The tenants' debug files.
@@ -218,7 +244,7 @@ impl Symbolizer {
     /// Forgets what is cached of a deleted file.
     pub async fn forget(&self, tenant: &str, file: &StoredFile) {
         let object = self.inner.store.object_path(tenant, &file.sha256);
-        self.inner.open.invalidate(&object);
+        self.inner.open.invalidate(&object).await;
         self.inner.files.forget(&object).await;
         self.changed(tenant);
     }
@@ -369,24 +395,31 @@ impl Symbolizer {
         .map_err(|e| e.to_string())
     }
 
-    /// The open file at `object` (copied and mapped on first use).
+    /// The open file at `object` (copied and mapped on first use; queries that ask at once
+    /// share one open). Its compressed sections are checked against the symbolizer's bound and
+    /// reserved from the budget while it opens.
     async fn open(&self, object: &str) -> Result<Arc<DebugFile>, String> {
-        if let Some(f) = self.inner.open.get(object) {
-            return Ok(f);
-        }
-        let path = self
-            .inner
-            .files
-            .get(object)
+        let inner = Arc::clone(&self.inner);
+        let key = object.to_owned();
+        self.inner
+            .open
+            .try_get_with(key.clone(), async move {
+                let path = inner.files.get(&key).await.map_err(|e| e.to_string())?;
+                let (limits, at) = (inner.open_limits, path.clone());
+                let inflation = tokio::task::spawn_blocking(move || Inflation::of_file(&at))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                inflation.check(limits).map_err(|e| e.to_string())?;
+                let _reserved = inner.budget.reserve(inflation.bytes).await?;
+                let file = tokio::task::spawn_blocking(move || DebugFile::open(&path, limits))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(Arc::new(file))
+            })
             .await
-            .map_err(|e| e.to_string())?;
-        let file = tokio::task::spawn_blocking(move || DebugFile::open(&path))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let file = Arc::new(file);
-        self.inner.open.insert(object.to_owned(), Arc::clone(&file));
-        Ok(file)
+            .map_err(|e: Arc<String>| e.as_ref().clone())
     }
 }
 

@@ -18,6 +18,8 @@ use kiln_storage::tenant_document_path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::budget::BudgetSlot;
+use crate::debug_file::{Inflation, OpenLimits};
 use crate::elf::{ElfInfo, FileKind, hex};
 use crate::{DebugFile, identify_file};
 
@@ -50,11 +52,15 @@ impl StoredFile {
     }
 }
 
-/// Bounds on uploads (`tenants.toml`: `max_debuginfo_file_bytes`, `max_debuginfo_bytes`).
+/// Bounds on uploads (`tenants.toml`: `max_debuginfo_file_bytes`, `max_debuginfo_bytes`,
+/// `max_debuginfo_inflated_bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UploadLimits {
     pub max_file_bytes: u64,
     pub max_tenant_bytes: u64,
+    /// Bytes one file's compressed sections may inflate to (within
+    /// [`crate::debug_file::MAX_INFLATION_RATIO`] times its size).
+    pub max_inflated_bytes: u64,
 }
 
 /// Why an upload was refused, or failed.
@@ -70,6 +76,12 @@ pub enum UploadError {
         "the tenant's debug files would come to {total} bytes, more than its limit of {limit} bytes"
     )]
     TenantFull { total: u64, limit: u64 },
+    /// Its compressed sections would inflate past the limits ([`crate::Error::Inflates`]).
+    #[error("{0}")]
+    Inflates(String),
+    /// The server's decode budget stayed spent: nothing was stored, try again later.
+    #[error("{0}")]
+    Busy(String),
     #[error(transparent)]
     Storage(#[from] kiln_storage::Error),
     #[error("cannot read the upload: {0}")]
@@ -84,6 +96,7 @@ const IDS: &str = "debuginfo/ids";
 #[derive(Debug, Clone)]
 pub struct DebugStore {
     store: ObjectStorage,
+    budget: BudgetSlot,
 }
 
 fn not_found(e: &kiln_storage::Error) -> bool {
@@ -123,14 +136,24 @@ fn sha256_of(path: &Path) -> std::io::Result<String> {
     }
 }
 
+impl From<crate::Error> for UploadError {
+    fn from(e: crate::Error) -> Self {
+        match e {
+            crate::Error::Inflates { .. } => Self::Inflates(e.to_string()),
+            e => Self::Invalid(e.to_string()),
+        }
+    }
+}
+
 /// Reads a file's identity and checks that its symbols can be read: the DWARF of a damaged
-/// file is refused here rather than found wanting at query time.
-pub fn inspect(path: &Path) -> Result<ElfInfo, UploadError> {
-    let info = identify_file(path).map_err(|e| UploadError::Invalid(e.to_string()))?;
+/// file is refused here rather than found wanting at query time. Compressed sections inflate
+/// within `limits` (the caller reserved what they declare, [`inspect_reserved`]).
+pub fn inspect(path: &Path, limits: OpenLimits) -> Result<ElfInfo, UploadError> {
+    let info = identify_file(path)?;
     if !info.has_symbols() {
         return Err(UploadError::NoSymbols);
     }
-    let file = DebugFile::open(path).map_err(|e| UploadError::Invalid(e.to_string()))?;
+    let file = DebugFile::open(path, limits)?;
     for address in file.probe_addresses() {
         let _ = file.resolve(*address);
     }
@@ -142,9 +165,37 @@ pub fn inspect(path: &Path) -> Result<ElfInfo, UploadError> {
     Ok(info)
 }
 
+/// [`inspect`] on a blocking thread, after what the file's compressed sections declare is
+/// checked against `limits` and reserved from `budget` (held until the check ends).
+pub async fn inspect_reserved(
+    path: &Path,
+    limits: OpenLimits,
+    budget: &BudgetSlot,
+) -> Result<ElfInfo, UploadError> {
+    let joined = |e: tokio::task::JoinError| UploadError::Io(std::io::Error::other(e));
+    let owned = path.to_owned();
+    // Identified first: a file that is no ELF, or damaged, is refused for what it is.
+    let inflation = tokio::task::spawn_blocking(move || {
+        identify_file(&owned)?;
+        Inflation::of_file(&owned)
+    })
+    .await
+    .map_err(joined)??;
+    inflation.check(limits)?;
+    let _reserved = budget
+        .reserve(inflation.bytes)
+        .await
+        .map_err(UploadError::Busy)?;
+    let owned = path.to_owned();
+    tokio::task::spawn_blocking(move || inspect(&owned, limits))
+        .await
+        .map_err(joined)?
+}
+
 impl DebugStore {
-    pub fn new(store: ObjectStorage) -> Self {
-        Self { store }
+    /// The files in `store`; checking an upload reserves from `budget`.
+    pub fn new(store: ObjectStorage, budget: BudgetSlot) -> Self {
+        Self { store, budget }
     }
 
     /// The object path of a stored file.
@@ -198,14 +249,15 @@ impl DebugStore {
                 limit: limits.max_file_bytes,
             });
         }
+        let open = OpenLimits {
+            max_inflated_bytes: limits.max_inflated_bytes,
+        };
+        let info = inspect_reserved(path, open, &self.budget).await?;
         let owned = path.to_owned();
-        let (info, sha256) = tokio::task::spawn_blocking(move || {
-            let info = inspect(&owned)?;
-            let sha = sha256_of(&owned).map_err(UploadError::Io)?;
-            Ok::<_, UploadError>((info, sha))
-        })
-        .await
-        .map_err(|e| UploadError::Io(std::io::Error::other(e.to_string())))??;
+        let sha256 = tokio::task::spawn_blocking(move || sha256_of(&owned))
+            .await
+            .map_err(|e| UploadError::Io(std::io::Error::other(e.to_string())))?
+            .map_err(UploadError::Io)?;
         let mut ids = info.ids();
         for c in claimed {
             let c = c.trim();

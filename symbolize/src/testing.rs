@@ -524,3 +524,122 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     s.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
+
+/// A compression of ELF sections (`objcopy --compress-debug-sections=…`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Zlib,
+    Zstd,
+}
+
+impl Compression {
+    fn objcopy_name(self) -> &'static str {
+        match self {
+            Self::Zlib => "zlib",
+            Self::Zstd => "zstd",
+        }
+    }
+
+    /// `ch_type` of an `Elf64_Chdr`.
+    fn ch_type(self) -> u32 {
+        match self {
+            Self::Zlib => 1,
+            Self::Zstd => 2,
+        }
+    }
+}
+
+/// `objcopy --compress-debug-sections` of `path`, beside it.
+pub fn compress(path: &Path, how: Compression) -> Result<PathBuf, String> {
+    let out = path.with_extension(format!("{}.elf", how.objcopy_name()));
+    run(Command::new("objcopy")
+        .arg(format!("--compress-debug-sections={}", how.objcopy_name()))
+        .arg(path)
+        .arg(&out))?;
+    Ok(out)
+}
+
+/// An inflation bomb made of a real program: `compressed` (an `objcopy
+/// --compress-debug-sections` file, 64-bit little-endian) with its `.debug_info` re-pointed at
+/// a stream of `declared` zero bytes, appended to the file. A zlib stream of 3 GiB is about
+/// 3 MB; a zstd one (run-length blocks), about 100 KB.
+pub fn inflation_bomb(
+    compressed: &Path,
+    how: Compression,
+    declared: u64,
+) -> Result<Vec<u8>, String> {
+    use object::{Object, ObjectSection};
+    let mut data = std::fs::read(compressed).map_err(|e| e.to_string())?;
+    let index = {
+        let file = object::File::parse(&*data).map_err(|e| e.to_string())?;
+        file.section_by_name(".debug_info")
+            .ok_or("no .debug_info")?
+            .index()
+            .0
+    };
+    let u16_at = |d: &[u8], at: usize| u16::from_le_bytes([d[at], d[at + 1]]) as usize;
+    let shoff = u64::from_le_bytes(data[0x28..0x30].try_into().unwrap()) as usize;
+    let header = shoff + index * u16_at(&data, 0x3a);
+    // Elf64_Chdr: type, reserved, size, alignment; then the stream.
+    let mut section = Vec::new();
+    section.extend_from_slice(&how.ch_type().to_le_bytes());
+    section.extend_from_slice(&0u32.to_le_bytes());
+    section.extend_from_slice(&declared.to_le_bytes());
+    section.extend_from_slice(&1u64.to_le_bytes());
+    section.extend_from_slice(&match how {
+        Compression::Zlib => zlib_zeros(declared),
+        Compression::Zstd => zstd_zeros(declared),
+    });
+    let offset = data.len().next_multiple_of(8);
+    data.resize(offset, 0);
+    data.extend_from_slice(&section);
+    // sh_offset and sh_size of the section's header.
+    data[header + 0x18..header + 0x20].copy_from_slice(&(offset as u64).to_le_bytes());
+    data[header + 0x20..header + 0x28].copy_from_slice(&(section.len() as u64).to_le_bytes());
+    Ok(data)
+}
+
+/// A zlib stream of `n` zero bytes (`n` a multiple of 1 MiB or not): one fully flushed deflate
+/// block of 1 MiB of zeros repeated (each copy refers back only to zeros), the rest, the end.
+fn zlib_zeros(n: u64) -> Vec<u8> {
+    use flate2::{Compress, Compression, FlushCompress};
+    const CHUNK: usize = 1 << 20;
+    let deflate = |len: usize, flush: FlushCompress| {
+        let mut c = Compress::new(Compression::best(), false);
+        let mut out = Vec::with_capacity(len / 64 + 64);
+        c.compress_vec(&vec![0u8; len], &mut out, flush)
+            .expect("deflate of zeros");
+        out
+    };
+    let mut out = vec![0x78, 0xda];
+    let chunk = deflate(CHUNK, FlushCompress::Full);
+    for _ in 0..n / CHUNK as u64 {
+        out.extend_from_slice(&chunk);
+    }
+    out.extend_from_slice(&deflate((n % CHUNK as u64) as usize, FlushCompress::Finish));
+    // Adler-32 of zeros: a stays 1, b adds it once a byte.
+    let b = (n % 65_521) as u32;
+    out.extend_from_slice(&((b << 16) | 1).to_be_bytes());
+    out
+}
+
+/// A zstd frame of `n` zero bytes: run-length blocks of 128 KiB.
+fn zstd_zeros(n: u64) -> Vec<u8> {
+    const BLOCK: u64 = 128 << 10;
+    // Magic; an 8-byte content size and a window descriptor (2^17); the size.
+    let mut out = vec![0x28, 0xb5, 0x2f, 0xfd, 0xc0, 7 << 3];
+    out.extend_from_slice(&n.to_le_bytes());
+    let mut left = n;
+    loop {
+        let size = left.min(BLOCK);
+        left -= size;
+        let last = u32::from(left == 0);
+        // Block header: last flag, type 1 (RLE), size; then the byte repeated.
+        let header = last | (1 << 1) | ((size as u32) << 3);
+        out.extend_from_slice(&header.to_le_bytes()[..3]);
+        out.push(0);
+        if left == 0 {
+            return out;
+        }
+    }
+}

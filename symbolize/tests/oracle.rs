@@ -3,11 +3,15 @@
 //! for a Go program without DWARF to what `go tool addr2line` prints.
 
 use kiln_symbolize::testing::{self, Program};
-use kiln_symbolize::{DebugFile, FileKind, Frame, MappingRange, identify_file};
+use kiln_symbolize::{DebugFile, FileKind, Frame, MappingRange, OpenLimits, identify_file};
+
+const LIMITS: OpenLimits = OpenLimits {
+    max_inflated_bytes: 512 << 20,
+};
 
 /// Resolves `addrs` in `file` with Kiln and with the oracle, and compares them all.
 fn compare(file: &std::path::Path, addrs: &[u64], oracle: &[Vec<Frame>]) {
-    let debug = DebugFile::open(file).unwrap();
+    let debug = DebugFile::open(file, LIMITS).unwrap();
     assert_eq!(addrs.len(), oracle.len());
     let mut named = 0;
     let mut inlined = 0;
@@ -153,7 +157,7 @@ fn process_addresses_map_back_to_the_file() {
         Program::Cpp,
     ] {
         let built = testing::build(program, dir.path()).unwrap();
-        let debug = DebugFile::open(&built.debug).unwrap();
+        let debug = DebugFile::open(&built.debug, LIMITS).unwrap();
         let addrs = testing::addresses_in(&built.full, &built.functions, 8);
         // The executable segment from the program headers, as /proc/<pid>/maps would show it.
         let (offset, vaddr, memsz) = testing::executable_segment(&built.full).unwrap();

@@ -98,6 +98,7 @@ async fn frames_are_named_at_read_time_and_kept_by_compaction() {
             cache_bytes: 1 << 30,
             open_bytes: 1 << 30,
             resolved_bytes: 64 << 20,
+            max_inflated_bytes: 512 << 20,
             debuginfod: DebuginfodConfig {
                 urls: vec![],
                 timeout: Duration::from_secs(5),
@@ -132,6 +133,7 @@ async fn frames_are_named_at_read_time_and_kept_by_compaction() {
     let limits = UploadLimits {
         max_file_bytes: 1 << 30,
         max_tenant_bytes: 1 << 30,
+        max_inflated_bytes: 512 << 20,
     };
     symbolizer
         .store()

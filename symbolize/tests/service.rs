@@ -14,6 +14,7 @@ use kiln_symbolize::{Frame, MappingRange, Metrics, Request, Symbolizer, Symboliz
 const LIMITS: UploadLimits = UploadLimits {
     max_file_bytes: 64 << 20,
     max_tenant_bytes: 256 << 20,
+    max_inflated_bytes: 512 << 20,
 };
 
 async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolizer {
@@ -25,6 +26,7 @@ async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolize
         cache_bytes: 1 << 30,
         open_bytes: 1 << 30,
         resolved_bytes: 64 << 20,
+        max_inflated_bytes: 512 << 20,
         debuginfod: DebuginfodConfig {
             urls: debuginfod,
             timeout: Duration::from_secs(10),

@@ -13,11 +13,12 @@
 //!
 //! Every upload arrives into a file on local disk (a part at a time, within the tenant's
 //! `max_debuginfo_file_bytes`), and is then checked and stored by the symbolizer's store: a
-//! tenant's files are its own. The upload protocols' sessions ([`Uploads`]) are per process.
+//! tenant's files are its own. The upload protocols' sessions ([`Uploads`]) are per process, and
+//! so are the upload slots ([`UploadSlots`]): each process bounds the uploads it runs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Json;
@@ -100,13 +101,122 @@ struct Pending {
     stored: Option<StoredFile>,
 }
 
-/// The upload sessions of this process, by (tenant, id).
+/// The upload sessions of this process, by (tenant, id), and its upload slots.
 #[derive(Debug, Default)]
 pub struct Uploads {
     pending: Mutex<HashMap<(TenantId, String), Pending>>,
+    slots: UploadSlots,
+}
+
+/// How long an upload waits for a slot of the process before it is answered 503.
+const SLOT_WAIT: Duration = Duration::from_secs(10);
+
+/// Uploads that receive, check and store a file at once, in this process: at most a tenant's
+/// `max_debuginfo_uploads` of one tenant (429 past it, at once) and `total` of all tenants (one
+/// past it waits up to [`SLOT_WAIT`], then 503). Each holds up to two files of
+/// `max_debuginfo_file_bytes` on disk and what its sections inflate to in memory.
+#[derive(Debug)]
+pub struct UploadSlots {
+    all: Arc<tokio::sync::Semaphore>,
+    total: usize,
+    tenants: Arc<Mutex<HashMap<TenantId, usize>>>,
+}
+
+impl Default for UploadSlots {
+    fn default() -> Self {
+        Self::new(DEFAULT_UPLOAD_CONCURRENCY)
+    }
+}
+
+/// Uploads of all tenants a process runs at once (`--debuginfo-upload-concurrency`).
+pub const DEFAULT_UPLOAD_CONCURRENCY: usize = 4;
+
+/// One upload's slot, given back when dropped.
+#[derive(Debug)]
+struct Slot {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _tenant: TenantCount,
+}
+
+/// One of a tenant's uploads counted, uncounted when dropped.
+#[derive(Debug)]
+struct TenantCount {
+    tenant: TenantId,
+    tenants: Arc<Mutex<HashMap<TenantId, usize>>>,
+}
+
+impl Drop for TenantCount {
+    fn drop(&mut self) {
+        let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = tenants.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                tenants.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+impl UploadSlots {
+    /// Slots for `total` uploads at once (at least one).
+    pub fn new(total: usize) -> Self {
+        let total = total.max(1);
+        Self {
+            all: Arc::new(tokio::sync::Semaphore::new(total)),
+            total,
+            tenants: Arc::default(),
+        }
+    }
+
+    /// A slot for one more upload of `tenant`, which may run `per_tenant` at once.
+    async fn take(&self, tenant: &TenantId, per_tenant: usize) -> Result<Slot, ApiError> {
+        let counted = {
+            let mut tenants = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+            let running = tenants.entry(tenant.clone()).or_default();
+            if *running >= per_tenant.max(1) {
+                return Err(ApiError::new(
+                    ErrorKind::ResourceExhausted,
+                    format!(
+                        "the tenant has {running} debug-file uploads under way, its limit \
+                         (max_debuginfo_uploads); retry when one ends"
+                    ),
+                )
+                .retry_after(5));
+            }
+            *running += 1;
+            TenantCount {
+                tenant: tenant.clone(),
+                tenants: Arc::clone(&self.tenants),
+            }
+        };
+        let wait = Arc::clone(&self.all).acquire_owned();
+        match tokio::time::timeout(SLOT_WAIT, wait).await {
+            Ok(Ok(all)) => Ok(Slot {
+                _all: all,
+                _tenant: counted,
+            }),
+            _ => Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the server runs {} debug-file uploads at once, its limit \
+                     (--debuginfo-upload-concurrency); nothing was stored, retry later",
+                    self.total
+                ),
+            )
+            .retry_after(5)),
+        }
+    }
 }
 
 impl Uploads {
+    /// Sessions, and slots for `concurrency` uploads at once.
+    pub fn new(concurrency: usize) -> Self {
+        Self {
+            pending: Mutex::default(),
+            slots: UploadSlots::new(concurrency),
+        }
+    }
+
     fn get(&self, tenant: &TenantId, id: &str) -> Option<Pending> {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.retain(|_, p| p.started.elapsed() < STALE_AFTER || p.stored.is_some());
@@ -152,6 +262,7 @@ fn limits(app: &AppRef, tenant: &TenantId) -> UploadLimits {
     UploadLimits {
         max_file_bytes: l.max_debuginfo_file_bytes,
         max_tenant_bytes: l.max_debuginfo_bytes,
+        max_inflated_bytes: l.max_debuginfo_inflated_bytes,
     }
 }
 
@@ -160,25 +271,42 @@ impl From<UploadError> for ApiError {
         match e {
             UploadError::Invalid(m) => ApiError::invalid(m),
             UploadError::NoSymbols => ApiError::new(ErrorKind::Unprocessable, e.to_string()),
-            UploadError::FileTooLarge { .. } | UploadError::TenantFull { .. } => {
-                ApiError::too_large(e.to_string())
-            }
+            UploadError::FileTooLarge { .. }
+            | UploadError::TenantFull { .. }
+            | UploadError::Inflates(_) => ApiError::too_large(e.to_string()),
+            UploadError::Busy(m) => ApiError::new(ErrorKind::Unavailable, m)
+                .retry_after(crate::app::budget::RETRY_AFTER_SECS),
             UploadError::Storage(s) => s.into(),
             UploadError::Io(io) => ApiError::internal(io),
         }
     }
 }
 
-/// A file an upload is written into, removed when dropped.
+/// A file an upload is written into, removed when dropped, with the upload's slot.
 struct Incoming {
     path: tempfile::TempPath,
     file: tokio::fs::File,
     written: u64,
     limit: u64,
+    slot: Option<Slot>,
 }
 
 impl Incoming {
-    async fn new(app: &AppRef, limit: u64) -> Result<Self, ApiError> {
+    /// The file of a new upload of `tenant`, once the upload has a slot
+    /// ([`UploadSlots`]): 429 or 503 when it finds none.
+    async fn new(app: &AppRef, tenant: &TenantId) -> Result<Self, ApiError> {
+        let l = app.limits(tenant);
+        let slot = app
+            .debuginfo_uploads
+            .slots
+            .take(tenant, l.max_debuginfo_uploads)
+            .await?;
+        let mut file = Self::create(app, l.max_debuginfo_file_bytes).await?;
+        file.slot = Some(slot);
+        Ok(file)
+    }
+
+    async fn create(app: &AppRef, limit: u64) -> Result<Self, ApiError> {
         let dir = incoming_dir(app.storage.data_dir());
         tokio::fs::create_dir_all(&dir)
             .await
@@ -190,6 +318,7 @@ impl Incoming {
             file: tokio::fs::File::from_std(file),
             written: 0,
             limit,
+            slot: None,
         })
     }
 
@@ -220,7 +349,8 @@ impl Incoming {
         if !gzip {
             return Ok(self);
         }
-        let inflated = Incoming::new(app, self.limit).await?;
+        let mut inflated = Incoming::create(app, self.limit).await?;
+        inflated.slot = self.slot.take();
         let (from, to, limit) = (
             self.path.to_path_buf(),
             inflated.path.to_path_buf(),
@@ -295,7 +425,7 @@ const DRAIN_TIME: Duration = Duration::from_secs(10);
 /// Reads an HTTP body into a file. A body over the limit is refused (413) after the rest of it
 /// is read and thrown away (up to [`DRAIN_BYTES`], for [`DRAIN_TIME`] at most).
 async fn receive_body(app: &AppRef, tenant: &TenantId, body: Body) -> Result<Incoming, ApiError> {
-    let mut file = Incoming::new(app, limits(app, tenant).max_file_bytes).await?;
+    let mut file = Incoming::new(app, tenant).await?;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk =
@@ -523,7 +653,7 @@ async fn parca_upload(
     if p.upload_id != info.upload_id {
         return Err(ApiError::invalid("the upload id is not the one initiated"));
     }
-    let mut file = Incoming::new(app, limits(app, tenant).max_file_bytes).await?;
+    let mut file = Incoming::new(app, tenant).await?;
     while let Some(msg) = inbound.message().await.map_err(broken)? {
         match msg.data {
             Some(pa::upload_request::Data::ChunkData(chunk)) => file.write(&chunk).await?,
@@ -781,7 +911,7 @@ async fn pyroscope_stream(
         .debuginfo_uploads
         .get(tenant, &gnu)
         .ok_or_else(|| ApiError::internal("the upload session went away"))?;
-    let mut file = Incoming::new(app, limits(app, tenant).max_file_bytes).await?;
+    let mut file = Incoming::new(app, tenant).await?;
     while let Some(msg) = inbound.message().await.map_err(broken)? {
         match msg.data {
             Some(py::upload_request::Data::Chunk(c)) if !c.chunk.is_empty() => {

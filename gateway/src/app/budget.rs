@@ -86,6 +86,18 @@ impl DecodeBudget {
     }
 }
 
+/// Opening a debug file reserves what its compressed sections inflate to (ADR 0013).
+#[async_trait::async_trait]
+impl kiln_symbolize::budget::InflateBudget for DecodeBudget {
+    async fn reserve(&self, bytes: u64) -> Result<kiln_symbolize::budget::Reservation, String> {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        self.take(bytes)
+            .await
+            .map(|share| Box::new(share) as kiln_symbolize::budget::Reservation)
+            .map_err(|e| e.message)
+    }
+}
+
 impl Share {
     /// Bytes of the budget this share holds.
     pub fn bytes(&self) -> usize {

@@ -171,6 +171,11 @@ pub struct SymbolizeArgs {
     /// Bytes of named addresses remembered, so a frame is looked up once.
     #[arg(long, env = "KILN_SYMBOLIZER_RESOLVED_BYTES", default_value_t = 256 << 20)]
     pub symbolizer_resolved_bytes: u64,
+
+    /// Bytes one debug file's compressed sections may inflate to when a query or a debuginfod
+    /// fetch opens it (within 32 times its size); a larger one names nothing.
+    #[arg(long, env = "KILN_SYMBOLIZER_MAX_INFLATED_BYTES", default_value_t = kiln_symbolize::service::DEFAULT_MAX_INFLATED_BYTES)]
+    pub symbolizer_max_inflated_bytes: u64,
 }
 
 impl SymbolizeArgs {
@@ -202,6 +207,7 @@ impl SymbolizeArgs {
             cache_bytes: self.symbolizer_cache_bytes,
             open_bytes: self.symbolizer_open_bytes,
             resolved_bytes: self.symbolizer_resolved_bytes,
+            max_inflated_bytes: self.symbolizer_max_inflated_bytes,
         }
     }
 
@@ -486,6 +492,16 @@ pub struct LimitArgs {
     #[arg(long, env = "KILN_MAX_DEBUGINFO_FILE_BYTES")]
     pub max_debuginfo_file_bytes: Option<u64>,
 
+    /// Default bytes one uploaded debug file's compressed sections may inflate to (413 above
+    /// it, before anything is inflated); overrides [defaults].
+    #[arg(long, env = "KILN_MAX_DEBUGINFO_INFLATED_BYTES")]
+    pub max_debuginfo_inflated_bytes: Option<u64>,
+
+    /// Debug-file uploads of all tenants this process runs at once; one more waits 10 s, then
+    /// is answered 503 (a tenant's own bound is `max_debuginfo_uploads`).
+    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_CONCURRENCY", default_value_t = crate::api::debuginfo::DEFAULT_UPLOAD_CONCURRENCY)]
+    pub debuginfo_upload_concurrency: usize,
+
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
     #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
@@ -737,6 +753,10 @@ impl LimitArgs {
         set("max_stack_depth", self.max_stack_depth.map(|v| v as u64));
         set("ingest_rate_bytes", self.ingest_rate_bytes);
         set("max_debuginfo_file_bytes", self.max_debuginfo_file_bytes);
+        set(
+            "max_debuginfo_inflated_bytes",
+            self.max_debuginfo_inflated_bytes,
+        );
         t
     }
 }

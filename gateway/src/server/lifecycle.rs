@@ -52,7 +52,9 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     )
     .map_err(|e| anyhow::anyhow!("the symbolizer's cache directory: {e}"))?;
     app.roles = args.roles()?;
-    app.decode_budget = DecodeBudget::new(args.limits.max_inflight_decode_bytes);
+    app.set_decode_budget(DecodeBudget::new(args.limits.max_inflight_decode_bytes));
+    app.debuginfo_uploads =
+        crate::api::debuginfo::Uploads::new(args.limits.debuginfo_upload_concurrency);
     app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);
     Ok(Arc::new(app))
 }

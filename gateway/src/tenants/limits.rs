@@ -67,6 +67,11 @@ pub struct TenantLimits {
     pub max_debuginfo_file_bytes: u64,
     /// Debug files a tenant may keep, in bytes (413 for an upload past it).
     pub max_debuginfo_bytes: u64,
+    /// Bytes one debug file's compressed sections may inflate to in memory, within 32 times the
+    /// file's size (413 past it, before anything is inflated).
+    pub max_debuginfo_inflated_bytes: u64,
+    /// Debug-file uploads of the tenant one process runs at once (429 past it).
+    pub max_debuginfo_uploads: usize,
     /// Recording rules a tenant may make through the API (provisioned ones not counted).
     pub max_recording_rules: usize,
     /// Output series the tenant's recording rules may have in all; contributions that would
@@ -100,6 +105,8 @@ impl Default for TenantLimits {
             max_adhoc_profiles: 100,
             max_debuginfo_file_bytes: 1 << 30,
             max_debuginfo_bytes: 8 << 30,
+            max_debuginfo_inflated_bytes: kiln_symbolize::service::DEFAULT_MAX_INFLATED_BYTES,
+            max_debuginfo_uploads: 2,
             max_recording_rules: 25,
             max_recording_series: 10_000,
             remote_write_url: String::new(),
