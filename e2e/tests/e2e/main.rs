@@ -7,6 +7,7 @@ mod bench;
 mod clients;
 mod corpus;
 mod crash;
+mod debuginfo_bounds;
 mod drilldown;
 mod formats;
 mod fuzz;

@@ -502,6 +502,11 @@ pub struct LimitArgs {
     #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_CONCURRENCY", default_value_t = crate::api::debuginfo::DEFAULT_UPLOAD_CONCURRENCY)]
     pub debuginfo_upload_concurrency: usize,
 
+    /// Bytes a second this process reads of all its debug-file uploads together; a faster
+    /// sender is held back (0 = unpaced).
+    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_RATE_BYTES", default_value_t = crate::api::debuginfo::DEFAULT_UPLOAD_RATE_BYTES)]
+    pub debuginfo_upload_rate_bytes: u64,
+
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
     #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
