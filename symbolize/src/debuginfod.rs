@@ -3,10 +3,15 @@
 //! when that has symbols), and kept in the object store for every tenant (debuginfod's files are
 //! public) under `debuginfod/<id>`.
 //!
-//! A fetch runs on a task of its own, at most `concurrency` at once, with a timeout, retried
-//! with backoff on 429, 5xx and broken connections; a caller waits for it only until its
-//! deadline, and a later caller finds the result. What no server has is remembered for
-//! `missing_ttl`, a server that failed for `retry_after`.
+//! A fetch runs on a task of its own, at most `concurrency` at once and `tenant_concurrency` for
+//! the tenant whose query asked, with a timeout, retried with backoff on 429, 5xx and broken
+//! connections; a caller waits for it only until its deadline, and a later caller finds the
+//! result. What no server has is remembered for `missing_ttl`, a server that failed for
+//! `retry_after`. Outcomes are remembered per tenant that asked ([`Known`]): one tenant's
+//! flood of build ids makes it forget its own, never another tenant's.
+//!
+//! All of this is per process: each process fetches and remembers for itself, and a file one
+//! fetched is found in the object store by the others.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +49,8 @@ pub struct DebuginfodConfig {
     pub timeout: Duration,
     /// Fetches at once.
     pub concurrency: usize,
+    /// Fetches at once for one tenant's queries.
+    pub tenant_concurrency: usize,
     /// How long "no server has it" is remembered.
     pub missing_ttl: Duration,
     /// How long a failure is remembered before the servers are asked again.
@@ -69,9 +76,12 @@ struct Inner {
     http: reqwest::Client,
     store: ObjectStorage,
     permits: tokio::sync::Semaphore,
-    /// Remembered outcomes, with when they expire.
-    known: Mutex<HashMap<String, (Lookup, Instant)>>,
-    inflight: Mutex<HashMap<String, Fetch>>,
+    /// Per tenant: its fetches' semaphore (dropped when none runs or waits).
+    tenant_permits: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// Remembered outcomes, per tenant.
+    known: Mutex<Known>,
+    /// Fetches under way, with the tenants waiting for each (each remembers the outcome).
+    inflight: Mutex<HashMap<String, (Fetch, Vec<String>)>>,
     /// Bumped when a file arrives (cached resolutions may name more frames now).
     generation: Arc<AtomicU64>,
     metrics: Arc<crate::Metrics>,
@@ -88,8 +98,90 @@ impl std::fmt::Debug for Debuginfod {
     }
 }
 
-/// Most outcomes remembered.
+/// Most outcomes remembered, over all tenants.
 const MAX_KNOWN: usize = 100_000;
+
+/// Most outcomes remembered for one tenant.
+const MAX_KNOWN_PER_TENANT: usize = 10_000;
+
+/// Remembered outcomes by tenant, with when each expires: at most `per_tenant` for one tenant
+/// and `total` in all. A tenant at its share forgets its own oldest outcome; at the total, the
+/// tenant holding the most forgets its oldest. So random build ids from one tenant never push
+/// out another tenant's outcomes while that tenant holds less than its share.
+#[derive(Debug)]
+pub struct Known {
+    tenants: HashMap<String, TenantKnown>,
+    total: usize,
+    per_tenant: usize,
+    max_total: usize,
+}
+
+#[derive(Debug, Default)]
+struct TenantKnown {
+    outcomes: HashMap<String, (Lookup, Instant)>,
+    /// The keys of `outcomes`, oldest first.
+    order: std::collections::VecDeque<String>,
+}
+
+impl TenantKnown {
+    fn forget_oldest(&mut self) {
+        if let Some(id) = self.order.pop_front() {
+            self.outcomes.remove(&id);
+        }
+    }
+}
+
+impl Known {
+    pub fn new(per_tenant: usize, max_total: usize) -> Self {
+        Self {
+            tenants: HashMap::new(),
+            total: 0,
+            per_tenant: per_tenant.max(1),
+            max_total: max_total.max(1),
+        }
+    }
+
+    /// What `tenant` remembers of `id` at `now`, if it has not expired.
+    pub fn get(&self, tenant: &str, id: &str, now: Instant) -> Option<Lookup> {
+        let (outcome, until) = self.tenants.get(tenant)?.outcomes.get(id)?;
+        (*until > now).then(|| outcome.clone())
+    }
+
+    /// Remembers `outcome` of `id` for `tenant` until `until`.
+    pub fn insert(&mut self, tenant: &str, id: &str, outcome: Lookup, until: Instant) {
+        if let Some(t) = self.tenants.get_mut(tenant)
+            && let Some(known) = t.outcomes.get_mut(id)
+        {
+            *known = (outcome, until);
+            return;
+        }
+        if self.total >= self.max_total {
+            // The tenant holding the most gives one up.
+            if let Some(t) = self.tenants.values_mut().max_by_key(|t| t.outcomes.len()) {
+                t.forget_oldest();
+                self.total -= 1;
+            }
+            self.tenants.retain(|_, t| !t.outcomes.is_empty());
+        }
+        let t = self.tenants.entry(tenant.to_owned()).or_default();
+        if t.outcomes.len() >= self.per_tenant {
+            t.forget_oldest();
+            self.total -= 1;
+        }
+        t.outcomes.insert(id.to_owned(), (outcome, until));
+        t.order.push_back(id.to_owned());
+        self.total += 1;
+    }
+
+    /// Outcomes remembered in all.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
 
 /// The object path of a fetched file.
 pub fn object_path(build_id: &str) -> String {
@@ -116,7 +208,8 @@ impl Debuginfod {
                 http,
                 store,
                 permits,
-                known: Mutex::new(HashMap::new()),
+                tenant_permits: Mutex::new(HashMap::new()),
+                known: Mutex::new(Known::new(MAX_KNOWN_PER_TENANT, MAX_KNOWN)),
                 inflight: Mutex::new(HashMap::new()),
                 generation,
                 metrics,
@@ -131,16 +224,23 @@ impl Debuginfod {
         !self.inner.config.urls.is_empty()
     }
 
-    /// The file of `build_id` (a GNU build id, hex), waiting for a fetch until `deadline`.
-    pub async fn lookup(&self, build_id: &str, deadline: Instant) -> Lookup {
+    /// The file of `build_id` (a GNU build id, hex) for a query of `tenant`, waiting for a fetch
+    /// until `deadline`.
+    pub async fn lookup(&self, tenant: &str, build_id: &str, deadline: Instant) -> Lookup {
         let id = build_id.to_ascii_lowercase();
         if !self.enabled() || !is_hex_id(&id) {
             return Lookup::Missing;
         }
-        if let Some(known) = self.known(&id) {
+        let known = self
+            .inner
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(tenant, &id, Instant::now());
+        if let Some(known) = known {
             return known;
         }
-        let fetch = self.fetch(&id);
+        let fetch = self.fetch(tenant, &id);
         match tokio::time::timeout_at(deadline.into(), fetch).await {
             Ok(found) => found,
             Err(_) => {
@@ -150,51 +250,41 @@ impl Debuginfod {
         }
     }
 
-    fn known(&self, id: &str) -> Option<Lookup> {
-        let mut known = self.inner.known.lock().unwrap_or_else(|e| e.into_inner());
-        match known.get(id) {
-            Some((l, until)) if *until > Instant::now() => Some(l.clone()),
-            Some(_) => {
-                known.remove(id);
-                None
-            }
-            None => None,
-        }
-    }
-
-    /// The fetch of `id` under way, or a new one on a task of its own.
-    fn fetch(&self, id: &str) -> Fetch {
+    /// The fetch of `id` under way (`tenant` then remembers its outcome too), or a new one on a
+    /// task of its own.
+    fn fetch(&self, tenant: &str, id: &str) -> Fetch {
         let mut inflight = self
             .inner
             .inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = inflight.get(id) {
+        if let Some((f, waiting)) = inflight.get_mut(id) {
+            if !waiting.iter().any(|t| t == tenant) {
+                waiting.push(tenant.to_owned());
+            }
             return f.clone();
         }
         let inner = Arc::clone(&self.inner);
-        let key = id.to_owned();
+        let (key, asker) = (id.to_owned(), tenant.to_owned());
         let task = tokio::spawn(async move {
-            let found = inner.fetch(&key).await;
+            let found = inner.fetch(&asker, &key).await;
             let ttl = match &found {
                 Lookup::Found(_) => Duration::from_secs(24 * 3600),
                 Lookup::Missing => inner.config.missing_ttl,
                 Lookup::Failed(_) | Lookup::Pending => inner.config.retry_after,
             };
-            {
-                let mut known = inner.known.lock().unwrap_or_else(|e| e.into_inner());
-                if known.len() >= MAX_KNOWN {
-                    known.retain(|_, (_, until)| *until > Instant::now());
-                }
-                if known.len() < MAX_KNOWN {
-                    known.insert(key.clone(), (found.clone(), Instant::now() + ttl));
-                }
-            }
-            inner
+            let waiting = inner
                 .inflight
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&key);
+                .remove(&key)
+                .map(|(_, w)| w)
+                .unwrap_or_default();
+            let until = Instant::now() + ttl;
+            let mut known = inner.known.lock().unwrap_or_else(|e| e.into_inner());
+            for tenant in waiting {
+                known.insert(&tenant, &key, found.clone(), until);
+            }
             found
         });
         let shared = async move {
@@ -203,21 +293,58 @@ impl Debuginfod {
         }
         .boxed()
         .shared();
-        inflight.insert(id.to_owned(), shared.clone());
+        inflight.insert(id.to_owned(), (shared.clone(), vec![tenant.to_owned()]));
         shared
     }
 }
 
 impl Inner {
-    async fn fetch(&self, id: &str) -> Lookup {
+    async fn fetch(&self, tenant: &str, id: &str) -> Lookup {
         let object = object_path(id);
         // Another process (or an earlier run) may have fetched it.
         if self.store.get_range(&object, 0..4).await.is_ok() {
             return Lookup::Found(object);
         }
+        // The tenant's permit first: a tenant at its share waits without holding a permit of
+        // the process, which other tenants' fetches take meanwhile.
+        let own = self.tenant_semaphore(tenant);
+        let Ok(_own) = own.acquire().await else {
+            return Lookup::Failed("shutting down".into());
+        };
         let Ok(_permit) = self.permits.acquire().await else {
             return Lookup::Failed("shutting down".into());
         };
+        let found = self.fetch_permitted(id).await;
+        drop(_own);
+        self.release_tenant(tenant, own);
+        found
+    }
+
+    /// The semaphore of `tenant`'s fetches.
+    fn tenant_semaphore(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        let n = self.config.tenant_concurrency.max(1);
+        Arc::clone(
+            self.tenant_permits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(tenant.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(n))),
+        )
+    }
+
+    /// Drops `tenant`'s semaphore once no fetch of it runs or waits.
+    fn release_tenant(&self, tenant: &str, own: Arc<tokio::sync::Semaphore>) {
+        let mut permits = self
+            .tenant_permits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Two holders: the map and `own`.
+        if Arc::strong_count(&own) == 2 {
+            permits.remove(tenant);
+        }
+    }
+
+    async fn fetch_permitted(&self, id: &str) -> Lookup {
         let started = Instant::now();
         let found = tokio::time::timeout(self.config.timeout, self.fetch_from_servers(id)).await;
         self.metrics
@@ -397,4 +524,73 @@ fn uuid_like() -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random_id(rng: &mut u64) -> String {
+        // xorshift64*: 40 hex digits of a GNU build id.
+        (0..3)
+            .map(|_| {
+                *rng ^= *rng >> 12;
+                *rng ^= *rng << 25;
+                *rng ^= *rng >> 27;
+                format!("{:016x}", rng.wrapping_mul(0x2545_f491_4f6c_dd1d))
+            })
+            .collect::<String>()[..40]
+            .to_owned()
+    }
+
+    #[test]
+    fn one_tenants_random_build_ids_do_not_push_out_anothers_outcomes() {
+        let mut known = Known::new(MAX_KNOWN_PER_TENANT, MAX_KNOWN);
+        let now = Instant::now();
+        let until = now + Duration::from_secs(3600);
+        let quiet = "4e1b0c2d";
+        known.insert("quiet", quiet, Lookup::Missing, until);
+        let found = Lookup::Found(object_path("aa11"));
+        known.insert("quiet", "aa11", found.clone(), until);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            known.insert("noisy", &random_id(&mut rng), Lookup::Missing, until);
+        }
+        // The flood costs the noisy tenant its own outcomes only.
+        assert_eq!(known.get("quiet", quiet, now), Some(Lookup::Missing));
+        assert_eq!(known.get("quiet", "aa11", now), Some(found));
+        assert_eq!(known.len(), MAX_KNOWN_PER_TENANT + 2);
+        // Another tenant's new outcomes are still remembered.
+        known.insert("later", "bb22", Lookup::Missing, until);
+        assert_eq!(known.get("later", "bb22", now), Some(Lookup::Missing));
+        // Remembered per tenant: the noisy tenant does not read the quiet one's.
+        assert_eq!(known.get("noisy", quiet, now), None);
+    }
+
+    #[test]
+    fn past_the_total_the_largest_tenant_forgets_first() {
+        let mut known = Known::new(4, 6);
+        let until = Instant::now() + Duration::from_secs(60);
+        for i in 0..4 {
+            known.insert("big", &format!("b{i}"), Lookup::Missing, until);
+        }
+        known.insert("small", "s0", Lookup::Missing, until);
+        known.insert("small", "s1", Lookup::Missing, until);
+        // Full: the next one of the small tenant costs the big tenant its oldest.
+        known.insert("small", "s2", Lookup::Missing, until);
+        let now = Instant::now();
+        assert_eq!(known.len(), 6);
+        assert_eq!(known.get("big", "b0", now), None);
+        assert!(known.get("big", "b1", now).is_some());
+        assert!(
+            ["s0", "s1", "s2"]
+                .iter()
+                .all(|s| known.get("small", s, now).is_some())
+        );
+        // Expired outcomes are not answered, and are replaced in place.
+        let past = Instant::now();
+        known.insert("small", "s0", Lookup::Failed("down".into()), past);
+        assert_eq!(known.get("small", "s0", Instant::now()), None);
+        assert_eq!(known.len(), 6);
+    }
 }

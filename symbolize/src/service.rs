@@ -51,6 +51,7 @@ impl SymbolizerConfig {
                 urls: Vec::new(),
                 timeout: Duration::from_secs(120),
                 concurrency: 4,
+                tenant_concurrency: 2,
                 missing_ttl: Duration::from_secs(3600),
                 retry_after: Duration::from_secs(30),
                 max_file_bytes: 4 << 30,
@@ -353,7 +354,7 @@ impl Symbolizer {
         if let Some(object) = uploaded {
             return Ok(Some(Source::Upload(object)));
         }
-        match inner.debuginfod.lookup(id, deadline).await {
+        match inner.debuginfod.lookup(tenant, id, deadline).await {
             Lookup::Found(object) => Ok(Some(Source::Debuginfod(object))),
             Lookup::Missing => Ok(None),
             other => Err(other),

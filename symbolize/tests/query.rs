@@ -103,6 +103,7 @@ async fn frames_are_named_at_read_time_and_kept_by_compaction() {
                 urls: vec![],
                 timeout: Duration::from_secs(5),
                 concurrency: 1,
+                tenant_concurrency: 1,
                 missing_ttl: Duration::from_secs(60),
                 retry_after: Duration::from_secs(1),
                 max_file_bytes: 1 << 30,

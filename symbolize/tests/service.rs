@@ -31,6 +31,7 @@ async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolize
             urls: debuginfod,
             timeout: Duration::from_secs(10),
             concurrency: 2,
+            tenant_concurrency: 2,
             missing_ttl: Duration::from_secs(3600),
             retry_after: Duration::from_secs(1),
             max_file_bytes: 1 << 30,
@@ -253,4 +254,81 @@ async fn debuginfod_names_what_no_upload_covers_and_a_dead_one_only_delays() {
     server.stop();
     let kept = s.resolve("team-b", &requests(&id, &addrs), soon()).await;
     assert!(kept.frames.iter().all(Option::is_some));
+}
+
+/// A debuginfod that has nothing: 404 for every build id, after 3 s for those starting with
+/// `5` (slow ones), at once for the rest. Plain HTTP/1.1 on a loopback port.
+async fn slow_empty_debuginfod() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    let Ok(n) = conn.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    if head.contains("/buildid/5") {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                    }
+                    let answer = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+                    if conn.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_slow_fetches_leave_fetch_permits_to_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = slow_empty_debuginfod().await;
+    // Three fetches at once in all, two for one tenant (with three, this test fails).
+    let storage = Storage::open(StorageConfig::new(dir.path().join("data")))
+        .await
+        .unwrap();
+    let mut config = SymbolizerConfig::without_debuginfod(dir.path());
+    config.debuginfod.urls = vec![url];
+    config.debuginfod.concurrency = 3;
+    config.debuginfod.tenant_concurrency = 2;
+    config.debuginfod.attempts = 1;
+    let s = Symbolizer::new(
+        storage.store().clone(),
+        config,
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
+    // The noisy tenant's queries name six slow build ids; they wait past their deadline.
+    let noisy: Vec<Request> = (0..6)
+        .flat_map(|i| requests(&format!("5{i:039x}"), &[0x1000]))
+        .collect();
+    let short = Instant::now() + Duration::from_millis(300);
+    let got = s.resolve("noisy", &noisy, short).await;
+    assert!(got.incomplete, "{:?}", got.warnings);
+    // Another tenant's lookup is answered at once: the noisy one holds two of three fetches.
+    let started = Instant::now();
+    let got = s
+        .resolve(
+            "quiet",
+            &requests("a1b2c3d4e5f60718293a4b5c6d7e8f9012345678", &[0x1000]),
+            Instant::now() + Duration::from_secs(2),
+        )
+        .await;
+    assert!(
+        !got.incomplete,
+        "{:?} after {:?}",
+        got.warnings,
+        started.elapsed()
+    );
+    assert!(got.frames.iter().all(Option::is_none));
+    assert!(started.elapsed() < Duration::from_secs(2));
 }

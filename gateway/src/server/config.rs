@@ -138,6 +138,11 @@ pub struct SymbolizeArgs {
     #[arg(long, env = "KILN_DEBUGINFOD_CONCURRENCY", default_value_t = 4)]
     pub debuginfod_concurrency: usize,
 
+    /// Fetches from debuginfod at once for one tenant's queries; more of that tenant's wait
+    /// without holding a fetch of the process.
+    #[arg(long, env = "KILN_DEBUGINFOD_TENANT_CONCURRENCY", default_value_t = 2)]
+    pub debuginfod_tenant_concurrency: usize,
+
     /// How long a build id no server has is remembered as missing.
     #[arg(long, env = "KILN_DEBUGINFOD_MISSING_TTL_SECS", default_value_t = 3600)]
     pub debuginfod_missing_ttl_secs: u64,
@@ -197,6 +202,7 @@ impl SymbolizeArgs {
                 urls,
                 timeout: std::time::Duration::from_secs(self.debuginfod_timeout_secs.max(1)),
                 concurrency: self.debuginfod_concurrency.max(1),
+                tenant_concurrency: self.debuginfod_tenant_concurrency.max(1),
                 missing_ttl: std::time::Duration::from_secs(self.debuginfod_missing_ttl_secs),
                 retry_after: std::time::Duration::from_secs(self.debuginfod_retry_after_secs),
                 max_file_bytes: self.debuginfod_max_file_bytes,
