@@ -242,6 +242,21 @@ impl DebugStore {
         claimed: &[String],
         limits: UploadLimits,
     ) -> Result<StoredFile, UploadError> {
+        self.add_hashed(tenant, name, path, None, claimed, limits)
+            .await
+    }
+
+    /// [`Self::add`] of a file whose SHA-256 (lowercase hex) its receiver computed as the bytes
+    /// arrived, so it is not read again for it.
+    pub async fn add_hashed(
+        &self,
+        tenant: &str,
+        name: &str,
+        path: &Path,
+        sha256: Option<String>,
+        claimed: &[String],
+        limits: UploadLimits,
+    ) -> Result<StoredFile, UploadError> {
         let size = std::fs::metadata(path).map_err(UploadError::Io)?.len();
         if size > limits.max_file_bytes {
             return Err(UploadError::FileTooLarge {
@@ -253,11 +268,16 @@ impl DebugStore {
             max_inflated_bytes: limits.max_inflated_bytes,
         };
         let info = inspect_reserved(path, open, &self.budget).await?;
-        let owned = path.to_owned();
-        let sha256 = tokio::task::spawn_blocking(move || sha256_of(&owned))
-            .await
-            .map_err(|e| UploadError::Io(std::io::Error::other(e.to_string())))?
-            .map_err(UploadError::Io)?;
+        let sha256 = match sha256 {
+            Some(sha) => sha,
+            None => {
+                let owned = path.to_owned();
+                tokio::task::spawn_blocking(move || sha256_of(&owned))
+                    .await
+                    .map_err(|e| UploadError::Io(std::io::Error::other(e.to_string())))?
+                    .map_err(UploadError::Io)?
+            }
+        };
         let mut ids = info.ids();
         for c in claimed {
             let c = c.trim();

@@ -157,7 +157,7 @@ fn eight_large_uploads_of_one_tenant_leave_anothers_queries_within_2x() -> Resul
     for _ in 0..20 {
         query()?;
     }
-    let mut idle: Vec<Duration> = (0..500).map(|_| query()).collect::<Result<_>>()?;
+    let mut idle: Vec<Duration> = (0..1000).map(|_| query()).collect::<Result<_>>()?;
     let idle_p99 = p99(&mut idle);
 
     let (loaded, answers) = std::thread::scope(|scope| -> Result<_> {

@@ -338,6 +338,9 @@ struct Incoming {
     written: u64,
     limit: u64,
     slot: Option<Slot>,
+    /// The SHA-256 of what was written, as it arrives (the store needs it, and reading the
+    /// file again for it would cost a burst of a core at the end).
+    hasher: sha2::Sha256,
 }
 
 impl Incoming {
@@ -368,6 +371,7 @@ impl Incoming {
             written: 0,
             limit,
             slot: None,
+            hasher: sha2::Digest::new(),
         })
     }
 
@@ -383,6 +387,7 @@ impl Incoming {
         if let Some(slot) = &self.slot {
             slot.pace.charge(chunk.len()).await;
         }
+        sha2::Digest::update(&mut self.hasher, chunk);
         self.file.write_all(chunk).await.map_err(ApiError::internal)
     }
 
@@ -408,11 +413,14 @@ impl Incoming {
             inflated.path.to_path_buf(),
             self.limit,
         );
-        let written = tokio::task::spawn_blocking(move || -> Result<u64, ApiError> {
+        let (written, hasher) = tokio::task::spawn_blocking(move || {
             use std::io::Read;
             let input = std::fs::File::open(&from).map_err(ApiError::internal)?;
             let mut reader = flate2::read::MultiGzDecoder::new(input).take(limit + 1);
-            let mut out = std::fs::File::create(&to).map_err(ApiError::internal)?;
+            let mut out = Hashing {
+                file: std::fs::File::create(&to).map_err(ApiError::internal)?,
+                hasher: sha2::Digest::new(),
+            };
             let n = std::io::copy(&mut reader, &mut out)
                 .map_err(|e| ApiError::invalid(format!("the body is not valid gzip: {e}")))?;
             if n > limit {
@@ -421,14 +429,38 @@ impl Incoming {
                      (max_debuginfo_file_bytes)"
                 )));
             }
-            Ok(n)
+            Ok((n, out.hasher))
         })
         .await
         .map_err(ApiError::internal)??;
         Ok(Self {
             written,
+            hasher,
             ..inflated
         })
+    }
+
+    /// The SHA-256 of the complete file, lowercase hex.
+    fn sha256(&self) -> String {
+        kiln_symbolize::elf::hex(&sha2::Digest::finalize(self.hasher.clone()))
+    }
+}
+
+/// A file written through a hash of its bytes.
+struct Hashing {
+    file: std::fs::File,
+    hasher: sha2::Sha256,
+}
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        sha2::Digest::update(&mut self.hasher, &buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
     }
 }
 
@@ -445,7 +477,14 @@ async fn store(
     let stored = app
         .symbolizer
         .store()
-        .add(tenant, name, &file.path, claimed, limits(app, tenant))
+        .add_hashed(
+            tenant,
+            name,
+            &file.path,
+            Some(file.sha256()),
+            claimed,
+            limits(app, tenant),
+        )
         .await?;
     if let Some(want) = gnu.filter(|g| !g.is_empty())
         && stored.gnu_build_id.as_deref() != Some(&want.to_ascii_lowercase())
