@@ -271,7 +271,7 @@ fn the_deepest_admitted_input_fits_the_runtime_stack() {
 async fn saved_fuzz_crashers_are_answered_not_fatal() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fuzz-findings");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        eprintln!("SKIPPED: {} is absent", dir.display());
+        kiln_otel::skip::shared_absent(&dir);
         return;
     };
     let mut notes: Vec<_> = entries

@@ -31,6 +31,8 @@ pub mod otlp_json;
 pub mod parca;
 pub mod pprof;
 pub mod record;
+#[cfg(any(test, feature = "testing"))]
+pub mod skip;
 pub mod speedscope;
 
 pub use error::{Error, Result};

@@ -422,7 +422,7 @@ mod tests {
     #[test]
     fn a_failed_group_is_answered_with_an_error_and_the_next_goes_to_a_new_file() {
         let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
-            eprintln!("SKIPPED: no /dev/full");
+            kiln_otel::skip::missing("/dev/full");
             return;
         };
         let dir = tempfile::tempdir().unwrap();

@@ -85,7 +85,7 @@ fn rust() {
 #[test]
 fn go_with_dwarf() {
     if !testing::have("go") {
-        eprintln!("SKIPPED: no go on the PATH (scripts/install-test-deps.sh installs it)");
+        kiln_otel::skip::missing("go");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -120,7 +120,7 @@ fn go_with_dwarf() {
 #[test]
 fn go_without_dwarf_through_gopclntab() {
     if !testing::have("go") {
-        eprintln!("SKIPPED: no go on the PATH (scripts/install-test-deps.sh installs it)");
+        kiln_otel::skip::missing("go");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -188,7 +188,7 @@ async fn bad_uploads_are_refused_and_stored_nowhere() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debuginfod_names_what_no_upload_covers_and_a_dead_one_only_delays() {
     if !testing::have("debuginfod") {
-        eprintln!("SKIPPED: no debuginfod on the PATH (scripts/install-test-deps.sh installs it)");
+        kiln_otel::skip::missing("debuginfod");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

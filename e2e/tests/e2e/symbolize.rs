@@ -556,7 +556,7 @@ fn parca_agent_uploads_name_go_frames_through_the_line_table() -> Result<()> {
     use d::debuginfo_service_client::DebuginfoServiceClient;
     use kiln_proto::parca::debuginfo::v1alpha1 as d;
     if !testing::have("go") {
-        eprintln!("SKIPPED: no go on the PATH (scripts/install-test-deps.sh installs it)");
+        kiln_otel::skip::missing("go");
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -831,7 +831,7 @@ fn pyroscope_uploads_of_both_generations_name_frames() -> Result<()> {
 #[test]
 fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
     if !testing::have("debuginfod") {
-        eprintln!("SKIPPED: no debuginfod on the PATH (scripts/install-test-deps.sh installs it)");
+        kiln_otel::skip::missing("debuginfod");
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
