@@ -37,7 +37,7 @@ rust_passed=$(sed -n 's/.* tests\{0,1\} run: \([0-9]*\) passed.*/\1/p' "$target/
 # after saying so (kiln_otel::skip). They are named, and counted as skipped, not passed.
 cargo nextest list --workspace --run-ignored only --message-format oneline "$@" \
   > "$target/ignored.txt" 2>/dev/null || : > "$target/ignored.txt"
-python3 "$root/scripts/skipped.py" "$target/nextest/default/junit.xml" "$target/ignored.txt" \
+python3 "$root/scripts/skipped.py" "$root/target/nextest/default/junit.xml" "$target/ignored.txt" \
   > "$target/skipped.txt"
 ran_but_skipped=$(sed -n 's/^ran-but-skipped //p' "$target/skipped.txt")
 skipped=$(sed -n 's/^skipped \([0-9]*\)$/\1/p' "$target/skipped.txt")

@@ -56,6 +56,18 @@ pub fn corpus_dir() -> Option<PathBuf> {
     dir.is_dir().then_some(dir)
 }
 
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS:`, `VmHWM:`); 0 when it cannot be read.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -7,22 +7,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use kiln_e2e::Kiln;
+use kiln_e2e::{Kiln, status_kib};
 use kiln_symbolize::testing::{self, Compression, Program};
 
 /// Peak RSS the server may reach while it refuses the bombs (before the bound: 3.3 GiB).
 const BOMB_PEAK_BOUND_KIB: u64 = 1024 * 1024;
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
-}
 
 /// Uploads the file at `path` (streamed from disk); the status, `Retry-After` and body.
 fn upload(kiln: &Kiln, tenant: &str, path: &Path) -> Result<(u16, Option<u64>, String)> {

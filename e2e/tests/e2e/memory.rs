@@ -7,7 +7,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use kiln_e2e::Kiln;
+use kiln_e2e::{Kiln, status_kib};
 use kiln_proto::google::v1 as pb;
 use prost::Message;
 
@@ -65,17 +65,6 @@ fn amplification_body() -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     enc.write_all(&raw).unwrap();
     enc.finish().unwrap()
-}
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 /// Sends the body for each tenant at once; returns each answer's status and `Retry-After`.
