@@ -91,10 +91,15 @@ impl DecodeBudget {
 impl kiln_symbolize::budget::InflateBudget for DecodeBudget {
     async fn reserve(&self, bytes: u64) -> Result<kiln_symbolize::budget::Reservation, String> {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // Its own words: the caller may be a query, which stores nothing either way.
         self.take(bytes)
             .await
             .map(|share| Box::new(share) as kiln_symbolize::budget::Reservation)
-            .map_err(|e| e.message)
+            .map_err(|_| {
+                "the server is decoding as much as it may at once \
+                 (--max-inflight-decode-bytes); retry later"
+                    .to_owned()
+            })
     }
 }
 
