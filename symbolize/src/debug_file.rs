@@ -285,7 +285,10 @@ impl DebugFile {
     pub fn resolve(&self, address: u64) -> Vec<Frame> {
         use std::sync::atomic::Ordering;
         let loader = self.loader.lock().unwrap_or_else(|e| e.into_inner());
-        if self.has_dwarf && !self.dwarf_broken.load(Ordering::Relaxed) {
+        // `addr2line` looks up `[address, address + 1)`: the last address overflows there (a
+        // panic where overflow is checked, which would mark a good file's DWARF broken), and no
+        // code lies at it.
+        if self.has_dwarf && address < u64::MAX && !self.dwarf_broken.load(Ordering::Relaxed) {
             let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 dwarf_frames(&loader, address)
             }));

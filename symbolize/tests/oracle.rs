@@ -62,6 +62,21 @@ fn c_at_o2_with_inlining() {
     check_program(Program::C, true);
 }
 
+/// The last address leaves the file's DWARF readable (cargo fuzz found that `addr2line`
+/// overflows on it where overflow is checked, which marked the DWARF broken).
+#[test]
+fn the_last_address_leaves_the_files_dwarf_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = testing::build(Program::C, dir.path()).unwrap();
+    let addrs = testing::addresses_in(&built.full, &built.functions, 2);
+    let oracle = testing::addr2line(&built.debug, &addrs).unwrap();
+    let debug = DebugFile::open(&built.debug, LIMITS).unwrap();
+    let _ = debug.resolve(u64::MAX);
+    assert!(!debug.dwarf_broken());
+    let named: Vec<Vec<Frame>> = addrs.iter().map(|&a| debug.resolve(a)).collect();
+    assert_eq!(named, oracle);
+}
+
 #[test]
 fn c_position_independent() {
     check_program(Program::CPie, true);
