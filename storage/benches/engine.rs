@@ -18,10 +18,10 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kiln_otel::model::{
     Function, Labels, Line, Location, NormalizedProfile, ProfileType, Sample, Series, Symbols,
 };
-use kiln_storage::block::DatasetBuilder;
+use kiln_storage::format::block::DatasetBuilder;
+use kiln_storage::format::symbols::SymbolsBuilder;
 use kiln_storage::query::{FlameTree, SampleFilter};
 use kiln_storage::selector::parse_selector;
-use kiln_storage::symbols::SymbolsBuilder;
 use kiln_storage::{Storage, StorageConfig};
 
 const T0: i64 = 1_700_000_000_000_000_000;

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use kiln_storage::meta::decode_footer;
+use kiln_storage::format::meta::decode_footer;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -46,15 +46,17 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use serde::{Deserialize, Serialize};
 
-use crate::block::{Row, RowBatchBuilder, col, series_sort_key};
-use crate::meta::{BlockMeta, EntryKey, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer};
+use crate::format::block::{Row, RowBatchBuilder, col, series_sort_key};
+use crate::format::meta::{
+    BlockMeta, EntryKey, Rollup, Section, SeriesMeta, TOP_LEVEL, encode_footer,
+};
+use crate::format::rollup::{FinishedRollup, RollupWriter, Rollups};
+use crate::format::series_labels::LabelTableBuilder;
+use crate::format::symbols::{SymbolTable, SymbolsBuilder, SymbolsCapacity};
 use crate::metastore::{Job, LogCheckpoint, Metastore, QueuedBlock};
 use crate::metrics::{CompactionLabels, LevelLabels};
 use crate::query::{QueryEngine, now_ms};
-use crate::rollup::{FinishedRollup, RollupWriter, Rollups};
-use crate::series_labels::LabelTableBuilder;
 use crate::store::ObjectStorage;
-use crate::symbols::{SymbolTable, SymbolsBuilder, SymbolsCapacity};
 use crate::{Error, Result};
 
 /// Series in a compaction output from which its series index is built by the compactor (with
@@ -153,7 +155,7 @@ pub struct CompactionConfig {
     /// How top-level blocks merge with each other.
     pub top: TopPolicy,
     /// Rollups written with each output, finest first (ADR 0007): bucket widths in
-    /// nanoseconds, [`crate::meta::PROFILE_TOTALS`] for profile totals.
+    /// nanoseconds, [`crate::format::meta::PROFILE_TOTALS`] for profile totals.
     pub rollups: Vec<i64>,
     /// How long a leased job is a compactor's alone.
     pub lease: Duration,
@@ -177,7 +179,7 @@ impl Default for CompactionConfig {
             enabled: true,
             levels: vec![p(20, 30), p(10, 12 * 60), p(10, 3 * 3600)],
             top: TopPolicy::default(),
-            rollups: crate::rollup::DEFAULT_RESOLUTIONS.to_vec(),
+            rollups: crate::format::rollup::DEFAULT_RESOLUTIONS.to_vec(),
             lease: Duration::from_secs(600),
             batch_rows: 8192,
             row_group_rows: 128 * 1024,
@@ -542,7 +544,7 @@ struct Output {
 const UNMAPPED: u32 = u32::MAX;
 
 /// The stack rollups of a merge of L0 segments judge whether they pay after this fraction
-/// (1/N) of the merge's rows ([`crate::rollup::RollupWriter::give_up_after`]).
+/// (1/N) of the merge's rows ([`crate::format::rollup::RollupWriter::give_up_after`]).
 const FRESH_ROLLUP_TRIAL_PARTS: u64 = 8;
 
 impl Output {
@@ -560,9 +562,9 @@ impl Output {
         resolutions: &[i64],
         created_ms: u64,
         level: u32,
-        blank: crate::block::Blank,
+        blank: crate::format::block::Blank,
     ) -> Result<Self> {
-        let pages = crate::block::Pages::of_level(level);
+        let pages = crate::format::block::Pages::of_level(level);
         let row_group_rows = config.row_group_rows;
         let id = ulid::Ulid::from_parts(created_ms, ulid::Ulid::generate().random()).to_string();
         let mut rollups = Vec::with_capacity(resolutions.len());
@@ -571,22 +573,22 @@ impl Output {
             match RollupWriter::new(r, path, row_group_rows, config.batch_rows, pages) {
                 Ok(w) => rollups.push(w),
                 Err(e) => {
-                    crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
+                    crate::format::rollup::remove_files(rollups.iter().map(RollupWriter::path));
                     return Err(e);
                 }
             }
         }
         let file_path = dir.join(format!("{id}.kblk.part"));
-        let writer = match crate::block::samples_file_writer(
+        let writer = match crate::format::block::samples_file_writer(
             &file_path,
-            crate::block::samples_schema(),
+            crate::format::block::samples_schema(),
             row_group_rows,
             pages,
             blank,
         ) {
             Ok(w) => w,
             Err(e) => {
-                crate::rollup::remove_files(rollups.iter().map(RollupWriter::path));
+                crate::format::rollup::remove_files(rollups.iter().map(RollupWriter::path));
                 return Err(e);
             }
         };
@@ -692,7 +694,7 @@ impl Output {
         let samples_size = file.metadata().map_err(io)?.len();
         // Rollups worth keeping follow the samples.
         let finished: Vec<FinishedRollup> = self.rollups.finish(self.series.len())?;
-        let keep = crate::rollup::worth_keeping(&finished, self.rows);
+        let keep = crate::format::rollup::worth_keeping(&finished, self.rows);
         for (r, kept) in finished.iter().zip(&keep) {
             tracing::debug!(
                 level,
@@ -722,7 +724,7 @@ impl Output {
             }
             Ok(())
         })();
-        crate::rollup::remove_files(finished.iter().map(|r| &r.path));
+        crate::format::rollup::remove_files(finished.iter().map(|r| &r.path));
         appended.map_err(io)?;
         let rollup_end = offset;
         // The series' labels still live in their sources' tables: the output gets one table of
@@ -738,13 +740,13 @@ impl Output {
         let stack_nodes = self.symbols.stack_nodes() as u64;
         let (symbols, table) = self
             .symbols
-            .encode_with_table(crate::block::Pages::of_level(level))?;
+            .encode_with_table(crate::format::block::Pages::of_level(level))?;
         file.write_all(&symbols).map_err(io)?;
         let mut meta = BlockMeta {
             rollups,
             index: Default::default(),
             logs: lineage.logs.clone(),
-            format_version: crate::meta::write_version(),
+            format_version: crate::format::meta::write_version(),
             id: self.id.clone(),
             tenant: template.tenant.clone(),
             shard: template.shard,
@@ -1072,7 +1074,7 @@ impl Compactor {
         ids: &[String],
         metas: &[Arc<BlockMeta>],
     ) -> Result<Lineage> {
-        let logs = crate::meta::latest_checkpoints(metas.iter().flat_map(|m| &m.logs));
+        let logs = crate::format::meta::latest_checkpoints(metas.iter().flat_map(|m| &m.logs));
         let replaced = self.replaced(job, ids, metas).await?;
         Ok(Lineage { replaced, logs })
     }
@@ -1085,7 +1087,7 @@ impl Compactor {
     ) -> Result<Vec<String>> {
         let mut out: Vec<String> = ids
             .iter()
-            .map(|id| crate::meta::compacted_source(id, job.partition))
+            .map(|id| crate::format::meta::compacted_source(id, job.partition))
             .collect();
         let inherited: Vec<&String> = metas.iter().flat_map(|m| &m.compacted_from).collect();
         if inherited.is_empty() {
@@ -1187,7 +1189,11 @@ impl Compactor {
                 .read_all(meta, self.config.batch_rows)
                 .await
                 .map_err(fail)?;
-            blank = Some(blank.map_or(source_blank, |b: crate::block::Blank| b.and(source_blank)));
+            blank = Some(
+                blank.map_or(source_blank, |b: crate::format::block::Blank| {
+                    b.and(source_blank)
+                }),
+            );
             sources.push(Source {
                 meta: Arc::clone(meta),
                 symbols,
@@ -1207,13 +1213,13 @@ impl Compactor {
         let created_ms = metas.iter().map(|m| m.created_ms()).min().unwrap_or(0);
         let profiles: u64 = metas.iter().map(|m| m.profiles).sum();
         let mut outputs: Vec<Written> = Vec::new();
-        let resolutions = crate::rollup::worth_computing(
+        let resolutions = crate::format::rollup::worth_computing(
             &self.config.rollups,
             metas.iter().map(|m| m.min_time_nanos).min().unwrap_or(0),
             metas.iter().map(|m| m.max_time_nanos).max().unwrap_or(0),
         );
         let n_sources = sources.len();
-        let blank = blank.unwrap_or(crate::block::Blank::NONE);
+        let blank = blank.unwrap_or(crate::format::block::Blank::NONE);
         // The output's tables hold at least the largest source's.
         let symbols_room = sources
             .iter()
@@ -1316,7 +1322,7 @@ impl Compactor {
             );
         } else {
             let _ = std::fs::remove_file(&out.file_path);
-            crate::rollup::remove_files(out.rollups.paths());
+            crate::format::rollup::remove_files(out.rollups.paths());
         }
         if self.warm {
             // Made here, off the query path, for the cache: a block's first flame graph would

@@ -145,8 +145,8 @@ impl Error {
     }
 }
 
-/// Why bytes Kiln wrote do not read back: a symbols section ([`crate::symbols`]), an object's
-/// footer or a metastore entry ([`crate::meta`]). Always a bug or corrupt data; callers wrap it in
+/// Why bytes Kiln wrote do not read back: a symbols section ([`crate::format::symbols`]), an object's
+/// footer or a metastore entry ([`crate::format::meta`]). Always a bug or corrupt data; callers wrap it in
 /// [`Error::Decode`] with the block it came from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -200,7 +200,7 @@ pub enum DecodeError {
     #[error("dataset of {0} lies outside the object")]
     OutsideObject(String),
     /// Metadata: the protobuf is malformed where prost's own checks do not reach (Kiln reads
-    /// it field by field, [`crate::meta`]).
+    /// it field by field, [`crate::format::meta`]).
     #[error("block metadata: {0}")]
     Wire(&'static str),
 }

@@ -17,9 +17,11 @@
 //! The `cargo fuzz` targets of `fuzz/` call these, and `tests/fuzz_entries.rs` runs each over
 //! seeds and seeded mutations in the test command (as `kiln_otel::fuzz` for requests).
 
-use crate::meta::{self, BLOCK_FORMAT_VERSION, BlockMeta, MIN_BLOCK_FORMAT_VERSION};
+use crate::format::meta::{self, BLOCK_FORMAT_VERSION, BlockMeta, MIN_BLOCK_FORMAT_VERSION};
+use crate::format::symbols::{
+    self, MIN_SYMBOLS_VERSION, SYMBOLS_VERSION, SymbolTable, SymbolsBuilder,
+};
 use crate::selector::parse_selector;
-use crate::symbols::{self, MIN_SYMBOLS_VERSION, SYMBOLS_VERSION, SymbolTable, SymbolsBuilder};
 
 #[cfg(any(test, feature = "testing"))]
 pub mod seeds;
@@ -135,7 +137,7 @@ pub fn wal_file(data: &[u8]) -> usize {
     let first = data
         .get(8..16)
         .map_or(1, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-    let (records, end) = crate::wal::read_file(data, first);
+    let (records, end) = crate::writer::wal::read_file(data, first);
     assert!(end <= data.len(), "a log file read past its end");
     for (i, (seq, payload)) in records.iter().enumerate() {
         assert_eq!(*seq, first + i as u64, "records out of sequence");

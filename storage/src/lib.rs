@@ -14,25 +14,18 @@
 //!        ──► stack values summed per block ──► merged by frame name ──► FlameGraph / pprof / series
 //! ```
 
-pub mod block;
+pub mod caches;
 pub mod compaction;
 pub mod error;
+pub mod format;
 pub mod fuzz;
-pub mod meta;
 pub mod metastore;
 pub mod metrics;
-pub mod names;
 pub mod query;
-pub mod rollup;
 pub mod selector;
-pub mod series_index;
-pub mod series_labels;
-pub mod spool;
 pub mod store;
-pub mod symbols;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-pub mod wal;
 pub mod writer;
 
 mod storage;

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-pub use crate::meta::{BlockMeta, LogCheckpoint, PARTITION_NANOS, SeriesMeta, partition_of};
+pub use crate::format::meta::{
+    BlockMeta, LogCheckpoint, PARTITION_NANOS, SeriesMeta, partition_of,
+};
 
 /// Which blocks a lookup wants.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +81,9 @@ impl<'a> BlockQuery<'a> {
             set.intersect_with(&index.with_value(kiln_otel::model::LABEL_SERVICE_NAME, n));
         }
         if let Some(p) = self.profile_type {
-            set.intersect_with(&index.with_value(crate::series_index::PROFILE_TYPE_LABEL, p));
+            set.intersect_with(
+                &index.with_value(crate::format::series_index::PROFILE_TYPE_LABEL, p),
+            );
         }
         !set.is_clear()
     }
@@ -317,7 +321,7 @@ pub(crate) fn entry_cache() -> EntryCache {
 /// many series, counted once), per series its struct, label pairs and index postings, and per
 /// distinct string a value of the index.
 fn entry_weight(b: &BlockMeta) -> usize {
-    let mut tables: Vec<*const crate::series_labels::LabelTable> = Vec::new();
+    let mut tables: Vec<*const crate::format::series_labels::LabelTable> = Vec::new();
     let mut bytes = 512;
     for s in &b.series {
         let table = Arc::as_ptr(s.labels.table());

@@ -47,7 +47,7 @@ pub struct LevelLabels {
 /// A compaction job's level and outcome.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CompactionLabels {
-    /// The level merged: its sources' (an L0 merge writes L1 blocks), [`crate::meta::TOP_LEVEL`]
+    /// The level merged: its sources' (an L0 merge writes L1 blocks), [`crate::format::meta::TOP_LEVEL`]
     /// for merges among top-level blocks and the packing of a quiet partition.
     pub level: u32,
     /// `ok`, `lost` (another compactor took the job), `quarantined` (a source was unreadable),

@@ -21,29 +21,27 @@
 //! `report` holds what a query is asked and what it read. Output formats: [`tree`] (flame
 //! graphs), [`pprof`], [`functions`] (function projections).
 
-mod cache;
 pub mod frame_filter;
 pub mod functions;
 mod plan;
 pub mod pprof;
-mod report;
-mod scan;
+pub(crate) mod report;
+pub(crate) mod scan;
 mod series;
-mod stacks;
+pub(crate) mod stacks;
 pub mod tree;
-pub(crate) mod unregistered;
 
 use std::sync::Arc;
 
 use kiln_otel::model::LABEL_SERVICE_NAME;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
-use crate::meta::{BlockMeta, EntryKey};
+use crate::format::meta::{BlockMeta, EntryKey};
+use crate::format::rollup::Source;
+use crate::format::symbols::SymbolTable;
 use crate::metastore::{BlockQuery, Metastore, SeriesMeta};
-use crate::rollup::Source;
 use crate::selector::{MatchOp, Selector};
 use crate::store::ObjectStorage;
-use crate::symbols::SymbolTable;
 
 pub use plan::{ProfileStats, QueryAnalysis};
 pub use report::{
@@ -58,7 +56,7 @@ pub use series::{
 pub use stacks::StackValue;
 pub use tree::FlameTree;
 
-use cache::ResultKey;
+use crate::caches::cache::{self, ResultKey};
 
 /// Synthetic label that holds a series' profile type id.
 pub const PROFILE_TYPE_LABEL: &str = kiln_otel::model::LABEL_PROFILE_TYPE;
@@ -87,7 +85,7 @@ pub struct SampleFilter {
 impl SampleFilter {
     /// The series of a block this filter selects: of its profile type, in its range, matched
     /// by its selector.
-    fn select(&self, index: &crate::series_index::SeriesIndex) -> fixedbitset::FixedBitSet {
+    fn select(&self, index: &crate::format::series_index::SeriesIndex) -> fixedbitset::FixedBitSet {
         let mut set = index.select(
             std::slice::from_ref(&self.selector),
             self.start_nanos,
@@ -118,7 +116,7 @@ impl SampleFilter {
 
     /// True when a span, trace or profile filter narrows the rows of a series (so neither
     /// rollups nor cached whole-series results answer).
-    fn narrows_rows(&self) -> bool {
+    pub(crate) fn narrows_rows(&self) -> bool {
         !self.span_ids.is_empty() || !self.trace_ids.is_empty() || !self.profile_ids.is_empty()
     }
 
@@ -160,33 +158,33 @@ fn series_label<'a>(s: &'a SeriesMeta, name: &str) -> Option<&'a str> {
 }
 
 /// Reads blocks. Cheap to clone. Symbols are read with their native frames named when the
-/// process gave the engine a [`crate::names::FrameNamer`].
+/// process gave the engine a [`crate::caches::names::FrameNamer`].
 #[derive(Clone)]
 pub struct QueryEngine {
-    store: ObjectStorage,
-    metastore: Arc<dyn Metastore>,
-    symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
+    pub(crate) store: ObjectStorage,
+    pub(crate) metastore: Arc<dyn Metastore>,
+    pub(crate) symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
     /// Parquet metadata by entry and section ([`Source`]).
-    parquet: moka::future::Cache<(EntryKey, Source), ArrowReaderMetadata>,
+    pub(crate) parquet: moka::future::Cache<(EntryKey, Source), ArrowReaderMetadata>,
     /// Stack totals of whole series of a block (every sample of them), for queries whose range
     /// covers them: the inner blocks of a long range are summed once, not per query.
-    results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
+    pub(crate) results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
     /// What names native frames, set once the process has built it ([`Self::set_frame_namer`]);
     /// shared by every clone of the engine (the compactor's too).
-    naming: Arc<std::sync::OnceLock<cache::Naming>>,
+    pub(crate) naming: Arc<std::sync::OnceLock<cache::Naming>>,
     /// Block symbols with their native frames named, by block and the tenant's naming
-    /// generation ([`crate::names`]).
-    named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
+    /// generation ([`crate::caches::names`]).
+    pub(crate) named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
     /// Pages read from a remote object store (none for the local file system).
-    pages: Option<scan::PageCache>,
+    pub(crate) pages: Option<scan::PageCache>,
     /// The objects of fresh segments as the writer made them, and of small compaction outputs,
     /// by block: a query of the last minutes reads their pages from memory, not from the store
     /// ([`Self::warm_object`]).
-    fresh: cache::FreshObjects,
-    counters: Arc<QueryCounters>,
+    pub(crate) fresh: cache::FreshObjects,
+    pub(crate) counters: Arc<QueryCounters>,
     /// The writer of this process, where it acknowledges writes from a log: a query first cuts
     /// what it buffers ([`crate::writer::Writer::barrier`]).
-    barrier: Arc<std::sync::OnceLock<crate::writer::WriteBarrier>>,
+    pub(crate) barrier: Arc<std::sync::OnceLock<crate::writer::WriteBarrier>>,
 }
 
 impl std::fmt::Debug for QueryEngine {

@@ -9,13 +9,13 @@ use bytes::Bytes;
 use kiln_otel::NormalizedProfile;
 
 use crate::compaction::{CompactionConfig, Compactor};
-use crate::meta::{BlockMeta, decode_footer, footer_len, object_id_of_path, partition_of};
+use crate::format::meta::{BlockMeta, decode_footer, footer_len, object_id_of_path, partition_of};
 use crate::metastore::embedded::Embedded;
 use crate::metastore::postgres;
 use crate::metastore::{BlockQuery, Metastore, Removed};
 use crate::query::{QueryEngine, now_ms};
-use crate::spool::{Spool, SpoolConfig};
 use crate::store::ObjectStorage;
+use crate::writer::spool::{Spool, SpoolConfig};
 use crate::writer::{ExpectedWrite, Writer, WriterConfig};
 use crate::{Error, Result};
 
@@ -252,7 +252,7 @@ impl Storage {
     /// `deadline` at most.
     pub fn set_frame_namer(
         &self,
-        namer: Arc<dyn crate::names::FrameNamer>,
+        namer: Arc<dyn crate::caches::names::FrameNamer>,
         deadline: std::time::Duration,
     ) {
         self.query.set_frame_namer(namer, deadline);
@@ -553,7 +553,7 @@ impl Storage {
     /// process calls this in the background, never on a scrape).
     pub async fn refresh_block_gauges(&self) -> Result<()> {
         let mut per_level = std::collections::BTreeMap::<u32, i64>::new();
-        for level in 0..=crate::meta::TOP_LEVEL {
+        for level in 0..=crate::format::meta::TOP_LEVEL {
             per_level.insert(level, 0);
         }
         for tenant in self.metastore.tenants().await? {
@@ -679,11 +679,11 @@ pub async fn rebuild_metastore(
         })
         .collect();
     // Every object's, replaced ones too: a source's checkpoints are at most its output's.
-    let checkpoints = crate::meta::latest_checkpoints(all.iter().flat_map(|b| &b.logs));
+    let checkpoints = crate::format::meta::latest_checkpoints(all.iter().flat_map(|b| &b.logs));
     let keep: Vec<BlockMeta> = all
         .into_iter()
         .filter(|b| {
-            let me = crate::meta::compacted_source(&b.id, b.partition());
+            let me = crate::format::meta::compacted_source(&b.id, b.partition());
             !replaced.contains(&(b.tenant.clone(), me))
         })
         .collect();
@@ -709,7 +709,7 @@ pub async fn rebuild_metastore(
 
 /// Where a tenant's documents live.
 fn tenant_documents(tenant: &str) -> String {
-    format!("tenants/{}", crate::meta::escape_tenant(tenant))
+    format!("tenants/{}", crate::format::meta::escape_tenant(tenant))
 }
 
 /// The object path of a tenant's document `name` ([`Storage::tenant_document`]): what other

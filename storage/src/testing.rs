@@ -171,7 +171,7 @@ pub fn config_with_clock(
     ms: Arc<std::sync::atomic::AtomicU64>,
 ) -> StorageConfig {
     let mut c = config(dir);
-    c.writer.clock = crate::meta::Clock::manual(ms);
+    c.writer.clock = crate::format::meta::Clock::manual(ms);
     c
 }
 
@@ -384,12 +384,12 @@ impl CountingMetastore {
 
 #[async_trait::async_trait]
 impl crate::metastore::Metastore for CountingMetastore {
-    async fn add_blocks(&self, blocks: Vec<crate::meta::BlockMeta>) -> crate::Result<()> {
+    async fn add_blocks(&self, blocks: Vec<crate::format::meta::BlockMeta>) -> crate::Result<()> {
         self.count().add_blocks(blocks).await
     }
     async fn add_blocks_checkpointed(
         &self,
-        blocks: Vec<crate::meta::BlockMeta>,
+        blocks: Vec<crate::format::meta::BlockMeta>,
         checkpoint: &crate::metastore::LogCheckpoint,
     ) -> crate::Result<()> {
         self.count()
@@ -402,14 +402,14 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn query_blocks(
         &self,
         query: crate::metastore::BlockQuery<'_>,
-    ) -> crate::Result<Vec<Arc<crate::meta::BlockMeta>>> {
+    ) -> crate::Result<Vec<Arc<crate::format::meta::BlockMeta>>> {
         self.count().query_blocks(query).await
     }
     async fn get_blocks(
         &self,
         tenant: &str,
         ids: &[String],
-    ) -> crate::Result<Vec<Arc<crate::meta::BlockMeta>>> {
+    ) -> crate::Result<Vec<Arc<crate::format::meta::BlockMeta>>> {
         self.count().get_blocks(tenant, ids).await
     }
     async fn tenants(&self) -> crate::Result<Vec<String>> {
@@ -442,7 +442,7 @@ impl crate::metastore::Metastore for CountingMetastore {
         &self,
         job: &crate::metastore::Job,
         owner: &str,
-        outputs: Vec<crate::meta::BlockMeta>,
+        outputs: Vec<crate::format::meta::BlockMeta>,
         now_ms: u64,
         delete_after_ms: u64,
     ) -> crate::Result<()> {
@@ -518,8 +518,8 @@ impl crate::metastore::Metastore for CountingMetastore {
 
 /// The metastore entry of a block that exists only there (no object): the `n`th of `tenant`,
 /// one series of service `api`, at `time_nanos`. For tests of what reads the index.
-pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::BlockMeta {
-    use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta};
+pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::format::meta::BlockMeta {
+    use crate::format::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta};
     let ms = u64::try_from(time_nanos / 1_000_000).unwrap_or(0);
     BlockMeta {
         format_version: BLOCK_FORMAT_VERSION,
@@ -539,7 +539,7 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::meta::Bl
             size: 500,
         },
         series: vec![SeriesMeta {
-            labels: crate::series_labels::SeriesLabels::new([("service_name", "api")]),
+            labels: crate::format::series_labels::SeriesLabels::new([("service_name", "api")]),
             profile_type: CPU.into(),
             min_time_nanos: time_nanos,
             max_time_nanos: time_nanos,

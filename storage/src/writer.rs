@@ -7,7 +7,7 @@
 //! object store and all its datasets are registered in the metastore, in one
 //! transaction; when either fails, every write of the flush is refused with the error's kind
 //! (unavailable: the client may retry) and nothing of it is acknowledged — unless the object
-//! store is what failed and the spool ([`crate::spool`]) has room: then the segment is spooled
+//! store is what failed and the spool ([`crate::writer::spool`]) has room: then the segment is spooled
 //! on local disk, the writes are acknowledged, and the spool's drainer (a task of this writer)
 //! puts and registers it once the store answers again.
 //!
@@ -16,6 +16,8 @@
 //! segments are cut by time, size and queries' barriers.
 
 mod logged;
+pub mod spool;
+pub mod wal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,15 +31,15 @@ use tracing::{Instrument, debug, error};
 
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
-use crate::block::{DatasetBuilder, DatasetCapacity, assemble_object};
-use crate::meta::{BlockMeta, Clock, object_path};
+use crate::caches::unregistered::Unregistered;
+use crate::format::block::{DatasetBuilder, DatasetCapacity, assemble_object};
+use crate::format::meta::{BlockMeta, Clock, object_path};
+use crate::format::symbols::SymbolTable;
 use crate::metastore::{LogCheckpoint, Metastore};
 use crate::metrics::OutcomeLabels;
 use crate::query::QueryEngine;
-use crate::query::unregistered::Unregistered;
-use crate::spool::Spool;
 use crate::store::ObjectStorage;
-use crate::symbols::SymbolTable;
+use crate::writer::spool::Spool;
 use crate::{Error, ErrorKind, Result};
 
 /// Switches for the tests.

@@ -3,7 +3,7 @@
 //! nextest runs each test in its own process, so the process's peak RSS is this test's.
 
 use kiln_storage::Storage;
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::testing::{config, filter, profile};
 
@@ -35,13 +35,13 @@ fn status_kib(field: &str) -> u64 {
 /// Bytes of the blocks' symbols once decompressed (what the merge decodes and holds).
 async fn decoded_symbols(
     s: &Storage,
-    blocks: &[std::sync::Arc<kiln_storage::meta::BlockMeta>],
+    blocks: &[std::sync::Arc<kiln_storage::format::meta::BlockMeta>],
 ) -> u64 {
     let mut sum = 0;
     for b in blocks {
         let at = b.symbols.offset;
         let head = s.store().get_range(&b.path(), at..at + 12).await.unwrap();
-        sum += kiln_storage::symbols::decoded_len(&head, b.symbols.size).unwrap();
+        sum += kiln_storage::format::symbols::decoded_len(&head, b.symbols.size).unwrap();
     }
     sum
 }

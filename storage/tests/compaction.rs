@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kiln_storage::meta::{BlockMeta, PARTITION_NANOS, TOP_LEVEL, object_id_of_path};
+use kiln_storage::format::meta::{BlockMeta, PARTITION_NANOS, TOP_LEVEL, object_id_of_path};
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::testing::{
@@ -208,7 +208,7 @@ async fn top_level_blocks_merge_with_each_other() {
     let after = blocks(&s, "a").await;
     let top: Vec<_> = after
         .iter()
-        .filter(|b| b.level == kiln_storage::meta::TOP_LEVEL)
+        .filter(|b| b.level == kiln_storage::format::meta::TOP_LEVEL)
         .collect();
     // 40 flushes make 5 L3 blocks per shard; merged two by two in size tiers, at most one
     // block per tier (of 1 MiB, 2 MiB, …) is left, and these are all far below 1 MiB.
@@ -407,7 +407,7 @@ async fn retention_drops_partitions_by_ingestion_time_for_one_tenant() {
                 .collect::<Vec<_>>()
         }
     };
-    let day0 = kiln_storage::meta::partition_of(T0);
+    let day0 = kiln_storage::format::meta::partition_of(T0);
     let t_day0: Vec<String> = ids("t")
         .await
         .into_iter()

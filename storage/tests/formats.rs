@@ -10,12 +10,12 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use kiln_storage::symbols::SYMBOLS_VERSION;
+use kiln_storage::format::symbols::SYMBOLS_VERSION;
 
 use kiln_storage::Storage;
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
+use kiln_storage::format::symbols::testing::WRITE_VERSION;
 use kiln_storage::metastore::BlockQuery;
-use kiln_storage::symbols::testing::WRITE_VERSION;
 use kiln_storage::testing::{config, filter, frames, now_ms, profile, wide_profile};
 
 const T0: i64 = 1_700_000_000_000_000_000 - 1_700_000_000_000_000_000 % PARTITION_NANOS;
@@ -111,7 +111,7 @@ async fn symbols_of_versions_1_to_4_read_and_compact_together() {
 }
 
 /// The codecs of the column chunks of `block`'s samples section that are compressed.
-async fn codecs(s: &Storage, block: &kiln_storage::meta::BlockMeta) -> Vec<String> {
+async fn codecs(s: &Storage, block: &kiln_storage::format::meta::BlockMeta) -> Vec<String> {
     use parquet::file::reader::FileReader;
     let object = s.store().get(&block.path()).await.unwrap();
     let (start, size) = (block.samples.offset as usize, block.samples.size as usize);
@@ -141,7 +141,7 @@ async fn codecs(s: &Storage, block: &kiln_storage::meta::BlockMeta) -> Vec<Strin
 /// of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zstd_and_lz4_segments_read_and_compact_together() {
-    use kiln_storage::block::testing::SEGMENT_ZSTD;
+    use kiln_storage::format::block::testing::SEGMENT_ZSTD;
     let dir = tempfile::tempdir().unwrap();
     let s = Storage::open(config(dir.path())).await.unwrap();
     let mut want: BTreeMap<Vec<String>, i64> = BTreeMap::new();
@@ -185,8 +185,8 @@ async fn zstd_and_lz4_segments_read_and_compact_together() {
 /// version 4 block that answers the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_format_3_reads_and_compacts_with_4() {
-    use kiln_storage::meta::BLOCK_FORMAT_VERSION;
-    use kiln_storage::meta::testing::WRITE_VERSION as BLOCK_WRITE_VERSION;
+    use kiln_storage::format::meta::BLOCK_FORMAT_VERSION;
+    use kiln_storage::format::meta::testing::WRITE_VERSION as BLOCK_WRITE_VERSION;
     use kiln_storage::query::with_report;
     const MIN: i64 = 60 * SEC;
     const HOUR: i64 = 60 * MIN;

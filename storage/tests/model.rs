@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kiln_storage::meta::{PARTITION_NANOS, partition_of};
+use kiln_storage::format::meta::{PARTITION_NANOS, partition_of};
 use kiln_storage::query::{Aggregation, Exemplars};
 use kiln_storage::selector::parse_selector;
 use kiln_storage::testing::{config_with_clock, filter, frames, profile};

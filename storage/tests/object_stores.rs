@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::metastore::embedded::Embedded;
 use kiln_storage::store::ObjectStorage;

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use bytes::Bytes;
 use kiln_storage::Storage;
-use kiln_storage::block::{
+use kiln_storage::format::block::{
     DatasetBuilder, assemble_object, col, samples_schema, writer_properties,
 };
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
 use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
 use kiln_storage::testing::{config, filter, frames, now_ms, profile};
 use parquet::arrow::ArrowWriter;
@@ -195,7 +195,7 @@ async fn profile_ids_select_profiles_before_and_after_compaction() {
         blocks.iter().all(|b| b
             .rollups
             .iter()
-            .any(|r| r.resolution_nanos == kiln_storage::meta::PROFILE_TOTALS)),
+            .any(|r| r.resolution_nanos == kiln_storage::format::meta::PROFILE_TOTALS)),
         "every compacted block keeps profile totals"
     );
     s.close().await;
@@ -205,7 +205,7 @@ async fn profile_ids_select_profiles_before_and_after_compaction() {
 fn version_2_object(
     tenant: &str,
     p: &kiln_otel::model::NormalizedProfile,
-) -> (Bytes, String, kiln_storage::meta::BlockMeta) {
+) -> (Bytes, String, kiln_storage::format::meta::BlockMeta) {
     let mut builder = DatasetBuilder::new(tenant);
     builder.add(p);
     let mut built = builder.finish().unwrap();
@@ -223,8 +223,8 @@ fn version_2_object(
         Some(
             writer_properties(
                 1024,
-                kiln_storage::block::Pages::Kept,
-                kiln_storage::block::Blank::NONE,
+                kiln_storage::format::block::Pages::Kept,
+                kiln_storage::format::block::Blank::NONE,
             )
             .unwrap(),
         ),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use kiln_otel::model::Labels;
-use kiln_storage::meta::PROFILE_TOTALS;
+use kiln_storage::format::meta::PROFILE_TOTALS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
 use kiln_storage::testing::{
@@ -378,7 +378,7 @@ async fn a_range_edge_reads_only_its_own_samples() {
         .unwrap();
     assert!(
         blocks.iter().all(|b| b.level >= 1
-            && b.format_version == kiln_storage::meta::BLOCK_FORMAT_VERSION
+            && b.format_version == kiln_storage::format::meta::BLOCK_FORMAT_VERSION
             && b.rollups
                 .iter()
                 .any(|r| r.resolution_nanos == PROFILE_TOTALS)),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
 use kiln_storage::metastore::BlockQuery;
 use kiln_storage::testing::{
     config, frames, merged_stacks, now_ms, postgres_database, profile, s3_location, shared_storage,

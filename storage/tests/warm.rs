@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use kiln_storage::meta::PARTITION_NANOS;
+use kiln_storage::format::meta::PARTITION_NANOS;
 use kiln_storage::testing::{config, filter, frames, now_ms, profile};
 use kiln_storage::{Storage, StorageConfig};
 

@@ -425,7 +425,7 @@ impl Symbolizer {
 }
 
 #[async_trait::async_trait]
-impl kiln_storage::names::FrameNamer for Symbolizer {
+impl kiln_storage::caches::names::FrameNamer for Symbolizer {
     fn generation(&self, tenant: &str) -> u64 {
         Symbolizer::generation(self, tenant)
     }
@@ -433,9 +433,9 @@ impl kiln_storage::names::FrameNamer for Symbolizer {
     async fn name(
         &self,
         tenant: &str,
-        frames: Vec<kiln_storage::names::NativeFrame>,
+        frames: Vec<kiln_storage::caches::names::NativeFrame>,
         deadline: Instant,
-    ) -> kiln_storage::names::Named {
+    ) -> kiln_storage::caches::names::Named {
         let requests: Vec<Request> = frames
             .into_iter()
             .map(|f| Request {
@@ -450,7 +450,7 @@ impl kiln_storage::names::FrameNamer for Symbolizer {
             .collect();
         let resolution = self.resolve(tenant, &requests, deadline).await;
         // One conversion per distinct answer: frames of a file share theirs.
-        let mut converted: HashMap<*const Frame, Arc<[kiln_storage::names::NamedLine]>> =
+        let mut converted: HashMap<*const Frame, Arc<[kiln_storage::caches::names::NamedLine]>> =
             HashMap::new();
         let lines = resolution
             .frames
@@ -460,7 +460,7 @@ impl kiln_storage::names::FrameNamer for Symbolizer {
                     Arc::clone(converted.entry(frames.as_ptr()).or_insert_with(|| {
                         frames
                             .iter()
-                            .map(|f| kiln_storage::names::NamedLine {
+                            .map(|f| kiln_storage::caches::names::NamedLine {
                                 function: f.function.clone(),
                                 file: f.file.clone().unwrap_or_default(),
                                 line: i64::from(f.line),
@@ -470,7 +470,7 @@ impl kiln_storage::names::FrameNamer for Symbolizer {
                 })
             })
             .collect();
-        kiln_storage::names::Named {
+        kiln_storage::caches::names::Named {
             lines,
             incomplete: resolution.incomplete,
             warnings: resolution.warnings,

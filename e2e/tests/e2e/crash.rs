@@ -202,7 +202,7 @@ fn sigkill_during_ingest_and_compaction_loses_and_duplicates_nothing() -> Result
         m.known_objects().await
     })?;
     for path in object_files(&data.join("objects"))? {
-        let id = kiln_storage::meta::object_id_of_path(&path).unwrap_or_default();
+        let id = kiln_storage::format::meta::object_id_of_path(&path).unwrap_or_default();
         ensure!(known.contains(id), "orphan object {path} left behind");
     }
     kiln.start_again()?;
@@ -304,7 +304,7 @@ fn describe_objects(data: &std::path::Path, objects: &[String]) -> Result<Vec<St
             .collect();
         let mut out = Vec::new();
         for path in objects {
-            let id = kiln_storage::meta::object_id_of_path(path).unwrap_or_default();
+            let id = kiln_storage::format::meta::object_id_of_path(path).unwrap_or_default();
             let state = if live.contains(id) {
                 "live"
             } else if tombstoned.contains(id) {
@@ -345,8 +345,8 @@ fn describe_objects(data: &std::path::Path, objects: &[String]) -> Result<Vec<St
 /// Where the metastore's entry and the footer's dataset of one block differ (the object's size
 /// aside, which the footer cannot hold), or nothing.
 fn first_difference(
-    entry: &kiln_storage::meta::BlockMeta,
-    footer: &kiln_storage::meta::BlockMeta,
+    entry: &kiln_storage::format::meta::BlockMeta,
+    footer: &kiln_storage::format::meta::BlockMeta,
 ) -> String {
     let (mut a, mut b) = (entry.clone(), footer.clone());
     a.object_size = 0;

@@ -118,7 +118,7 @@ pub async fn blocks(
         "blocks": blocks.len(),
         "levels": levels,
         "by_level": by_level,
-        "top_level": kiln_storage::meta::TOP_LEVEL,
+        "top_level": kiln_storage::format::meta::TOP_LEVEL,
         "rows": blocks.iter().map(|b| b.rows).sum::<u64>(),
         "bytes": blocks.iter().map(|b| b.dataset_bytes()).sum::<u64>(),
         "jobs": jobs,

@@ -3,12 +3,12 @@
 
 use kiln_otel::model::{Function, Line, Location, Mapping, Symbols, smallvec};
 
-use crate::meta::{
+use crate::format::meta::{
     self, BLOCK_FORMAT_VERSION, BlockMeta, LogCheckpoint, MIN_BLOCK_FORMAT_VERSION, PROFILE_TOTALS,
     Rollup, Section, SeriesMeta,
 };
-use crate::series_labels::SeriesLabels;
-use crate::symbols::{MIN_SYMBOLS_VERSION, SymbolsBuilder};
+use crate::format::series_labels::SeriesLabels;
+use crate::format::symbols::{MIN_SYMBOLS_VERSION, SymbolsBuilder};
 
 /// The seeds of a fuzz entry (a name of [`super::ENTRIES`]).
 pub fn seeds(entry: &str) -> Vec<Vec<u8>> {
@@ -176,7 +176,7 @@ fn block_meta() -> Vec<Vec<u8>> {
     vec![footer, entry.encode_entry(), body]
 }
 
-/// A log's file of three records, written by [`crate::wal::Log`].
+/// A log's file of three records, written by [`crate::writer::wal::Log`].
 fn wal_file() -> Vec<Vec<u8>> {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -185,7 +185,7 @@ fn wal_file() -> Vec<Vec<u8>> {
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let (mut log, _) =
-        crate::wal::Log::open(&dir, 6, 1 << 20).expect("a log in a temporary directory");
+        crate::writer::wal::Log::open(&dir, 6, 1 << 20).expect("a log in a temporary directory");
     log.append([&b"first"[..], b"", b"the third record"])
         .expect("appends");
     drop(log);

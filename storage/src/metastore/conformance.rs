@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 use super::{BlockMeta, BlockQuery, Job, Metastore, PARTITION_NANOS, QueuedBlock};
 use crate::Error;
 use crate::compaction::{ALL_LEVELS, BULK_LEVELS, FRESH_LEVELS};
-use crate::meta::{BLOCK_FORMAT_VERSION, Section, SeriesMeta};
-use crate::series_labels::SeriesLabels;
+use crate::format::meta::{BLOCK_FORMAT_VERSION, Section, SeriesMeta};
+use crate::format::series_labels::SeriesLabels;
 
 /// Stamps the conformance tests onto a backend.
 #[macro_export]
@@ -418,7 +418,7 @@ pub async fn jobs_are_leased_completed_and_never_readded(m: &dyn Metastore) {
 /// first, whatever order the jobs were made in; a held job is nobody else's until its lease
 /// expires.
 pub async fn jobs_are_leased_by_lane_lowest_level_first(m: &dyn Metastore) {
-    use crate::meta::TOP_LEVEL;
+    use crate::format::meta::TOP_LEVEL;
     // Made in this order: top, L2, L0, L1, L0 (two blocks each).
     let levels = [TOP_LEVEL, 2, 0, 1, 0];
     let mut blocks = Vec::new();
@@ -471,7 +471,7 @@ pub async fn jobs_are_leased_by_lane_lowest_level_first(m: &dyn Metastore) {
 /// Top-level blocks wait in the queue too: they merge with each other (by size), and a job's
 /// top-level output waits there in turn.
 pub async fn top_level_blocks_are_queued_and_merge_among_themselves(m: &dyn Metastore) {
-    use crate::meta::TOP_LEVEL;
+    use crate::format::meta::TOP_LEVEL;
     let (a, b) = (block_id(1, 1), block_id(1, 2));
     m.add_blocks(vec![
         entry("t", &a, TOP_LEVEL, 0, T0, T0, &[("s", CPU)]),
@@ -568,7 +568,7 @@ pub async fn retention_and_tenant_deletion_leave_others_untouched(m: &dyn Metast
     )
     .await
     .unwrap();
-    let cut = crate::meta::partition_of(T0 + 2 * day);
+    let cut = crate::format::meta::partition_of(T0 + 2 * day);
     let removed = m.drop_partitions("a", cut, 0, 0).await.unwrap();
     assert_eq!((removed.entries, removed.objects), (2, 2));
     assert_eq!(

@@ -60,7 +60,7 @@ const LOG_CHECKPOINTS: TableDefinition<'_, &str, u64> = TableDefinition::new("lo
 const MAX_STR: &str = "\u{10FFFF}";
 
 /// The highest level: its blocks merge only with each other, by size.
-pub use crate::meta::TOP_LEVEL;
+pub use crate::format::meta::TOP_LEVEL;
 
 /// Opens the storage backend of the database file; the disk-full test passes [`DiskFault`].
 #[cfg(any(test, feature = "testing"))]

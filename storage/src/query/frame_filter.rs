@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use regex::{Regex, RegexBuilder};
 
-use crate::symbols::SymbolTable;
+use crate::format::symbols::SymbolTable;
 
 /// Most terms a filter may have (an include term is a bit of a 64-bit set).
 pub const MAX_TERMS: usize = 64;

@@ -6,9 +6,9 @@ use kiln_otel::model::ProfileType;
 use kiln_proto::google::v1 as pb;
 
 use super::StackValue;
-use crate::block::decode_sample_labels;
+use crate::format::block::decode_sample_labels;
+use crate::format::symbols::SymbolTable;
 use crate::query::frame_filter::FrameFilter;
-use crate::symbols::SymbolTable;
 
 /// Builds a pprof profile, deduplicating functions, mappings and locations by content.
 pub struct PprofBuilder {

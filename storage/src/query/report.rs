@@ -150,20 +150,20 @@ pub(super) async fn spawned<T: Send + 'static>(
     (&mut task.0).await
 }
 
-pub(super) fn options() -> QueryOptions {
+pub(crate) fn options() -> QueryOptions {
     REPORT.try_with(|r| lock(r).0).unwrap_or_default()
 }
 
-pub(super) fn warn(message: String) {
+pub(crate) fn warn(message: String) {
     let _ = REPORT.try_with(|r| lock(r).1.warnings.push(message));
 }
 
-pub(super) fn count(f: impl FnOnce(&mut QueryStats)) {
+pub(crate) fn count(f: impl FnOnce(&mut QueryStats)) {
     let _ = REPORT.try_with(|r| f(&mut lock(r).1.stats));
 }
 
 /// Counts bytes read from the store, for the engine and for the query running in this task.
-pub(super) fn read_bytes(counters: &QueryCounters, n: u64) {
+pub(crate) fn read_bytes(counters: &QueryCounters, n: u64) {
     counters.bytes_read.fetch_add(n, Ordering::Relaxed);
     count(|s| s.bytes_read += n);
 }

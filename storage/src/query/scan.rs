@@ -24,10 +24,10 @@ use parquet::file::page_index::column_index::ColumnIndexMetaData;
 
 use super::report::{QueryCounters, count, read_bytes, warn};
 use super::{QueryEngine, now_ms};
-use crate::block::col;
-use crate::meta::PROFILE_TOTALS;
+use crate::format::block::col;
+use crate::format::meta::PROFILE_TOTALS;
+use crate::format::rollup::Source;
 use crate::metastore::BlockMeta;
-use crate::rollup::Source;
 use crate::store::ObjectStorage;
 use crate::{Error, Result};
 
@@ -52,12 +52,12 @@ pub(crate) struct SectionReader {
     pages: Option<PageCache>,
     /// What the engine holds in memory of the block's object (a fresh segment's, a small
     /// compaction output's): ranges it holds are sliced from it, not read.
-    fresh: Option<super::cache::FreshObject>,
+    fresh: Option<crate::caches::cache::FreshObject>,
 }
 
 impl SectionReader {
     /// A reader of `block`'s samples or one of its rollups.
-    pub(super) fn new(engine: &QueryEngine, block: &BlockMeta, source: Source) -> Self {
+    pub(crate) fn new(engine: &QueryEngine, block: &BlockMeta, source: Source) -> Self {
         let section = match source {
             Source::Samples => block.samples.range(),
             Source::Rollup(i) => block.rollups[i].section.range(),
@@ -107,7 +107,7 @@ impl AsyncFileReader for SectionReader {
                 Some(pages) => pages
                     .try_get_with(self.page_key(&r), fetch)
                     .await
-                    .map_err(|e| external(super::cache::unshare(e))),
+                    .map_err(|e| external(crate::caches::cache::unshare(e))),
                 None => fetch.await.map_err(external),
             }
         }
@@ -515,10 +515,10 @@ impl QueryEngine {
         batch_rows: usize,
     ) -> Result<(
         parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>,
-        crate::block::Blank,
+        crate::format::block::Blank,
     )> {
         let metadata = self.parquet_metadata(block, Source::Samples).await?;
-        let blank = crate::block::Blank::of_parquet(metadata.metadata());
+        let blank = crate::format::block::Blank::of_parquet(metadata.metadata());
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
             SectionReader::new(self, block, Source::Samples).uncached(),
             metadata,
@@ -578,7 +578,7 @@ impl QueryEngine {
 /// `batch` with null columns of the profile totals schema's (the samples' and more) `missing`
 /// columns appended.
 fn with_null_columns(batch: RecordBatch, missing: &[usize]) -> Result<RecordBatch> {
-    let schema = crate::block::profile_totals_schema();
+    let schema = crate::format::block::profile_totals_schema();
     let (mut fields, mut arrays): (Vec<_>, Vec<_>) = batch
         .schema()
         .fields()
@@ -711,7 +711,7 @@ mod tests {
 
     /// 1,000 rows of two series (times 0, 10, 20, … per series) in pages of 10 rows.
     fn paged_metadata() -> ParquetMetaData {
-        use crate::block::{Row, RowBatchBuilder, samples_schema};
+        use crate::format::block::{Row, RowBatchBuilder, samples_schema};
         let mut batch = RowBatchBuilder::default();
         for series in 0..2u32 {
             for i in 0..500i64 {

@@ -14,11 +14,11 @@ use super::frame_filter::{FrameFilter, StackVerdicts};
 use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{QueryEngine, SCAN_CONCURRENCY, SampleFilter, series_label};
-use crate::block::col;
-use crate::meta::PROFILE_TOTALS;
+use crate::format::block::col;
+use crate::format::meta::PROFILE_TOTALS;
+use crate::format::rollup::Source;
+use crate::format::series_labels::SeriesLabels;
 use crate::metastore::BlockMeta;
-use crate::rollup::Source;
-use crate::series_labels::SeriesLabels;
 use crate::{Error, Result};
 
 /// Time-series aggregation across the profiles of a step.

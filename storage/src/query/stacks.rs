@@ -16,11 +16,11 @@ use tracing::Instrument;
 use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{FlameTree, QueryEngine, SCAN_CONCURRENCY, SampleFilter, pprof};
-use crate::block::col;
-use crate::meta::PROFILE_TOTALS;
+use crate::format::block::col;
+use crate::format::meta::PROFILE_TOTALS;
+use crate::format::rollup::{Source, plan_series};
+use crate::format::symbols::SymbolTable;
 use crate::metastore::BlockMeta;
-use crate::rollup::{Source, plan_series};
-use crate::symbols::SymbolTable;
 use crate::{Error, Result};
 
 /// The summed value of one stack (and per-sample label set) of a block.
@@ -109,7 +109,7 @@ impl QueryEngine {
         .await
     }
 
-    pub(super) async fn block_stacks(
+    pub(crate) async fn block_stacks(
         &self,
         block: &BlockMeta,
         series: &[u32],
@@ -472,7 +472,7 @@ impl<'a> DenseSums<'a> {
 /// it is resolved once to its tree node and adds its self value and total there: O(values +
 /// trie nodes), with a name looked up once per distinct name of the block.
 ///
-/// [`NameTrie`]: crate::symbols::NameTrie
+/// [`NameTrie`]: crate::format::symbols::NameTrie
 fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[StackValue]) {
     const UNSEEN: u32 = u32::MAX;
     let trie = symbols.name_trie();
@@ -521,7 +521,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::symbols::SymbolsBuilder;
+    use crate::format::symbols::SymbolsBuilder;
 
     proptest! {
         /// Sums through pooled arrays equal plain sums, block after block of other sizes: an

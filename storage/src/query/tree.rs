@@ -10,8 +10,8 @@ use hashbrown::HashMap;
 
 use kiln_proto::flamegraph::{self, FlameGraphError};
 
+use crate::format::symbols::string_hash;
 use crate::query::frame_filter::FrameFilter;
-use crate::symbols::string_hash;
 use kiln_proto::querier::v1::{FlameGraph, Level};
 
 /// A tree of frames keyed by function name, root first.

@@ -1,12 +1,12 @@
 //! A shard that acknowledges writes from its write-ahead log (ADR 0018).
 //!
 //! A write's record (the request as the gateway received it, [`super::RecordDecoder`]) is
-//! appended to the shard's log ([`crate::wal`]) with every other write waiting, in one group and
+//! appended to the shard's log ([`crate::writer::wal`]) with every other write waiting, in one group and
 //! one `fdatasync`, and the writes are then acknowledged; their profiles wait in the shard's
 //! dataset builders. A segment is cut every [`super::LogConfig::segment_interval`], when the
 //! buffer passes `flush_bytes`, and when a query in this process asks for a barrier
 //! ([`super::WriteBarrier`]); from its cut until its registration the process's queries read it
-//! from memory ([`crate::query::unregistered`]). The metastore transaction that registers it
+//! from memory ([`crate::caches::unregistered`]). The metastore transaction that registers it
 //! also records the shard's checkpoint, the last record it holds, and the log's files at or
 //! below it are then deleted. At start the shard reads its records above the checkpoint,
 //! decodes them back into writes and cuts a segment of them before it takes new writes.
@@ -31,7 +31,7 @@ use super::{
     build_segment, next_command, observe_flush, publish_segment,
 };
 use crate::metastore::LogCheckpoint;
-use crate::wal::Log;
+use crate::writer::wal::Log;
 use crate::{Error, ErrorKind, Result};
 
 /// How often a segment the store or metastore refused is tried again.
@@ -463,7 +463,7 @@ impl Shard {
     }
 
     /// Builds a segment of what the shard buffers, readable by this process's queries at once
-    /// ([`crate::query::unregistered`]), to be registered after any segments waiting before it.
+    /// ([`crate::caches::unregistered`]), to be registered after any segments waiting before it.
     async fn build(&mut self) {
         let started = Instant::now();
         self.cut_at = None;

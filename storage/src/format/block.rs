@@ -1,7 +1,7 @@
 //! Block format, version 4 (`docs/adr/0002-block-format.md`): one tenant's dataset of an object.
 //! Version 4 changed only the profile totals rollup ([`profile_totals_schema`]).
 //!
-//! A dataset is two sections of an object (see [`crate::meta`] for the object's layout):
+//! A dataset is two sections of an object (see [`crate::format::meta`] for the object's layout):
 //!
 //! - samples, Parquet: one row per (series, timestamp, stack, span, trace, per-sample labels),
 //!   sorted by series (in series order: profile type, service name, labels), then timestamp,
@@ -11,7 +11,7 @@
 //!   the column, read as null). Label
 //!   selectors are answered from the series list in the metadata, which gives every series' row
 //!   range, so a query reads only the rows of the series it selects.
-//! - symbols: the [`crate::symbols`] section the stack ids point into.
+//! - symbols: the [`crate::format::symbols`] section the stack ids point into.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,8 +31,8 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::Result;
-use crate::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, encode_footer};
-use crate::symbols::SymbolsBuilder;
+use crate::format::meta::{BLOCK_FORMAT_VERSION, BlockMeta, Section, SeriesMeta, encode_footer};
+use crate::format::symbols::SymbolsBuilder;
 
 /// A new profile id: a version 7 UUID (RFC 9562) of the time in milliseconds, then 34 bits
 /// drawn at random once per process, then a process-wide 40-bit counter (from a random start).
@@ -150,7 +150,7 @@ pub enum Pages {
 impl Pages {
     /// The pages of a block of `level`.
     pub fn of_level(level: u32) -> Self {
-        if level >= crate::meta::TOP_LEVEL {
+        if level >= crate::format::meta::TOP_LEVEL {
             Self::Kept
         } else {
             Self::Fresh
@@ -571,7 +571,7 @@ struct SeriesEntry {
 pub struct DatasetCapacity {
     rows: usize,
     series: usize,
-    symbols: crate::symbols::SymbolsCapacity,
+    symbols: crate::format::symbols::SymbolsCapacity,
 }
 
 /// Accumulates one tenant's profiles into a dataset.
@@ -595,8 +595,8 @@ pub struct BuiltDataset {
     pub meta: BlockMeta,
     pub samples: Bytes,
     pub symbols: Bytes,
-    /// The symbols as a query reads them ([`crate::symbols::SymbolsBuilder::encode_with_table`]).
-    pub table: std::sync::Arc<crate::symbols::SymbolTable>,
+    /// The symbols as a query reads them ([`crate::format::symbols::SymbolsBuilder::encode_with_table`]).
+    pub table: std::sync::Arc<crate::format::symbols::SymbolTable>,
 }
 
 impl DatasetBuilder {
@@ -763,7 +763,7 @@ impl DatasetBuilder {
             row.stack = renumbered[row.stack as usize];
         }
         #[cfg(feature = "testing")]
-        if crate::symbols::testing::legacy_version().is_some_and(|v| v < 3) {
+        if crate::format::symbols::testing::legacy_version().is_some_and(|v| v < 3) {
             // Older formats have no stack ids: rows hold the tree's nodes.
             for row in &mut rows {
                 row.stack = symbols.stack_node(row.stack);
@@ -772,7 +772,7 @@ impl DatasetBuilder {
         for group in rows.chunk_by_mut(|a, b| (a.series, a.timestamp) == (b.series, b.timestamp)) {
             group.sort_unstable_by(|a, b| a.key().cmp(&b.key()));
         }
-        let mut table = crate::series_labels::LabelTableBuilder::default();
+        let mut table = crate::format::series_labels::LabelTableBuilder::default();
         for &old in &order {
             table.add(series[old as usize].labels.iter());
         }
@@ -982,7 +982,7 @@ mod tests {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     use super::*;
-    use crate::symbols::SymbolTable;
+    use crate::format::symbols::SymbolTable;
     use crate::testing::{frames, profile};
 
     proptest::proptest! {

@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use kiln_otel::normalize::kernel::unsymbolized_name;
 use kiln_proto::kiln::storage::v1 as pb;
 
-use crate::symbols::SymbolTable;
+use crate::format::symbols::SymbolTable;
 
 /// A native frame to name: its mapping (with the build id) and its address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -166,7 +166,7 @@ pub fn with_names(table: &SymbolTable, at: &[usize], named: &Named) -> SymbolTab
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::SymbolsBuilder;
+    use crate::format::symbols::SymbolsBuilder;
     use kiln_otel::model::{Function, Line, Location, Mapping, Symbols};
 
     /// A profile's symbols: `main` (named), two native frames of `libfoo.so` (ingest's names),

@@ -25,8 +25,8 @@ use kiln_otel::model::Symbols as ProfileSymbols;
 use kiln_proto::kiln::storage::v1 as pb;
 use prost::Message;
 
-use crate::block::Pages;
 use crate::error::DecodeError;
+use crate::format::block::Pages;
 
 /// Magic bytes of a symbols section.
 pub const SYMBOLS_MAGIC: &[u8; 4] = b"KSYM";

@@ -10,47 +10,47 @@ use std::time::{Duration, Instant};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::PageIndexPolicy;
 
-use super::report::{count, options, read_bytes, warn};
-use super::scan::{SectionReader, is_corruption};
-use super::stacks::StackValue;
-use super::{QueryEngine, SampleFilter};
-use crate::meta::EntryKey;
+use crate::caches::names::{FrameNamer, unnamed_locations, with_names};
+use crate::format::meta::EntryKey;
+use crate::format::rollup::Source;
+use crate::format::symbols::SymbolTable;
 use crate::metastore::BlockMeta;
-use crate::names::{FrameNamer, unnamed_locations, with_names};
-use crate::rollup::Source;
-use crate::symbols::SymbolTable;
+use crate::query::report::{count, options, read_bytes, warn};
+use crate::query::scan::{SectionReader, is_corruption};
+use crate::query::stacks::StackValue;
+use crate::query::{QueryEngine, SampleFilter};
 use crate::{Error, ErrorKind, Result};
 
 /// Key of a block's cached partial result: the block and the selected series (indices into its
 /// series list). Blocks never change, so an entry stays true until it is evicted.
-pub(super) type ResultKey = (EntryKey, Arc<[u32]>);
+pub(crate) type ResultKey = (EntryKey, Arc<[u32]>);
 
 /// The engine's frame namer and how long a query waits for it.
-pub(super) struct Naming {
+pub(crate) struct Naming {
     namer: Arc<dyn FrameNamer>,
     deadline: Duration,
 }
 
 /// The objects of fresh segments and small compaction outputs by block
 /// ([`QueryEngine::warm_object`]).
-pub(super) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
+pub(crate) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
 
 /// What the engine holds of a fresh object for one of its blocks: the bytes from the
 /// block's first section to the end of its last, and where they start in the object.
 #[derive(Clone)]
-pub(super) struct FreshObject {
+pub(crate) struct FreshObject {
     base: u64,
     bytes: bytes::Bytes,
 }
 
 impl FreshObject {
     /// A whole object.
-    pub(super) fn whole(bytes: bytes::Bytes) -> Self {
+    pub(crate) fn whole(bytes: bytes::Bytes) -> Self {
         Self { base: 0, bytes }
     }
 
     /// `r` (a range of the object) when it is held.
-    pub(super) fn slice(&self, r: &std::ops::Range<u64>) -> Option<bytes::Bytes> {
+    pub(crate) fn slice(&self, r: &std::ops::Range<u64>) -> Option<bytes::Bytes> {
         let (start, end) = (
             r.start.checked_sub(self.base)?,
             r.end.checked_sub(self.base)?,
@@ -61,7 +61,7 @@ impl FreshObject {
 }
 
 /// A cache of fresh objects of about `bytes` (0: none kept).
-pub(super) fn fresh_objects(bytes: u64) -> FreshObjects {
+pub(crate) fn fresh_objects(bytes: u64) -> FreshObjects {
     moka::sync::Cache::builder()
         .weigher(|_: &EntryKey, f: &FreshObject| {
             u32::try_from(f.bytes.len() + 64).unwrap_or(u32::MAX)
@@ -109,7 +109,7 @@ impl QueryEngine {
         let _ = self.naming.set(Naming { namer, deadline });
     }
 
-    /// A block's symbols with their native frames named ([`crate::names`]), cached per block
+    /// A block's symbols with their native frames named ([`crate::caches::names`]), cached per block
     /// and naming generation; the raw symbols when no namer is set or none is unnamed. An answer
     /// that may still change (a debug file still being fetched) is used but not cached, and its
     /// warnings go to the query's report.
@@ -262,7 +262,7 @@ impl QueryEngine {
 
     /// What is held in memory of the object a block was written in, if anything: the whole
     /// object while the block is not yet registered.
-    pub(super) fn fresh_object(&self, block: &BlockMeta) -> Option<FreshObject> {
+    pub(crate) fn fresh_object(&self, block: &BlockMeta) -> Option<FreshObject> {
         let key = block.key();
         if let Some(b) = self.barrier.get()
             && let Some(object) = b.unregistered().object(&key)
@@ -299,7 +299,7 @@ impl QueryEngine {
             .map_err(unshare)
     }
 
-    pub(super) async fn parquet_metadata(
+    pub(crate) async fn parquet_metadata(
         &self,
         block: &BlockMeta,
         source: Source,
@@ -322,7 +322,7 @@ impl QueryEngine {
 
     /// [`Self::block_stacks`], from the partial-result cache when the query takes every sample
     /// of the selected series (its range covers them, no span, trace or label split).
-    pub(super) async fn cached_block_stacks(
+    pub(crate) async fn cached_block_stacks(
         &self,
         block: &BlockMeta,
         series: Vec<u32>,
@@ -374,7 +374,7 @@ async fn read_section(
     fresh: Option<FreshObject>,
     path: &str,
     range: std::ops::Range<u64>,
-    counters: &super::report::QueryCounters,
+    counters: &crate::query::report::QueryCounters,
 ) -> Result<bytes::Bytes> {
     if let Some(bytes) = fresh.and_then(|f| f.slice(&range)) {
         return Ok(bytes);
@@ -386,7 +386,7 @@ async fn read_section(
 
 /// An error shared by a cache's waiters, as an owned one of the same kind (corruption stays
 /// corruption, so the block is still quarantined).
-pub(super) fn unshare(e: Arc<Error>) -> Error {
+pub(crate) fn unshare(e: Arc<Error>) -> Error {
     match Arc::try_unwrap(e) {
         Ok(e) => e,
         Err(e) if is_corruption(&e) => Error::Corrupt {

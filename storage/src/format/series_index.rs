@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use fixedbitset::FixedBitSet;
 
-use crate::meta::SeriesMeta;
+use crate::format::meta::SeriesMeta;
 use crate::selector::{MatchOp, Matcher, Selector};
 
 /// The label name that matches a series' profile type id.

@@ -11,9 +11,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::cache::FreshObject;
 use crate::Result;
-use crate::meta::{BlockMeta, EntryKey};
+use crate::caches::cache::FreshObject;
+use crate::format::meta::{BlockMeta, EntryKey};
 use crate::metastore::{BlockQuery, Metastore};
 
 /// The blocks built and not yet registered, with their segment's object.
@@ -107,7 +107,7 @@ impl Unregistered {
     }
 
     /// The object of an unregistered block.
-    pub(super) fn object(&self, key: &EntryKey) -> Option<FreshObject> {
+    pub(crate) fn object(&self, key: &EntryKey) -> Option<FreshObject> {
         let blocks = self.blocks.read().expect("unregistered blocks lock");
         blocks.get(key).map(|(_, o)| o.clone())
     }

@@ -32,10 +32,10 @@ use std::path::{Path, PathBuf};
 use parquet::arrow::ArrowWriter;
 
 use crate::Result;
-use crate::block::{
+use crate::format::block::{
     Blank, Pages, Row, RowBatchBuilder, profile_totals_schema, samples_file_writer, samples_schema,
 };
-use crate::meta::{PROFILE_TOTALS, SeriesMeta};
+use crate::format::meta::{PROFILE_TOTALS, SeriesMeta};
 
 const MINUTE: i64 = 60 * 1_000_000_000;
 
@@ -178,7 +178,7 @@ impl RollupWriter {
         pages: Pages,
     ) -> Result<Self> {
         // Profile totals carry their samples' first rows since block format version 4.
-        let totals = resolution == PROFILE_TOTALS && crate::meta::write_version() >= 4;
+        let totals = resolution == PROFILE_TOTALS && crate::format::meta::write_version() >= 4;
         let schema = if totals {
             profile_totals_schema()
         } else {
@@ -553,12 +553,12 @@ mod tests {
         for batch in batches_of(r) {
             let c = |i| batch.column(i);
             let (series, ts) = (
-                c(crate::block::col::SERIES_ID).as_primitive::<UInt32Type>(),
-                c(crate::block::col::TIMESTAMP).as_primitive::<Int64Type>(),
+                c(crate::format::block::col::SERIES_ID).as_primitive::<UInt32Type>(),
+                c(crate::format::block::col::TIMESTAMP).as_primitive::<Int64Type>(),
             );
             let (stack, value) = (
-                c(crate::block::col::STACK_ID).as_primitive::<UInt32Type>(),
-                c(crate::block::col::VALUE).as_primitive::<Int64Type>(),
+                c(crate::format::block::col::STACK_ID).as_primitive::<UInt32Type>(),
+                c(crate::format::block::col::VALUE).as_primitive::<Int64Type>(),
             );
             for i in 0..batch.num_rows() {
                 out.push((series.value(i), ts.value(i), stack.value(i), value.value(i)));
@@ -732,7 +732,7 @@ mod tests {
         let mut got = Vec::new();
         for batch in batches_of(&finished[0]) {
             let first = batch
-                .column(crate::block::col::SAMPLE_ROW)
+                .column(crate::format::block::col::SAMPLE_ROW)
                 .as_primitive::<arrow::datatypes::UInt64Type>();
             assert_eq!(first.null_count(), 0);
             got.extend(first.values().iter().copied());

@@ -35,7 +35,7 @@ use std::sync::Mutex;
 use bytes::Bytes;
 
 use crate::error::io;
-use crate::meta::{FOOTER_TRAILER_BYTES, decode_footer, footer_len};
+use crate::format::meta::{FOOTER_TRAILER_BYTES, decode_footer, footer_len};
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
 use crate::{Error, Result};
@@ -371,7 +371,7 @@ fn read_file(path: &Path) -> Result<SpoolFile> {
 }
 
 /// The datasets of a spooled segment object, from its footer.
-fn decode_object(object: &[u8], path: &Path) -> Result<Vec<crate::meta::BlockMeta>> {
+fn decode_object(object: &[u8], path: &Path) -> Result<Vec<crate::format::meta::BlockMeta>> {
     let corrupt = |e: crate::DecodeError| Error::Spool {
         path: path.display().to_string(),
         reason: format!("a spooled segment does not decode: {e}"),
@@ -451,14 +451,15 @@ mod tests {
     /// A segment object of one profile of `tenant`.
     fn segment(tenant: &str, leaf: &str) -> (Bytes, String) {
         use crate::testing::{frames, profile};
-        let mut b = crate::block::DatasetBuilder::new(tenant);
+        let mut b = crate::format::block::DatasetBuilder::new(tenant);
         b.add(&profile(
             "api",
             &[(frames(&format!("main;{leaf}")), 1)],
             1_700_000_000_000_000_000,
         ));
         let id = ulid::Ulid::generate().to_string();
-        let (object, metas) = crate::block::assemble_object(&id, 0, 0, vec![b.finish().unwrap()]);
+        let (object, metas) =
+            crate::format::block::assemble_object(&id, 0, 0, vec![b.finish().unwrap()]);
         (object, metas[0].path())
     }
 

@@ -16,8 +16,8 @@
 use std::sync::Arc;
 
 use crate::error::DecodeError;
-use crate::series_index::SeriesIndex;
-use crate::series_labels::SeriesLabels;
+use crate::format::series_index::SeriesIndex;
+use crate::format::series_labels::SeriesLabels;
 
 mod wire;
 

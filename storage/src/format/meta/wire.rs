@@ -24,7 +24,7 @@ use super::{
     SeriesMeta,
 };
 use crate::error::DecodeError;
-use crate::series_labels::{LabelTable, LabelTableBuilder};
+use crate::format::series_labels::{LabelTable, LabelTableBuilder};
 
 /// The string table being written: strings looked up by value, each once, numbered as first
 /// met ("" is 0), and label tables appended whole.
@@ -557,7 +557,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::series_labels::SeriesLabels;
+    use crate::format::series_labels::SeriesLabels;
 
     #[derive(Default)]
     struct StringTable {
