@@ -1,6 +1,6 @@
 //! Where a data directory's bytes at rest go: every compacted dataset of every object under
 //! DIR (L0 segments left out), each Parquet section's column chunks summed by section and
-//! column, per sample row (docs/performance.md, 2026-11-29 seventh).
+//! column, per sample row (docs/performance.md, "Bytes at rest by column").
 //!
 //! ```text
 //! cargo run --release -p kiln-storage --example bytes -- DIR/objects [--tenant T]

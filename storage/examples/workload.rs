@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kiln_otel::model::{Labels, NormalizedProfile};
-use kiln_storage::format::meta::Clock;
+use kiln_storage::clock::Clock;
 use kiln_storage::metastore::embedded::Embedded;
 use kiln_storage::metastore::{BlockMeta, BlockQuery, Metastore};
 use kiln_storage::query::{Aggregation, SampleFilter};

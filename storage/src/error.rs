@@ -212,3 +212,22 @@ pub(crate) fn io(path: &std::path::Path) -> impl Fn(std::io::Error) -> Error + '
         source,
     }
 }
+
+/// Whether an error means the block itself is bad (as opposed to the store being unreachable).
+pub(crate) fn is_corruption(e: &Error) -> bool {
+    match e {
+        // A format newer than this build reads (a block from an upgraded writer, seen by a
+        // reader not yet upgraded or rolled back): the block is fine, this process is old.
+        Error::Decode {
+            source: DecodeError::Version { .. },
+            ..
+        } => false,
+        Error::Corrupt { .. } | Error::Decode { .. } => true,
+        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
+        Error::Parquet(parquet::errors::ParquetError::External(inner)) => {
+            inner.downcast_ref::<Error>().is_some_and(is_corruption)
+        }
+        Error::Parquet(_) | Error::Arrow(_) => true,
+        _ => false,
+    }
+}

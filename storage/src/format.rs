@@ -9,3 +9,4 @@ pub mod rollup;
 pub mod series_index;
 pub mod series_labels;
 pub mod symbols;
+pub mod tiers;

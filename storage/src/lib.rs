@@ -15,6 +15,7 @@
 //! ```
 
 pub mod caches;
+pub mod clock;
 pub mod compaction;
 pub mod error;
 pub mod format;

@@ -25,7 +25,6 @@ pub mod frame_filter;
 pub mod functions;
 mod plan;
 pub mod pprof;
-pub(crate) mod report;
 pub(crate) mod scan;
 mod series;
 pub(crate) mod stacks;
@@ -34,21 +33,15 @@ pub mod tree;
 use std::sync::Arc;
 
 use kiln_otel::model::LABEL_SERVICE_NAME;
-use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 
-use crate::format::meta::{BlockMeta, EntryKey};
-use crate::format::rollup::Source;
-use crate::format::symbols::SymbolTable;
-use crate::metastore::{BlockQuery, Metastore, SeriesMeta};
+use crate::metastore::{BlockQuery, SeriesMeta};
 use crate::selector::{MatchOp, Selector};
-use crate::store::ObjectStorage;
 
-pub use plan::{ProfileStats, QueryAnalysis};
-pub use report::{
+pub use crate::caches::report::{
     QueryCounters, QueryOptions, QueryReport, QueryStats, QueryStatsError, with_options,
     with_report,
 };
-pub(crate) use scan::{SectionReaderHandle, is_corruption};
+pub use plan::{ProfileStats, QueryAnalysis};
 pub use series::{
     Aggregation, Exemplar, Exemplars, MAX_EXEMPLARS_PER_POINT, PointGroup, ProfilePoint,
     SeriesPoints,
@@ -56,7 +49,8 @@ pub use series::{
 pub use stacks::StackValue;
 pub use tree::FlameTree;
 
-use crate::caches::cache::{self, ResultKey};
+use crate::caches::Caches;
+use stacks::ResultKey;
 
 /// Synthetic label that holds a series' profile type id.
 pub const PROFILE_TYPE_LABEL: &str = kiln_otel::model::LABEL_PROFILE_TYPE;
@@ -161,30 +155,11 @@ fn series_label<'a>(s: &'a SeriesMeta, name: &str) -> Option<&'a str> {
 /// process gave the engine a [`crate::caches::names::FrameNamer`].
 #[derive(Clone)]
 pub struct QueryEngine {
-    pub(crate) store: ObjectStorage,
-    pub(crate) metastore: Arc<dyn Metastore>,
-    pub(crate) symbols: moka::future::Cache<EntryKey, Arc<SymbolTable>>,
-    /// Parquet metadata by entry and section ([`Source`]).
-    pub(crate) parquet: moka::future::Cache<(EntryKey, Source), ArrowReaderMetadata>,
+    /// What the writer, the compactor and this engine share in the process.
+    pub(crate) caches: Caches,
     /// Stack totals of whole series of a block (every sample of them), for queries whose range
     /// covers them: the inner blocks of a long range are summed once, not per query.
     pub(crate) results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
-    /// What names native frames, set once the process has built it ([`Self::set_frame_namer`]);
-    /// shared by every clone of the engine (the compactor's too).
-    pub(crate) naming: Arc<std::sync::OnceLock<cache::Naming>>,
-    /// Block symbols with their native frames named, by block and the tenant's naming
-    /// generation ([`crate::caches::names`]).
-    pub(crate) named: moka::future::Cache<(EntryKey, u64), Arc<SymbolTable>>,
-    /// Pages read from a remote object store (none for the local file system).
-    pub(crate) pages: Option<scan::PageCache>,
-    /// The objects of fresh segments as the writer made them, and of small compaction outputs,
-    /// by block: a query of the last minutes reads their pages from memory, not from the store
-    /// ([`Self::warm_object`]).
-    pub(crate) fresh: cache::FreshObjects,
-    pub(crate) counters: Arc<QueryCounters>,
-    /// The writer of this process, where it acknowledges writes from a log: a query first cuts
-    /// what it buffers ([`crate::writer::Writer::barrier`]).
-    pub(crate) barrier: Arc<std::sync::OnceLock<crate::writer::WriteBarrier>>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -194,38 +169,8 @@ impl std::fmt::Debug for QueryEngine {
 }
 
 impl QueryEngine {
-    /// A query engine over `store`, with caches of about `cache_bytes` for symbols (and a quarter
-    /// of it for Parquet metadata), `results_bytes` for partial results (0: none kept),
-    /// when the store is remote, `pages_bytes` for the byte ranges queries read (0: none), and
-    /// `fresh_bytes` for the objects of fresh segments (0: none kept).
-    pub fn new(
-        store: ObjectStorage,
-        metastore: Arc<dyn Metastore>,
-        cache_bytes: u64,
-        results_bytes: u64,
-        pages_bytes: u64,
-        fresh_bytes: u64,
-    ) -> Self {
-        let pages = (!store.is_local() && pages_bytes > 0).then(|| {
-            moka::future::Cache::builder()
-                .weigher(|_: &(Arc<str>, u64, u64), b: &bytes::Bytes| {
-                    u32::try_from(b.len() + 64).unwrap_or(u32::MAX)
-                })
-                .max_capacity(pages_bytes)
-                .build()
-        });
-        let symbols = moka::future::Cache::builder()
-            .weigher(|_: &EntryKey, t: &Arc<SymbolTable>| {
-                u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
-            })
-            .max_capacity(cache_bytes)
-            .build();
-        let parquet = moka::future::Cache::builder()
-            .weigher(|_: &(EntryKey, Source), m: &ArrowReaderMetadata| {
-                u32::try_from(m.metadata().memory_size()).unwrap_or(u32::MAX)
-            })
-            .max_capacity(cache_bytes / 4)
-            .build();
+    /// A query engine over `caches`, with `results_bytes` for partial results (0: none kept).
+    pub fn new(caches: Caches, results_bytes: u64) -> Self {
         let results = moka::future::Cache::builder()
             .weigher(|k: &ResultKey, v: &Arc<[StackValue]>| {
                 let bytes = std::mem::size_of_val(&**v) + 4 * k.1.len() + 128;
@@ -233,63 +178,21 @@ impl QueryEngine {
             })
             .max_capacity(results_bytes)
             .build();
-        // A process sees another's uploads through its namer's caches, which expire; these
-        // entries expire alike, so a named table is at most a minute behind.
-        let named = moka::future::Cache::builder()
-            .weigher(|_: &(EntryKey, u64), t: &Arc<SymbolTable>| {
-                u32::try_from(t.estimated_bytes()).unwrap_or(u32::MAX)
-            })
-            .max_capacity(cache_bytes / 2)
-            .time_to_live(std::time::Duration::from_secs(60))
-            .build();
-        Self {
-            store,
-            metastore,
-            symbols,
-            parquet,
-            results,
-            naming: Arc::default(),
-            named,
-            pages,
-            fresh: cache::fresh_objects(fresh_bytes),
-            counters: Arc::new(QueryCounters::default()),
-            barrier: Arc::default(),
-        }
+        Self { caches, results }
+    }
+
+    /// What this engine shares with the writer and the compactor.
+    pub fn caches(&self) -> &Caches {
+        &self.caches
     }
 
     /// Counters of the read path.
     pub fn counters(&self) -> &QueryCounters {
-        &self.counters
+        self.caches.counters()
     }
 
-    /// Has every query of this engine (and its clones) first cut what the writer of this
-    /// process acknowledged from its log and buffers, and read what it has not registered yet.
-    pub(crate) fn set_write_barrier(&self, barrier: crate::writer::WriteBarrier) {
-        let _ = self.barrier.set(barrier);
+    /// How many blocks' fresh objects are held in memory.
+    pub fn fresh_blocks(&self) -> u64 {
+        self.caches.fresh_blocks()
     }
-
-    /// The blocks matching `query`: after the writer's barrier, where there is one, the
-    /// metastore's and those the writer built and has not registered yet (every write
-    /// acknowledged before this call is in one of them).
-    pub(crate) async fn query_blocks(
-        &self,
-        query: BlockQuery<'_>,
-    ) -> crate::Result<Vec<Arc<BlockMeta>>> {
-        match self.barrier.get() {
-            None => self.metastore.query_blocks(query).await,
-            Some(b) => {
-                b.wait().await;
-                b.unregistered()
-                    .query_blocks(self.metastore.as_ref(), query)
-                    .await
-            }
-        }
-    }
-}
-
-/// Unix milliseconds now.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -8,12 +8,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use kiln_otel::NormalizedProfile;
 
+use crate::caches::Caches;
+use crate::clock::now_ms;
 use crate::compaction::{CompactionConfig, Compactor};
 use crate::format::meta::{BlockMeta, decode_footer, footer_len, object_id_of_path, partition_of};
 use crate::metastore::embedded::Embedded;
 use crate::metastore::postgres;
 use crate::metastore::{BlockQuery, Metastore, Removed};
-use crate::query::{QueryEngine, now_ms};
+use crate::query::QueryEngine;
 use crate::store::ObjectStorage;
 use crate::writer::spool::{Spool, SpoolConfig};
 use crate::writer::{ExpectedWrite, Writer, WriterConfig};
@@ -214,26 +216,26 @@ impl Storage {
         } else {
             None
         };
-        let query = QueryEngine::new(
+        let caches = Caches::new(
             store.clone(),
             Arc::clone(&metastore),
             config.symbols_cache_bytes,
-            config.results_cache_bytes,
             config.pages_cache_bytes,
             config.fresh_cache_bytes,
         );
+        let query = QueryEngine::new(caches.clone(), config.results_cache_bytes);
         let writer = Writer::start(
             &config.writer,
             store.clone(),
             Arc::clone(&metastore),
             spool,
-            config.warm_query_cache.then(|| query.clone()),
+            config.warm_query_cache.then(|| caches.clone()),
         );
         let compactor = Arc::new(Compactor::new(
             config.compaction.clone(),
             store.clone(),
             Arc::clone(&metastore),
-            query.clone(),
+            caches.clone(),
             config.data_dir.join("compaction"),
             config.delete_delay,
             config.warm_query_cache,
@@ -255,7 +257,7 @@ impl Storage {
         namer: Arc<dyn crate::caches::names::FrameNamer>,
         deadline: std::time::Duration,
     ) {
-        self.query.set_frame_namer(namer, deadline);
+        self.query.caches().set_frame_namer(namer, deadline);
     }
 
     /// The directory of the engine's local files.

@@ -171,7 +171,7 @@ pub fn config_with_clock(
     ms: Arc<std::sync::atomic::AtomicU64>,
 ) -> StorageConfig {
     let mut c = config(dir);
-    c.writer.clock = crate::format::meta::Clock::manual(ms);
+    c.writer.clock = crate::clock::Clock::manual(ms);
     c
 }
 
@@ -341,7 +341,7 @@ pub async fn shared_storage(
 
 /// The system clock in Unix milliseconds, as compaction and the sweeper take it.
 pub fn now_ms() -> u64 {
-    crate::query::now_ms()
+    crate::clock::now_ms()
 }
 
 /// Sample rows of every block `tenant` has, as the metastore lists them.

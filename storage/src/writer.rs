@@ -16,28 +16,28 @@
 //! segments are cut by time, size and queries' barriers.
 
 mod logged;
+mod segment;
+mod shard;
+
+use shard::run_shard;
 pub mod spool;
 pub mod wal;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kiln_otel::model::{LABEL_SERVICE_NAME, NormalizedProfile};
 use tokio::sync::{mpsc, oneshot};
-use tracing::{Instrument, debug, error};
+use tracing::{debug, error};
 
-use parquet::arrow::arrow_reader::ArrowReaderMetadata;
-
+use crate::caches::Caches;
+use crate::caches::barrier::{ShardCut, WriteBarrier};
 use crate::caches::unregistered::Unregistered;
-use crate::format::block::{DatasetBuilder, DatasetCapacity, assemble_object};
-use crate::format::meta::{BlockMeta, Clock, object_path};
-use crate::format::symbols::SymbolTable;
-use crate::metastore::{LogCheckpoint, Metastore};
-use crate::metrics::OutcomeLabels;
-use crate::query::QueryEngine;
+use crate::clock::Clock;
+use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
 use crate::writer::spool::Spool;
 use crate::{Error, ErrorKind, Result};
@@ -129,8 +129,8 @@ pub struct LogConfig {
     /// while more are to be expected (writes announced by [`Writer::expect_write`], or the
     /// last group held several); zero appends a group as soon as no write waits in the
     /// shard's queue. Each `fdatasync` costs the server CPU besides the device's flush: at 32
-    /// requests in flight `kiln bench`'s groups held ~7 records without waiting, and 2 ms
-    /// halved the syncs (docs/performance.md, 2026-11-30, sixth). A write waits at most this
+    /// requests in flight `kiln bench`'s groups held about six records without waiting, and 2 ms
+    /// halved the syncs (docs/performance.md, "Log group linger"). A write waits at most this
     /// much longer for its acknowledgement (tokio's timer rounds up to the next millisecond),
     /// and only under a concurrent load: a sender writing alone is not kept waiting.
     pub group_linger: Duration,
@@ -295,7 +295,7 @@ struct FlushContext {
     spool: Option<Arc<Spool>>,
     /// The query engine whose symbol cache gets each registered segment's symbols (where this
     /// process answers queries).
-    warm: Option<QueryEngine>,
+    warm: Option<Caches>,
     /// Segments a logged shard built and has not registered yet, read by this process's
     /// queries ([`Unregistered`]).
     unregistered: Arc<Unregistered>,
@@ -340,7 +340,7 @@ impl Writer {
         store: ObjectStorage,
         metastore: Arc<dyn Metastore>,
         spool: Option<Arc<Spool>>,
-        warm: Option<QueryEngine>,
+        warm: Option<Caches>,
     ) -> Self {
         let ctx = Arc::new(FlushContext {
             store,
@@ -428,15 +428,18 @@ impl Writer {
     }
 
     fn barrier_handle(&self) -> WriteBarrier {
-        WriteBarrier {
-            shards: self
-                .shards
-                .iter()
-                .map(mpsc::Sender::downgrade)
-                .zip(self.buffered.iter().cloned())
-                .collect(),
-            unregistered: Arc::clone(&self.ctx.unregistered),
-        }
+        let shards = self
+            .shards
+            .iter()
+            .zip(&self.buffered)
+            .map(|(queue, buffered)| {
+                Arc::new(ShardHandle {
+                    queue: queue.downgrade(),
+                    buffered: Arc::clone(buffered),
+                }) as Arc<dyn ShardCut>
+            })
+            .collect();
+        WriteBarrier::new(shards, Arc::clone(&self.ctx.unregistered))
     }
 
     /// Writes profiles of one request and waits until all are durable. They land in the same
@@ -466,7 +469,7 @@ impl Writer {
         record: Option<Vec<u8>>,
         expected: Option<ExpectedWrite>,
     ) -> Result<()> {
-        check_times(&profiles, crate::query::now_ms() as i64 * 1_000_000)?;
+        check_times(&profiles, crate::clock::now_ms() as i64 * 1_000_000)?;
         let Some(first) = profiles.iter().find_map(|p| p.series.first()) else {
             return Ok(());
         };
@@ -526,198 +529,24 @@ impl Writer {
     }
 }
 
-/// What a query engine holds of the writer in its process: the shards' queues (weakly: the
-/// writer's own handles keep them open), their buffered flags, and the segments built and not
-/// yet registered.
-#[derive(Debug, Clone)]
-pub(crate) struct WriteBarrier {
-    shards: Vec<(mpsc::WeakSender<Command>, Arc<AtomicBool>)>,
-    unregistered: Arc<Unregistered>,
+/// What the write barrier holds of one shard: its queue (weakly: the writer's own handles keep
+/// it open) and whether it buffers writes acknowledged from its log.
+struct ShardHandle {
+    queue: mpsc::WeakSender<Command>,
+    buffered: Arc<AtomicBool>,
 }
 
-impl WriteBarrier {
-    /// Has every shard that buffers writes cut them into a segment, and waits for the cuts
-    /// (not their registration): every write acknowledged before this call is then in a
-    /// registered block or in [`Self::unregistered`].
-    pub(crate) async fn wait(&self) {
-        let mut waits = Vec::new();
-        for (shard, buffered) in &self.shards {
-            if !buffered.load(Ordering::Acquire) {
-                continue;
+impl ShardCut for ShardHandle {
+    fn cut(&self) -> BoxFuture<'_, Option<oneshot::Receiver<()>>> {
+        Box::pin(async move {
+            if !self.buffered.load(Ordering::Acquire) {
+                return None;
             }
-            let Some(shard) = shard.upgrade() else {
-                continue;
-            };
+            let queue = self.queue.upgrade()?;
             let (done, wait) = oneshot::channel();
-            if shard.send(Command::Barrier { done }).await.is_ok() {
-                waits.push(wait);
-            }
-        }
-        for w in waits {
-            let _ = w.await;
-        }
-    }
-
-    /// The segments built and not yet registered.
-    pub(crate) fn unregistered(&self) -> &Unregistered {
-        &self.unregistered
-    }
-}
-
-struct Pending {
-    builder: DatasetBuilder,
-    acks: Vec<Ack>,
-}
-
-/// Per tenant, what its dataset held at the shard's last flush
-/// ([`DatasetBuilder::capacity_hint`]); the tenant's next dataset starts with room for as much.
-/// A tenant absent from a flush loses its hint.
-type Hints = BTreeMap<String, DatasetCapacity>;
-
-/// Adds a write to the shard's buffer, with the acknowledgement that waits for its segment
-/// (none for a write acknowledged from the log); returns the bytes it added.
-fn buffer(
-    pending: &mut BTreeMap<String, Pending>,
-    hints: &Hints,
-    tenant: String,
-    profiles: &[NormalizedProfile],
-    ack: Option<Ack>,
-) -> usize {
-    #[cfg(feature = "testing")]
-    if tenant == testing::PANICKING_TENANT {
-        panic!("a write shard's panic, injected by a test");
-    }
-    let p = pending.entry(tenant.clone()).or_insert_with(|| {
-        // Looked up once per tenant and flush, when its dataset starts.
-        let hint = hints.get(&tenant).copied().unwrap_or_default();
-        Pending {
-            builder: DatasetBuilder::with_capacity(tenant, hint),
-            acks: Vec::new(),
-        }
-    });
-    let before = p.builder.estimated_bytes();
-    for profile in profiles {
-        p.builder.add(profile);
-    }
-    p.acks.extend(ack);
-    p.builder.estimated_bytes().saturating_sub(before)
-}
-
-/// A shard's loop. A write waits at most `flush_interval` (from the first write of a batch),
-/// until the buffer passes `flush_bytes`, or until the writes pause ([`Arrivals`]). Flushes
-/// run one at a time, and writes that arrive during one, or within `flush_linger` of each
-/// other after it, are flushed together without waiting another interval (group commit):
-/// under load, acknowledgements follow the flushes back to back.
-async fn run_shard(
-    shard: u32,
-    rx: &mut mpsc::Receiver<Command>,
-    ctx: Arc<FlushContext>,
-    config: WriterConfig,
-) {
-    let mut pending: BTreeMap<String, Pending> = BTreeMap::new();
-    let mut hints = Hints::new();
-    let mut size = 0usize;
-    // When the oldest buffered write has waited `flush_interval`.
-    let mut flush_at: Option<tokio::time::Instant> = None;
-    // When the writes have paused long enough that the batch is taken as complete.
-    let mut quiet_at: Option<tokio::time::Instant> = None;
-    let mut arrivals = Arrivals::new(&config);
-    loop {
-        let cmd = next_command(rx, flush_at, quiet_at).await;
-        match cmd {
-            Some(Command::Write {
-                tenant,
-                profiles,
-                ack,
-                ..
-            }) => {
-                size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
-                let now = tokio::time::Instant::now();
-                flush_at.get_or_insert(now + config.flush_interval);
-                quiet_at = arrivals.arrive(now).map(|quiet| now + quiet);
-            }
-            Some(Command::Tick) => {}
-            Some(Command::Flush { done } | Command::Barrier { done }) => {
-                flush(shard, &ctx, &mut pending, &mut hints).await;
-                (size, flush_at, quiet_at) = (0, None, None);
-                let _ = done.send(());
-                continue;
-            }
-            None | Some(Command::Close { .. }) => {
-                flush(shard, &ctx, &mut pending, &mut hints).await;
-                rx.close();
-                if let Some(Command::Close { done }) = cmd {
-                    let _ = done.send(());
-                }
-                return;
-            }
-        }
-        let now = tokio::time::Instant::now();
-        let due = flush_at.is_some_and(|at| at <= now) || quiet_at.is_some_and(|at| at <= now);
-        if !due && size < config.flush_bytes {
-            continue;
-        }
-        // Group commit: flush, then take what queued up meanwhile and flush it at once, until
-        // nothing waits.
-        loop {
-            flush(shard, &ctx, &mut pending, &mut hints).await;
-            (size, flush_at, quiet_at) = (0, None, None);
-            let mut control = None;
-            // The writers this flush answered send their next writes within moments: gather
-            // them until none comes for the linger (at most a flush interval), rather than
-            // flushing the first of them alone or leaving them to wait out a new interval.
-            let cap = tokio::time::Instant::now() + config.flush_interval;
-            while size < config.flush_bytes {
-                let next = match rx.try_recv() {
-                    Ok(cmd) => Some(cmd),
-                    Err(mpsc::error::TryRecvError::Empty) if !config.flush_linger.is_zero() => {
-                        let until = (tokio::time::Instant::now() + config.flush_linger).min(cap);
-                        // Quiet for the linger: `None`, flush.
-                        tokio::time::timeout_at(until, rx.recv())
-                            .await
-                            .ok()
-                            .flatten()
-                    }
-                    Err(_) => None,
-                };
-                match next {
-                    Some(Command::Write {
-                        tenant,
-                        profiles,
-                        ack,
-                        ..
-                    }) => {
-                        arrivals.arrive(tokio::time::Instant::now());
-                        size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
-                        // `try_recv` never yields: under load hundreds of writes queue here,
-                        // and the worker's other tasks (queries) would wait for all of them.
-                        tokio::task::consume_budget().await;
-                    }
-                    Some(other) => {
-                        control = Some(other);
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            match control {
-                Some(Command::Flush { done } | Command::Barrier { done }) => {
-                    flush(shard, &ctx, &mut pending, &mut hints).await;
-                    size = 0;
-                    let _ = done.send(());
-                }
-                Some(Command::Close { done }) => {
-                    flush(shard, &ctx, &mut pending, &mut hints).await;
-                    rx.close();
-                    let _ = done.send(());
-                    return;
-                }
-                Some(Command::Write { .. } | Command::Tick) | None => {}
-            }
-            if pending.is_empty() {
-                break;
-            }
-        }
+            queue.send(Command::Barrier { done }).await.ok()?;
+            Some(wait)
+        })
     }
 }
 
@@ -781,340 +610,5 @@ async fn supervise(
         error!(shard, panics, panic = %message,
             "a write shard panicked; starting it again (the writes it had not acknowledged are \
              refused)");
-    }
-}
-
-/// A shard's next command, or [`Command::Tick`] at the earlier of two deadlines (none: wait
-/// for a command).
-async fn next_command(
-    rx: &mut mpsc::Receiver<Command>,
-    a: Option<tokio::time::Instant>,
-    b: Option<tokio::time::Instant>,
-) -> Option<Command> {
-    let wake = match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    match wake {
-        None => rx.recv().await,
-        Some(at) => tokio::select! {
-            cmd = rx.recv() => cmd,
-            () = tokio::time::sleep_until(at) => Some(Command::Tick),
-        },
-    }
-}
-
-/// How a shard's writes arrive: the mean gap between them, to tell a batch that is complete
-/// (its senders all wait for their acknowledgements) from a pause in a steady stream.
-struct Arrivals {
-    last: Option<tokio::time::Instant>,
-    /// Moving mean of the gaps, in seconds (each gap at most a flush interval).
-    mean_gap: f64,
-    linger: Duration,
-    interval: Duration,
-}
-
-impl Arrivals {
-    /// A pause this many mean gaps long ends a batch: writes that arrive independently of
-    /// each other (many agents, each on its own timer) pause that long once in about 400
-    /// gaps, so their batches still fill a flush interval.
-    const QUIET_GAPS: f64 = 6.0;
-
-    fn new(config: &WriterConfig) -> Self {
-        Self {
-            last: None,
-            mean_gap: config.flush_interval.as_secs_f64(),
-            linger: config.flush_linger,
-            interval: config.flush_interval,
-        }
-    }
-
-    /// Counts a write arriving at `now`; returns how long a pause after it ends the batch, if
-    /// shorter than the flush interval (never without a linger).
-    fn arrive(&mut self, now: tokio::time::Instant) -> Option<Duration> {
-        if let Some(last) = self.last.replace(now) {
-            let gap = now.duration_since(last).min(self.interval).as_secs_f64();
-            self.mean_gap += 0.1 * (gap - self.mean_gap);
-        }
-        let quiet = self
-            .linger
-            .max(Duration::from_secs_f64(Self::QUIET_GAPS * self.mean_gap));
-        (!self.linger.is_zero() && quiet < self.interval).then_some(quiet)
-    }
-}
-
-async fn flush(
-    shard: u32,
-    ctx: &FlushContext,
-    pending: &mut BTreeMap<String, Pending>,
-    hints: &mut Hints,
-) {
-    let pending = std::mem::take(pending);
-    if pending.is_empty() {
-        return;
-    }
-    *hints = pending
-        .iter()
-        .map(|(tenant, p)| (tenant.clone(), p.builder.capacity_hint()))
-        .collect();
-    let span = tracing::info_span!(
-        "storage.flush",
-        shard,
-        tenants = pending.len(),
-        writes = tracing::field::Empty,
-        rows = tracing::field::Empty,
-        bytes = tracing::field::Empty,
-    );
-    flush_pending(shard, ctx, pending).instrument(span).await;
-}
-
-/// Writes one flush's pending datasets and answers the writes waiting for it.
-async fn flush_pending(shard: u32, ctx: &FlushContext, pending: BTreeMap<String, Pending>) {
-    let span = tracing::Span::current();
-    let started = Instant::now();
-    let (builders, acks): (Vec<DatasetBuilder>, Vec<Vec<Ack>>) =
-        pending.into_values().map(|p| (p.builder, p.acks)).unzip();
-    span.record("writes", acks.iter().map(Vec::len).sum::<usize>());
-    let result = flush_segment(shard, ctx, builders).await;
-    match &result {
-        Ok(Some(flushed)) => observe_flush(ctx, started, Ok(flushed)),
-        Ok(None) => {}
-        Err(e) => observe_flush(ctx, started, Err(e)),
-    }
-    let result = result.map(|_| ()).map_err(|e| (e.kind(), e.to_string()));
-    for ack in acks.into_iter().flatten() {
-        let _ = ack.send(result.clone());
-    }
-}
-
-/// Counts a flush's outcome in the metrics, logs it, and records it in the flush's span.
-fn observe_flush(ctx: &FlushContext, started: Instant, outcome: Result<&Flushed, &Error>) {
-    let metrics = ctx.store.metrics();
-    let span = tracing::Span::current();
-    match outcome {
-        Ok(f) => {
-            span.record("rows", f.rows).record("bytes", f.bytes);
-            metrics
-                .flush_duration
-                .observe(started.elapsed().as_secs_f64());
-            metrics.flush_bytes.observe(f.bytes as f64);
-            metrics.flush_rows.inc_by(f.rows);
-            let outcome = if f.spooled { "spooled" } else { "ok" };
-            metrics
-                .flushes
-                .get_or_create(&OutcomeLabels { outcome })
-                .inc();
-            debug!(
-                segment = %f.id, tenants = f.tenants, rows = f.rows, bytes = f.bytes,
-                spooled = f.spooled, elapsed_ms = started.elapsed().as_millis() as u64,
-                "segment flushed"
-            );
-        }
-        Err(e) => {
-            metrics
-                .flushes
-                .get_or_create(&OutcomeLabels { outcome: "error" })
-                .inc();
-            error!(error = %e, "segment flush failed");
-        }
-    }
-}
-
-/// What a flush wrote.
-struct Flushed {
-    id: String,
-    tenants: usize,
-    rows: u64,
-    bytes: usize,
-    /// The object store was unreachable: the segment waits in the spool.
-    spooled: bool,
-}
-
-/// A segment built from a flush's datasets, not yet in the store and the metastore.
-struct Built {
-    path: String,
-    object: bytes::Bytes,
-    metas: Vec<BlockMeta>,
-    /// What the query engine's caches get of each block before it is visible (taken by the
-    /// first attempt to register it).
-    warmed: Vec<(Arc<SymbolTable>, Option<ArrowReaderMetadata>)>,
-    flushed: Flushed,
-}
-
-/// Encodes every tenant's dataset of one flush as one segment object (none when they hold
-/// nothing).
-/// `logs`: where the shard's write-ahead log stands once the segment holds what it buffered
-/// (none for a shard without a log), written into the segment's footer.
-async fn build_segment(
-    shard: u32,
-    ctx: &FlushContext,
-    builders: Vec<DatasetBuilder>,
-    logs: Vec<LogCheckpoint>,
-) -> Result<Option<Built>> {
-    let builders: Vec<DatasetBuilder> = builders.into_iter().filter(|b| !b.is_empty()).collect();
-    if builders.is_empty() {
-        return Ok(None);
-    }
-    let id =
-        ulid::Ulid::from_parts(ctx.clock.now_ms(), ulid::Ulid::generate().random()).to_string();
-    let id_for_task = id.clone();
-    let warm = ctx.warm.is_some();
-    let (object, metas, warmed) = tokio::task::spawn_blocking(move || -> Result<_> {
-        let mut datasets = builders
-            .into_iter()
-            .map(DatasetBuilder::finish)
-            .collect::<Result<Vec<_>>>()?;
-        for d in &mut datasets {
-            d.meta.logs = logs.clone();
-        }
-        // What a query reads first of each block, as it would read it (the metadata left to
-        // the first query should it not parse: the segment is written all the same).
-        let warmed = if warm {
-            datasets
-                .iter()
-                .map(|d| {
-                    let metadata = QueryEngine::samples_metadata(&d.samples).ok();
-                    (Arc::clone(&d.table), metadata)
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let (object, metas) = assemble_object(&id_for_task, shard, 0, datasets);
-        Ok((object, metas, warmed))
-    })
-    .await
-    .map_err(|e| Error::Task(e.to_string()))??;
-    let flushed = Flushed {
-        bytes: object.len(),
-        rows: metas.iter().map(|m| m.rows).sum(),
-        tenants: metas.len(),
-        id: id.clone(),
-        spooled: false,
-    };
-    Ok(Some(Built {
-        path: object_path(0, shard, "", &id),
-        object,
-        metas,
-        warmed,
-        flushed,
-    }))
-}
-
-/// Puts a built segment into the object store (or, when `spool` and the store is
-/// unreachable, into the spool: its datasets are registered once drained) and registers its
-/// datasets, with `checkpoint` when given, in one metastore transaction. May be tried again
-/// with the same segment: the same object goes to the same path.
-async fn publish_segment(
-    ctx: &FlushContext,
-    built: &mut Built,
-    spool: bool,
-    checkpoint: Option<&LogCheckpoint>,
-) -> Result<()> {
-    match ctx
-        .store
-        .put_durable(&built.path, built.object.clone())
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.kind() == ErrorKind::Unavailable && spool && ctx.spool.is_some() => {
-            let spool = ctx.spool.as_ref().expect("checked");
-            spool
-                .append(built.object.clone())
-                .await
-                .inspect_err(|_| error!(error = %e, "the object store is unreachable"))?;
-            ctx.store.metrics().spool_bytes.set(spool.bytes() as i64);
-            built.flushed.spooled = true;
-            return Ok(());
-        }
-        Err(e) => return Err(e),
-    }
-    warm(ctx, built).await;
-    match checkpoint {
-        None => ctx.metastore.add_blocks(built.metas.clone()).await,
-        Some(c) => {
-            ctx.metastore
-                .add_blocks_checkpointed(built.metas.clone(), c)
-                .await
-        }
-    }
-}
-
-/// Gives the query engine what it reads first of a segment's blocks, before they are visible:
-/// a query that finds them finds their symbols cached. Once per segment.
-async fn warm(ctx: &FlushContext, built: &mut Built) {
-    if let Some(query) = &ctx.warm {
-        for (meta, (table, metadata)) in built.metas.iter().zip(std::mem::take(&mut built.warmed)) {
-            query.warm_object(meta, &built.object);
-            query.warm_symbols(meta, table).await;
-            if let Some(metadata) = metadata {
-                query.warm_samples_metadata(meta, metadata).await;
-            }
-        }
-    }
-}
-
-/// Writes every tenant's dataset of one flush as one segment object, then registers all of
-/// them in one metastore transaction; or spools the segment when the store is unreachable.
-async fn flush_segment(
-    shard: u32,
-    ctx: &FlushContext,
-    builders: Vec<DatasetBuilder>,
-) -> Result<Option<Flushed>> {
-    let Some(mut built) = build_segment(shard, ctx, builders, Vec::new()).await? else {
-        return Ok(None);
-    };
-    publish_segment(ctx, &mut built, true, None).await?;
-    Ok(Some(built.flushed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn arrivals(linger_ms: u64) -> Arrivals {
-        Arrivals::new(&WriterConfig {
-            flush_linger: Duration::from_millis(linger_ms),
-            ..WriterConfig::default()
-        })
-    }
-
-    /// Feeds writes `gap` apart; returns the pause that would end the batch after the last.
-    fn steady(a: &mut Arrivals, gap: Duration, writes: u32) -> Option<Duration> {
-        let t0 = tokio::time::Instant::now();
-        (0..writes).fold(None, |_, i| a.arrive(t0 + gap * i))
-    }
-
-    #[test]
-    fn a_pause_ends_a_batch_only_where_writes_come_fast() {
-        // A shard's first write: nothing known, the flush interval governs.
-        let mut a = arrivals(3);
-        assert_eq!(a.arrive(tokio::time::Instant::now()), None);
-        // Writes a millisecond apart (senders answering their acknowledgements): six gaps'
-        // pause ends the batch.
-        let quiet = steady(&mut a, Duration::from_millis(1), 100).expect("a pause");
-        assert!(
-            quiet >= Duration::from_millis(5) && quiet < Duration::from_millis(8),
-            "{quiet:?}"
-        );
-        // Never shorter than the linger.
-        let mut a = arrivals(20);
-        assert_eq!(
-            steady(&mut a, Duration::from_millis(1), 100),
-            Some(Duration::from_millis(20))
-        );
-        // Writes 20 ms apart (agents on their own timers, 50 a second): a pause that long is
-        // no sign the batch is complete; the flush interval governs.
-        let mut a = arrivals(3);
-        assert_eq!(steady(&mut a, Duration::from_millis(20), 100), None);
-        // After a fast stream, an idle minute: the flush interval governs again.
-        let mut a = arrivals(3);
-        assert!(steady(&mut a, Duration::from_millis(1), 100).is_some());
-        let later = tokio::time::Instant::now() + Duration::from_secs(60);
-        a.arrive(later);
-        assert!(a.arrive(later + Duration::from_secs(60)).is_none());
-        // No linger, no early flush.
-        let mut a = arrivals(0);
-        assert_eq!(steady(&mut a, Duration::from_millis(1), 100), None);
     }
 }

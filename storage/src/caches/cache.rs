@@ -10,20 +10,15 @@ use std::time::{Duration, Instant};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::file::metadata::PageIndexPolicy;
 
+use super::Caches;
+use super::report::{read_bytes, warn};
 use crate::caches::names::{FrameNamer, unnamed_locations, with_names};
+use crate::error::is_corruption;
 use crate::format::meta::EntryKey;
 use crate::format::rollup::Source;
 use crate::format::symbols::SymbolTable;
 use crate::metastore::BlockMeta;
-use crate::query::report::{count, options, read_bytes, warn};
-use crate::query::scan::{SectionReader, is_corruption};
-use crate::query::stacks::StackValue;
-use crate::query::{QueryEngine, SampleFilter};
 use crate::{Error, ErrorKind, Result};
-
-/// Key of a block's cached partial result: the block and the selected series (indices into its
-/// series list). Blocks never change, so an entry stays true until it is evicted.
-pub(crate) type ResultKey = (EntryKey, Arc<[u32]>);
 
 /// The engine's frame namer and how long a query waits for it.
 pub(crate) struct Naming {
@@ -32,7 +27,7 @@ pub(crate) struct Naming {
 }
 
 /// The objects of fresh segments and small compaction outputs by block
-/// ([`QueryEngine::warm_object`]).
+/// ([`Caches::warm_object`]).
 pub(crate) type FreshObjects = moka::sync::Cache<EntryKey, FreshObject>;
 
 /// What the engine holds of a fresh object for one of its blocks: the bytes from the
@@ -74,11 +69,11 @@ pub(crate) fn fresh_objects(bytes: u64) -> FreshObjects {
 }
 
 /// How blocks' Parquet metadata is read: with the page index where there is one.
-fn reader_options() -> ArrowReaderOptions {
+pub(crate) fn reader_options() -> ArrowReaderOptions {
     ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional)
 }
 
-impl QueryEngine {
+impl Caches {
     /// The symbols of a block, read and checked without the cache (the compactor reads each
     /// block once; keeping them would crowd out what queries use).
     pub async fn load_symbols(&self, block: &BlockMeta) -> Result<Arc<SymbolTable>> {
@@ -298,73 +293,6 @@ impl QueryEngine {
             .await
             .map_err(unshare)
     }
-
-    pub(crate) async fn parquet_metadata(
-        &self,
-        block: &BlockMeta,
-        source: Source,
-    ) -> Result<ArrowReaderMetadata> {
-        let mut reader = SectionReader::new(self, block, source);
-        self.counters
-            .parquet_lookups
-            .fetch_add(1, Ordering::Relaxed);
-        let counters = Arc::clone(&self.counters);
-        self.parquet
-            .try_get_with((block.key(), source), async move {
-                counters.parquet_misses.fetch_add(1, Ordering::Relaxed);
-                Ok::<_, Error>(
-                    ArrowReaderMetadata::load_async(&mut reader, reader_options()).await?,
-                )
-            })
-            .await
-            .map_err(unshare)
-    }
-
-    /// [`Self::block_stacks`], from the partial-result cache when the query takes every sample
-    /// of the selected series (its range covers them, no span, trace or label split).
-    pub(crate) async fn cached_block_stacks(
-        &self,
-        block: &BlockMeta,
-        series: Vec<u32>,
-        filter: &SampleFilter,
-        columns: &[usize],
-        with_labels: bool,
-    ) -> Result<Arc<[StackValue]>> {
-        let whole = !with_labels
-            && !filter.narrows_rows()
-            && self.results.policy().max_capacity() != Some(0)
-            && options().results_cache
-            && series.iter().all(|&i| {
-                let s = &block.series[i as usize];
-                filter.start_nanos <= s.min_time_nanos && s.max_time_nanos < filter.end_nanos
-            });
-        if !whole {
-            return Ok(self
-                .block_stacks(block, &series, filter, columns, with_labels)
-                .await?
-                .into());
-        }
-        self.counters
-            .results_lookups
-            .fetch_add(1, Ordering::Relaxed);
-        let computed = std::sync::atomic::AtomicBool::new(false);
-        let key: ResultKey = (block.key(), series.into());
-        let values = self
-            .results
-            .try_get_with_by_ref(&key, async {
-                computed.store(true, Ordering::Relaxed);
-                self.counters.results_misses.fetch_add(1, Ordering::Relaxed);
-                self.block_stacks(block, &key.1, filter, columns, with_labels)
-                    .await
-                    .map(Arc::from)
-            })
-            .await
-            .map_err(unshare)?;
-        if !computed.load(Ordering::Relaxed) {
-            count(|s| s.blocks_cached += 1);
-        }
-        Ok(values)
-    }
 }
 
 /// `range` of the object at `path`: sliced from `fresh` (what is held of the object in memory)
@@ -374,7 +302,7 @@ async fn read_section(
     fresh: Option<FreshObject>,
     path: &str,
     range: std::ops::Range<u64>,
-    counters: &crate::query::report::QueryCounters,
+    counters: &super::report::QueryCounters,
 ) -> Result<bytes::Bytes> {
     if let Some(bytes) = fresh.and_then(|f| f.slice(&range)) {
         return Ok(bytes);

@@ -13,13 +13,13 @@
 //!             | u32 LE CRC32 of the metadata, length and version | b"KBLK"
 //! ```
 
-use std::sync::Arc;
-
 use crate::error::DecodeError;
 use crate::format::series_index::SeriesIndex;
-use crate::format::series_labels::SeriesLabels;
 
 mod wire;
+
+pub use super::series_labels::SeriesMeta;
+pub use super::tiers::{PARTITION_NANOS, TOP_LEVEL, partition_of};
 
 /// Current block format version (see `docs/adr/0002-block-format.md`): 3 added the samples'
 /// `profile_id` column, 4 the profile totals' `sample_row` column.
@@ -54,51 +54,6 @@ pub const FOOTER_MAGIC: &[u8; 4] = b"KBLK";
 /// Bytes after the footer's metadata: length, version, CRC and magic.
 pub const FOOTER_TRAILER_BYTES: usize = 16;
 
-/// Blocks at this compaction level are not compacted further.
-pub const TOP_LEVEL: u32 = 3;
-
-/// Length of a metastore time partition.
-pub const PARTITION_NANOS: i64 = 6 * 3600 * 1_000_000_000;
-
-/// The time partition of a timestamp (Unix nanoseconds).
-pub fn partition_of(time_nanos: i64) -> i64 {
-    time_nanos.div_euclid(PARTITION_NANOS)
-}
-
-/// The time of new object ids (Unix milliseconds): the system clock, or a fixed one in tests.
-#[derive(Clone, Default)]
-pub struct Clock(Option<Arc<std::sync::atomic::AtomicU64>>);
-
-impl Clock {
-    /// A clock that reads `ms` until it is set again.
-    pub fn manual(ms: Arc<std::sync::atomic::AtomicU64>) -> Self {
-        Self(Some(ms))
-    }
-
-    /// Unix milliseconds now.
-    pub fn now_ms(&self) -> u64 {
-        match &self.0 {
-            Some(ms) => ms.load(std::sync::atomic::Ordering::SeqCst),
-            None => std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        }
-    }
-}
-
-impl std::fmt::Debug for Clock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            None => f.write_str("Clock(system)"),
-            Some(ms) => write!(
-                f,
-                "Clock(manual {})",
-                ms.load(std::sync::atomic::Ordering::SeqCst)
-            ),
-        }
-    }
-}
-
 /// A byte range of an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Section {
@@ -110,37 +65,6 @@ impl Section {
     /// The range as `offset..offset + size`.
     pub fn range(&self) -> std::ops::Range<u64> {
         self.offset..self.offset + self.size
-    }
-}
-
-/// One series of a dataset: its labels (with `__name__` and `service_name`), profile type id,
-/// time range and rows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SeriesMeta {
-    /// Sorted by name; shared with the entry's other series ([`SeriesLabels`]).
-    pub labels: SeriesLabels,
-    pub profile_type: Arc<str>,
-    pub min_time_nanos: i64,
-    pub max_time_nanos: i64,
-    /// The series' rows are `first_row..first_row + rows` of the samples section.
-    pub first_row: u64,
-    pub rows: u64,
-}
-
-impl SeriesMeta {
-    /// The value of a label.
-    pub fn label(&self, name: &str) -> Option<&str> {
-        self.labels.get(name)
-    }
-
-    /// Whether the series has samples in `[start, end)`.
-    pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
-        self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
-    }
-
-    /// The row range.
-    pub fn row_range(&self) -> std::ops::Range<u64> {
-        self.first_row..self.first_row + self.rows
     }
 }
 
@@ -448,6 +372,7 @@ pub fn decode_footer(footer: &[u8], object_size: u64) -> Result<Vec<BlockMeta>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::series_labels::SeriesLabels;
 
     pub(crate) fn meta(tenant: &str, id: &str) -> BlockMeta {
         BlockMeta {

@@ -247,6 +247,37 @@ impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for SeriesLabels {
     }
 }
 
+/// One series of a dataset: its labels (with `__name__` and `service_name`), profile type id,
+/// time range and rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesMeta {
+    /// Sorted by name; shared with the entry's other series ([`SeriesLabels`]).
+    pub labels: SeriesLabels,
+    pub profile_type: Arc<str>,
+    pub min_time_nanos: i64,
+    pub max_time_nanos: i64,
+    /// The series' rows are `first_row..first_row + rows` of the samples section.
+    pub first_row: u64,
+    pub rows: u64,
+}
+
+impl SeriesMeta {
+    /// The value of a label.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name)
+    }
+
+    /// Whether the series has samples in `[start, end)`.
+    pub fn overlaps(&self, start_nanos: i64, end_nanos: i64) -> bool {
+        self.min_time_nanos < end_nanos && self.max_time_nanos >= start_nanos
+    }
+
+    /// The row range.
+    pub fn row_range(&self) -> std::ops::Range<u64> {
+        self.first_row..self.first_row + self.rows
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,9 +15,9 @@ use std::collections::BTreeSet;
 
 use super::{BlockMeta, BlockQuery, Job, Metastore, PARTITION_NANOS, QueuedBlock};
 use crate::Error;
-use crate::compaction::{ALL_LEVELS, BULK_LEVELS, FRESH_LEVELS};
 use crate::format::meta::{BLOCK_FORMAT_VERSION, Section, SeriesMeta};
 use crate::format::series_labels::SeriesLabels;
+use crate::format::tiers::{ALL_LEVELS, BULK_LEVELS, FRESH_LEVELS};
 
 /// Stamps the conformance tests onto a backend.
 #[macro_export]

@@ -52,6 +52,7 @@ impl QueryEngine {
         end: i64,
     ) -> Result<Vec<(Arc<BlockMeta>, FixedBitSet)>> {
         let blocks = self
+            .caches
             .query_blocks(BlockQuery::new(tenant, start, end))
             .await?;
         Ok(blocks
@@ -170,12 +171,12 @@ impl QueryEngine {
     /// Oldest and newest sample time of a tenant.
     /// From the metastore's partition summaries, so it costs the same whatever the data's age.
     pub async fn profile_stats(&self, tenant: &str) -> Result<ProfileStats> {
-        let (parts, unregistered) = match self.barrier.get() {
-            None => (self.metastore.partitions(tenant).await?, None),
+        let (parts, unregistered) = match self.caches.barrier.get() {
+            None => (self.caches.metastore.partitions(tenant).await?, None),
             Some(b) => {
                 b.wait().await;
                 let _listing = b.unregistered().listing().await;
-                let parts = self.metastore.partitions(tenant).await?;
+                let parts = self.caches.metastore.partitions(tenant).await?;
                 (parts, b.unregistered().time_range(tenant))
             }
         };
@@ -199,7 +200,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<u32>)>> {
-        let blocks = self.query_blocks(filter.block_query()).await?;
+        let blocks = self.caches.query_blocks(filter.block_query()).await?;
         Ok(blocks
             .into_iter()
             .filter_map(|b| {

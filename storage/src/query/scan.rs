@@ -10,25 +10,23 @@ use std::sync::atomic::Ordering;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
-use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::{FutureExt, TryStreamExt};
+use futures::TryStreamExt;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
-};
-use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
+use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::ParquetMetaData;
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
 
-use super::report::{QueryCounters, count, read_bytes, warn};
-use super::{QueryEngine, now_ms};
+use super::QueryEngine;
+use crate::caches::report::{count, warn};
+use crate::caches::source::SectionReader;
+use crate::clock::now_ms;
+use crate::error::is_corruption;
 use crate::format::block::col;
 use crate::format::meta::PROFILE_TOTALS;
 use crate::format::rollup::Source;
 use crate::metastore::BlockMeta;
-use crate::store::ObjectStorage;
 use crate::{Error, Result};
 
 /// Rows per decoded batch.
@@ -37,174 +35,6 @@ const BATCH_ROWS: usize = 8192;
 /// Fewer sample rows than this (half a batch) are read as the page index narrows them: a read
 /// of the profile totals first would cost about what it could save.
 const MIN_EXACT_ROWS: u64 = BATCH_ROWS as u64 / 2;
-
-/// Byte ranges of objects read before (object path, start, end): a remote store's pages are
-/// kept in memory, as the local file system's are in the OS page cache. Objects never change.
-pub(crate) type PageCache = moka::future::Cache<(Arc<str>, u64, u64), Bytes>;
-
-/// A dataset's samples section as a Parquet file, read by ranges from its object.
-pub(crate) struct SectionReader {
-    store: ObjectStorage,
-    path: Arc<str>,
-    section: Range<u64>,
-    counters: Arc<QueryCounters>,
-    /// The engine's page cache, for queries (the compactor reads each block once: uncached).
-    pages: Option<PageCache>,
-    /// What the engine holds in memory of the block's object (a fresh segment's, a small
-    /// compaction output's): ranges it holds are sliced from it, not read.
-    fresh: Option<crate::caches::cache::FreshObject>,
-}
-
-impl SectionReader {
-    /// A reader of `block`'s samples or one of its rollups.
-    pub(crate) fn new(engine: &QueryEngine, block: &BlockMeta, source: Source) -> Self {
-        let section = match source {
-            Source::Samples => block.samples.range(),
-            Source::Rollup(i) => block.rollups[i].section.range(),
-        };
-        Self {
-            store: engine.store.clone(),
-            path: block.path().into(),
-            section,
-            counters: Arc::clone(&engine.counters),
-            pages: engine.pages.clone(),
-            fresh: engine.fresh_object(block),
-        }
-    }
-
-    /// The same reader without the page cache.
-    fn uncached(mut self) -> Self {
-        self.pages = None;
-        self
-    }
-
-    fn page_key(&self, r: &Range<u64>) -> (Arc<str>, u64, u64) {
-        (Arc::clone(&self.path), r.start, r.end)
-    }
-
-    fn shift(&self, r: Range<u64>) -> Range<u64> {
-        self.section.start + r.start..self.section.start + r.end
-    }
-}
-
-fn external(e: Error) -> ParquetError {
-    ParquetError::External(Box::new(e))
-}
-
-impl AsyncFileReader for SectionReader {
-    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        let r = self.shift(range);
-        if let Some(bytes) = self.fresh.as_ref().and_then(|f| f.slice(&r)) {
-            return futures::future::ready(Ok(bytes)).boxed();
-        }
-        async move {
-            let fetch = async {
-                let b = self.store.get_range(&self.path, r.clone()).await?;
-                read_bytes(&self.counters, b.len() as u64);
-                Ok::<_, Error>(b)
-            };
-            match &self.pages {
-                Some(pages) => pages
-                    .try_get_with(self.page_key(&r), fetch)
-                    .await
-                    .map_err(|e| external(crate::caches::cache::unshare(e))),
-                None => fetch.await.map_err(external),
-            }
-        }
-        .boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<Range<u64>>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        let ranges: Vec<Range<u64>> = ranges.into_iter().map(|r| self.shift(r)).collect();
-        if let Some(f) = &self.fresh
-            && let Some(held) = ranges
-                .iter()
-                .map(|r| f.slice(r))
-                .collect::<Option<Vec<_>>>()
-        {
-            return futures::future::ready(Ok(held)).boxed();
-        }
-        async move {
-            // Pages read before come from the cache; the others in one request.
-            let mut out: Vec<Option<Bytes>> = vec![None; ranges.len()];
-            if let Some(pages) = &self.pages {
-                for (slot, r) in out.iter_mut().zip(&ranges) {
-                    *slot = pages.get(&self.page_key(r)).await;
-                }
-            }
-            let missing: Vec<usize> = (0..ranges.len()).filter(|&i| out[i].is_none()).collect();
-            if !missing.is_empty() {
-                let location = object_store::path::Path::from(&*self.path);
-                let wanted: Vec<Range<u64>> = missing.iter().map(|&i| ranges[i].clone()).collect();
-                let got = self
-                    .store
-                    .inner()
-                    .get_ranges(&location, &wanted)
-                    .await
-                    .map_err(|source| {
-                        external(Error::ObjectStore {
-                            path: self.path.to_string(),
-                            source,
-                        })
-                    })?;
-                let n: usize = got.iter().map(Bytes::len).sum();
-                read_bytes(&self.counters, n as u64);
-                for (i, b) in missing.into_iter().zip(got) {
-                    if let Some(pages) = &self.pages {
-                        // A copy: the store may hand out slices of one coalesced read, which
-                        // would keep all of it alive under a page's weight.
-                        let page = Bytes::copy_from_slice(&b);
-                        pages.insert(self.page_key(&ranges[i]), page).await;
-                    }
-                    out[i] = Some(b);
-                }
-            }
-            Ok(out.into_iter().map(Option::unwrap_or_default).collect())
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        _options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let size = self.section.end - self.section.start;
-            let metadata = ParquetMetaDataReader::new()
-                .with_page_index_policy(PageIndexPolicy::Optional)
-                .with_prefetch_hint(Some(64 * 1024))
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(metadata))
-        }
-        .boxed()
-    }
-}
-
-/// The reader type of a block's samples, for the compactor.
-pub(crate) type SectionReaderHandle = SectionReader;
-
-/// Whether an error means the block itself is bad (as opposed to the store being unreachable).
-pub(crate) fn is_corruption(e: &Error) -> bool {
-    match e {
-        // A format newer than this build reads (a block from an upgraded writer, seen by a
-        // reader not yet upgraded or rolled back): the block is fine, this process is old.
-        Error::Decode {
-            source: crate::error::DecodeError::Version { .. },
-            ..
-        } => false,
-        Error::Corrupt { .. } | Error::Decode { .. } => true,
-        Error::ObjectStore { source, .. } => matches!(source, object_store::Error::NotFound { .. }),
-        Error::Parquet(ParquetError::External(inner)) => {
-            inner.downcast_ref::<Error>().is_some_and(is_corruption)
-        }
-        Error::Parquet(_) | Error::Arrow(_) => true,
-        _ => false,
-    }
-}
 
 /// The row groups of `meta` that meet `ranges` (sorted, disjoint) and the selection of exactly
 /// those rows within them.
@@ -370,10 +200,13 @@ impl QueryEngine {
         }
         if source != Source::Samples {
             let n = ranges.len() as u64;
-            self.counters.rollup_reads.fetch_add(n, Ordering::Relaxed);
+            self.caches
+                .counters
+                .rollup_reads
+                .fetch_add(n, Ordering::Relaxed);
             count(|s| s.rollup_ranges += n);
         }
-        let metadata = self.parquet_metadata(block, source).await?;
+        let metadata = self.caches.parquet_metadata(block, source).await?;
         let mut ranges = coalesce(
             ranges
                 .into_iter()
@@ -419,7 +252,7 @@ impl QueryEngine {
             return Ok(None);
         };
         let source = Source::Rollup(index);
-        let metadata = self.parquet_metadata(block, source).await?;
+        let metadata = self.caches.parquet_metadata(block, source).await?;
         if metadata.schema().fields().len() <= col::SAMPLE_ROW {
             return Ok(None);
         }
@@ -488,7 +321,7 @@ impl QueryEngine {
             columns.iter().copied().filter(|&c| c < present),
         );
         let mut stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            SectionReader::new(self, block, source),
+            SectionReader::new(&self.caches, block, source),
             metadata,
         )
         .with_row_groups(groups)
@@ -507,27 +340,6 @@ impl QueryEngine {
         Ok(())
     }
 
-    /// Every row of a block, every column, in its sort order (the compactor's input), and the
-    /// columns its samples section left blank.
-    pub(crate) async fn read_all(
-        &self,
-        block: &BlockMeta,
-        batch_rows: usize,
-    ) -> Result<(
-        parquet::arrow::async_reader::ParquetRecordBatchStream<SectionReader>,
-        crate::format::block::Blank,
-    )> {
-        let metadata = self.parquet_metadata(block, Source::Samples).await?;
-        let blank = crate::format::block::Blank::of_parquet(metadata.metadata());
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            SectionReader::new(self, block, Source::Samples).uncached(),
-            metadata,
-        )
-        .with_batch_size(batch_rows)
-        .build()?;
-        Ok((stream, blank))
-    }
-
     /// Quarantines a block that failed to read; other errors pass through.
     pub(super) async fn quarantine_or_fail(&self, block: &BlockMeta, e: Error) -> Result<()> {
         if !is_corruption(&e) {
@@ -537,6 +349,7 @@ impl QueryEngine {
         // the query starts again from a fresh lookup.
         if is_missing(&e) {
             let live = self
+                .caches
                 .metastore
                 .get_blocks(&block.tenant, std::slice::from_ref(&block.id))
                 .await?;
@@ -550,24 +363,30 @@ impl QueryEngine {
         let reason = e.to_string();
         tracing::error!(tenant = %block.tenant, block = %block.id, path = %block.path(),
             reason = %reason, "block quarantined: it cannot be read; queries answer without it");
-        self.counters.quarantined.fetch_add(1, Ordering::Relaxed);
+        self.caches
+            .counters
+            .quarantined
+            .fetch_add(1, Ordering::Relaxed);
         warn(format!(
             "block {} is unreadable and was quarantined; the answer leaves its data out",
             block.id
         ));
         let now = now_ms();
-        self.metastore
+        self.caches
+            .metastore
             .quarantine(&block.tenant, &block.id, &reason, now)
             .await?;
-        self.symbols.invalidate(&block.key()).await;
+        self.caches.symbols.invalidate(&block.key()).await;
         let key = block.key();
         // Partial results of the block name it by key; it is out of the index now, so they are
         // never looked up again and age out.
-        self.parquet
+        self.caches
+            .parquet
             .invalidate(&(key.clone(), Source::Samples))
             .await;
         for i in 0..block.rollups.len() {
-            self.parquet
+            self.caches
+                .parquet
                 .invalidate(&(key.clone(), Source::Rollup(i)))
                 .await;
         }
@@ -630,6 +449,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
+    use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
 
     #[test]
     fn a_newer_format_is_not_corruption() {

@@ -11,9 +11,9 @@ use arrow::datatypes::{Int64Type, UInt32Type, UInt64Type};
 use futures::{StreamExt, TryStreamExt};
 
 use super::frame_filter::{FrameFilter, StackVerdicts};
-use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{QueryEngine, SCAN_CONCURRENCY, SampleFilter, series_label};
+use crate::caches::report::{count, spawned};
 use crate::format::block::col;
 use crate::format::meta::PROFILE_TOTALS;
 use crate::format::rollup::Source;
@@ -259,7 +259,7 @@ impl QueryEngine {
                         // With a frame filter: the block's symbols, and whether each stack is
                         // kept, judged once per stack.
                         let judged = match frames.as_deref() {
-                            Some(f) => match engine.symbols(&block).await {
+                            Some(f) => match engine.caches.symbols(&block).await {
                                 Ok(symbols) => Some((f, symbols, StackVerdicts::default())),
                                 Err(e) => {
                                     return engine

@@ -13,11 +13,12 @@ use futures::StreamExt;
 use kiln_otel::model::ProfileType;
 use tracing::Instrument;
 
-use super::report::{count, spawned};
 use super::scan::retrying;
 use super::{FlameTree, QueryEngine, SCAN_CONCURRENCY, SampleFilter, pprof};
+use crate::caches::cache::unshare;
+use crate::caches::report::{count, options, spawned};
 use crate::format::block::col;
-use crate::format::meta::PROFILE_TOTALS;
+use crate::format::meta::{EntryKey, PROFILE_TOTALS};
 use crate::format::rollup::{Source, plan_series};
 use crate::format::symbols::SymbolTable;
 use crate::metastore::BlockMeta;
@@ -78,7 +79,7 @@ impl QueryEngine {
                 let scan = async move {
                     count(|s| s.blocks += 1);
                     let result = async {
-                        let symbols = engine.named_symbols(&block).await?;
+                        let symbols = engine.caches.named_symbols(&block).await?;
                         let values = engine
                             .cached_block_stacks(&block, series, &filter, &columns, with_labels)
                             .await?;
@@ -512,6 +513,62 @@ fn add_block_stacks(tree: &mut FlameTree, symbols: &SymbolTable, values: &[Stack
         let node = tree.child_by_id(parent, name_ids[name]);
         memo[j] = node;
         tree.add_counts(node, self_values[j], totals[j]);
+    }
+}
+
+/// Key of a block's cached partial result: the block and the selected series (indices into its
+/// series list). Blocks never change, so an entry stays true until it is evicted.
+pub(crate) type ResultKey = (EntryKey, Arc<[u32]>);
+
+impl QueryEngine {
+    /// [`Self::block_stacks`], from the partial-result cache when the query takes every sample
+    /// of the selected series (its range covers them, no span, trace or label split).
+    pub(crate) async fn cached_block_stacks(
+        &self,
+        block: &BlockMeta,
+        series: Vec<u32>,
+        filter: &SampleFilter,
+        columns: &[usize],
+        with_labels: bool,
+    ) -> Result<Arc<[StackValue]>> {
+        let whole = !with_labels
+            && !filter.narrows_rows()
+            && self.results.policy().max_capacity() != Some(0)
+            && options().results_cache
+            && series.iter().all(|&i| {
+                let s = &block.series[i as usize];
+                filter.start_nanos <= s.min_time_nanos && s.max_time_nanos < filter.end_nanos
+            });
+        if !whole {
+            return Ok(self
+                .block_stacks(block, &series, filter, columns, with_labels)
+                .await?
+                .into());
+        }
+        self.caches
+            .counters
+            .results_lookups
+            .fetch_add(1, Ordering::Relaxed);
+        let computed = std::sync::atomic::AtomicBool::new(false);
+        let key: ResultKey = (block.key(), series.into());
+        let values = self
+            .results
+            .try_get_with_by_ref(&key, async {
+                computed.store(true, Ordering::Relaxed);
+                self.caches
+                    .counters
+                    .results_misses
+                    .fetch_add(1, Ordering::Relaxed);
+                self.block_stacks(block, &key.1, filter, columns, with_labels)
+                    .await
+                    .map(Arc::from)
+            })
+            .await
+            .map_err(unshare)?;
+        if !computed.load(Ordering::Relaxed) {
+            count(|s| s.blocks_cached += 1);
+        }
+        Ok(values)
     }
 }
 

@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{Instrument, debug, error, info, warn};
 
-use super::{
-    Ack, Built, Command, FlushContext, Hints, LogConfig, Pending, WriterConfig, buffer,
-    build_segment, next_command, observe_flush, publish_segment,
+use super::segment::{
+    Built, Hints, Pending, buffer, build_segment, next_command, observe_flush, publish_segment,
+    warm,
 };
+use super::{Ack, Command, FlushContext, LogConfig, WriterConfig};
 use crate::metastore::LogCheckpoint;
 use crate::writer::wal::Log;
 use crate::{Error, ErrorKind, Result};
@@ -497,7 +498,7 @@ impl Shard {
         match built {
             Ok(mut built) => {
                 if let Some(b) = &mut built {
-                    super::warm(&self.ctx, b).await;
+                    warm(&self.ctx, b).await;
                     self.ctx.unregistered.insert(&b.metas, &b.object);
                 }
                 if built.is_some() || !acks.is_empty() || self.needs_checkpoint() {

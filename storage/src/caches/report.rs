@@ -132,7 +132,7 @@ pub async fn with_options<F: std::future::Future>(
 /// Runs `f` as a task of its own on the runtime (another worker thread can take it), counted
 /// in the running query's report as it goes. Dropping the returned future aborts the task, so
 /// a query that stops waiting (it failed, or its client went) leaves no work running.
-pub(super) async fn spawned<T: Send + 'static>(
+pub(crate) async fn spawned<T: Send + 'static>(
     f: impl std::future::Future<Output = T> + Send + 'static,
 ) -> std::result::Result<T, tokio::task::JoinError> {
     use tracing::Instrument;

@@ -1,0 +1,540 @@
+//! The [`Metastore`] implementation on [`Postgres`]: each call one transaction (or one
+//! statement), retried on conflicts.
+
+use crate::metastore::{
+    BlockMeta, BlockQuery, Job, LogCheckpoint, Metastore, PartitionStats, Quarantined, QueuedBlock,
+    Removed, Tombstone,
+};
+use crate::{Error, Result};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+
+/// The blocks of a [`BlockQuery`] (`$1` tenant, `$2` start, `$3` end, `$4` service, `$5`
+/// profile type), in partition, shard and id order: the `FROM` onward of its `SELECT`.
+const QUERY_BLOCKS: &str = "FROM kiln_blocks b
+     JOIN kiln_partitions p ON p.tenant = b.tenant AND p.partition = b.partition
+     WHERE b.tenant = $1
+       AND p.min_time < $3 AND p.max_time >= $2
+       AND b.min_time < $3 AND b.max_time >= $2
+       AND ($4::TEXT IS NULL OR $4 = ANY (b.services))
+       AND ($5::TEXT IS NULL OR $5 = ANY (b.profile_types))
+     ORDER BY b.partition, b.shard, b.id";
+
+#[async_trait::async_trait]
+impl Metastore for Postgres {
+    async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
+        self.add(blocks, None).await
+    }
+
+    async fn add_blocks_checkpointed(
+        &self,
+        blocks: Vec<BlockMeta>,
+        checkpoint: &LogCheckpoint,
+    ) -> Result<()> {
+        self.add(blocks, Some(checkpoint)).await
+    }
+
+    async fn log_checkpoint(&self, log: &str) -> Result<u64> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT seq FROM kiln_log_checkpoints WHERE log = $1",
+                &[&log],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+
+    async fn query_blocks(&self, q: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
+        let client = self.client().await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &q.tenant,
+            &q.start_nanos,
+            &q.end_nanos,
+            &q.service_name,
+            &q.profile_type,
+        ];
+        // The listing first, then the entries not decoded yet: an entry never changes, and one
+        // of a million series is tens of megabytes, too much to send for every query.
+        let listed = client
+            .query(&format!("SELECT b.partition, b.id {QUERY_BLOCKS}"), &params)
+            .await
+            .map_err(pg_err)?;
+        let mut found: Vec<Option<Arc<BlockMeta>>> = Vec::with_capacity(listed.len());
+        let mut missing: Vec<&str> = Vec::new();
+        for r in &listed {
+            let (partition, id): (i64, &str) = (r.get(0), r.get(1));
+            let cached = self
+                .cache
+                .get(&(q.tenant.to_owned(), id.to_owned(), partition));
+            if cached.is_none() {
+                missing.push(id);
+            }
+            found.push(cached);
+        }
+        if !missing.is_empty() {
+            let rows = client
+                .query(
+                    "SELECT partition, id, entry FROM kiln_blocks
+                     WHERE tenant = $1 AND id = ANY ($2)",
+                    &[&q.tenant, &missing],
+                )
+                .await
+                .map_err(pg_err)?;
+            let mut fetched: HashMap<(&str, i64), &tokio_postgres::Row> = HashMap::new();
+            for r in &rows {
+                fetched.insert((r.get(1), r.get(0)), r);
+            }
+            for (slot, r) in found.iter_mut().zip(&listed) {
+                if slot.is_some() {
+                    continue;
+                }
+                let (partition, id): (i64, &str) = (r.get(0), r.get(1));
+                let Some(row) = fetched.get(&(id, partition)) else {
+                    // Compacted away between the two reads: one read of the entries with the
+                    // listing is a consistent view.
+                    let rows = client
+                        .query(
+                            &format!("SELECT b.partition, b.id, b.entry {QUERY_BLOCKS}"),
+                            &params,
+                        )
+                        .await
+                        .map_err(pg_err)?;
+                    return Ok(self.decode_rows(q.tenant, &rows, |b| q.matches(b)));
+                };
+                match self.decode(q.tenant, id, partition, row.get::<_, &[u8]>(2)) {
+                    Ok(b) => *slot = Some(b),
+                    Err(e) => tracing::error!(tenant = q.tenant, block = id, error = %e,
+                        "unreadable metastore entry left out of a query"),
+                }
+            }
+        }
+        Ok(found
+            .into_iter()
+            .flatten()
+            .filter(|b| q.matches(b))
+            .collect())
+    }
+
+    async fn get_blocks(&self, tenant: &str, ids: &[String]) -> Result<Vec<Arc<BlockMeta>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT partition, id, entry FROM kiln_blocks
+                 WHERE tenant = $1 AND id = ANY ($2)
+                 ORDER BY array_position($2, id), partition",
+                &[&tenant, &ids],
+            )
+            .await
+            .map_err(pg_err)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.push(self.decode(tenant, r.get(1), r.get(0), r.get::<_, &[u8]>(2))?);
+        }
+        Ok(out)
+    }
+
+    async fn tenants(&self) -> Result<Vec<String>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT DISTINCT tenant FROM kiln_partitions ORDER BY tenant",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn partitions(&self, tenant: &str) -> Result<Vec<PartitionStats>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT partition, blocks, bytes, rows, min_time, max_time FROM kiln_partitions
+                 WHERE tenant = $1 ORDER BY partition",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| PartitionStats {
+                partition: r.get(0),
+                blocks: unbig(r.get(1)),
+                bytes: unbig(r.get(2)),
+                rows: unbig(r.get(3)),
+                min_time_nanos: r.get(4),
+                max_time_nanos: r.get(5),
+            })
+            .collect())
+    }
+
+    async fn queued_blocks(&self) -> Result<Vec<QueuedBlock>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT {QUEUED_COLUMNS} FROM kiln_blocks
+                     WHERE job_id IS NULL
+                     ORDER BY tenant, partition, shard, level, id"
+                ),
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(queued_from_row).collect())
+    }
+
+    async fn add_jobs(&self, jobs: Vec<Job>) -> Result<usize> {
+        let jobs = &jobs;
+        transaction!(self, true, |tx| {
+            let mut created = 0;
+            'jobs: for job in jobs {
+                for s in &job.sources {
+                    let free = tx
+                        .query_opt(
+                            "SELECT 1 FROM kiln_blocks
+                             WHERE tenant = $1 AND partition = $2 AND id = $3 AND shard = $4
+                               AND level = $5 AND job_id IS NULL
+                             FOR UPDATE",
+                            &[
+                                &s.tenant,
+                                &s.partition,
+                                &s.id,
+                                &i64::from(s.shard),
+                                &i32::try_from(s.level).unwrap_or(i32::MAX),
+                            ],
+                        )
+                        .await
+                        .map_err(pg_err)?;
+                    if s.tenant != job.tenant || free.is_none() {
+                        continue 'jobs;
+                    }
+                }
+                let job_id: i64 = tx
+                    .query_one(
+                        "INSERT INTO kiln_jobs (tenant, partition, shard, level, sources)
+                         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+                        &[
+                            &job.tenant,
+                            &job.partition,
+                            &i64::from(job.shard),
+                            &i32::try_from(job.level).unwrap_or(i32::MAX),
+                            &json(&job.sources),
+                        ],
+                    )
+                    .await
+                    .map_err(pg_err)?
+                    .get(0);
+                for s in &job.sources {
+                    tx.execute(
+                        "UPDATE kiln_blocks SET job_id = $4
+                         WHERE tenant = $1 AND partition = $2 AND id = $3",
+                        &[&s.tenant, &s.partition, &s.id, &job_id],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                }
+                created += 1;
+            }
+            Ok(created)
+        })
+    }
+
+    async fn lease_job(
+        &self,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+        levels: std::ops::Range<u32>,
+    ) -> Result<Option<Job>> {
+        let level = |l: u32| i32::try_from(l).unwrap_or(i32::MAX);
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "UPDATE kiln_jobs SET owner = $1, lease_expires_ms = $2,
+                        attempts = attempts + 1
+                     WHERE id = (
+                        SELECT id FROM kiln_jobs
+                        WHERE (owner = '' OR lease_expires_ms <= $3)
+                            AND level >= $4 AND level < $5
+                        ORDER BY level, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                     RETURNING {JOB_COLUMNS}"
+                ),
+                &[
+                    &owner,
+                    &big(now_ms.saturating_add(lease_ms)),
+                    &big(now_ms),
+                    &level(levels.start),
+                    &level(levels.end),
+                ],
+            )
+            .await
+            .map_err(pg_err)?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn complete_job(
+        &self,
+        job: &Job,
+        owner: &str,
+        outputs: Vec<BlockMeta>,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<()> {
+        let job_id = big(job.id);
+        let written = &outputs;
+        transaction!(self, true, |tx| {
+            let Some(row) = tx
+                .query_opt(
+                    &format!("SELECT {JOB_COLUMNS} FROM kiln_jobs WHERE id = $1 FOR UPDATE"),
+                    &[&job_id],
+                )
+                .await
+                .map_err(pg_err)?
+            else {
+                return Err(Error::LeaseLost { job: job.id });
+            };
+            let current = job_from_row(&row)?;
+            if current.owner != owner {
+                return Err(Error::LeaseLost { job: job.id });
+            }
+            let due = now_ms.saturating_add(delete_after_ms);
+            for s in &current.sources {
+                let Some(e) = Self::entry_ref(&tx, &current.tenant, &s.id, s.partition).await?
+                else {
+                    return Err(Error::Metastore(format!(
+                        "source {} of job {} is gone",
+                        s.id, job.id
+                    )));
+                };
+                self.remove_entry(&tx, &e, due, true, false).await?;
+            }
+            Self::delete_job(&tx, job_id).await?;
+            for b in written {
+                if b.tenant != current.tenant {
+                    return Err(Error::Metastore("output of another tenant".into()));
+                }
+                Self::insert_entry(&tx, b).await?;
+            }
+            Ok(())
+        })?;
+        crate::metastore::cache_written(&self.cache, self.keeps_written(), outputs);
+        Ok(())
+    }
+
+    async fn cancel_job(&self, job: &Job) -> Result<()> {
+        let job_id = big(job.id);
+        transaction!(self, true, |tx| { Self::delete_job(&tx, job_id).await })
+    }
+
+    async fn jobs(&self) -> Result<Vec<Job>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!("SELECT {JOB_COLUMNS} FROM kiln_jobs ORDER BY id"),
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn drop_partitions(
+        &self,
+        tenant: &str,
+        before_partition: i64,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<Removed> {
+        let due = now_ms.saturating_add(delete_after_ms);
+        transaction!(self, true, |tx| {
+            self.remove_tenant_entries(&tx, tenant, Some(before_partition), due)
+                .await
+        })
+    }
+
+    async fn delete_tenant(
+        &self,
+        tenant: &str,
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<Removed> {
+        let due = now_ms.saturating_add(delete_after_ms);
+        transaction!(self, true, |tx| {
+            let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
+            let quarantined = tx
+                .query(
+                    "DELETE FROM kiln_quarantine WHERE tenant = $1 RETURNING id",
+                    &[&tenant],
+                )
+                .await
+                .map_err(pg_err)?;
+            for r in quarantined {
+                removed.entries += 1;
+                removed.objects += usize::from(Self::release_object(&tx, r.get(0), due).await?);
+            }
+            Ok(removed)
+        })
+    }
+
+    async fn due_tombstones(&self, now_ms: u64, limit: usize) -> Result<Vec<Tombstone>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, path, due_ms FROM kiln_object_tombstones WHERE due_ms <= $1
+                 ORDER BY due_ms, id LIMIT $2",
+                &[&big(now_ms), &big(limit as u64)],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| Tombstone {
+                id: r.get(0),
+                path: r.get(1),
+                due_ms: unbig(r.get(2)),
+            })
+            .collect())
+    }
+
+    async fn forget_tombstones(&self, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        transaction!(self, false, |tx| {
+            tx.execute(
+                "DELETE FROM kiln_object_tombstones WHERE id = ANY ($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.execute(
+                "DELETE FROM kiln_entry_tombstones WHERE id = ANY ($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(pg_err)?;
+            Ok(())
+        })
+    }
+
+    async fn known_objects(&self) -> Result<HashSet<String>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id FROM kiln_objects UNION SELECT id FROM kiln_object_tombstones",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn known_among(&self, ids: &[String]) -> Result<HashSet<String>> {
+        if ids.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id FROM kiln_objects WHERE id = ANY($1)
+                 UNION SELECT id FROM kiln_object_tombstones WHERE id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn quarantine(&self, tenant: &str, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
+        transaction!(self, true, |tx| {
+            let located = tx
+                .query(
+                    "SELECT partition, bytes, rows, job_id FROM kiln_blocks
+                     WHERE tenant = $1 AND id = $2 ORDER BY partition FOR UPDATE",
+                    &[&tenant, &id],
+                )
+                .await
+                .map_err(pg_err)?;
+            if located.is_empty() {
+                return Ok(false);
+            }
+            let path: String = tx
+                .query_opt("SELECT path FROM kiln_objects WHERE id = $1", &[&id])
+                .await
+                .map_err(pg_err)?
+                .map(|r| r.get(0))
+                .unwrap_or_default();
+            for r in &located {
+                let e = EntryRef {
+                    tenant: tenant.to_owned(),
+                    partition: r.get(0),
+                    id: id.to_owned(),
+                    bytes: r.get(1),
+                    rows: r.get(2),
+                };
+                // The object keeps its reference, so it stays known (and kept) while listed.
+                self.remove_entry(&tx, &e, 0, false, true).await?;
+                // A job holding it gives its other sources back to the queue.
+                if let Some(job_id) = r.get::<_, Option<i64>>(3) {
+                    Self::delete_job(&tx, job_id).await?;
+                }
+                tx.execute(
+                    "INSERT INTO kiln_quarantine (tenant, id, partition, path, reason, at_ms)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (tenant, id, partition) DO UPDATE SET
+                        path = EXCLUDED.path, reason = EXCLUDED.reason, at_ms = EXCLUDED.at_ms",
+                    &[&tenant, &id, &e.partition, &path, &reason, &big(now_ms)],
+                )
+                .await
+                .map_err(pg_err)?;
+            }
+            Ok(true)
+        })
+    }
+
+    async fn quarantined(&self, tenant: Option<&str>) -> Result<Vec<Quarantined>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT tenant, id, partition, path, reason, at_ms FROM kiln_quarantine
+                 WHERE $1::TEXT IS NULL OR tenant = $1 ORDER BY tenant, id, partition",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| Quarantined {
+                tenant: r.get(0),
+                id: r.get(1),
+                partition: r.get(2),
+                path: r.get(3),
+                reason: r.get(4),
+                at_ms: unbig(r.get(5)),
+            })
+            .collect())
+    }
+
+    async fn shrink(&self) -> Result<()> {
+        // Plain VACUUM: dead rows' space is reused (and the tables' empty tails returned)
+        // without the exclusive lock VACUUM FULL would take.
+        let client = self.client().await?;
+        client
+            .batch_execute(
+                "VACUUM (ANALYZE) kiln_blocks, kiln_partitions, kiln_objects,
+                    kiln_object_tombstones, kiln_entry_tombstones, kiln_jobs, kiln_quarantine",
+            )
+            .await
+            .map_err(pg_err)
+    }
+}
