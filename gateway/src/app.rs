@@ -7,6 +7,7 @@ pub mod budget;
 mod roles;
 mod stacks;
 mod upload_ids;
+pub mod uploads;
 pub mod wal;
 pub mod write;
 
@@ -47,7 +48,7 @@ pub struct App {
     /// reads blocks through it (ADR 0013).
     pub symbolizer: Symbolizer,
     /// Debug-file uploads under way (Parca's and Pyroscope's upload protocols).
-    pub debuginfo_uploads: crate::api::debuginfo::Uploads,
+    pub debuginfo_uploads: uploads::Uploads,
     /// Recording rules: evaluated on every write, sealed and sent by `kiln serve`.
     pub recording: Arc<crate::recording::Recording>,
 }

@@ -8,7 +8,7 @@ use kiln_gateway::server::{lifecycle, traces};
 
 /// jemalloc instead of glibc's allocator: the ingest path allocates and frees many small
 /// objects per request, and glibc's malloc (consolidating and searching its free lists) took
-/// about a fifth of the server's CPU (docs/performance.md).
+/// about a fifth of the server's CPU (docs/performance.md, "Allocator").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -26,7 +26,7 @@ use crate::error::{ApiError, ErrorKind};
 
 mod limits;
 
-pub use limits::{Secs, TenantConfig, TenantLimits};
+pub use limits::{ProvisionedRule, Secs, TenantConfig, TenantLimits};
 
 #[derive(Debug)]
 struct Bucket {

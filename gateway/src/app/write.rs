@@ -87,8 +87,8 @@ pub(crate) const MAX_RECORD_BYTES: usize = 4 << 20;
 /// Bodies up to this size (uncompressed) are decoded and normalized on the request's own task
 /// ([`decode`]): at about 50 instructions a byte that is ~0.2 ms for the ~15 kB of an SDK's
 /// pprof, while handing the body to a blocking thread and back wakes a sleeping thread and
-/// switches to it twice, which `perf` put at ~4 % of the server's CPU on the `small` bench
-/// (docs/performance.md, 2026-11-29, "decoding on the request's task").
+/// switches to it twice: inline decoding gave 0.85× the server's CPU on the `small` bench
+/// (docs/performance.md, "Decoding on the request's task").
 pub(crate) const INLINE_DECODE_BYTES: usize = 32 << 10;
 
 /// Decodes (and normalizes) a body of `bytes` bytes: on the request's own task when it is at

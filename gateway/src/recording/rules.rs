@@ -42,18 +42,7 @@ pub struct Rule {
     pub backfill_secs: Option<u64>,
 }
 
-/// A rule as the tenant file writes it (`[[tenants.<id>.recording_rules]]`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProvisionedRule {
-    /// Empty: an id derived from the rule (as Pyroscope derives it), stable across restarts.
-    pub id: String,
-    pub metric_name: String,
-    pub matchers: Vec<String>,
-    pub group_by: Vec<String>,
-    pub external_labels: std::collections::BTreeMap<String, String>,
-    pub function_name: String,
-}
+pub use crate::tenants::ProvisionedRule;
 
 impl ProvisionedRule {
     /// The rule it provisions.

@@ -505,12 +505,12 @@ pub struct LimitArgs {
 
     /// Debug-file uploads of all tenants this process runs at once; one more waits 10 s, then
     /// is answered 503 (a tenant's own bound is `max_debuginfo_uploads`).
-    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_CONCURRENCY", default_value_t = crate::api::debuginfo::DEFAULT_UPLOAD_CONCURRENCY)]
+    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_CONCURRENCY", default_value_t = crate::app::uploads::DEFAULT_UPLOAD_CONCURRENCY)]
     pub debuginfo_upload_concurrency: usize,
 
     /// Bytes a second this process reads of all its debug-file uploads together; a faster
     /// sender is held back (0 = unpaced).
-    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_RATE_BYTES", default_value_t = crate::api::debuginfo::DEFAULT_UPLOAD_RATE_BYTES)]
+    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_RATE_BYTES", default_value_t = crate::app::uploads::DEFAULT_UPLOAD_RATE_BYTES)]
     pub debuginfo_upload_rate_bytes: u64,
 
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
@@ -628,7 +628,7 @@ impl ServeArgs {
 /// on the local file system a flush is CPU and an fsync, and one shard's fuller segments cost
 /// less (`kiln bench --preset small`: 0.93× the server CPU of two); against a remote store a
 /// flush waits a PUT and a PostgreSQL commit, and one shard gave 0.76× the profiles a second
-/// of two at 32 requests in flight (`--scaled-out`, docs/performance.md 2026-11-29, third).
+/// of two at 32 requests in flight (`--scaled-out`; docs/performance.md, "Write shards").
 /// Where writes are acknowledged from (`--ack-from`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AckFrom {

@@ -53,7 +53,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     .map_err(|e| anyhow::anyhow!("the symbolizer's cache directory: {e}"))?;
     app.roles = args.roles()?;
     app.set_decode_budget(DecodeBudget::new(args.limits.max_inflight_decode_bytes));
-    app.debuginfo_uploads = crate::api::debuginfo::Uploads::new(
+    app.debuginfo_uploads = crate::app::uploads::Uploads::new(
         args.limits.debuginfo_upload_concurrency,
         args.limits.debuginfo_upload_rate_bytes,
     );

@@ -9,7 +9,7 @@
 //! preset: 12.8 → 14.2 s). So a thread looks at the dirty pages every [`INTERVAL`] and purges
 //! them all when they pass `--allocator-dirty-bytes`; below it, nothing changes. The default,
 //! 128 MiB, is above what the small preset's steady ingest holds (its CPU is unchanged); 64 MiB
-//! purged during it and cost 8 % (docs/performance.md, 2026-11-29 sixth).
+//! purged during it and cost 8 % (docs/performance.md, "Freed memory returned to the system").
 
 use std::time::Duration;
 

@@ -81,7 +81,7 @@ pub struct TenantLimits {
     /// server's `--remote-write-url`.
     pub remote_write_url: String,
     /// Recording rules of the tenant file, read-only through the API.
-    pub recording_rules: Vec<crate::recording::rules::ProvisionedRule>,
+    pub recording_rules: Vec<ProvisionedRule>,
 }
 
 impl Default for TenantLimits {
@@ -191,4 +191,18 @@ fn check_rules(section: &str, limits: &TenantLimits) -> anyhow::Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// A recording rule as the tenant file writes it (`[[tenants.<id>.recording_rules]]`); the
+/// recording rules' engine makes it a rule (`crate::recording::rules`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProvisionedRule {
+    /// Empty: an id derived from the rule (as Pyroscope derives it), stable across restarts.
+    pub id: String,
+    pub metric_name: String,
+    pub matchers: Vec<String>,
+    pub group_by: Vec<String>,
+    pub external_labels: std::collections::BTreeMap<String, String>,
+    pub function_name: String,
 }
