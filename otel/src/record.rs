@@ -1,7 +1,7 @@
 //! The gateway's write-ahead log records (ADR 0018): a write as the request brought it, so that after a crash
 //! it is decoded and normalized again by the same code, with the same time and limits, rather
 //! than encoded a second time as normalized profiles (which cost 13.6–19.3 % of the server's
-//! CPU where measured: docs/performance.md, 2026-11-30).
+//! CPU where measured: docs/performance.md, "Write-ahead log records").
 //!
 //! A record holds the body the decoder was given (a pprof's bytes, gzipped or not; an OTLP
 //! export request as protobuf or JSON) with what decoding it took from the request: the
