@@ -42,6 +42,7 @@ pub mod server;
 pub mod tenants;
 pub mod time;
 pub mod transport;
+pub mod units;
 
 /// The unit tests allocate as the `kiln` binary does (`main.rs`), through jemalloc.
 #[cfg(test)]

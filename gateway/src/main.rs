@@ -21,7 +21,11 @@ async fn run() -> anyhow::Result<()> {
     // whether or not the process allocates again: without it an idle server kept a burst's
     // memory (1.35 GB after four large profiles, measured; docs/operations.md).
     let background_purge = tikv_jemalloc_ctl::background_thread::write(true);
-    let args = match Cli::parse().command {
+    // Flags renamed when their values took units keep their old variables for a release.
+    let argv = kiln_gateway::units::with_old_environment(std::env::args_os().collect(), |n| {
+        std::env::var(n).ok()
+    });
+    let args = match Cli::parse_from(argv).command {
         None => ServeArgs::default(),
         Some(Command::Serve(args)) => *args,
         Some(Command::Tool(tool)) => return kiln_gateway::cli::run(tool).await,

@@ -43,20 +43,9 @@ pub fn parse_time(s: &str, now: i64) -> Option<i64> {
     }
 }
 
-/// Parses `30d`, `12h`, `15m`, `90s` or plain seconds.
+/// Parses `30d`, `12h`, `15m`, `90s` or plain seconds ([`crate::units::secs`]).
 pub fn parse_duration_secs(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().ok()?;
-    let mult = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 604_800,
-        _ => return None,
-    };
-    n.checked_mul(mult)
+    crate::units::secs(s).ok()
 }
 
 #[cfg(test)]

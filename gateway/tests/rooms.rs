@@ -3,7 +3,7 @@
 
 /// Bottom to top.
 const ROOMS: &[(&str, &[&str])] = &[
-    ("base", &["error", "time", "metrics"]),
+    ("base", &["error", "time", "units", "metrics"]),
     ("auth", &["auth"]),
     ("tenants", &["tenants"]),
     ("recording", &["recording"]),

@@ -14,6 +14,7 @@ use tracing::info;
 use crate::app::Roles;
 use crate::auth::{AuthMode, Authenticator, KeyStore};
 use crate::time::parse_duration_secs;
+use crate::units;
 
 /// `kiln serve` flags, in blocks by concern. Every flag also reads a `KILN_…` environment
 /// variable; `docs/configuration.md` lists them all (a test checks it).
@@ -82,7 +83,13 @@ pub struct RecordingArgs {
 
     /// Bytes of samples kept on disk while the receiver does not take them; past it the
     /// oldest are dropped (and counted).
-    #[arg(long, env = "KILN_REMOTE_WRITE_QUEUE_BYTES", default_value_t = 256 << 20)]
+    #[arg(
+        long = "remote-write-queue-size",
+        alias = "remote-write-queue-bytes",
+        env = "KILN_REMOTE_WRITE_QUEUE_SIZE",
+        value_parser = units::bytes,
+        default_value = "256MiB"
+    )]
     pub remote_write_queue_bytes: u64,
 }
 
@@ -130,8 +137,14 @@ pub struct SymbolizeArgs {
     pub debuginfod_urls: Vec<String>,
 
     /// One fetch from debuginfod, retries included; past it the fetch fails and is tried again
-    /// after `--debuginfod-retry-after-secs`.
-    #[arg(long, env = "KILN_DEBUGINFOD_TIMEOUT_SECS", default_value_t = 120)]
+    /// after `--debuginfod-retry-after`.
+    #[arg(
+        long = "debuginfod-timeout",
+        alias = "debuginfod-timeout-secs",
+        env = "KILN_DEBUGINFOD_TIMEOUT",
+        value_parser = units::secs,
+        default_value = "2m"
+    )]
     pub debuginfod_timeout_secs: u64,
 
     /// Fetches from debuginfod at once.
@@ -144,20 +157,44 @@ pub struct SymbolizeArgs {
     pub debuginfod_tenant_concurrency: usize,
 
     /// How long a build id no server has is remembered as missing.
-    #[arg(long, env = "KILN_DEBUGINFOD_MISSING_TTL_SECS", default_value_t = 3600)]
+    #[arg(
+        long = "debuginfod-missing-ttl",
+        alias = "debuginfod-missing-ttl-secs",
+        env = "KILN_DEBUGINFOD_MISSING_TTL",
+        value_parser = units::secs,
+        default_value = "1h"
+    )]
     pub debuginfod_missing_ttl_secs: u64,
 
     /// How long after a failed fetch (no answer, 5xx) the servers are asked again.
-    #[arg(long, env = "KILN_DEBUGINFOD_RETRY_AFTER_SECS", default_value_t = 30)]
+    #[arg(
+        long = "debuginfod-retry-after",
+        alias = "debuginfod-retry-after-secs",
+        env = "KILN_DEBUGINFOD_RETRY_AFTER",
+        value_parser = units::secs,
+        default_value = "30s"
+    )]
     pub debuginfod_retry_after_secs: u64,
 
     /// Largest file fetched from debuginfod.
-    #[arg(long, env = "KILN_DEBUGINFOD_MAX_FILE_BYTES", default_value_t = 4 << 30)]
+    #[arg(
+        long = "debuginfod-max-file-size",
+        alias = "debuginfod-max-file-bytes",
+        env = "KILN_DEBUGINFOD_MAX_FILE_SIZE",
+        value_parser = units::bytes,
+        default_value = "4GiB"
+    )]
     pub debuginfod_max_file_bytes: u64,
 
     /// How long a query waits for debug files (debuginfod) before it answers with the frames it
     /// could name and a `kiln-warning`.
-    #[arg(long, env = "KILN_SYMBOLIZE_DEADLINE_MS", default_value_t = 2000)]
+    #[arg(
+        long = "symbolize-deadline",
+        alias = "symbolize-deadline-ms",
+        env = "KILN_SYMBOLIZE_DEADLINE",
+        value_parser = units::millis,
+        default_value = "2s"
+    )]
     pub symbolize_deadline_ms: u64,
 
     /// Local copies of debug files from a remote object store, to map (default: under the
@@ -166,20 +203,44 @@ pub struct SymbolizeArgs {
     pub symbolizer_cache_dir: Option<PathBuf>,
 
     /// Bytes of local copies kept; the least recently used go past it.
-    #[arg(long, env = "KILN_SYMBOLIZER_CACHE_BYTES", default_value_t = 8 << 30)]
+    #[arg(
+        long = "symbolizer-cache-size",
+        alias = "symbolizer-cache-bytes",
+        env = "KILN_SYMBOLIZER_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "8GiB"
+    )]
     pub symbolizer_cache_bytes: u64,
 
     /// Bytes of debug files kept open (mapped), by their size.
-    #[arg(long, env = "KILN_SYMBOLIZER_OPEN_BYTES", default_value_t = 8 << 30)]
+    #[arg(
+        long = "symbolizer-open-size",
+        alias = "symbolizer-open-bytes",
+        env = "KILN_SYMBOLIZER_OPEN_SIZE",
+        value_parser = units::bytes,
+        default_value = "8GiB"
+    )]
     pub symbolizer_open_bytes: u64,
 
     /// Bytes of named addresses remembered, so a frame is looked up once.
-    #[arg(long, env = "KILN_SYMBOLIZER_RESOLVED_BYTES", default_value_t = 256 << 20)]
+    #[arg(
+        long = "symbolizer-resolved-size",
+        alias = "symbolizer-resolved-bytes",
+        env = "KILN_SYMBOLIZER_RESOLVED_SIZE",
+        value_parser = units::bytes,
+        default_value = "256MiB"
+    )]
     pub symbolizer_resolved_bytes: u64,
 
     /// Bytes one debug file's compressed sections may inflate to when a query or a debuginfod
     /// fetch opens it (within 32 times its size); a larger one names nothing.
-    #[arg(long, env = "KILN_SYMBOLIZER_MAX_INFLATED_BYTES", default_value_t = kiln_symbolize::service::DEFAULT_MAX_INFLATED_BYTES)]
+    #[arg(
+        long = "symbolizer-max-inflated-size",
+        alias = "symbolizer-max-inflated-bytes",
+        env = "KILN_SYMBOLIZER_MAX_INFLATED_SIZE",
+        value_parser = units::bytes,
+        default_value = "512MiB"
+    )]
     pub symbolizer_max_inflated_bytes: u64,
 }
 
@@ -249,15 +310,33 @@ pub struct NetworkArgs {
 
     /// Seconds a client has to send a request's headers (HTTP/1.1); a kept-alive connection
     /// with no next request is closed after as long.
-    #[arg(long, env = "KILN_HEADER_READ_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        long = "header-read-timeout",
+        alias = "header-read-timeout-secs",
+        env = "KILN_HEADER_READ_TIMEOUT",
+        value_parser = units::secs,
+        default_value = "30s"
+    )]
     pub header_read_timeout_secs: u64,
 
     /// Longest pause, in seconds, while a request body arrives; then 408.
-    #[arg(long, env = "KILN_BODY_READ_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(
+        long = "body-read-timeout",
+        alias = "body-read-timeout-secs",
+        env = "KILN_BODY_READ_TIMEOUT",
+        value_parser = units::secs,
+        default_value = "30s"
+    )]
     pub body_read_timeout_secs: u64,
 
     /// Seconds after which a connection that moves no byte either way is closed.
-    #[arg(long, env = "KILN_IDLE_TIMEOUT_SECS", default_value_t = 90)]
+    #[arg(
+        long = "idle-timeout",
+        alias = "idle-timeout-secs",
+        env = "KILN_IDLE_TIMEOUT",
+        value_parser = units::secs,
+        default_value = "90s"
+    )]
     pub idle_timeout_secs: u64,
 
     /// Connections open at once; further ones are closed as soon as they are accepted.
@@ -330,7 +409,13 @@ pub struct StorageArgs {
     /// Bytes of acknowledged segments the spool (`<data-dir>/spool`) may hold while the object
     /// store is unreachable; they go to the store when it answers again. Past it, writes are
     /// refused with 503. 0: no spool.
-    #[arg(long, env = "KILN_SPOOL_MAX_BYTES", default_value_t = 1 << 30)]
+    #[arg(
+        long = "spool-max-size",
+        alias = "spool-max-bytes",
+        env = "KILN_SPOOL_MAX_SIZE",
+        value_parser = units::bytes,
+        default_value = "1GiB"
+    )]
     pub spool_max_bytes: u64,
 
     /// Number of write shards. Each shard adds its writes and flushes its segments one at a
@@ -342,7 +427,7 @@ pub struct StorageArgs {
 
     /// Where a write is acknowledged from (ADR 0018). `log`: once its request is in the
     /// write-ahead log (`<data-dir>/wal`, one fdatasync per group of writes), its profiles cut
-    /// into a segment every `--segment-interval-ms` and the log's records replayed at start
+    /// into a segment every `--segment-interval` and the log's records replayed at start
     /// after a crash; `store`: once the segment holding it is in the object store and the
     /// metastore. Default: `log` on the local file system (the log shares the objects' disk),
     /// `store` on a remote object store (where the spool takes over while the store is down).
@@ -352,25 +437,49 @@ pub struct StorageArgs {
     pub ack_from: Option<AckFrom>,
 
     /// With `--ack-from log`: how often, in milliseconds, a shard cuts a segment of the writes
-    /// it acknowledged from the log (sooner at `--flush-bytes`, or when a query in this process
+    /// it acknowledged from the log (sooner at `--flush-size`, or when a query in this process
     /// needs them).
-    #[arg(long, env = "KILN_SEGMENT_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(
+        long = "segment-interval",
+        alias = "segment-interval-ms",
+        env = "KILN_SEGMENT_INTERVAL",
+        value_parser = units::millis,
+        default_value = "1s"
+    )]
     pub segment_interval_ms: u64,
 
     /// With `--ack-from log`: how long, in milliseconds, a group of log records waits for the
     /// writes being decoded meanwhile before one fdatasync appends them; a lone write is
     /// appended at once. 0: a group is appended as soon as no write waits in the shard's queue.
-    #[arg(long, env = "KILN_LOG_GROUP_LINGER_MS", default_value_t = 2)]
+    #[arg(
+        long = "log-group-linger",
+        alias = "log-group-linger-ms",
+        env = "KILN_LOG_GROUP_LINGER",
+        value_parser = units::millis,
+        default_value = "2ms"
+    )]
     pub log_group_linger_ms: u64,
 
     /// Longest time, in milliseconds, a write waits for others to share its segment; writes
     /// that arrive during a flush are flushed together right after it (group commit). With
     /// `--ack-from log`, for writes of the formats not logged.
-    #[arg(long, env = "KILN_FLUSH_INTERVAL_MS", default_value_t = 50)]
+    #[arg(
+        long = "flush-interval",
+        alias = "flush-interval-ms",
+        env = "KILN_FLUSH_INTERVAL",
+        value_parser = units::millis,
+        default_value = "50ms"
+    )]
     pub flush_interval_ms: u64,
 
     /// A shard flushes as soon as its buffer passes this many bytes.
-    #[arg(long, env = "KILN_FLUSH_BYTES", default_value_t = 32 << 20)]
+    #[arg(
+        long = "flush-size",
+        alias = "flush-bytes",
+        env = "KILN_FLUSH_SIZE",
+        value_parser = units::size,
+        default_value = "32MiB"
+    )]
     pub flush_bytes: usize,
 
     /// After a flush, how long, in milliseconds, a shard waits for another write before it
@@ -378,33 +487,69 @@ pub struct StorageArgs {
     /// answered share the next segment instead of waiting out a new interval. 0 flushes what
     /// queued during the flush at once. Also the shortest pause in the writes that flushes a
     /// batch early, where writes come fast (six of their mean gaps below the flush interval).
-    #[arg(long, env = "KILN_FLUSH_LINGER_MS", default_value_t = 3)]
+    #[arg(
+        long = "flush-linger",
+        alias = "flush-linger-ms",
+        env = "KILN_FLUSH_LINGER",
+        value_parser = units::millis,
+        default_value = "3ms"
+    )]
     pub flush_linger_ms: u64,
 
     /// Memory for cached symbol tables, in bytes.
-    #[arg(long, env = "KILN_SYMBOLS_CACHE_BYTES", default_value_t = 256 << 20)]
+    #[arg(
+        long = "symbols-cache-size",
+        alias = "symbols-cache-bytes",
+        env = "KILN_SYMBOLS_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "256MiB"
+    )]
     pub symbols_cache_bytes: u64,
 
     /// Memory for cached partial results (the stack totals of blocks a query's range covers
     /// whole), in bytes; 0 keeps none.
-    #[arg(long, env = "KILN_RESULTS_CACHE_BYTES", default_value_t = 64 << 20)]
+    #[arg(
+        long = "results-cache-size",
+        alias = "results-cache-bytes",
+        env = "KILN_RESULTS_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "64MiB"
+    )]
     pub results_cache_bytes: u64,
 
     /// Memory for the byte ranges queries read from a remote object store (S3, GCS, Azure),
     /// in bytes; 0 keeps none. The local file system's are the OS page cache's.
-    #[arg(long, env = "KILN_PAGES_CACHE_BYTES", default_value_t = 128 << 20)]
+    #[arg(
+        long = "pages-cache-size",
+        alias = "pages-cache-bytes",
+        env = "KILN_PAGES_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "128MiB"
+    )]
     pub pages_cache_bytes: u64,
 
     /// Memory for the objects of fresh segments, kept as they were written so that queries of
     /// the last minutes read their pages from memory, in bytes; 0 keeps none. Only where the
     /// process has the query role.
-    #[arg(long, env = "KILN_FRESH_CACHE_BYTES", default_value_t = 64 << 20)]
+    #[arg(
+        long = "fresh-cache-size",
+        alias = "fresh-cache-bytes",
+        env = "KILN_FRESH_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "64MiB"
+    )]
     pub fresh_cache_bytes: u64,
 
     /// Freed memory the allocator may hold for reuse, in bytes: past it, Kiln returns all of it
     /// to the system at once rather than over jemalloc's 10 s decay (checked every 100 ms); 0
     /// leaves it to jemalloc.
-    #[arg(long, env = "KILN_ALLOCATOR_DIRTY_BYTES", default_value_t = 128 << 20)]
+    #[arg(
+        long = "allocator-dirty-size",
+        alias = "allocator-dirty-bytes",
+        env = "KILN_ALLOCATOR_DIRTY_SIZE",
+        value_parser = units::bytes,
+        default_value = "128MiB"
+    )]
     pub allocator_dirty_bytes: u64,
 }
 
@@ -428,7 +573,13 @@ pub struct CompactionArgs {
 
     /// Size, in MiB, up to which top-level blocks of a tenant's partition and shard keep
     /// merging with each other (`--compaction-top-fanout` of a size tier at a time).
-    #[arg(long, env = "KILN_COMPACTION_TARGET_MIB", default_value_t = 256)]
+    #[arg(
+        long = "compaction-target-size",
+        alias = "compaction-target-mib",
+        env = "KILN_COMPACTION_TARGET_SIZE",
+        value_parser = units::mib,
+        default_value = "256MiB"
+    )]
     pub compaction_target_mib: u64,
 
     /// Top-level blocks of one size tier merged at once (each tier's bound this many times the
@@ -444,23 +595,53 @@ pub struct CompactionArgs {
     pub compaction_top_age: std::time::Duration,
 
     /// How often compaction and the deletion of tombstoned objects run, in milliseconds.
-    #[arg(long, env = "KILN_UPKEEP_INTERVAL_MS", default_value_t = 1000)]
+    #[arg(
+        long = "upkeep-interval",
+        alias = "upkeep-interval-ms",
+        env = "KILN_UPKEEP_INTERVAL",
+        value_parser = units::millis,
+        default_value = "1s"
+    )]
     pub upkeep_interval_ms: u64,
 
     /// Seconds an object that lost its last index entry stays readable before deletion.
-    #[arg(long, env = "KILN_DELETE_DELAY_SECS", default_value_t = 60)]
+    #[arg(
+        long = "delete-delay",
+        alias = "delete-delay-secs",
+        env = "KILN_DELETE_DELAY",
+        value_parser = units::secs,
+        default_value = "1m"
+    )]
     pub delete_delay_secs: u64,
 
     /// Seconds before an object no index entry names (left by a crash) is deleted.
-    #[arg(long, env = "KILN_ORPHAN_GRACE_SECS", default_value_t = 3600)]
+    #[arg(
+        long = "orphan-grace",
+        alias = "orphan-grace-secs",
+        env = "KILN_ORPHAN_GRACE",
+        value_parser = units::secs,
+        default_value = "1h"
+    )]
     pub orphan_grace_secs: u64,
 
     /// How often the orphan sweep runs, in seconds (also once at start-up).
-    #[arg(long, env = "KILN_ORPHAN_SWEEP_INTERVAL_SECS", default_value_t = 600)]
+    #[arg(
+        long = "orphan-sweep-interval",
+        alias = "orphan-sweep-interval-secs",
+        env = "KILN_ORPHAN_SWEEP_INTERVAL",
+        value_parser = units::secs,
+        default_value = "10m"
+    )]
     pub orphan_sweep_interval_secs: u64,
 
     /// How often retention runs, in seconds.
-    #[arg(long, env = "KILN_RETENTION_INTERVAL_SECS", default_value_t = 300)]
+    #[arg(
+        long = "retention-interval",
+        alias = "retention-interval-secs",
+        env = "KILN_RETENTION_INTERVAL",
+        value_parser = units::secs,
+        default_value = "5m"
+    )]
     pub retention_interval_secs: u64,
 }
 
@@ -473,11 +654,21 @@ pub struct LimitArgs {
     pub tenants: Option<PathBuf>,
 
     /// Default largest request body, as sent (413 above it); overrides the tenant file's [defaults].
-    #[arg(long, env = "KILN_MAX_BODY_BYTES")]
+    #[arg(
+        long = "max-body-size",
+        alias = "max-body-bytes",
+        env = "KILN_MAX_BODY_SIZE",
+        value_parser = units::size
+    )]
     pub max_body_bytes: Option<usize>,
 
     /// Default largest profile once decompressed (413 above it); overrides [defaults].
-    #[arg(long, env = "KILN_MAX_DECOMPRESSED_BYTES")]
+    #[arg(
+        long = "max-decompressed-size",
+        alias = "max-decompressed-bytes",
+        env = "KILN_MAX_DECOMPRESSED_SIZE",
+        value_parser = units::size
+    )]
     pub max_decompressed_bytes: Option<usize>,
 
     /// Default stack depth: deeper stacks are truncated, keeping the root side; overrides [defaults].
@@ -485,22 +676,43 @@ pub struct LimitArgs {
     pub max_stack_depth: Option<usize>,
 
     /// Default ingest rate in decompressed bytes per second (0 = unlimited); overrides [defaults].
-    #[arg(long, env = "KILN_INGEST_RATE_BYTES")]
+    #[arg(
+        long = "ingest-rate",
+        alias = "ingest-rate-bytes",
+        env = "KILN_INGEST_RATE",
+        value_parser = units::bytes
+    )]
     pub ingest_rate_bytes: Option<u64>,
 
     /// Decoded bytes all ingest requests may hold at once (inflated and decoded profiles until
     /// they are stored); a request that finds it spent waits 2 s, then is answered 503 with
     /// `Retry-After`. 0 = unbounded.
-    #[arg(long, env = "KILN_MAX_INFLIGHT_DECODE_BYTES", default_value_t = 256 << 20)]
+    #[arg(
+        long = "max-inflight-decode-size",
+        alias = "max-inflight-decode-bytes",
+        env = "KILN_MAX_INFLIGHT_DECODE_SIZE",
+        value_parser = units::size,
+        default_value = "256MiB"
+    )]
     pub max_inflight_decode_bytes: usize,
 
     /// Default largest debug file one upload may be (413 above it); overrides [defaults].
-    #[arg(long, env = "KILN_MAX_DEBUGINFO_FILE_BYTES")]
+    #[arg(
+        long = "max-debuginfo-file-size",
+        alias = "max-debuginfo-file-bytes",
+        env = "KILN_MAX_DEBUGINFO_FILE_SIZE",
+        value_parser = units::bytes
+    )]
     pub max_debuginfo_file_bytes: Option<u64>,
 
     /// Default bytes one uploaded debug file's compressed sections may inflate to (413 above
     /// it, before anything is inflated); overrides [defaults].
-    #[arg(long, env = "KILN_MAX_DEBUGINFO_INFLATED_BYTES")]
+    #[arg(
+        long = "max-debuginfo-inflated-size",
+        alias = "max-debuginfo-inflated-bytes",
+        env = "KILN_MAX_DEBUGINFO_INFLATED_SIZE",
+        value_parser = units::bytes
+    )]
     pub max_debuginfo_inflated_bytes: Option<u64>,
 
     /// Debug-file uploads of all tenants this process runs at once; one more waits 10 s, then
@@ -510,12 +722,24 @@ pub struct LimitArgs {
 
     /// Bytes a second this process reads of all its debug-file uploads together; a faster
     /// sender is held back (0 = unpaced).
-    #[arg(long, env = "KILN_DEBUGINFO_UPLOAD_RATE_BYTES", default_value_t = crate::app::uploads::DEFAULT_UPLOAD_RATE_BYTES)]
+    #[arg(
+        long = "debuginfo-upload-rate",
+        alias = "debuginfo-upload-rate-bytes",
+        env = "KILN_DEBUGINFO_UPLOAD_RATE",
+        value_parser = units::bytes,
+        default_value = "32MiB"
+    )]
     pub debuginfo_upload_rate_bytes: u64,
 
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.
-    #[arg(long, env = "KILN_PARCA_STACK_CACHE_BYTES", default_value_t = crate::app::DEFAULT_STACK_CACHE_BYTES)]
+    #[arg(
+        long = "parca-stack-cache-size",
+        alias = "parca-stack-cache-bytes",
+        env = "KILN_PARCA_STACK_CACHE_SIZE",
+        value_parser = units::bytes,
+        default_value = "128MiB"
+    )]
     pub parca_stack_cache_bytes: u64,
 }
 
@@ -527,7 +751,7 @@ pub struct TelemetryArgs {
     #[arg(long, env = "KILN_LOG", default_value = "info")]
     pub log: String,
 
-    /// Kiln samples its own CPU and writes it, every `--self-profile-interval-secs`, as
+    /// Kiln samples its own CPU and writes it, every `--self-profile-interval`, as
     /// `service_name="kiln"` into `--self-profile-tenant` (`false` turns it off).
     #[arg(long, env = "KILN_SELF_PROFILE", default_value_t = true, action = clap::ArgAction::Set)]
     pub self_profile: bool,
@@ -537,7 +761,13 @@ pub struct TelemetryArgs {
     pub self_profile_tenant: String,
 
     /// Seconds of samples in each of Kiln's own profiles.
-    #[arg(long, env = "KILN_SELF_PROFILE_INTERVAL_SECS", default_value_t = 10)]
+    #[arg(
+        long = "self-profile-interval",
+        alias = "self-profile-interval-secs",
+        env = "KILN_SELF_PROFILE_INTERVAL",
+        value_parser = units::secs,
+        default_value = "10s"
+    )]
     pub self_profile_interval_secs: u64,
 
     /// Kiln's own profiles also sample its heap (jemalloc's profiler: in-use bytes and objects
@@ -862,5 +1092,65 @@ mod tests {
         args.validate().expect("valid");
         let bad = Wrapper::parse_from(["kiln", "--otlp-traces-endpoint", "127.0.0.1:4317"]).args;
         assert!(bad.validate().is_err(), "an endpoint without a scheme");
+    }
+
+    #[test]
+    fn durations_and_sizes_take_units_and_the_old_names_stay_aliases() {
+        let command = Wrapper::command();
+        for (old, new) in crate::units::RENAMED {
+            let arg = command
+                .get_arguments()
+                .find(|a| a.get_long() == Some(new))
+                .unwrap_or_else(|| panic!("--{new} is not a flag"));
+            let aliases = arg.get_all_aliases().unwrap_or_default();
+            assert!(aliases.contains(old), "--{old} is not an alias of --{new}");
+            assert_eq!(
+                arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+                Some(crate::units::env_name(new))
+            );
+        }
+        let args = Wrapper::parse_from([
+            "kiln",
+            "--flush-interval",
+            "2s",
+            "--spool-max-size",
+            "512MiB",
+            "--max-debuginfo-file-size",
+            "1GiB",
+            "--compaction-target-size",
+            "1GiB",
+            "--delete-delay-secs",
+            "5",
+        ])
+        .args;
+        let storage = args.storage_config();
+        assert_eq!(storage.writer.flush_interval, Duration::from_secs(2));
+        assert_eq!(storage.spool_max_bytes, 512 << 20);
+        assert_eq!(storage.delete_delay, Duration::from_secs(5));
+        assert_eq!(args.limits.max_debuginfo_file_bytes, Some(1 << 30));
+        // A bare number is in the old name's unit.
+        let bare = Wrapper::parse_from(["kiln", "--flush-interval-ms", "20"]).args;
+        assert_eq!(
+            bare.storage_config().writer.flush_interval,
+            Duration::from_millis(20)
+        );
+        // The help shows defaults with their units, the same values as the constants.
+        let help = Wrapper::command().render_help().to_string();
+        for shown in ["[default: 50ms]", "[default: 1GiB]", "[default: 1h]"] {
+            assert!(help.contains(shown), "{shown} is not in the help");
+        }
+        let defaults = Wrapper::parse_from(["kiln"]).args;
+        assert_eq!(
+            defaults.symbolize.symbolizer_max_inflated_bytes,
+            kiln_symbolize::service::DEFAULT_MAX_INFLATED_BYTES
+        );
+        assert_eq!(
+            defaults.limits.debuginfo_upload_rate_bytes,
+            crate::app::uploads::DEFAULT_UPLOAD_RATE_BYTES
+        );
+        assert_eq!(
+            defaults.limits.parca_stack_cache_bytes,
+            crate::app::DEFAULT_STACK_CACHE_BYTES
+        );
     }
 }
