@@ -25,6 +25,9 @@ trap 'bash "$root/scripts/test-services.sh" stop' EXIT
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The libraries and binaries alone: without the test targets' features (kiln-storage's `testing`),
+# as `cargo build --release` builds them, where an import only tests use is unused.
+cargo clippy --workspace -- -D warnings
 
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   echo "test.sh: cargo-nextest not found; installing it"

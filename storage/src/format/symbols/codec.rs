@@ -5,6 +5,7 @@ use crate::error::DecodeError;
 use crate::format::tiers::Pages;
 use bytes::Bytes;
 use kiln_proto::kiln::storage::v1 as pb;
+#[cfg(any(test, feature = "testing"))]
 use prost::Message;
 
 use super::*;
