@@ -117,7 +117,7 @@ fn eight_large_uploads_of_one_tenant_leave_anothers_queries_within_2x() -> Resul
     );
     std::fs::remove_file(&pad)?;
 
-    // The server's defaults: 2 uploads of a tenant at once, 32 MiB/s of uploads in all.
+    // The server's defaults: 2 uploads of a tenant at once, 16 MiB/s of uploads in all.
     let kiln = Kiln::start(&[])?;
     let (s, b) = kiln.ingest(
         "quiet",
@@ -146,9 +146,8 @@ fn eight_large_uploads_of_one_tenant_leave_anothers_queries_within_2x() -> Resul
     for _ in 0..20 {
         query()?;
     }
-    // About as many queries as the uploads take (3,300 to 3,450): each p99 is then the 30th
-    // slowest of as many, not the 10th of a third as many (1,000 idle queries gave idle p99s
-    // of 6.4 to 9.8 ms from one run to the next on 2 cores).
+    // 3,000 idle queries, so the idle p99 is the 30th slowest: of 1,000 (the 10th slowest) it
+    // read 6.4 to 9.8 ms from one run to the next on 2 cores. The uploads take about 7,500.
     let mut idle: Vec<Duration> = (0..3000).map(|_| query()).collect::<Result<_>>()?;
     let idle_p99 = p99(&mut idle);
 

@@ -727,7 +727,7 @@ pub struct LimitArgs {
         alias = "debuginfo-upload-rate-bytes",
         env = "KILN_DEBUGINFO_UPLOAD_RATE",
         value_parser = units::bytes,
-        default_value = "32MiB"
+        default_value = "16MiB"
     )]
     pub debuginfo_upload_rate_bytes: u64,
 
