@@ -13,12 +13,10 @@ pub mod write;
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
 use kiln_storage::Storage;
 use kiln_symbolize::{Symbolizer, SymbolizerConfig};
 
-use crate::auth::{Authenticator, Scope, TenantId};
-use crate::error::ApiError;
+use crate::auth::Authenticator;
 use crate::metrics::Metrics;
 use crate::tenants::{TenantLimits, Tenants};
 use budget::DecodeBudget;
@@ -124,19 +122,6 @@ impl App {
     /// The limits of a tenant.
     pub fn limits(&self, tenant: &str) -> TenantLimits {
         self.tenants.limits(tenant)
-    }
-
-    /// Authenticates a request for `scope`; refusals are counted.
-    pub fn authenticate(&self, headers: &HeaderMap, scope: Scope) -> Result<TenantId, ApiError> {
-        self.auth
-            .authenticate(headers, scope)
-            .map(|p| p.tenant)
-            .inspect(|tenant| {
-                // The request's span (`transport::telemetry::track`) carries its tenant from
-                // here on.
-                tracing::Span::current().record("tenant", tenant.as_str());
-            })
-            .inspect_err(|e| self.metrics.auth_refused(e.reason()))
     }
 }
 

@@ -29,6 +29,27 @@ pub enum ErrorKind {
     Internal,
 }
 
+impl ErrorKind {
+    /// A bounded name for metrics: the `reason` label of refusals.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::InvalidInput | Self::Unprocessable => "invalid",
+            Self::Unauthenticated => "unauthenticated",
+            Self::PermissionDenied => "forbidden",
+            Self::NotFound => "not_found",
+            Self::PayloadTooLarge => "too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::ResourceExhausted => "rate_limited",
+            Self::Timeout => "timeout",
+            Self::AlreadyExists => "already_exists",
+            Self::FailedPrecondition => "failed_precondition",
+            Self::Unimplemented => "unimplemented",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 /// An error answered to a client.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -75,23 +96,9 @@ impl ApiError {
         self
     }
 
-    /// A bounded name for metrics.
+    /// A bounded name for metrics ([`ErrorKind::reason`]).
     pub fn reason(&self) -> &'static str {
-        match self.kind {
-            ErrorKind::InvalidInput | ErrorKind::Unprocessable => "invalid",
-            ErrorKind::Unauthenticated => "unauthenticated",
-            ErrorKind::PermissionDenied => "forbidden",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::PayloadTooLarge => "too_large",
-            ErrorKind::UnsupportedMediaType => "unsupported_media_type",
-            ErrorKind::ResourceExhausted => "rate_limited",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::AlreadyExists => "already_exists",
-            ErrorKind::FailedPrecondition => "failed_precondition",
-            ErrorKind::Unimplemented => "unimplemented",
-            ErrorKind::Unavailable => "unavailable",
-            ErrorKind::Internal => "internal",
-        }
+        self.kind.reason()
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {

@@ -1,11 +1,13 @@
 //! Transports: how a request reaches an API and how its answer goes back. Connect
 //! ([`connect`]: its codecs and error bodies), gRPC through tonic ([`grpc`]: the service every
 //! API implements its trait on, authenticated before tonic decodes), plain HTTP ([`http`]:
-//! bodies, encodings, the query report's headers), and the telemetry layer every request of the
-//! API port passes through ([`telemetry`]). What an API answers is in `crate::api`; a transport
+//! bodies, encodings, media types, the query report's headers), who is calling ([`caller`]: the
+//! authentication extractors handlers receive), and the telemetry layer every request of the
+//! API port passes through ([`telemetry`]: it counts refusals too). What an API answers is in `crate::api`; a transport
 //! knows no API, and what it must know of one (a gRPC path's scope, a request's method name) the
 //! API table hands it.
 
+pub mod caller;
 pub mod connect;
 pub mod error;
 pub mod grpc;

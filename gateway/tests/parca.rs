@@ -592,3 +592,129 @@ async fn parca_write_raw_over_grpc_and_connect() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
 }
+
+/// A counter's value in the app's metrics (0 when it has no sample).
+fn counter(app: &App, sample: &str) -> f64 {
+    app.metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The telemetry layer counts every refusal once, by tenant and reason after authentication and
+/// by reason before, whatever the transport: a gRPC unary call's trailers-only status, a gRPC
+/// stream's status in its trailers, a Connect error, a plain HTTP error. Successes count none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_counted_once_whatever_the_transport() {
+    let served = serve().await;
+    let refused = |tenant: &str, reason: &str| {
+        counter(
+            &served.app,
+            &format!(
+                "kiln_tenant_refused_requests_total{{tenant=\"{tenant}\",reason=\"{reason}\"}}"
+            ),
+        )
+    };
+    let mut client = served.client.clone();
+    // A success: nothing counted.
+    write(&served, "team-a").await;
+    assert_eq!(
+        served
+            .app
+            .metrics
+            .encode()
+            .matches("kiln_tenant_refused_requests_total{")
+            .count(),
+        0
+    );
+    // gRPC unary: trailers-only.
+    let err = client
+        .write_arrow(with_tenant(
+            pb::WriteArrowRequest {
+                ipc_buffer: b"not arrow".to_vec().into(),
+            },
+            "team-a",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(refused("team-a", "invalid"), 1.0);
+    // A gRPC stream: the status comes in the trailers, after a message.
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::WriteRequest {
+        record: ipc(&v1_sample_record(&samples(), &TestType::default()), false).into(),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .write(with_tenant(ReceiverStream::new(rx), "team-b"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(inbound.message().await.unwrap().is_some());
+    drop(tx);
+    while inbound.message().await.is_ok_and(|m| m.is_some()) {}
+    assert_eq!(refused("team-b", "invalid"), 1.0);
+    assert_eq!(
+        refused("team-a", "invalid"),
+        1.0,
+        "another tenant's refusal"
+    );
+    // Connect: an unsupported codec.
+    let (status, _) = send(
+        &served.router,
+        Request::post("/parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw")
+            .header("content-type", "text/xml")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from("<x/>"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(refused("team-a", "unsupported_media_type"), 1.0);
+    // Plain HTTP: an unknown format.
+    let (status, _) = send(
+        &served.router,
+        Request::post("/ingest?name=x&format=pdf")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::from("x"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused("team-a", "invalid"), 2.0);
+    // Before a tenant is known: by reason only, on each transport.
+    let err = client
+        .write_raw(tonic::Request::new(write_raw_request("x", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let (status, _) = send(
+        &served.router,
+        Request::post("/ingest?name=x")
+            .body(Body::from("main 1\n"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let auth = |reason: &str| {
+        counter(
+            &served.app,
+            &format!("kiln_auth_refusals_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert_eq!(auth("unauthenticated"), 2.0);
+    // An admin call of a tenant without the admin scope.
+    let (status, _) = send(
+        &served.router,
+        Request::get("/api/v1/tenants")
+            .header("x-scope-orgid", "team-a")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(auth("forbidden"), 1.0);
+    assert_eq!(refused("team-a", "forbidden"), 0.0);
+}

@@ -41,9 +41,10 @@ use ulid::Ulid;
 use crate::api::querier::Querier;
 use crate::api::render::flamebearer as fb;
 use crate::app::AppRef;
-use crate::auth::{Scope, TenantId};
+use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
 use crate::tenants::TenantLimits;
+use crate::transport::caller::Reads;
 use crate::transport::connect::{Call, Service, connect_error, connect_ok, prepare};
 
 /// The service, its methods named as the telemetry layer names them.
@@ -61,13 +62,12 @@ pub const SERVICE: Service = Service {
 /// `POST /adhocprofiles.v1.AdHocProfileService/{method}`.
 pub async fn handler(
     State(app): State<AppRef>,
+    Reads(tenant): Reads,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let result = async {
-        // Credentials first, as for every API: an anonymous caller learns nothing else.
-        let tenant = app.authenticate(&headers, Scope::Read)?;
         let Call {
             codec,
             tenant,

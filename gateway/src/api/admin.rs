@@ -11,13 +11,13 @@ use std::collections::BTreeSet;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use serde_json::json;
 
 use crate::app::AppRef;
 use crate::auth::validate_tenant;
 use crate::error::ApiError;
 use crate::metrics::Usage;
+use crate::transport::caller::Admin;
 
 async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
     let stored = app.storage.stored_bytes(tenant).await?;
@@ -41,9 +41,9 @@ async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {
 /// `GET /api/v1/tenants`.
 pub async fn list(
     State(app): State<AppRef>,
-    headers: HeaderMap,
+    admin: Admin,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    app.auth.authorize_admin(&headers, None)?;
+    admin.administers(None)?;
     let mut tenants = Vec::new();
     for t in all_tenants(&app).await? {
         tenants.push(usage_of(&app, &t).await?);
@@ -54,22 +54,22 @@ pub async fn list(
 /// `GET /api/v1/tenants/{id}/usage`.
 pub async fn usage(
     State(app): State<AppRef>,
+    admin: Admin,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Json<Usage>, ApiError> {
     validate_tenant(&id)?;
-    app.auth.authorize_admin(&headers, Some(&id))?;
+    admin.administers(Some(&id))?;
     Ok(Json(usage_of(&app, &id).await?))
 }
 
 /// `DELETE /api/v1/tenants/{id}`.
 pub async fn delete(
     State(app): State<AppRef>,
+    admin: Admin,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     validate_tenant(&id)?;
-    app.auth.authorize_admin(&headers, Some(&id))?;
+    admin.administers(Some(&id))?;
     // Its recording rules stop first, so no seal writes their state back after the delete.
     app.recording.forget(&id);
     let deleted = app.storage.delete_tenant(&id).await?;
@@ -85,11 +85,11 @@ pub async fn delete(
 /// and compaction jobs waiting or running (how far compaction is behind).
 pub async fn blocks(
     State(app): State<AppRef>,
+    admin: Admin,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     validate_tenant(&id)?;
-    app.auth.authorize_admin(&headers, Some(&id))?;
+    admin.administers(Some(&id))?;
     let metastore = app.storage.metastore();
     let blocks = metastore
         .query_blocks(kiln_storage::metastore::BlockQuery::all(&id))
@@ -160,29 +160,29 @@ impl LevelBytes {
 /// because they could not be read.
 pub async fn quarantine_all(
     State(app): State<AppRef>,
-    headers: HeaderMap,
+    admin: Admin,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    quarantine(app, None, headers).await
+    quarantine(app, None, admin).await
 }
 
 /// `GET /api/v1/tenants/{id}/quarantine`.
 pub async fn quarantine_of(
     State(app): State<AppRef>,
+    admin: Admin,
     Path(id): Path<String>,
-    headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    quarantine(app, Some(id), headers).await
+    quarantine(app, Some(id), admin).await
 }
 
 async fn quarantine(
     app: AppRef,
     tenant: Option<String>,
-    headers: HeaderMap,
+    admin: Admin,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     if let Some(t) = &tenant {
         validate_tenant(t)?;
     }
-    app.auth.authorize_admin(&headers, tenant.as_deref())?;
+    admin.administers(tenant.as_deref())?;
     let blocks = app
         .storage
         .metastore()

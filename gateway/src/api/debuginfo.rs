@@ -38,6 +38,7 @@ use crate::app::AppRef;
 use crate::app::uploads::{Pending, Slot};
 use crate::auth::{Scope, TenantId};
 use crate::error::{ApiError, ErrorKind};
+use crate::transport::caller::{Credentials, Reads, Writes};
 use crate::transport::connect::{Service, connect_error, connect_ok, prepare};
 use crate::transport::grpc::Grpc;
 
@@ -333,27 +334,20 @@ pub struct UploadParams {
 /// it is and the ids it is found by.
 pub async fn http_upload(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     Query(params): Query<UploadParams>,
-    headers: HeaderMap,
     body: Body,
 ) -> Result<Json<StoredFile>, ApiError> {
-    let tenant = app.authenticate(&headers, Scope::Write)?;
-    let result = async {
-        let file = receive_body(&app, &tenant, body).await?;
-        let name = params.name.unwrap_or_else(|| "upload".into());
-        store(&app, &tenant, &name, &file, &[], None).await
-    }
-    .await
-    .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-    Ok(Json(result))
+    let file = receive_body(&app, &tenant, body).await?;
+    let name = params.name.unwrap_or_else(|| "upload".into());
+    Ok(Json(store(&app, &tenant, &name, &file, &[], None).await?))
 }
 
 /// `GET /api/v1/debuginfo`: the tenant's files, newest first.
 pub async fn http_list(
     State(app): State<AppRef>,
-    headers: HeaderMap,
+    Reads(tenant): Reads,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let tenant = app.authenticate(&headers, Scope::Read)?;
     let files = app.symbolizer.store().list(&tenant).await?;
     Ok(Json(serde_json::json!({ "files": files })))
 }
@@ -361,10 +355,9 @@ pub async fn http_list(
 /// `DELETE /api/v1/debuginfo/{id}`: removes the file an id names (or of that content hash).
 pub async fn http_delete(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     UrlPath(id): UrlPath<String>,
-    headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let tenant = app.authenticate(&headers, Scope::Write)?;
     let deleted = delete(&app, &tenant, &id).await?;
     Ok(Json(serde_json::json!({ "deleted": deleted })))
 }
@@ -556,7 +549,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::UploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_upload(&self.app, &tenant, req.into_inner()).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn should_initiate_upload(
@@ -565,7 +558,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::ShouldInitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_should_initiate(&self.app, &tenant, req.into_inner()).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn initiate_upload(
@@ -574,7 +567,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::InitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_initiate(&self.app, &tenant, req.into_inner()).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn mark_upload_finished(
@@ -583,7 +576,7 @@ impl pa::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<pa::MarkUploadFinishedResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = parca_mark_finished(&self.app, &tenant, req.into_inner()).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 }
 
@@ -728,27 +721,21 @@ async fn pyroscope_list(
 /// `ShouldInitiateUpload` asked for (412 when it did not).
 pub async fn pyroscope_http_upload(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     UrlPath(gnu): UrlPath<String>,
-    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let tenant = app.authenticate(&headers, Scope::Write)?;
-    let result = async {
-        let gnu = gnu.to_ascii_lowercase();
-        let Some(p) = app.debuginfo_uploads.get(&tenant, &gnu) else {
-            return Err(ApiError::new(
-                ErrorKind::FailedPrecondition,
-                format!("no upload of {gnu} was started (call ShouldInitiateUpload first)"),
-            ));
-        };
-        let file = receive_body(&app, &tenant, body).await?;
-        let stored = store(&app, &tenant, &p.name, &file, &p.claimed, Some(&gnu)).await?;
-        app.debuginfo_uploads.stored(&tenant, &gnu, stored);
-        Ok(())
-    }
-    .await
-    .inspect_err(|e| app.metrics.refused(&tenant, e.reason()));
-    result.map(|()| axum::http::StatusCode::OK.into_response())
+    let gnu = gnu.to_ascii_lowercase();
+    let Some(p) = app.debuginfo_uploads.get(&tenant, &gnu) else {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("no upload of {gnu} was started (call ShouldInitiateUpload first)"),
+        ));
+    };
+    let file = receive_body(&app, &tenant, body).await?;
+    let stored = store(&app, &tenant, &p.name, &file, &p.claimed, Some(&gnu)).await?;
+    app.debuginfo_uploads.stored(&tenant, &gnu, stored);
+    Ok(axum::http::StatusCode::OK.into_response())
 }
 
 /// The first generation's bidirectional upload: init, Kiln's answer, chunks until the client
@@ -820,7 +807,6 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
             if let Err(e) = pyroscope_stream(&app, &tenant, inbound, &tx).await {
-                app.metrics.refused(&tenant, e.reason());
                 let _ = tx.send(Err(Status::from(e))).await;
             }
         });
@@ -833,7 +819,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::ShouldInitiateUploadResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = pyroscope_should(&self.app, &tenant, req.into_inner().file).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn upload_finished(
@@ -842,7 +828,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::UploadFinishedResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
         let result = pyroscope_finished(&self.app, &tenant, req.into_inner()).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn list_debuginfo(
@@ -851,7 +837,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
     ) -> Result<tonic::Response<py::ListDebuginfoResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Read)?;
         let result = pyroscope_list(&self.app, &tenant).await;
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 
     async fn delete_debuginfo(
@@ -863,7 +849,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
         let result = delete(&self.app, &tenant, &id)
             .await
             .map(|_| py::DeleteDebuginfoResponse {});
-        crate::transport::grpc::answer(&self.app, &tenant, result)
+        crate::transport::grpc::answer(result)
     }
 }
 
@@ -872,6 +858,7 @@ impl py::debuginfo_service_server::DebuginfoService for Grpc {
 /// `POST /{service}/{method}` of both debuginfo services over Connect.
 pub async fn connect_handler(
     State(app): State<AppRef>,
+    credentials: Credentials,
     UrlPath(method): UrlPath<String>,
     uri: axum::http::Uri,
     headers: HeaderMap,
@@ -884,7 +871,7 @@ pub async fn connect_handler(
         Scope::Write
     };
     let result = async {
-        let tenant = app.authenticate(&headers, scope)?;
+        let tenant = credentials.tenant(scope)?;
         let call = prepare(&app, &headers, body, tenant).await?;
         let (codec, tenant, body) = (call.codec, call.tenant, call.body);
         let out: Bytes =

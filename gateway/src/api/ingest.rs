@@ -1,26 +1,32 @@
 //! Ingest: Pyroscope's `/ingest` (pprof raw or multipart, JFR raw or multipart, speedscope,
-//! folded, lines). Every format ends in [`store`], the write path every write API shares,
-//! which answers only once the data is durable.
+//! folded, lines). The handler reads what every format shares (the query string, the media
+//! type, the body within its limits, its `Content-Encoding`), then hands the upload to its
+//! format's handler, found in one table ([`FORMATS`]). Every format ends in [`store`], the
+//! write path every write API shares, which answers only once the data is durable.
 
 use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use bytes::Bytes;
 use kiln_otel::labels::{AppName, parse_app_name};
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels};
 use kiln_otel::normalize::NormalizeLimits;
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
 
+use futures::future::BoxFuture;
+use kiln_otel::model::NormalizedProfile;
+
 use crate::app::AppRef;
-use crate::app::budget;
+use crate::app::budget::{self, Share};
 use crate::app::wal::{PprofPart, Record, RecordBody};
 use crate::app::write::{blocking, decode, store};
-use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
+use crate::tenants::TenantLimits;
 use crate::time::{now_nanos, parse_time};
-use crate::transport::http::{admit, decode_content_encoding, read_body};
+use crate::transport::caller::Writes;
+use crate::transport::http::{admit, decode_content_encoding, media_type, read_body};
 
 /// Labels Pyroscope adds to every `/ingest` series.
 const LABEL_SPY: &str = "pyroscope_spy";
@@ -47,95 +53,178 @@ fn query_params(uri: &Uri) -> Result<HashMap<String, String>, ApiError> {
     Ok(out)
 }
 
-/// Content types `/ingest` accepts (the body format comes from `format`); JSON only for
+/// Media types `/ingest` accepts (the body's format comes from `format`); JSON only for
 /// speedscope (`format=speedscope`, or none, as speedscope is recognized by its content).
-fn check_ingest_content_type(
-    headers: &HeaderMap,
-    format: &str,
-) -> Result<Option<String>, ApiError> {
-    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
-        return Ok(None);
-    };
-    let ct = ct
-        .to_str()
-        .map_err(|_| ApiError::invalid("the content type is not valid text"))?;
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    const ACCEPTED: [&str; 8] = [
-        "application/octet-stream",
-        "binary/octet-stream",
-        "application/x-protobuf",
-        "application/protobuf",
-        "application/vnd.google.protobuf",
-        "text/plain",
-        "application/x-www-form-urlencoded",
-        "multipart/form-data",
-    ];
-    let json_ok = essence == "application/json" && matches!(format, "" | "speedscope");
-    if !ACCEPTED.contains(&essence.as_str()) && !json_ok {
-        return Err(ApiError::unsupported_media_type(format!(
-            "content type {essence:?} is not accepted by /ingest; send the profile as \
-             application/octet-stream (pprof, JFR, folded, lines), application/json \
-             (speedscope) or multipart/form-data (pprof, JFR)"
-        )));
+const ACCEPTED: [&str; 8] = [
+    "application/octet-stream",
+    "binary/octet-stream",
+    "application/x-protobuf",
+    "application/protobuf",
+    "application/vnd.google.protobuf",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+];
+
+/// One format of `/ingest`: the `format=` values that name it, and its handler.
+struct Format {
+    names: &'static [&'static str],
+    /// Whether the body may be a multipart form (`multipart/form-data`).
+    multipart: Multipart,
+    read: fn(Upload) -> BoxFuture<'static, Result<Read, ApiError>>,
+}
+
+/// What a format does with a multipart form.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Multipart {
+    /// Reads its parts.
+    Parts,
+    /// Reads the whole body as the format (`format=pprof` or `speedscope` are never a form).
+    Ignored,
+    /// Refuses it.
+    Refused,
+}
+
+/// Every format, found by its `format=` value; none (`""`) is a multipart pprof upload, a
+/// speedscope document or folded text, by the body.
+const FORMATS: &[Format] = &[
+    Format {
+        names: &["pprof"],
+        multipart: Multipart::Ignored,
+        read: |u| Box::pin(pprof_body(u)),
+    },
+    Format {
+        names: &[""],
+        multipart: Multipart::Parts,
+        read: |u| Box::pin(unnamed(u)),
+    },
+    Format {
+        names: &["jfr"],
+        multipart: Multipart::Parts,
+        read: |u| Box::pin(jfr_body(u)),
+    },
+    Format {
+        names: &["speedscope"],
+        multipart: Multipart::Ignored,
+        read: |u| Box::pin(speedscope_body(u)),
+    },
+    Format {
+        names: &["folded", "groups", "collapsed"],
+        multipart: Multipart::Refused,
+        read: |u| Box::pin(text_body(u, false)),
+    },
+    Format {
+        names: &["lines"],
+        multipart: Multipart::Refused,
+        read: |u| Box::pin(text_body(u, true)),
+    },
+];
+
+impl Format {
+    /// The format `format=` names, given whether the body is a multipart form.
+    fn of(name: &str, multipart: bool) -> Result<&'static Format, ApiError> {
+        FORMATS
+            .iter()
+            .find(|f| f.names.contains(&name))
+            .filter(|f| !(multipart && f.multipart == Multipart::Refused))
+            .ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "format {name:?} is not supported; use pprof, jfr, speedscope, folded or \
+                     lines (or no format with a multipart/form-data pprof upload)"
+                ))
+            })
     }
-    Ok(Some(ct.to_owned()))
+
+    /// Whether a body of this format goes to the write-ahead log as it came (pprof, alone or
+    /// in Pyroscope's multipart upload): its write is announced from the request's start.
+    fn logged(&self, multipart: bool) -> bool {
+        self.names == ["pprof"] || (self.names == [""] && multipart)
+    }
+}
+
+/// An upload as its format's handler reads it: the body (its `Content-Encoding` undone), what
+/// the query string says, and the request's share of the decode budget.
+struct Upload {
+    name: AppName,
+    meta: IngestMeta,
+    body: Bytes,
+    /// The body's media type, when it is a multipart form.
+    form: Option<mime::Mime>,
+    share: Share,
+    limits: TenantLimits,
+    /// `sampleRate`, when given.
+    explicit_rate: Option<u32>,
+    /// `spyName=dotnetspy`: the .NET profiler's pprof is repaired.
+    dotnet: bool,
+    /// No `spyName`: a multipart upload's sample type config may tell the .NET profiler.
+    unknown_spy: bool,
+}
+
+impl Upload {
+    fn sample_rate(&self) -> u32 {
+        self.explicit_rate.unwrap_or(100)
+    }
+
+    fn form(&self) -> Result<&mime::Mime, ApiError> {
+        self.form
+            .as_ref()
+            .ok_or_else(|| ApiError::invalid("the body is not a multipart form"))
+    }
+}
+
+/// What a format's handler made of an upload: the profile, the bytes it decoded, its
+/// write-ahead log record (pprof), and the share held until it is stored.
+struct Read {
+    profile: NormalizedProfile,
+    decompressed: usize,
+    record: Option<Record>,
+    share: Share,
 }
 
 /// `POST /ingest`: Pyroscope's ingestion API.
 pub async fn ingest_handler(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let result = match app.authenticate(&headers, Scope::Write) {
-        Ok(tenant) => ingest(&app, &tenant, &uri, &headers, body)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
-        Err(e) => Err(e),
-    };
-    result.map(|()| StatusCode::OK)
-}
-
-/// Whether the request says its body is a multipart form.
-fn says_multipart(headers: &HeaderMap) -> bool {
-    headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"))
-}
-
-async fn ingest(
-    app: &AppRef,
-    tenant: &TenantId,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(), ApiError> {
-    let params = query_params(uri)?;
-    let format = params.get("format").map(String::as_str).unwrap_or("");
-    // The write announced from the request's start where its format is logged (pprof, alone
-    // or in Pyroscope's multipart upload): a group of log records waits briefly for it while
-    // it is read and decoded.
-    let logged = format == "pprof" || (format.is_empty() && says_multipart(headers));
-    let expected = logged.then(|| app.storage.expect_write());
-    let limits = app.limits(tenant);
-    let body = admit(app, tenant, body, limits.max_body_bytes).await?;
-    let content_type = check_ingest_content_type(headers, format)?;
+    let params = query_params(&uri)?;
+    // Refusals of the media type and format wait for the body to be admitted or read: a client
+    // that writes it all before reading sees the answer, not a reset.
+    let media = media_type(&headers);
+    let multipart = media
+        .as_ref()
+        .ok()
+        .and_then(Option::as_ref)
+        .is_some_and(|m| m.essence_str() == "multipart/form-data");
+    let format_name = params.get("format").map(String::as_str).unwrap_or("");
+    let format = Format::of(format_name, multipart);
+    let expected = format
+        .as_ref()
+        .is_ok_and(|f| f.logged(multipart))
+        .then(|| app.storage.expect_write());
+    let limits = app.limits(&tenant);
+    let body = admit(&app, &tenant, body, limits.max_body_bytes).await?;
+    let media = media?;
+    if let Some(m) = &media {
+        let json_ok =
+            m.essence_str() == "application/json" && matches!(format_name, "" | "speedscope");
+        if !ACCEPTED.contains(&m.essence_str()) && !json_ok {
+            return Err(ApiError::unsupported_media_type(format!(
+                "content type {:?} is not accepted by /ingest; send the profile as \
+                 application/octet-stream (pprof, JFR, folded, lines), application/json \
+                 (speedscope) or multipart/form-data (pprof, JFR)",
+                m.essence_str()
+            )));
+        }
+    }
     let body = read_body(body, limits.max_body_bytes).await?;
-    app.metrics.received(tenant, body.len());
-    // Held until what the profile became is stored.
-    let mut share = app
-        .decode_budget
-        .take(budget::decoded_size(&body, limits.max_decompressed_bytes))
-        .await?;
+    app.metrics.received(&tenant, body.len());
+    // Held until what the profile became is stored; grown as the body is inflated.
+    let mut share = app.decode_budget.take(body.len()).await?;
     let body =
-        decode_content_encoding(headers, body, limits.max_decompressed_bytes, &mut share).await?;
+        decode_content_encoding(&headers, body, limits.max_decompressed_bytes, &mut share).await?;
     if body.len() > limits.max_decompressed_bytes {
         return Err(ApiError::too_large(format!(
             "the profile is {} bytes, more than the limit of {} bytes",
@@ -146,6 +235,37 @@ async fn ingest(
     if body.is_empty() {
         return Err(ApiError::invalid("the request body is empty"));
     }
+    let format = format?;
+    let upload = upload(
+        &params,
+        body,
+        multipart.then_some(media).flatten(),
+        share,
+        limits,
+    )?;
+    let read = (format.read)(upload).await?;
+    let _share = read.share;
+    store(
+        &app,
+        &tenant,
+        vec![read.profile],
+        read.decompressed,
+        read.record,
+        expected,
+    )
+    .await?;
+    Ok(StatusCode::OK)
+}
+
+/// The upload the query string describes: `name` (required), `from`, `until`, `sampleRate`,
+/// `spyName`.
+fn upload(
+    params: &HashMap<String, String>,
+    body: Bytes,
+    form: Option<mime::Mime>,
+    share: Share,
+    limits: TenantLimits,
+) -> Result<Upload, ApiError> {
     let name = params.get("name").ok_or_else(|| {
         ApiError::invalid("the name parameter is required (app{label=value,...})")
     })?;
@@ -179,170 +299,183 @@ async fn ingest(
                 })?,
         ),
     };
-    let sample_rate = explicit_rate.unwrap_or(100);
     let spy = params
         .get("spyName")
         .filter(|s| !s.is_empty())
         .cloned()
         .unwrap_or_else(|| "unknown".into());
-    // The .NET profiler's pprof names functions it does not define; repaired for it alone.
-    let dotnet = spy == pprof::DOTNET_SPY;
-    // Or, as Pyroscope tells them, a multipart upload of no spy whose sample type config has
-    // the .NET profiler's `inuse-space` (its releases before 0.8.5 sent no spyName).
-    let unknown_spy = spy == "unknown";
-    let is_multipart = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("multipart/form-data"));
-
     let mut meta = IngestMeta {
         labels: Labels::default(),
         time_nanos: from,
         duration_nanos: until.saturating_sub(from).max(0),
         display_names: HashMap::new(),
     };
-    meta.labels.set(LABEL_SPY.into(), spy);
+    Ok(Upload {
+        name,
+        // The .NET profiler's pprof names functions it does not define; repaired for it alone.
+        dotnet: spy == pprof::DOTNET_SPY,
+        unknown_spy: spy == "unknown",
+        meta: {
+            meta.labels.set(LABEL_SPY.into(), spy);
+            meta
+        },
+        body,
+        form,
+        share,
+        limits,
+        explicit_rate,
+    })
+}
 
-    let normalize_limits = limits.normalize();
-    let max_decompressed = limits.max_decompressed_bytes;
-    // The write-ahead log's record, for the formats it takes (pprof).
-    let mut record = None;
-    let (profile, decompressed) = match (format, is_multipart) {
-        ("pprof", _) => {
-            apply_app_labels(&mut meta, &name);
-            let body = budget::maybe_gunzip(&mut share, body, max_decompressed, 0).await?;
-            let body = budget::checked(
-                body,
-                Some(&kiln_proto::wire::PPROF_PROFILE),
-                pprof::decoded_limit(max_decompressed),
-            )
-            .await?;
-            share.cover(body.estimate()).await?;
-            let meta = meta.clone();
-            record = Some(pprof_record(
-                &meta,
-                dotnet,
-                body.bytes(),
-                normalize_limits,
-                max_decompressed,
-            ));
-            decode(body.bytes().len(), move || {
-                let (mut p, size) = pprof::decode_checked(body, max_decompressed)?;
-                if dotnet {
-                    pprof::repair_dotnet(&mut p);
-                }
-                Ok((
-                    normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
-                    size,
-                ))
-            })
-            .await?
+/// `format=pprof`: the body is a pprof profile, gzipped or not.
+async fn pprof_body(mut u: Upload) -> Result<Read, ApiError> {
+    apply_app_labels(&mut u.meta, &u.name);
+    let body = std::mem::take(&mut u.body);
+    pprof_profile(u, body, 0).await
+}
+
+/// No format: a multipart pprof upload (Pyroscope's SDKs), a speedscope document, or folded
+/// text.
+async fn unnamed(mut u: Upload) -> Result<Read, ApiError> {
+    if u.form.is_none() {
+        if speedscope::looks_like_speedscope(&u.body) {
+            return speedscope_body(u).await;
         }
-        ("", true) => {
-            apply_app_labels(&mut meta, &name);
-            let ct = content_type.unwrap_or_default();
-            let (profile, sample_type_config) = read_multipart(&ct, body).await?;
-            let held = sample_type_config.as_ref().map_or(0, Bytes::len);
-            let profile = budget::maybe_gunzip(&mut share, profile, max_decompressed, held).await?;
-            let profile = budget::checked(
-                profile,
-                Some(&kiln_proto::wire::PPROF_PROFILE),
-                pprof::decoded_limit(max_decompressed),
-            )
-            .await?;
-            share.cover(held + profile.estimate()).await?;
-            let mut dotnet = dotnet;
-            if let Some(config) = sample_type_config {
-                let (names, keys) = parse_sample_type_config(&config)?;
-                dotnet |= unknown_spy && keys.iter().any(|k| k == DOTNET_CONFIG_KEY);
-                meta.display_names = names;
-            }
-            record = Some(pprof_record(
-                &meta,
-                dotnet,
-                profile.bytes(),
-                normalize_limits,
-                max_decompressed,
-            ));
-            decode(profile.bytes().len(), move || {
-                let (mut p, size) = pprof::decode_checked(profile, max_decompressed)?;
-                if dotnet {
-                    pprof::repair_dotnet(&mut p);
-                }
-                Ok((
-                    normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
-                    size,
-                ))
-            })
-            .await?
+        return text_body(u, false).await;
+    }
+    apply_app_labels(&mut u.meta, &u.name);
+    let body = std::mem::take(&mut u.body);
+    let (profile, sample_type_config) = read_multipart(u.form()?, body).await?;
+    let held = sample_type_config.as_ref().map_or(0, Bytes::len);
+    if let Some(config) = sample_type_config {
+        let (names, keys) = parse_sample_type_config(&config)?;
+        // As Pyroscope tells them: no spy, and the .NET profiler's `inuse-space` in the config
+        // (its releases before 0.8.5 sent no spyName).
+        u.dotnet |= u.unknown_spy && keys.iter().any(|k| k == DOTNET_CONFIG_KEY);
+        u.meta.display_names = names;
+    }
+    pprof_profile(u, profile, held).await
+}
+
+/// A pprof profile (`held`: bytes the request holds besides), inflated and walked once within
+/// the request's share, its record kept for the write-ahead log, then decoded.
+async fn pprof_profile(mut u: Upload, profile: Bytes, held: usize) -> Result<Read, ApiError> {
+    let max_decompressed = u.limits.max_decompressed_bytes;
+    let profile = budget::maybe_gunzip(&mut u.share, profile, max_decompressed, held).await?;
+    let profile = budget::checked(
+        profile,
+        Some(&kiln_proto::wire::PPROF_PROFILE),
+        pprof::decoded_limit(max_decompressed),
+    )
+    .await?;
+    u.share.cover(held + profile.estimate()).await?;
+    let normalize_limits = u.limits.normalize();
+    let (meta, dotnet) = (u.meta, u.dotnet);
+    let record = pprof_record(
+        &meta,
+        dotnet,
+        profile.bytes(),
+        normalize_limits,
+        max_decompressed,
+    );
+    let (profile, decompressed) = decode(profile.bytes().len(), move || {
+        let (mut p, size) = pprof::decode_checked(profile, max_decompressed)?;
+        if dotnet {
+            pprof::repair_dotnet(&mut p);
         }
-        ("jfr", _) => {
-            let (recording, labels) = if is_multipart {
-                let ct = content_type.unwrap_or_default();
-                let mut parts = read_multipart_parts(&ct, body).await?;
-                let recording = parts
-                    .remove("jfr")
-                    .ok_or_else(|| ApiError::invalid("the multipart body has no \"jfr\" part"))?;
-                (recording, parts.remove("labels"))
-            } else {
-                (body, None)
-            };
-            apply_jfr_app_labels(&mut meta, &name);
-            let recording =
-                budget::maybe_gunzip(&mut share, recording, max_decompressed, 0).await?;
-            let labels = match labels.filter(|l| !l.is_empty()) {
-                Some(l) => Some(
-                    budget::maybe_gunzip(&mut share, l, max_decompressed, recording.len()).await?,
-                ),
-                None => None,
-            };
-            blocking(move || {
-                let labels = match labels {
-                    Some(l) => jfr::LabelsSnapshot::decode(&l)?,
-                    None => jfr::LabelsSnapshot::default(),
-                };
-                let p = jfr::parse(&recording, &labels, explicit_rate, &meta, &normalize_limits)?;
-                Ok((p, recording.len()))
-            })
-            .await?
-        }
-        ("speedscope", _) | ("", false)
-            if format == "speedscope" || speedscope::looks_like_speedscope(&body) =>
-        {
-            blocking(move || {
-                let p = speedscope::parse(&body, &name, sample_rate, &meta, &normalize_limits)?;
-                Ok((p, body.len()))
-            })
-            .await?
-        }
-        ("" | "folded" | "groups" | "collapsed", false) | ("lines", false) => {
-            let lines = format == "lines";
-            blocking(move || {
-                let text = std::str::from_utf8(&body)
-                    .map_err(|_| ApiError::invalid("the profile text is not valid UTF-8"))?;
-                let stacks = if lines {
-                    folded::parse_lines(text)
-                } else {
-                    folded::parse_folded(text)?
-                };
-                let p = folded::from_text_stacks(
-                    &stacks,
-                    &name,
-                    sample_rate,
-                    &meta,
-                    &normalize_limits,
-                )?;
-                Ok((p, body.len()))
-            })
-            .await?
-        }
-        (other, _) => {
-            return Err(ApiError::invalid(format!(
-                "format {other:?} is not supported; use pprof, jfr, speedscope, folded or lines \
-                 (or no format with a multipart/form-data pprof upload)"
-            )));
-        }
+        Ok((
+            normalize::normalize_pprof(&p, &meta, &normalize_limits)?,
+            size,
+        ))
+    })
+    .await?;
+    Ok(Read {
+        profile,
+        decompressed,
+        record: Some(record),
+        share: u.share,
+    })
+}
+
+/// `format=jfr`: a JFR recording, alone or in a multipart form with its labels.
+async fn jfr_body(mut u: Upload) -> Result<Read, ApiError> {
+    let body = std::mem::take(&mut u.body);
+    let (recording, labels) = if u.form.is_some() {
+        let mut parts = read_multipart_parts(u.form()?, body).await?;
+        let recording = parts
+            .remove("jfr")
+            .ok_or_else(|| ApiError::invalid("the multipart body has no \"jfr\" part"))?;
+        (recording, parts.remove("labels"))
+    } else {
+        (body, None)
     };
-    store(app, tenant, vec![profile], decompressed, record, expected).await
+    apply_jfr_app_labels(&mut u.meta, &u.name);
+    let max_decompressed = u.limits.max_decompressed_bytes;
+    let recording = budget::maybe_gunzip(&mut u.share, recording, max_decompressed, 0).await?;
+    let labels = match labels.filter(|l| !l.is_empty()) {
+        Some(l) => {
+            Some(budget::maybe_gunzip(&mut u.share, l, max_decompressed, recording.len()).await?)
+        }
+        None => None,
+    };
+    let (meta, rate, limits) = (u.meta, u.explicit_rate, u.limits.normalize());
+    let (profile, decompressed) = blocking(move || {
+        let labels = match labels {
+            Some(l) => jfr::LabelsSnapshot::decode(&l)?,
+            None => jfr::LabelsSnapshot::default(),
+        };
+        let p = jfr::parse(&recording, &labels, rate, &meta, &limits)?;
+        Ok((p, recording.len()))
+    })
+    .await?;
+    Ok(Read {
+        profile,
+        decompressed,
+        record: None,
+        share: u.share,
+    })
+}
+
+/// `format=speedscope`: a speedscope JSON document.
+async fn speedscope_body(u: Upload) -> Result<Read, ApiError> {
+    let rate = u.sample_rate();
+    let (body, name, meta, limits) = (u.body, u.name, u.meta, u.limits.normalize());
+    let (profile, decompressed) = blocking(move || {
+        let p = speedscope::parse(&body, &name, rate, &meta, &limits)?;
+        Ok((p, body.len()))
+    })
+    .await?;
+    Ok(Read {
+        profile,
+        decompressed,
+        record: None,
+        share: u.share,
+    })
+}
+
+/// `format=folded` (`groups`, `collapsed`): `frame;frame count` lines; `format=lines`: one
+/// stack per line, each counted once.
+async fn text_body(u: Upload, lines: bool) -> Result<Read, ApiError> {
+    let rate = u.sample_rate();
+    let (body, name, meta, limits) = (u.body, u.name, u.meta, u.limits.normalize());
+    let (profile, decompressed) = blocking(move || {
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| ApiError::invalid("the profile text is not valid UTF-8"))?;
+        let stacks = if lines {
+            folded::parse_lines(text)
+        } else {
+            folded::parse_folded(text)?
+        };
+        let p = folded::from_text_stacks(&stacks, &name, rate, &meta, &limits)?;
+        Ok((p, body.len()))
+    })
+    .await?;
+    Ok(Read {
+        profile,
+        decompressed,
+        record: None,
+        share: u.share,
+    })
 }
 
 /// The write-ahead log record of one pprof upload.
@@ -387,11 +520,13 @@ fn apply_jfr_app_labels(meta: &mut IngestMeta, name: &AppName) {
 
 /// The parts of a multipart upload by name (the last of a name wins).
 async fn read_multipart_parts(
-    content_type: &str,
+    form: &mime::Mime,
     body: Bytes,
 ) -> Result<HashMap<String, Bytes>, ApiError> {
-    let boundary = multer::parse_boundary(content_type)
-        .map_err(|e| ApiError::invalid(format!("bad multipart content type: {e}")))?;
+    let boundary = form
+        .get_param(mime::BOUNDARY)
+        .map(|b| b.as_str().to_owned())
+        .ok_or_else(|| ApiError::invalid("bad multipart content type: no boundary"))?;
     let stream = futures::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
     let mut mp = multer::Multipart::new(stream, boundary);
     let mut parts = HashMap::new();
@@ -412,10 +547,10 @@ async fn read_multipart_parts(
 
 /// The `profile` part (required) and `sample_type_config` part of a multipart pprof upload.
 async fn read_multipart(
-    content_type: &str,
+    form: &mime::Mime,
     body: Bytes,
 ) -> Result<(Bytes, Option<Bytes>), ApiError> {
-    let mut parts = read_multipart_parts(content_type, body).await?;
+    let mut parts = read_multipart_parts(form, body).await?;
     if parts.contains_key("prev_profile") {
         return Err(ApiError::invalid(
             "prev_profile is not supported: upgrade the client to send delta profiles",

@@ -36,8 +36,9 @@ use kiln_storage::selector::{MatchOp, Matcher, Selector, parse_selector};
 use super::render::{DOT_SOURCE_NODES, dot_text, flamebearer};
 use crate::api::querier::Querier;
 use crate::app::AppRef;
-use crate::auth::{Scope, TenantId};
+use crate::auth::TenantId;
 use crate::error::ApiError;
+use crate::transport::caller::Reads;
 use crate::transport::http::{query_options, report_headers};
 
 /// A legacy endpoint: its path, the API method name the telemetry layer gives it, its handler.
@@ -79,26 +80,25 @@ const DOT_DEFAULT_NODES: usize = 100;
 /// default, which gives CPU profiles their nanosecond type.
 const DEFAULT_SAMPLE_RATE: u32 = 100;
 
-/// Runs one legacy query as the querier runs a Connect one: authenticate, take a query slot,
-/// record what was read, put the report in headers, count refusals.
-async fn serve<F, Fut>(app: AppRef, method: &'static str, headers: HeaderMap, f: F) -> Response
+/// Runs one legacy query as the querier runs a Connect one: take a query slot, record what was
+/// read, put the report in headers.
+async fn serve<F, Fut>(
+    app: AppRef,
+    tenant: TenantId,
+    method: &'static str,
+    headers: HeaderMap,
+    f: F,
+) -> Response
 where
     F: FnOnce(Querier, TenantId) -> Fut,
     Fut: Future<Output = Result<Response, ApiError>>,
 {
-    let tenant = match app.authenticate(&headers, Scope::Read) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
     let querier = Querier::new(app.clone());
     let (result, report) = kiln_storage::query::with_options(query_options(&headers), async {
         let _slot = app.tenants.query_slot(&tenant).await?;
         f(querier, tenant.clone()).await
     })
     .await;
-    if let Err(e) = &result {
-        app.metrics.refused(&tenant, e.reason());
-    }
     let mut resp = result.unwrap_or_else(IntoResponse::into_response);
     app.metrics.query_read(method, &report.stats);
     report_headers(resp.headers_mut(), &report);
@@ -106,9 +106,15 @@ where
 }
 
 /// `GET /pyroscope/render`.
-async fn render(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
+async fn render(
+    State(app): State<AppRef>,
+    Reads(tenant): Reads,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
     serve(
         app,
+        tenant,
         ROUTES[0].method,
         headers,
         |querier, tenant| async move {
@@ -215,9 +221,15 @@ fn dot_response(
 }
 
 /// `GET /pyroscope/render-diff`.
-async fn render_diff(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
+async fn render_diff(
+    State(app): State<AppRef>,
+    Reads(tenant): Reads,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
     serve(
         app,
+        tenant,
         ROUTES[1].method,
         headers,
         |querier, tenant| async move {
@@ -247,9 +259,15 @@ async fn render_diff(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) ->
 }
 
 /// `GET /pyroscope/labels`: label names of the series the query selects.
-async fn labels(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
+async fn labels(
+    State(app): State<AppRef>,
+    Reads(tenant): Reads,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
     serve(
         app,
+        tenant,
         ROUTES[2].method,
         headers,
         |querier, tenant| async move {
@@ -274,9 +292,15 @@ async fn labels(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Resp
 
 /// `GET /pyroscope/label-values`: values of `label` in the series the query selects;
 /// `label=__name__` lists their profile types, as Pyroscope answers it.
-async fn label_values(State(app): State<AppRef>, uri: Uri, headers: HeaderMap) -> Response {
+async fn label_values(
+    State(app): State<AppRef>,
+    Reads(tenant): Reads,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
     serve(
         app,
+        tenant,
         ROUTES[3].method,
         headers,
         |querier, tenant| async move {

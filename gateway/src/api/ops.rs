@@ -20,19 +20,23 @@ pub(crate) async fn ready() -> impl IntoResponse {
 /// serves it to all.
 pub(crate) async fn guarded_metrics(
     State(app): State<AppRef>,
-    headers: axum::http::HeaderMap,
+    credentials: crate::transport::caller::Credentials,
 ) -> Response {
     use crate::auth::{AuthMode, Scope};
     let allowed = match app.auth.mode {
         AuthMode::None => Ok(()),
-        AuthMode::Jwt => app.auth.authorize_admin(&headers, None).map(|_| ()),
-        AuthMode::TrustedHeader => app.auth.authenticate(&headers, Scope::Read).and_then(|p| {
-            if app.auth.admin_tenant.as_deref() == Some(p.tenant.as_str()) {
+        AuthMode::Jwt => credentials
+            .principal(Scope::Admin)
+            .and_then(|p| app.auth.administers(&p, None)),
+        AuthMode::TrustedHeader => credentials.tenant(Scope::Read).and_then(|tenant| {
+            if app.auth.admin_tenant.as_deref() == Some(tenant.as_str()) {
                 Ok(())
             } else {
                 Err(crate::error::ApiError::new(
                     crate::error::ErrorKind::PermissionDenied,
-                    "/metrics names every tenant: with --auth trusted-header it answers only                      X-Scope-OrgID of the operator tenant (--admin-tenant); or scrape the                      admin listener (--admin-listen)",
+                    "/metrics names every tenant: with --auth trusted-header it answers only \
+                     X-Scope-OrgID of the operator tenant (--admin-tenant); or scrape the \
+                     admin listener (--admin-listen)",
                 ))
             }
         }),

@@ -32,6 +32,7 @@ use crate::app::write::{decode, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::time::now_nanos;
+use crate::transport::caller::Writes;
 use crate::transport::http::{admit, decode_content_encoding, read_body};
 
 /// The gRPC method path.
@@ -157,17 +158,15 @@ async fn export(
 }
 
 /// `POST /v1development/profiles`.
-pub async fn http_handler(State(app): State<AppRef>, headers: HeaderMap, body: Body) -> Response {
-    let result = match app.authenticate(&headers, Scope::Write) {
-        Ok(tenant) => http_export(&app, &tenant, &headers, body)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason())),
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(resp) => resp,
-        Err(e) => e.into_response(),
-    }
+pub async fn http_handler(
+    State(app): State<AppRef>,
+    Writes(tenant): Writes,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    http_export(&app, &tenant, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn http_export(
@@ -178,22 +177,14 @@ async fn http_export(
 ) -> Result<Response, ApiError> {
     let limits = app.limits(tenant);
     let body = admit(app, tenant, body, limits.max_body_bytes).await?;
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let json = match essence.as_str() {
-        "application/x-protobuf" | "application/protobuf" => false,
-        "application/json" => true,
+    let media = crate::transport::http::media_type(headers)?;
+    let json = match media.as_ref().map(|m| m.essence_str()) {
+        Some("application/x-protobuf" | "application/protobuf") => false,
+        Some("application/json") => true,
         _ => {
             return Err(ApiError::unsupported_media_type(format!(
-                "content type {ct:?} is not supported; use application/x-protobuf or application/json"
+                "content type {:?} is not supported; use application/x-protobuf or application/json",
+                media.as_ref().map_or("", |m| m.as_ref())
             )));
         }
     };
@@ -202,13 +193,8 @@ async fn http_export(
     // After the body is read: a client that writes it all before reading sees the 400, not a
     // reset.
     check_version(headers)?;
-    let mut share = app
-        .decode_budget
-        .take(crate::app::budget::decoded_size(
-            &body,
-            limits.max_decompressed_bytes,
-        ))
-        .await?;
+    // The body's bytes; inflating it grows the share (each gzip trailer read once).
+    let mut share = app.decode_budget.take(body.len()).await?;
     let body =
         decode_content_encoding(headers, body, limits.max_decompressed_bytes, &mut share).await?;
     if body.len() > limits.max_decompressed_bytes {
@@ -310,7 +296,12 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                 .get::<crate::transport::grpc::Authenticated>()
             {
                 Some(a) => a.0.clone(),
-                None => app.authenticate(&req.metadata().clone().into_headers(), Scope::Write)?,
+                None => crate::transport::caller::authenticate(
+                    &app,
+                    &req.metadata().clone().into_headers(),
+                    &Default::default(),
+                    Scope::Write,
+                )?,
             };
             let version = check_version(&req.metadata().clone().into_headers());
             let result = async {
@@ -332,9 +323,6 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                 export(&app, &tenant, body, Encoding::Protobuf, &mut share).await
             }
             .await;
-            if let Err(e) = &result {
-                app.metrics.refused(&tenant, e.reason());
-            }
             Ok(tonic::Response::new(result?))
         })
     }

@@ -43,6 +43,7 @@ use crate::app::write::{blocking, store};
 use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::time::now_nanos;
+use crate::transport::caller::Writes;
 use crate::transport::connect::{connect_error, connect_ok};
 use crate::transport::grpc::Grpc;
 
@@ -328,9 +329,10 @@ async fn write_stream(
     Ok(())
 }
 
-/// Answers a Connect unary call of this service: authenticates, admits, decodes, runs `f`.
+/// Answers a Connect unary call of this service: admits, decodes, runs `f`.
 async fn connect_unary<Req, Resp, F, Fut>(
     app: AppRef,
+    tenant: TenantId,
     headers: HeaderMap,
     body: Body,
     f: F,
@@ -342,22 +344,13 @@ where
     Fut: std::future::Future<Output = Result<Resp, ApiError>>,
 {
     let result = async {
-        let tenant = app.authenticate(&headers, Scope::Write)?;
         let body =
             crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
-                .await
-                .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let call = crate::transport::connect::prepare(&app, &headers, body, tenant.clone())
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        app.metrics.received(&tenant, call.body.len());
-        let req: Req = call
-            .codec
-            .decode(&call.body)
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let resp = f(app.clone(), call.tenant, req)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+                .await?;
+        let call = crate::transport::connect::prepare(&app, &headers, body, tenant).await?;
+        app.metrics.received(&call.tenant, call.body.len());
+        let req: Req = call.codec.decode(&call.body)?;
+        let resp = f(app.clone(), call.tenant, req).await?;
         Ok::<_, ApiError>((call.codec, call.codec.encode(&resp)?))
     }
     .await;
@@ -370,10 +363,11 @@ where
 /// `POST /parca.profilestore.v1alpha1.ProfileStoreService/WriteRaw`.
 pub async fn connect_write_raw(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     headers: HeaderMap,
     body: Body,
 ) -> axum::response::Response {
-    connect_unary(app, headers, body, |app, tenant, req| async move {
+    connect_unary(app, tenant, headers, body, |app, tenant, req| async move {
         write_raw(&app, &tenant, req).await?;
         Ok(pb::WriteRawResponse {})
     })
@@ -383,12 +377,14 @@ pub async fn connect_write_raw(
 /// `POST /parca.profilestore.v1alpha1.ProfileStoreService/WriteArrow`.
 pub async fn connect_write_arrow(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     headers: HeaderMap,
     body: Body,
 ) -> axum::response::Response {
     let upload_id = upload_id(&headers);
     connect_unary(
         app,
+        tenant,
         headers,
         body,
         |app, tenant, req: pb::WriteArrowRequest| async move {
@@ -406,11 +402,7 @@ impl ProfileStoreService for Grpc {
         req: Request<pb::WriteRawRequest>,
     ) -> Result<Response<pb::WriteRawResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
-        let result = write_raw(&self.app, &tenant, req.into_inner()).await;
-        if let Err(e) = &result {
-            self.app.metrics.refused(&tenant, e.reason());
-        }
-        result?;
+        write_raw(&self.app, &tenant, req.into_inner()).await?;
         Ok(Response::new(pb::WriteRawResponse {}))
     }
 
@@ -448,7 +440,6 @@ impl ProfileStoreService for Grpc {
                 ))
             });
             if let Err(e) = result {
-                app.metrics.refused(&tenant, e.reason());
                 let _ = tx.send(Err(Status::from(e))).await;
             }
             // Dropping `tx` ends the stream with OK: the profile is stored.
@@ -464,11 +455,7 @@ impl ProfileStoreService for Grpc {
         let upload_id = upload_id(&req.metadata().clone().into_headers());
         let body = req.into_inner().ipc_buffer;
         self.app.metrics.received(&tenant, body.len());
-        let result = write_arrow(&self.app, &tenant, body, upload_id).await;
-        if let Err(e) = &result {
-            self.app.metrics.refused(&tenant, e.reason());
-        }
-        result?;
+        write_arrow(&self.app, &tenant, body, upload_id).await?;
         Ok(Response::new(pb::WriteArrowResponse {}))
     }
 }

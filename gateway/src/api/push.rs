@@ -19,6 +19,7 @@ use crate::auth::{Scope, TenantId};
 use crate::error::ApiError;
 use crate::tenants::TenantLimits;
 use crate::time::now_nanos;
+use crate::transport::caller::Writes;
 use crate::transport::connect::{connect_error, connect_ok};
 use crate::transport::grpc::Grpc;
 
@@ -30,14 +31,15 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
     let limits: TenantLimits = app.limits(tenant);
     let normalize_limits = limits.normalize();
     let now = now_nanos();
-    let decoded: usize = req
+    // The samples' bytes as sent; inflating them grows the share (each gzip trailer read once,
+    // by the inflation: the trailers' sizes are the senders' word only).
+    let sent: usize = req
         .series
         .iter()
         .flat_map(|s| &s.samples)
-        .map(|s| budget::decoded_size(&s.raw_profile, limits.max_decompressed_bytes))
+        .map(|s| s.raw_profile.len())
         .sum();
-    let mut share = app.decode_budget.take(decoded).await?;
-    // Inflated here, within the budget (the trailers' sizes are the senders' word only).
+    let mut share = app.decode_budget.take(sent).await?;
     let mut req = req;
     let mut held = 0usize;
     for sample in req.series.iter_mut().flat_map(|s| s.samples.iter_mut()) {
@@ -151,26 +153,18 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
 /// `POST /push.v1.PusherService/Push`.
 pub async fn connect_handler(
     State(app): State<AppRef>,
+    Writes(tenant): Writes,
     headers: HeaderMap,
     body: Body,
 ) -> axum::response::Response {
     let result = async {
-        let tenant = app.authenticate(&headers, Scope::Write)?;
         let body =
             crate::transport::http::admit(&app, &tenant, body, app.limits(&tenant).max_body_bytes)
-                .await
-                .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        let call = crate::transport::connect::prepare(&app, &headers, body, tenant.clone())
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        app.metrics.received(&tenant, call.body.len());
-        let req: kiln_proto::push::v1::PushRequest = call
-            .codec
-            .decode(&call.body)
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
-        push(&app, &call.tenant, req)
-            .await
-            .inspect_err(|e| app.metrics.refused(&tenant, e.reason()))?;
+                .await?;
+        let call = crate::transport::connect::prepare(&app, &headers, body, tenant).await?;
+        app.metrics.received(&call.tenant, call.body.len());
+        let req: kiln_proto::push::v1::PushRequest = call.codec.decode(&call.body)?;
+        push(&app, &call.tenant, req).await?;
         Ok::<_, ApiError>((
             call.codec,
             call.codec.encode(&kiln_proto::push::v1::PushResponse {})?,
@@ -187,11 +181,7 @@ pub async fn connect_handler(
 impl PusherService for Grpc {
     async fn push(&self, req: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Write)?;
-        let result = push(&self.app, &tenant, req.into_inner()).await;
-        if let Err(e) = &result {
-            self.app.metrics.refused(&tenant, e.reason());
-        }
-        result?;
+        push(&self.app, &tenant, req.into_inner()).await?;
         Ok(Response::new(PushResponse {}))
     }
 }

@@ -267,7 +267,8 @@ pub async fn checked(
     Ok(checked)
 }
 
-/// The bytes decoding `body` produces, as far as can be told before doing it: a gzip body's
+/// The bytes decoding `body` produces, as far as can be told before doing it, for a caller
+/// that inflates it outside [`gunzip`] (ad-hoc uploads); [`gunzip`] reads the trailer itself: a gzip body's
 /// trailer gives its inflated size (the last member's, modulo 4 GiB; a hint a sender could
 /// falsify, so it is taken as at least the body and at most `limit`, which inflation enforces).
 pub fn decoded_size(body: &[u8], limit: usize) -> usize {

@@ -26,24 +26,16 @@ pub enum Codec {
 impl Codec {
     /// The codec of a request's content type; anything else is 415.
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
-        let ct = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let essence = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match essence.as_str() {
-            "application/proto" | "application/protobuf" | "application/x-protobuf" => {
+        let media = crate::transport::http::media_type(headers)?;
+        match media.as_ref().map(|m| m.essence_str()) {
+            Some("application/proto" | "application/protobuf" | "application/x-protobuf") => {
                 Ok(Self::Proto)
             }
-            "application/json" => Ok(Self::Json),
+            Some("application/json") => Ok(Self::Json),
             _ => Err(ApiError::unsupported_media_type(format!(
-                "content type {ct:?} is not supported; use application/proto, application/json \
-                 or gRPC (application/grpc)"
+                "content type {:?} is not supported; use application/proto, application/json \
+                 or gRPC (application/grpc)",
+                media.as_ref().map_or("", |m| m.as_ref())
             ))),
         }
     }

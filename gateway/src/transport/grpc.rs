@@ -4,13 +4,13 @@
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::header;
 use axum::middleware::Next;
 use tonic::{Request, Response, Status};
 use tower::ServiceExt;
 
 use crate::app::AppRef;
 use crate::auth::Scope;
+use crate::transport::caller::authenticate;
 
 /// gRPC services over the shared app.
 #[derive(Debug, Clone)]
@@ -31,25 +31,24 @@ impl Grpc {
         if let Some(Authenticated(tenant)) = req.extensions().get() {
             return Ok(tenant.clone());
         }
+        // Not through `steer` (which always authenticates gRPC): no slot for the layer.
         let headers = req.metadata().clone().into_headers();
-        Ok(self.app.authenticate(&headers, scope)?)
+        Ok(crate::transport::caller::authenticate(
+            &self.app,
+            &headers,
+            &Default::default(),
+            scope,
+        )?)
     }
 }
 
-/// A query's report in response metadata, as the Connect front end puts it in headers.
-/// A unary call's answer: the message, or the error as its gRPC status, counted as the
-/// tenant's refusal.
-pub(crate) fn answer<T>(
-    app: &AppRef,
-    tenant: &crate::auth::TenantId,
-    result: Result<T, crate::error::ApiError>,
-) -> Result<Response<T>, Status> {
-    result.map(Response::new).map_err(|e| {
-        app.metrics.refused(tenant, e.reason());
-        e.into()
-    })
+/// A unary call's answer: the message, or the error as its gRPC status (counted by the
+/// telemetry layer).
+pub(crate) fn answer<T>(result: Result<T, crate::error::ApiError>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(Status::from)
 }
 
+/// A query's report in response metadata, as the Connect front end puts it in headers.
 pub(crate) fn report_metadata<T>(
     resp: &mut Response<T>,
     report: &kiln_storage::query::QueryReport,
@@ -94,14 +93,13 @@ pub(crate) async fn steer(
 ) -> axum::response::Response {
     if is_grpc(req.headers()) {
         let scope = scope_of(req.uri().path());
-        let tenant = match app.authenticate(req.headers(), scope) {
+        let tenant = match authenticate(&app, req.headers(), req.extensions(), scope) {
             Ok(t) => t,
             Err(e) => return grpc_refusal(e),
         };
         if scope == Scope::Write
             && let Err(e) = app.tenants.check_ingest(&tenant)
         {
-            app.metrics.refused(&tenant, e.reason());
             return grpc_refusal(e);
         }
         req.extensions_mut().insert(Authenticated(tenant));
@@ -137,10 +135,11 @@ fn oversize_is_resource_exhausted(resp: &mut axum::response::Response) {
     }
 }
 
-/// Whether a request is gRPC: its content type is `application/grpc`, `application/grpc+proto`, …
+/// Whether a request (or response) is gRPC: its content type is `application/grpc`,
+/// `application/grpc+proto`, `application/grpc+json` (not gRPC-Web's `application/grpc-web`).
 pub(crate) fn is_grpc(headers: &axum::http::HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/grpc"))
+    crate::transport::http::media_type(headers)
+        .ok()
+        .flatten()
+        .is_some_and(|m| m.type_() == mime::APPLICATION && m.subtype() == "grpc")
 }

@@ -12,6 +12,24 @@ use crate::app::budget::{self, Share};
 use crate::auth::TenantId;
 use crate::error::ApiError;
 
+/// A request's media type (`Content-Type`), `None` when it names none: the one parser of
+/// content types every API uses. Its type, subtype and parameter names are lower case; text
+/// that is not a media type is 415.
+pub fn media_type(headers: &HeaderMap) -> Result<Option<mime::Mime>, ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::unsupported_media_type("the content type is not valid text"))?;
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        ApiError::unsupported_media_type(format!("content type {text:?} is not a media type"))
+    })
+}
+
 /// Reads a request body, refusing more than `limit` bytes with 413.
 pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
@@ -140,4 +158,39 @@ pub(crate) fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> 
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("unknown panic");
     crate::error::ApiError::internal(format!("handler panicked: {detail}")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn with_type(ct: &[u8]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_bytes(ct).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn one_parser_reads_every_media_type() {
+        assert!(media_type(&HeaderMap::new()).unwrap().is_none());
+        let m = media_type(&with_type(b"Multipart/Form-Data; Boundary=abc"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.essence_str(), "multipart/form-data");
+        assert_eq!(m.get_param(mime::BOUNDARY).unwrap(), "abc");
+        let err = media_type(&with_type(b"not a type")).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::UnsupportedMediaType);
+        let err = media_type(&with_type(b"text/\xff")).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::UnsupportedMediaType);
+        // gRPC by its subtype, with or without a suffix; gRPC-Web is not gRPC.
+        use crate::transport::grpc::is_grpc;
+        assert!(is_grpc(&with_type(b"application/grpc")));
+        assert!(is_grpc(&with_type(b"application/grpc+proto")));
+        assert!(!is_grpc(&with_type(b"application/grpc-web+proto")));
+        assert!(!is_grpc(&with_type(b"application/proto")));
+    }
 }

@@ -10,48 +10,36 @@ use bytes::Bytes;
 
 use super::Querier;
 use crate::app::AppRef;
-use crate::auth::Scope;
 use crate::error::{ApiError, ErrorKind};
+use crate::transport::caller::Reads;
 use crate::transport::connect::{Call, Codec, connect_error, connect_ok, prepare};
 use crate::transport::http::{query_options, report_headers};
 
 /// `POST /querier.v1.QuerierService/{method}`.
 pub async fn connect_handler(
     State(app): State<AppRef>,
+    Reads(tenant): Reads,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let querier = Querier::new(app.clone());
-    let mut report = None;
-    let (name, result) = match app.authenticate(&headers, Scope::Read) {
-        Err(e) => ("auth", Err(e)),
-        Ok(tenant) => {
-            let (result, r) = kiln_storage::query::with_options(query_options(&headers), async {
-                let _slot = app.tenants.query_slot(&tenant).await?;
-                let call = prepare(&app, &headers, body, tenant.clone()).await?;
-                Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
-            })
-            .await;
-            report = Some(r);
-            let (name, result) = match result {
-                Ok((name, r)) => (name, r),
-                Err(e) => ("prepare", Err(e)),
-            };
-            if let Err(e) = &result {
-                app.metrics.refused(&tenant, e.reason());
-            }
-            (name, result)
-        }
+    let (result, report) = kiln_storage::query::with_options(query_options(&headers), async {
+        let _slot = app.tenants.query_slot(&tenant).await?;
+        let call = prepare(&app, &headers, body, tenant.clone()).await?;
+        Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
+    })
+    .await;
+    let (name, result) = match result {
+        Ok((name, r)) => (name, r),
+        Err(e) => ("prepare", Err(e)),
     };
     let mut resp = match result {
         Ok((codec, body)) => connect_ok(codec, body),
         Err(e) => connect_error(&e),
     };
-    if let Some(report) = report {
-        app.metrics.query_read(name, &report.stats);
-        report_headers(resp.headers_mut(), &report);
-    }
+    app.metrics.query_read(name, &report.stats);
+    report_headers(resp.headers_mut(), &report);
     resp
 }
 

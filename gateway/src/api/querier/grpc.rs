@@ -23,9 +23,6 @@ macro_rules! grpc_unary {
                 .await
         })
         .await;
-        if let Err(e) = &result {
-            $self.app.metrics.refused(&tenant, e.reason());
-        }
         $self.app.metrics.query_read($name, &report.stats);
         let mut resp = Response::new(result?);
         report_metadata(&mut resp, &report);

@@ -4,7 +4,7 @@
 //! `GET /api/v1/recording-rules/metrics`. The rules are evaluated by `crate::recording`.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kiln_proto::settings::v1 as pb;
 use kiln_proto::settings::v1::recording_rules_service_server::RecordingRulesService;
@@ -16,6 +16,7 @@ use crate::auth::{Scope, TenantId};
 use crate::error::{ApiError, ErrorKind};
 use crate::recording::rules::{InvalidRule, Rule};
 use crate::recording::{put_stored_rules, stored_rules};
+use crate::transport::caller::Reads;
 use crate::transport::grpc::{Grpc, answer};
 
 /// The prefix every rule's metric name has (Pyroscope's; the Drilldown app adds it).
@@ -274,14 +275,11 @@ async fn reload(app: &AppRef, tenant: &TenantId) {
 /// `GET /api/v1/recording-rules/metrics`: the tenant's rule counters in the Prometheus text
 /// format, each at the end of the last sealed interval, for users without a remote-write
 /// receiver (a Prometheus scrape with `honor_timestamps`).
-pub async fn metrics_handler(State(app): State<AppRef>, headers: HeaderMap) -> Response {
-    let result = async {
-        let tenant = app.authenticate(&headers, Scope::Read)?;
-        app.recording
-            .exposition(&app.storage, &app.tenants, &tenant)
-            .await
-    }
-    .await;
+pub async fn metrics_handler(State(app): State<AppRef>, Reads(tenant): Reads) -> Response {
+    let result = app
+        .recording
+        .exposition(&app.storage, &app.tenants, &tenant)
+        .await;
     match result {
         Ok(text) => (
             StatusCode::OK,
@@ -304,7 +302,7 @@ impl RecordingRulesService for Grpc {
     ) -> Result<tonic::Response<pb::GetRecordingRuleResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Read)?;
         let r = get(&self.app, &tenant, &req.into_inner().id).await;
-        answer(&self.app, &tenant, r)
+        answer(r)
     }
 
     async fn list_recording_rules(
@@ -313,7 +311,7 @@ impl RecordingRulesService for Grpc {
     ) -> Result<tonic::Response<pb::ListRecordingRulesResponse>, Status> {
         let tenant = self.tenant(&req, Scope::Read)?;
         let r = list(&self.app, &tenant).await;
-        answer(&self.app, &tenant, r)
+        answer(r)
     }
 
     async fn upsert_recording_rule(
@@ -327,7 +325,7 @@ impl RecordingRulesService for Grpc {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let r = upsert(&self.app, &tenant, req.into_inner(), backfill.as_deref()).await;
-        answer(&self.app, &tenant, r)
+        answer(r)
     }
 
     async fn delete_recording_rule(
@@ -338,6 +336,6 @@ impl RecordingRulesService for Grpc {
         let r = delete(&self.app, &tenant, &req.into_inner().id)
             .await
             .map(|()| pb::DeleteRecordingRuleResponse {});
-        answer(&self.app, &tenant, r)
+        answer(r)
     }
 }
