@@ -2,7 +2,7 @@
 # Installs everything Kiln's tests need on a Debian machine: Go (for runtime/pprof and the
 # symbolization tests' Go programs), g++, binutils and debuginfod (symbolization), openssl
 # (test keys), Prometheus (the recording rules' remote-write receiver), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
-# the JDK's own flight recorder) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
+# the JDK's own flight recorder) and haproxy (the cluster test's load balancer) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
 # the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
 # directory, @pyroscope/nodejs under e2e/clients/node, playwright-core (drives Debian's chromium
 # through the web UI) under e2e/clients/browser, Microsoft's Azurite and s3rver (object
@@ -27,6 +27,8 @@ command -v debuginfod >/dev/null 2>&1 || need_apt+=(debuginfod)
 # Recording rules' tests: a real Prometheus takes Kiln's remote writes.
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+# The cluster test: Debian's haproxy in front of six processes (deploy/haproxy/kiln.cfg).
+[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -3,6 +3,7 @@
 //! clients send through a small loopback proxy so tests can compare stored totals with the
 //! values the clients really sent.
 
+pub mod haproxy;
 pub mod prometheus;
 pub mod proxy;
 
@@ -134,6 +135,24 @@ impl Kiln {
             bail!("/metrics: {}", resp.status());
         }
         Ok(resp.text()?)
+    }
+
+    /// A handle on a server this harness did not start (a load balancer in front of several
+    /// processes): the same clients, no process to stop or kill.
+    pub fn attach(port: u16) -> Result<Self> {
+        Ok(Self {
+            child: None,
+            port,
+            data_dir: tempfile::tempdir()?,
+            args: Vec::new(),
+            env: Vec::new(),
+            log: PathBuf::new(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .no_proxy()
+                .build()?,
+            auth: None,
+        })
     }
 
     /// Starts kiln with exactly these flags (plus listen address, data dir and a short flush).

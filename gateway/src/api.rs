@@ -407,6 +407,14 @@ pub fn endpoints() -> Vec<Endpoint> {
             Some(|| get(admin::quarantine_of)),
         ),
         Endpoint::new(
+            "/api/v1/members",
+            Get,
+            Any,
+            Http,
+            One("admin.members"),
+            Some(|| get(admin::members)),
+        ),
+        Endpoint::new(
             "/api/v1/quarantine",
             Get,
             Any,

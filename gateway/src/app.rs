@@ -4,6 +4,7 @@
 //! ([`write`](mod@write)).
 
 pub mod budget;
+pub mod cluster;
 mod roles;
 mod stacks;
 mod upload_ids;
@@ -49,6 +50,8 @@ pub struct App {
     pub debuginfo_uploads: uploads::Uploads,
     /// Recording rules: evaluated on every write, sealed and sent by `kiln serve`.
     pub recording: Arc<crate::recording::Recording>,
+    /// This process in its cluster: instance id, live members, leaving.
+    pub cluster: cluster::Cluster,
 }
 
 impl App {
@@ -97,7 +100,7 @@ impl App {
         storage.set_frame_namer(Arc::new(symbolizer.clone()), deadline);
         let decode_budget = DecodeBudget::new(256 << 20);
         symbolizer.set_inflate_budget(Arc::new(decode_budget.clone()));
-        Ok(Self {
+        let app = Self {
             storage,
             tenants,
             auth,
@@ -110,13 +113,30 @@ impl App {
             symbolizer,
             debuginfo_uploads: Default::default(),
             recording,
-        })
+            cluster: cluster::Cluster::new("local", Roles::ALL),
+        };
+        app.set_members(vec![app.cluster.me().clone()]);
+        Ok(app)
     }
 
     /// Sets the decode budget, which ingest and the opening of debug files share.
     pub fn set_decode_budget(&mut self, budget: DecodeBudget) {
         self.symbolizer.set_inflate_budget(Arc::new(budget.clone()));
         self.decode_budget = budget;
+    }
+
+    /// Records the cluster's live members (membership's answer, or this process alone): the
+    /// limits' shares and the `kiln_cluster_members` gauges follow.
+    pub fn set_members(&self, members: Vec<kiln_storage::metastore::Member>) {
+        self.cluster.set_live(members);
+        let (ingest, query, compact) = self.cluster.counts_by_role();
+        self.tenants.set_peers(ingest, query);
+        for (role, n) in [("ingest", ingest), ("query", query), ("compact", compact)] {
+            self.metrics
+                .cluster_members
+                .get_or_create(&crate::metrics::RoleLabels { role })
+                .set(n as i64);
+        }
     }
 
     /// The limits of a tenant.

@@ -54,6 +54,11 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    pub role: &'static str,
+}
+
 /// The registry and its metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -67,6 +72,8 @@ pub struct Metrics {
     /// Bytes each query read from the object store, by method (1 KiB to 256 MiB buckets).
     pub query_read_bytes: Family<MethodLabels, Histogram>,
     pub auth_refusals: Family<ReasonLabels, Counter>,
+    /// Live members of the cluster by role, as this process's last heartbeat counted them.
+    pub cluster_members: Family<RoleLabels, Gauge>,
     /// Connections closed on accept because `--max-connections` were open.
     pub connections_refused: Counter,
     pub tenant_received_bytes: Family<TenantLabels, Counter>,
@@ -148,6 +155,7 @@ impl Default for Metrics {
                 Histogram::new(exponential_buckets(1024.0, 4.0, 10))
             }),
             auth_refusals: Family::default(),
+            cluster_members: Family::default(),
             connections_refused: Counter::default(),
             tenant_received_bytes: Family::default(),
             tenant_decompressed_bytes: Family::default(),
@@ -200,6 +208,11 @@ impl Default for Metrics {
             "auth_refusals",
             "Requests refused before a tenant was known, by reason",
             m.auth_refusals.clone(),
+        );
+        r.register(
+            "cluster_members",
+            "Live members of the cluster by role, as this process last counted them",
+            m.cluster_members.clone(),
         );
         r.register(
             "tenant_ingest_received_bytes",

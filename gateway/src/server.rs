@@ -4,6 +4,7 @@
 //! ([`traces`]). It starts what the rooms below it define: the APIs' router (`crate::api`)
 //! over the app's state (`crate::app`).
 
+pub mod cluster;
 pub mod config;
 pub mod lifecycle;
 pub mod listener;

@@ -1,5 +1,12 @@
 //! Per-tenant limits from a TOML file (`--tenants PATH`), reloaded on SIGHUP or when the file
 //! changes, and the state that enforces them: ingest rate buckets, series counts, query slots.
+//!
+//! Where the state lives: each process holds its own buckets and slots, in memory. A limit is
+//! the cluster's, so each process enforces its share ([`Peers`]): the ingest rate divided by
+//! the live ingest processes, the query slots by the live query processes, as Mimir, Loki and
+//! Pyroscope divide theirs. Membership (`crate::server::cluster`) sets the counts each second.
+//! Active series are exact for the cluster: where processes share a metastore, it counts them
+//! (`Metastore::admit_series`), and this process's view only spares it the series it has seen.
 //! The limits themselves (the file's model and parsing) are in [`limits`]; this module loads,
 //! reloads and enforces them.
 //!
@@ -17,6 +24,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -58,6 +66,46 @@ impl ActiveSeries {
     }
 }
 
+/// How many processes share the cluster's limits: the live members of each role, as membership
+/// last counted them (1 each for a process alone, or before the first count).
+#[derive(Debug)]
+pub struct Peers {
+    ingest: AtomicUsize,
+    query: AtomicUsize,
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Self {
+            ingest: AtomicUsize::new(1),
+            query: AtomicUsize::new(1),
+        }
+    }
+}
+
+impl Peers {
+    /// Live ingest processes (at least 1).
+    pub fn ingest(&self) -> usize {
+        self.ingest.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Live query processes (at least 1).
+    pub fn query(&self) -> usize {
+        self.query.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// The refusal of a write that would take `tenant` past `max` active series (429).
+pub fn series_limit(tenant: &str, max: usize) -> ApiError {
+    ApiError::new(
+        ErrorKind::ResourceExhausted,
+        format!(
+            "tenant {tenant:?} would have more than its limit of {max} active series \
+             (series with a profile in the last hour)"
+        ),
+    )
+}
+
 /// Limits in force and the state enforcing them.
 #[derive(Debug)]
 pub struct Tenants {
@@ -71,6 +119,10 @@ pub struct Tenants {
     started: Instant,
     /// Per tenant: the slot count in force and the semaphore handing slots out.
     queries: Mutex<HashMap<String, (usize, Arc<Semaphore>)>>,
+    /// The processes sharing each limit.
+    peers: Peers,
+    /// Per tenant: series seen since the shared count was last told ([`Tenants::touched`]).
+    touched: Mutex<HashMap<String, HashSet<u64>>>,
 }
 
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
@@ -99,7 +151,27 @@ impl Tenants {
             series: Mutex::new(HashMap::new()),
             started: Instant::now(),
             queries: Mutex::new(HashMap::new()),
+            peers: Peers::default(),
+            touched: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Sets how many live processes of each role share the limits (membership, each second).
+    pub fn set_peers(&self, ingest: usize, query: usize) {
+        self.peers.ingest.store(ingest.max(1), Ordering::Relaxed);
+        self.peers.query.store(query.max(1), Ordering::Relaxed);
+    }
+
+    /// The processes sharing each limit now.
+    pub fn peers(&self) -> &Peers {
+        &self.peers
+    }
+
+    /// This process's share of the tenant's ingest rate, in bytes per second (0: unlimited).
+    /// The burst is not divided, as Pyroscope's is not: a process's bucket still takes one
+    /// request of the burst's size.
+    fn rate_share(&self, limits: &TenantLimits) -> f64 {
+        limits.ingest_rate_bytes as f64 / self.peers.ingest() as f64
     }
 
     /// Built-in defaults for every tenant.
@@ -141,13 +213,14 @@ impl Tenants {
             .clone()
     }
 
-    /// Takes `bytes` from the tenant's ingest bucket, or says when to retry (429).
+    /// Takes `bytes` from the tenant's ingest bucket (this process's share of its rate), or
+    /// says when to retry (429).
     pub fn charge_ingest(&self, tenant: &str, bytes: u64) -> Result<(), ApiError> {
         let limits = self.limits(tenant);
         if limits.ingest_rate_bytes == 0 {
             return Ok(());
         }
-        let rate = limits.ingest_rate_bytes as f64;
+        let rate = self.rate_share(&limits);
         let burst = limits.ingest_burst_bytes.max(1) as f64;
         let now = Instant::now();
         let mut buckets = self.buckets.lock().expect("buckets lock");
@@ -182,7 +255,7 @@ impl Tenants {
         if limits.ingest_rate_bytes == 0 {
             return Ok(());
         }
-        let rate = limits.ingest_rate_bytes as f64;
+        let rate = self.rate_share(&limits);
         let burst = limits.ingest_burst_bytes.max(1) as f64;
         let now = Instant::now();
         let mut buckets = self.buckets.lock().expect("buckets lock");
@@ -251,13 +324,7 @@ impl Tenants {
             new = count_new(active);
         }
         if max > 0 && active.last_seen.len() + new > max {
-            return Err(ApiError::new(
-                ErrorKind::ResourceExhausted,
-                format!(
-                    "tenant {tenant:?} would have more than its limit of {max} active series \
-                     (series with a profile in the last hour)"
-                ),
-            ));
+            return Err(series_limit(tenant, max));
         }
         for h in hashes {
             active.last_seen.insert(*h, now);
@@ -265,19 +332,68 @@ impl Tenants {
         Ok(())
     }
 
+    /// Where a shared count admits series (a cluster: `Metastore::admit_series`): the series
+    /// of `hashes` this process has not seen active, each once. The shared count admits these;
+    /// the others it admitted already.
+    pub fn unseen_series(&self, tenant: &str, hashes: &[u64]) -> Vec<u64> {
+        let now = self.started.elapsed().as_secs();
+        let mut series = self.series.lock().expect("series lock");
+        let active = series.entry(tenant.to_owned()).or_default();
+        if now.saturating_sub(active.swept) >= 60 {
+            active.sweep(now);
+        }
+        let unseen: HashSet<u64> = hashes
+            .iter()
+            .filter(|h| !active.last_seen.contains_key(*h))
+            .copied()
+            .collect();
+        unseen.into_iter().collect()
+    }
+
+    /// Records the series of an admitted write as seen now, here and among those the shared
+    /// count is told of next ([`Tenants::touched`]).
+    pub fn saw_series(&self, tenant: &str, hashes: &[u64]) {
+        let now = self.started.elapsed().as_secs();
+        let mut series = self.series.lock().expect("series lock");
+        let active = series.entry(tenant.to_owned()).or_default();
+        for h in hashes {
+            active.last_seen.insert(*h, now);
+        }
+        drop(series);
+        let mut touched = self.touched.lock().expect("touched lock");
+        touched
+            .entry(tenant.to_owned())
+            .or_default()
+            .extend(hashes.iter().copied());
+    }
+
+    /// The series seen since the last call, by tenant: the shared count refreshes them, so a
+    /// series this process keeps seeing stays active for every process.
+    pub fn touched(&self) -> Vec<(String, Vec<u64>)> {
+        std::mem::take(&mut *self.touched.lock().expect("touched lock"))
+            .into_iter()
+            .map(|(t, h)| (t, h.into_iter().collect()))
+            .collect()
+    }
+
     /// Forgets a tenant's series (after its data is erased).
     pub fn forget(&self, tenant: &str) {
         self.series.lock().expect("series lock").remove(tenant);
+        self.touched.lock().expect("touched lock").remove(tenant);
         self.buckets.lock().expect("buckets lock").remove(tenant);
     }
 
-    /// A query slot of the tenant; waits up to 10 s, then 429.
+    /// A query slot of the tenant (this process's share of its slots: the limit divided by the
+    /// live query processes, rounded up); waits up to 10 s, then 429.
     pub async fn query_slot(
         &self,
         tenant: &str,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         let limits = self.limits(tenant);
-        let want = limits.max_concurrent_queries.max(1);
+        let want = limits
+            .max_concurrent_queries
+            .max(1)
+            .div_ceil(self.peers.query());
         let sem = {
             let mut q = self.queries.lock().expect("queries lock");
             let (size, sem) = q
@@ -383,6 +499,33 @@ mod tests {
         // Bigger than the burst: passes on a full bucket only.
         assert!(t.charge_ingest("c", 5000).is_ok());
         assert!(t.charge_ingest("c", 1).is_err());
+    }
+
+    /// With four live ingest processes each takes a quarter of the rate (the burst whole); with
+    /// two live query processes each hands out half the slots, rounded up.
+    #[tokio::test]
+    async fn limits_are_shared_by_the_live_processes() {
+        let t = Tenants::load(None, {
+            let mut b = toml::Table::new();
+            b.insert("ingest_rate_bytes".into(), toml::Value::Integer(1000));
+            b.insert("ingest_burst_bytes".into(), toml::Value::Integer(1000));
+            b.insert("max_concurrent_queries".into(), toml::Value::Integer(3));
+            b
+        })
+        .unwrap();
+        t.set_peers(4, 2);
+        assert!(t.charge_ingest("a", 1000).is_ok(), "the whole burst");
+        // 500 more at 250 bytes/s: two seconds, where one process alone waits one.
+        let err = t.charge_ingest("a", 500).unwrap_err();
+        assert_eq!(err.retry_after, Some(2));
+        let slots = [t.query_slot("a").await, t.query_slot("a").await];
+        assert!(slots.iter().all(Result::is_ok));
+        // A third waits for one of the two.
+        let third = tokio::time::timeout(Duration::from_millis(50), t.query_slot("a")).await;
+        assert!(third.is_err(), "a third slot of this process's two");
+        // One process again: all three slots are its own.
+        t.set_peers(1, 1);
+        assert!(t.query_slot("a").await.is_ok());
     }
 
     #[test]

@@ -184,6 +184,18 @@ pub struct Removed {
     pub objects: usize,
 }
 
+/// A process of a cluster, as membership records it: its instance id (`--instance-id`) and
+/// the roles it runs (`ingest,query`, as `--roles` spells them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub id: String,
+    pub roles: String,
+}
+
+/// How long a member not heard from stays alive by default (ten missed heartbeats of one
+/// second).
+pub const MEMBER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Block metadata storage. Every method that changes something is one transaction, durable when
 /// it returns.
 #[async_trait::async_trait]
@@ -298,6 +310,48 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
 
     /// Gives storage freed by removals back to the system (redb compaction, `VACUUM`).
     async fn shrink(&self) -> Result<()>;
+
+    /// Membership: records `me` alive now and answers the members heard from within `timeout`
+    /// (on the database's clock), `me` among them, by id. An embedded metastore serves one
+    /// process, so it answers `me` alone.
+    async fn heartbeat(&self, me: &Member, timeout: std::time::Duration) -> Result<Vec<Member>> {
+        let _ = timeout;
+        Ok(vec![me.clone()])
+    }
+
+    /// `id` leaves the cluster: it is no longer among the members alive.
+    async fn leave(&self, id: &str) -> Result<()> {
+        let _ = id;
+        Ok(())
+    }
+
+    /// Whether processes share this metastore's counts of active series
+    /// ([`Metastore::admit_series`]); an embedded metastore serves one process, which counts
+    /// its own.
+    fn counts_series(&self) -> bool {
+        false
+    }
+
+    /// Admits `hashes`, series of `tenant` new to the calling process, against `max` active
+    /// series (0: no limit) counted over every process: a series is active when one was seen
+    /// within `window`. Admitted, all of them are active from now; refused (`false`), none is
+    /// recorded. Admissions of one tenant run one at a time.
+    async fn admit_series(
+        &self,
+        tenant: &str,
+        hashes: &[u64],
+        max: usize,
+        window: std::time::Duration,
+    ) -> Result<bool> {
+        let _ = (tenant, hashes, max, window);
+        Ok(true)
+    }
+
+    /// Marks `hashes` of `tenant` seen now (a process's series that stay active).
+    async fn touch_series(&self, tenant: &str, hashes: &[u64]) -> Result<()> {
+        let _ = (tenant, hashes);
+        Ok(())
+    }
 }
 
 /// Decoded metastore entries by (tenant, id, partition), bounded in bytes: entries never change

@@ -514,6 +514,31 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn shrink(&self) -> crate::Result<()> {
         self.count().shrink().await
     }
+    async fn heartbeat(
+        &self,
+        me: &crate::metastore::Member,
+        timeout: std::time::Duration,
+    ) -> crate::Result<Vec<crate::metastore::Member>> {
+        self.count().heartbeat(me, timeout).await
+    }
+    async fn leave(&self, id: &str) -> crate::Result<()> {
+        self.count().leave(id).await
+    }
+    fn counts_series(&self) -> bool {
+        self.inner.counts_series()
+    }
+    async fn admit_series(
+        &self,
+        tenant: &str,
+        hashes: &[u64],
+        max: usize,
+        window: std::time::Duration,
+    ) -> crate::Result<bool> {
+        self.count().admit_series(tenant, hashes, max, window).await
+    }
+    async fn touch_series(&self, tenant: &str, hashes: &[u64]) -> crate::Result<()> {
+        self.count().touch_series(tenant, hashes).await
+    }
 }
 
 /// The metastore entry of a block that exists only there (no object): the `n`th of `tenant`,

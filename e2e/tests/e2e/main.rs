@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod bench;
 mod clients;
+mod cluster;
 mod corpus;
 mod crash;
 mod debuginfo_bounds;

@@ -6,6 +6,7 @@
 //! - `DELETE /api/v1/tenants/{id}`: erases the tenant's blocks.
 //! - `GET /api/v1/tenants/{id}/blocks`: blocks by compaction level, rows, bytes, jobs.
 //! - `GET /api/v1/quarantine`, `GET /api/v1/tenants/{id}/quarantine`: unreadable blocks.
+//! - `GET /api/v1/members`: the processes of the cluster alive, as this one last saw them.
 
 use std::collections::BTreeSet;
 
@@ -49,6 +50,22 @@ pub async fn list(
         tenants.push(usage_of(&app, &t).await?);
     }
     Ok(Json(json!({ "tenants": tenants })))
+}
+
+/// `GET /api/v1/members`: the live processes of the cluster (operator only), this one marked.
+pub async fn members(
+    State(app): State<AppRef>,
+    admin: Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    admin.administers(None)?;
+    let me = &app.cluster.me().id;
+    let members: Vec<_> = app
+        .cluster
+        .live()
+        .into_iter()
+        .map(|m| json!({ "id": m.id, "roles": m.roles, "self": &m.id == me }))
+        .collect();
+    Ok(Json(json!({ "members": members })))
 }
 
 /// `GET /api/v1/tenants/{id}/usage`.

@@ -7,8 +7,12 @@ use axum::response::{IntoResponse, Response};
 
 use crate::app::AppRef;
 
-/// `/ready`: the process is up and serving.
-pub(crate) async fn ready() -> impl IntoResponse {
+/// `/ready`: the process is up and serving; 503 once it is leaving (SIGTERM), while it still
+/// serves for `--shutdown-delay`, so a load balancer stops sending before the port closes.
+pub(crate) async fn ready(State(app): State<AppRef>) -> impl IntoResponse {
+    if app.cluster.leaving() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "leaving\n");
+    }
     (StatusCode::OK, "ready\n")
 }
 

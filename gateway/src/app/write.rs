@@ -27,18 +27,12 @@ pub async fn store(
 ) -> Result<(), ApiError> {
     app.tenants
         .charge_ingest(tenant, decompressed_bytes as u64)?;
-    if !app.tenants.series_loaded(tenant) {
-        let window = crate::tenants::ACTIVE_SERIES_WINDOW.as_nanos() as i64;
-        let since = crate::time::now_nanos().saturating_sub(window);
-        let known = app.storage.series_hashes(tenant, since).await?;
-        app.tenants.seed_series(tenant, known);
-    }
     let hashes: Vec<u64> = profiles
         .iter()
         .flat_map(|p| p.series.iter())
         .map(|s| kiln_storage::series_hash(&s.profile_type.id(), s.labels.iter()))
         .collect();
-    app.tenants.admit_series(tenant, &hashes)?;
+    admit_series(app, tenant, &hashes).await?;
     for p in &mut profiles {
         p.inject_service_version();
     }
@@ -77,6 +71,33 @@ pub async fn store(
     app.metrics.decompressed(tenant, decompressed_bytes);
     app.metrics.stored(tenant, series, samples);
     Ok(())
+}
+
+/// Admits a write's series against the tenant's `max_series`. Where processes share the
+/// metastore, it counts the series of all of them (exact for the cluster), asked only about
+/// series new to this process; alone, this process counts them, seeded from the last hour's
+/// blocks.
+async fn admit_series(app: &AppRef, tenant: &TenantId, hashes: &[u64]) -> Result<(), ApiError> {
+    let metastore = app.storage.metastore();
+    if metastore.counts_series() {
+        let unseen = app.tenants.unseen_series(tenant, hashes);
+        if !unseen.is_empty() {
+            let max = app.limits(tenant).max_series;
+            let window = crate::tenants::ACTIVE_SERIES_WINDOW;
+            if !metastore.admit_series(tenant, &unseen, max, window).await? {
+                return Err(crate::tenants::series_limit(tenant, max));
+            }
+        }
+        app.tenants.saw_series(tenant, hashes);
+        return Ok(());
+    }
+    if !app.tenants.series_loaded(tenant) {
+        let window = crate::tenants::ACTIVE_SERIES_WINDOW.as_nanos() as i64;
+        let since = crate::time::now_nanos().saturating_sub(window);
+        let known = app.storage.series_hashes(tenant, since).await?;
+        app.tenants.seed_series(tenant, known);
+    }
+    app.tenants.admit_series(tenant, hashes)
 }
 
 /// Writes whose bodies (as decoded) are larger than this are acknowledged once their segment

@@ -25,6 +25,11 @@ pub struct ServeArgs {
     #[arg(long, env = "KILN_ROLES", default_value = "ingest,query,compact")]
     pub roles: String,
 
+    /// This process's name in its cluster (membership, the `instance` label of its own
+    /// profiles). Unique per process; default `<hostname>:<port of --listen>`.
+    #[arg(long, env = "KILN_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+
     #[command(flatten)]
     pub network: NetworkArgs,
 
@@ -342,6 +347,16 @@ pub struct NetworkArgs {
     /// Connections open at once; further ones are closed as soon as they are accepted.
     #[arg(long, env = "KILN_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+
+    /// How long, after SIGTERM, `/ready` answers 503 while requests are still served, so a
+    /// load balancer stops sending before the port closes (5s behind one).
+    #[arg(
+        long,
+        env = "KILN_SHUTDOWN_DELAY",
+        value_parser = units::millis,
+        default_value = "0s"
+    )]
+    pub shutdown_delay: u64,
 }
 
 /// `kiln serve` flags: who may call Kiln, and as which tenant.
@@ -803,6 +818,19 @@ impl ServeArgs {
         self.symbolize.validate()?;
         self.recording.validate()?;
         self.telemetry.validate()
+    }
+
+    /// This process's instance id: `--instance-id`, or `<hostname>:<port>`.
+    pub fn instance_id(&self) -> String {
+        self.instance_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "localhost".into());
+            format!("{host}:{}", self.network.listen.port())
+        })
     }
 
     /// The roles of `--roles`.

@@ -52,6 +52,8 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     )
     .map_err(|e| anyhow::anyhow!("the symbolizer's cache directory: {e}"))?;
     app.roles = args.roles()?;
+    app.cluster = crate::app::cluster::Cluster::new(args.instance_id(), app.roles);
+    app.set_members(vec![app.cluster.me().clone()]);
     app.set_decode_budget(DecodeBudget::new(args.limits.max_inflight_decode_bytes));
     app.debuginfo_uploads = crate::app::uploads::Uploads::new(
         args.limits.debuginfo_upload_concurrency,
@@ -106,7 +108,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("--self-profile-tenant: {}", e.message))?,
                 interval: Duration::from_secs(args.telemetry.self_profile_interval_secs.max(1)),
                 heap: args.telemetry.self_profile_heap,
-                labels: vec![("instance".into(), args.network.listen.to_string())],
+                labels: vec![("instance".into(), app.cluster.me().id.clone())],
             },
         );
     }
@@ -116,7 +118,16 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         idle_timeout: Duration::from_secs(args.network.idle_timeout_secs.max(1)),
         max_connections: args.network.max_connections.max(1),
     };
-    super::listener::serve(app, listener, limits, super::listener::shutdown_signal()).await?;
+    let membership = super::cluster::spawn_heartbeat(Arc::clone(&app));
+    let shutdown = {
+        let app = Arc::clone(&app);
+        let delay = Duration::from_millis(args.network.shutdown_delay);
+        async move {
+            super::listener::shutdown_signal().await;
+            super::cluster::leave(&app, membership, delay).await;
+        }
+    };
+    super::listener::serve(app, listener, limits, shutdown).await?;
     Ok(())
 }
 

@@ -28,11 +28,16 @@ use crate::{Error, Result};
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("postgres/0001_init.sql")),
     (2, include_str!("postgres/0002_log_checkpoints.sql")),
+    (3, include_str!("postgres/0003_members.sql")),
+    (4, include_str!("postgres/0004_active_series.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.
 const MIGRATION_LOCK: i64 = 0x6b69_6c6e_0001;
 const REMOVAL_LOCK: i64 = 0x6b69_6c6e_0002;
+/// The class of the per-tenant advisory locks that serialize a tenant's series admissions
+/// (`pg_advisory_xact_lock(class, hashtext(tenant))`).
+const SERIES_LOCK_CLASS: i32 = 0x6b69_0003;
 
 /// How often a transaction aborted by a deadlock or serialization failure is tried again.
 const CONFLICT_RETRIES: usize = 5;

@@ -2,8 +2,8 @@
 //! statement), retried on conflicts.
 
 use crate::metastore::{
-    BlockMeta, BlockQuery, Job, LogCheckpoint, Metastore, PartitionStats, Quarantined, QueuedBlock,
-    Removed, Tombstone,
+    BlockMeta, BlockQuery, Job, LogCheckpoint, Member, Metastore, PartitionStats, Quarantined,
+    QueuedBlock, Removed, Tombstone,
 };
 use crate::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -371,6 +371,12 @@ impl Metastore for Postgres {
         let due = now_ms.saturating_add(delete_after_ms);
         transaction!(self, true, |tx| {
             let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
+            tx.execute(
+                "DELETE FROM kiln_active_series WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
             let quarantined = tx
                 .query(
                     "DELETE FROM kiln_quarantine WHERE tenant = $1 RETURNING id",
@@ -536,5 +542,135 @@ impl Metastore for Postgres {
             )
             .await
             .map_err(pg_err)
+    }
+
+    async fn heartbeat(&self, me: &Member, timeout: Duration) -> Result<Vec<Member>> {
+        let client = self.client().await?;
+        let secs = timeout.as_secs_f64();
+        // One statement: the upsert and the reading of who is alive see one clock, the
+        // database's, so hosts whose clocks differ agree on who is alive. The reading sees the
+        // table as it was before the upsert, so `me` comes from the upsert.
+        let rows = client
+            .query(
+                "WITH me AS (
+                     INSERT INTO kiln_members (id, roles) VALUES ($1, $2)
+                     ON CONFLICT (id) DO UPDATE
+                         SET roles = $2, heartbeat = now(), leaving = false
+                     RETURNING id, roles
+                 )
+                 SELECT id, roles FROM me
+                 UNION
+                 SELECT id, roles FROM kiln_members
+                 WHERE id <> $1 AND NOT leaving
+                   AND heartbeat > now() - make_interval(secs => $3)
+                 ORDER BY id",
+                &[&me.id, &me.roles, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        // The dead of long ago are forgotten.
+        client
+            .execute(
+                "DELETE FROM kiln_members WHERE heartbeat < now() - interval '1 day'",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| Member {
+                id: r.get(0),
+                roles: r.get(1),
+            })
+            .collect())
+    }
+
+    fn counts_series(&self) -> bool {
+        true
+    }
+
+    async fn admit_series(
+        &self,
+        tenant: &str,
+        hashes: &[u64],
+        max: usize,
+        window: Duration,
+    ) -> Result<bool> {
+        let hashes: Vec<i64> = hashes.iter().map(|h| *h as i64).collect();
+        let secs = window.as_secs_f64();
+        let max = max as i64;
+        transaction!(self, false, |tx| {
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&SERIES_LOCK_CLASS, &tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+            if max > 0 {
+                // Under the tenant's lock: the series active now, and how many of these are not.
+                let row = tx
+                    .query_one(
+                        "SELECT
+                             (SELECT count(*) FROM kiln_active_series
+                              WHERE tenant = $1 AND last_seen > now() - make_interval(secs => $3)),
+                             (SELECT count(DISTINCT g.hash) FROM unnest($2::BIGINT[]) AS g(hash)
+                              WHERE NOT EXISTS (
+                                  SELECT 1 FROM kiln_active_series s
+                                  WHERE s.tenant = $1 AND s.hash = g.hash
+                                    AND s.last_seen > now() - make_interval(secs => $3)))",
+                        &[&tenant, &hashes, &secs],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                let (active, new): (i64, i64) = (row.get(0), row.get(1));
+                if new > 0 && active + new > max {
+                    return Ok(false);
+                }
+            }
+            tx.execute(
+                "INSERT INTO kiln_active_series (tenant, hash)
+                 SELECT DISTINCT $1, h FROM unnest($2::BIGINT[]) AS h
+                 ON CONFLICT (tenant, hash) DO UPDATE SET last_seen = now()",
+                &[&tenant, &hashes],
+            )
+            .await
+            .map_err(pg_err)?;
+            // Series quiet past the window no longer count: their rows go.
+            tx.execute(
+                "DELETE FROM kiln_active_series
+                 WHERE tenant = $1 AND last_seen < now() - make_interval(secs => $2)",
+                &[&tenant, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+            Ok(true)
+        })
+    }
+
+    async fn touch_series(&self, tenant: &str, hashes: &[u64]) -> Result<()> {
+        let hashes: Vec<i64> = hashes.iter().map(|h| *h as i64).collect();
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO kiln_active_series (tenant, hash)
+                 SELECT DISTINCT $1, h FROM unnest($2::BIGINT[]) AS h
+                 ON CONFLICT (tenant, hash) DO UPDATE SET last_seen = now()",
+                &[&tenant, &hashes],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn leave(&self, id: &str) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE kiln_members SET leaving = true WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
     }
 }

@@ -44,6 +44,98 @@ async fn processes_share_one_database() {
     assert!(matches!(err, Error::BlockExists { .. }), "{err}");
 }
 
+/// Membership on the database's clock: each process sees every live one, a process that
+/// leaves is gone at once, one not heard from within the timeout is dead, and one that comes
+/// back (a restart with the same instance id) is alive again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_alive_until_they_leave_or_go_quiet() {
+    use crate::metastore::Member;
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let member = |id: &str, roles: &str| Member {
+        id: id.into(),
+        roles: roles.into(),
+    };
+    let (ingest, query) = (member("host:1", "ingest"), member("host:2", "query"));
+    let timeout = std::time::Duration::from_secs(60);
+    assert_eq!(
+        a.heartbeat(&ingest, timeout).await.unwrap(),
+        vec![ingest.clone()]
+    );
+    assert_eq!(
+        b.heartbeat(&query, timeout).await.unwrap(),
+        vec![ingest.clone(), query.clone()]
+    );
+    b.leave(&query.id).await.unwrap();
+    assert_eq!(
+        a.heartbeat(&ingest, timeout).await.unwrap(),
+        vec![ingest.clone()]
+    );
+    // Back with other roles.
+    let query = member("host:2", "ingest,query");
+    assert_eq!(b.heartbeat(&query, timeout).await.unwrap().len(), 2);
+    // Quiet for longer than the timeout: dead to the others.
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let short = std::time::Duration::from_secs(1);
+    assert_eq!(
+        a.heartbeat(&ingest, short).await.unwrap(),
+        vec![ingest.clone()]
+    );
+    assert_eq!(
+        b.heartbeat(&query, short).await.unwrap(),
+        vec![ingest, query]
+    );
+}
+
+/// `max_series` counted over every process: two processes admitting a tenant's new series
+/// never take it past the limit together; series already active pass; quiet ones stop
+/// counting after the window, unless touched; other tenants count apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_series_are_counted_for_every_process() {
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let hour = std::time::Duration::from_secs(3600);
+    assert!(a.admit_series("t", &[1, 2, 2], 3, hour).await.unwrap());
+    assert!(b.admit_series("t", &[3], 3, hour).await.unwrap());
+    assert!(
+        !b.admit_series("t", &[4], 3, hour).await.unwrap(),
+        "a fourth"
+    );
+    assert!(
+        a.admit_series("t", &[1, 3], 3, hour).await.unwrap(),
+        "active"
+    );
+    assert!(b.admit_series("other", &[4, 5, 6], 3, hour).await.unwrap());
+    // Racing: of ten admissions of one new series each, three fit under a limit of 6.
+    let races = (10..20u64).map(|h| {
+        let m = if h % 2 == 0 { a.clone() } else { b.clone() };
+        async move { m.admit_series("t", &[h], 6, hour).await.unwrap() }
+    });
+    let admitted = futures::future::join_all(races).await;
+    assert_eq!(admitted.iter().filter(|ok| **ok).count(), 3);
+    // Past a short window the quiet series stop counting; a touched one stays.
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    a.touch_series("t", &[1]).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let second = std::time::Duration::from_secs(1);
+    assert!(
+        a.admit_series("t", &[30], 2, second).await.unwrap(),
+        "1 and 30"
+    );
+    assert!(!a.admit_series("t", &[31], 2, second).await.unwrap());
+    // An erased tenant's series are gone.
+    a.delete_tenant("t", 0, 0).await.unwrap();
+    assert!(a.admit_series("t", &[40, 41], 2, hour).await.unwrap());
+}
+
 /// Compactors racing for one queue: every job is leased to exactly one of them, and
 /// planners racing to claim the same blocks create each job once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

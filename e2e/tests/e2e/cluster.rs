@@ -1,0 +1,508 @@
+//! Kiln as a cluster, with the real binary: three `--roles ingest`, two `--roles query` and one
+//! `--roles compact` process on the suite's PostgreSQL and S3 server, behind Debian's haproxy
+//! running `deploy/haproxy/kiln.cfg` (HTTP mode, round-robin per request, no stickiness).
+//!
+//! Through the proxy: every process is a member of the cluster; HTTP and gRPC (h2c) writes
+//! reach every ingest process; both query processes answer flame graphs and series equal to a
+//! single process's that took the same profiles; a tenant's accepted ingest rate is within
+//! ±15 % of its limit however its writes are spread; its series never pass its limit; an ingest process killed with SIGKILL
+//! mid-stream loses and duplicates no acknowledged profile; another tenant sees nothing.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use kiln_e2e::haproxy::{Haproxy, haproxy_bin};
+use kiln_e2e::{Kiln, OPERATOR};
+use kiln_proto::google::v1 as pprof;
+use kiln_proto::push::v1::pusher_service_client::PusherServiceClient;
+use kiln_proto::push::v1::{PushRequest, RawProfileSeries, RawSample};
+use kiln_proto::querier::v1 as q;
+use kiln_proto::types::v1::LabelPair;
+
+const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+/// One sample of a folded profile at `/ingest`'s default 100 Hz, in nanoseconds.
+const SAMPLE_NS: i64 = 10_000_000;
+
+/// Six processes on one metastore and one bucket, and the proxy in front.
+struct Cluster {
+    ingest: Vec<Kiln>,
+    query: Vec<Kiln>,
+    compact: Kiln,
+    proxy: Haproxy,
+    /// A client of the proxy.
+    front: Kiln,
+    _tenants: tempfile::TempDir,
+}
+
+/// Tenant `limited`'s ingest rate (bytes a second, decompressed) and burst.
+const LIMITED_RATE: u64 = 64 << 10;
+const LIMITED_BURST: u64 = 8 << 10;
+/// Tenant `few`'s `max_series`.
+const FEW_SERIES: usize = 30;
+
+impl Cluster {
+    /// Starts the cluster; `None` (the test says it is skipped) where haproxy is not installed.
+    fn start() -> Result<Option<Self>> {
+        if haproxy_bin().is_none() {
+            kiln_otel::skip::missing("haproxy");
+            return Ok(None);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let pg = rt.block_on(kiln_storage::testing::postgres_database());
+        let (s3_url, s3_options) = kiln_storage::testing::s3_location();
+        let mut env: Vec<(String, String)> = s3_options
+            .iter()
+            .map(|(k, v)| (k.to_ascii_uppercase(), v.clone()))
+            .collect();
+        env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let tenants = tempfile::tempdir()?;
+        let tenants_file = tenants.path().join("tenants.toml");
+        std::fs::write(
+            &tenants_file,
+            format!(
+                "[tenants.limited]\ningest_rate_bytes = {LIMITED_RATE}\n\
+                 ingest_burst_bytes = {LIMITED_BURST}\n\
+                 [tenants.few]\nmax_series = {FEW_SERIES}\n"
+            ),
+        )?;
+        let tenants_file = tenants_file.display().to_string();
+        let shared = [
+            "--tenants",
+            tenants_file.as_str(),
+            "--auth",
+            "trusted-header",
+            "--admin-tenant",
+            OPERATOR,
+            "--metastore",
+            pg.as_str(),
+            "--object-store",
+            s3_url.as_str(),
+            "--shards",
+            "1",
+        ];
+        let start = |roles: &str| {
+            let mut flags = shared.to_vec();
+            flags.extend(["--roles", roles]);
+            Kiln::start_with_env(&flags, &env)
+        };
+        let ingest = (0..3)
+            .map(|_| start("ingest"))
+            .collect::<Result<Vec<_>>>()?;
+        let query = (0..2).map(|_| start("query")).collect::<Result<Vec<_>>>()?;
+        let compact = start("compact")?;
+        let proxy = Haproxy::start(
+            [ingest[0].port, ingest[1].port, ingest[2].port],
+            [query[0].port, query[1].port],
+        )?;
+        let front = Kiln::attach(proxy.port)?;
+        Ok(Some(Self {
+            ingest,
+            query,
+            compact,
+            proxy,
+            front,
+            _tenants: tenants,
+        }))
+    }
+
+    /// The servers of `backend` the proxy sent requests to (from its log).
+    fn servers_used(&self, backend: &str) -> BTreeSet<String> {
+        self.proxy
+            .log_text()
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix(&format!("{backend}/")))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until every process counts the cluster's live members by role as `want`
+    /// (ingest, query, compact), from its `kiln_cluster_members` gauge.
+    fn wait_members(&self, want: [usize; 3]) -> Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        for k in self.ingest.iter().chain(&self.query).chain([&self.compact]) {
+            loop {
+                let text = k.metrics_text()?;
+                let counted = ["ingest", "query", "compact"].map(|role| {
+                    text.lines()
+                        .find_map(|l| {
+                            l.strip_prefix(&format!("kiln_cluster_members{{role=\"{role}\"}} "))
+                        })
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0)
+                });
+                if counted == want {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    bail!(
+                        "process {} counts {counted:?} members, not {want:?}",
+                        k.port
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Tenant alpha's profiles (two services, one every 10 s) and a few of beta's.
+fn ingest_all(k: &Kiln) -> Result<()> {
+    for i in 0..30i64 {
+        let service = if i % 3 == 0 { "db" } else { "api" };
+        let body = format!("main;handle;work{} {}\nmain;idle 1\n", i % 5, 2 + i);
+        let from = 1_700_000_000 + i * 10;
+        let (s, t) = k.ingest(
+            "alpha",
+            &format!("name={service}.cpu%7Bregion%3Deu%7D&from={from}"),
+            body.into_bytes(),
+            &[],
+        )?;
+        ensure!(s == 200, "ingest {i}: {s} {t}");
+        if i % 6 == 0 {
+            let (s, t) = k.ingest(
+                "beta",
+                &format!("name=other.cpu&from={from}"),
+                b"main;beta_only 7\n".to_vec(),
+                &[],
+            )?;
+            ensure!(s == 200, "ingest beta {i}: {s} {t}");
+        }
+    }
+    Ok(())
+}
+
+/// What the queries answer, for comparison across processes.
+#[derive(Debug, PartialEq)]
+struct Answers {
+    all: q::FlameGraph,
+    api: q::FlameGraph,
+    series: q::SelectSeriesResponse,
+    beta: q::FlameGraph,
+}
+
+fn answers(k: &Kiln) -> Result<Answers> {
+    let series = k.connect(
+        "alpha",
+        "/querier.v1.QuerierService/SelectSeries",
+        &q::SelectSeriesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: "{}".into(),
+            start: 1_699_999_000_000,
+            end: 1_700_001_000_000,
+            step: 60.0,
+            group_by: vec!["service_name".into()],
+            ..Default::default()
+        },
+    )?;
+    Ok(Answers {
+        all: k.flamegraph("alpha", CPU, "{}")?,
+        api: k.flamegraph("alpha", CPU, r#"{service_name="api"}"#)?,
+        series,
+        beta: k.flamegraph("beta", CPU, "{}")?,
+    })
+}
+
+/// Each frame's self value in a flame graph (levels of `[offset, total, self, name]`).
+fn self_by_name(fg: &q::FlameGraph) -> HashMap<String, i64> {
+    let mut out = HashMap::new();
+    for level in &fg.levels {
+        for node in level.values.chunks(4) {
+            *out.entry(fg.names[node[3] as usize].clone()).or_default() += node[2];
+        }
+    }
+    out
+}
+
+/// A pprof of one CPU sample of `main;leaf`.
+fn pprof_of(leaf: &str) -> Vec<u8> {
+    let line = |function_id| pprof::Line {
+        function_id,
+        line: 1,
+    };
+    let p = pprof::Profile {
+        string_table: ["", "cpu", "nanoseconds", "main", leaf]
+            .map(String::from)
+            .to_vec(),
+        sample_type: vec![pprof::ValueType { r#type: 1, unit: 2 }],
+        period_type: Some(pprof::ValueType { r#type: 1, unit: 2 }),
+        period: SAMPLE_NS,
+        function: (1..=2)
+            .map(|id| pprof::Function {
+                id,
+                name: 2 + id as i64,
+                ..Default::default()
+            })
+            .collect(),
+        location: (1..=2)
+            .map(|id| pprof::Location {
+                id,
+                line: vec![line(id)],
+                ..Default::default()
+            })
+            .collect(),
+        sample: vec![pprof::Sample {
+            location_id: vec![2, 1],
+            value: vec![SAMPLE_NS],
+            label: vec![],
+        }],
+        time_nanos: 1_700_000_000_000_000_000,
+        ..Default::default()
+    };
+    prost::Message::encode_to_vec(&p)
+}
+
+/// gRPC through the proxy: `push.v1` over h2c, each call balanced on its own.
+fn push_over_grpc(port: u16, tenant: &str, calls: usize) -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))?
+            .connect()
+            .await?;
+        let mut pusher = PusherServiceClient::new(channel);
+        for i in 0..calls {
+            let mut req = tonic::Request::new(PushRequest {
+                series: vec![RawProfileSeries {
+                    labels: vec![
+                        LabelPair {
+                            name: "__name__".into(),
+                            value: "process_cpu".into(),
+                        },
+                        LabelPair {
+                            name: "service_name".into(),
+                            value: "pushed".into(),
+                        },
+                    ],
+                    samples: vec![RawSample {
+                        raw_profile: pprof_of(&format!("pushed_{i}")).into(),
+                        id: String::new(),
+                    }],
+                    annotations: vec![],
+                }],
+            });
+            req.metadata_mut()
+                .insert("x-scope-orgid", tenant.parse().expect("a tenant id"));
+            pusher
+                .push(req)
+                .await
+                .with_context(|| format!("push {i}"))?;
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn a_cluster_behind_haproxy_answers_as_one_process() -> Result<()> {
+    let Some(mut cluster) = Cluster::start()? else {
+        return Ok(());
+    };
+    // Every process counts six members: three ingest, two query, one compact.
+    cluster.wait_members([3, 2, 1])?;
+
+    let single = Kiln::start(&["--compaction", "false"])?;
+    ingest_all(&single)?;
+    ingest_all(&cluster.front)?;
+    let used = cluster.servers_used("ingest");
+    ensure!(used.len() == 3, "the proxy spread writes over {used:?}");
+
+    // Every query process, and the proxy, answers as the single process does.
+    let want = answers(&single)?;
+    ensure!(want.all.total > 0 && want.beta.total == 7 * 5 * SAMPLE_NS);
+    for (i, k) in cluster.query.iter().enumerate() {
+        ensure!(answers(k)? == want, "query process {i}");
+    }
+    ensure!(answers(&cluster.front)? == want, "through the proxy");
+    ensure!(cluster.servers_used("query").len() == 2);
+
+    // gRPC passes the proxy (h2c both ways) to every ingest process.
+    push_over_grpc(cluster.proxy.port, "grpc", 6)?;
+    let pushed = self_by_name(&cluster.front.flamegraph("grpc", CPU, "{}")?);
+    for i in 0..6 {
+        ensure!(
+            pushed.get(&format!("pushed_{i}")) == Some(&SAMPLE_NS),
+            "push {i}: {pushed:?}"
+        );
+    }
+
+    // A tenant sending three times its rate, spread over the ingest processes by the proxy,
+    // has its rate accepted (each process takes a third), within ±15 %.
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let body = format!("main;{} 1\n", "x".repeat(4000)).into_bytes();
+    let window = Duration::from_secs(12);
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..3 {
+            let (accepted, front, body) = (accepted.clone(), &cluster.front, body.clone());
+            s.spawn(move || {
+                // 3 × 16 requests of 4 KB a second: three times 64 KiB/s.
+                let mut n = 0u64;
+                while started.elapsed() < window {
+                    let query = format!("name=limited.cpu&from={}", 1_700_000_000 + n * 3 + w);
+                    if let Ok((200, _)) = front.ingest("limited", &query, body.clone(), &[]) {
+                        accepted.fetch_add(body.len(), Ordering::Relaxed);
+                    }
+                    n += 1;
+                    let next = Duration::from_millis(n * 1000 / 16);
+                    if let Some(wait) = next.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                }
+            });
+        }
+    });
+    let rate = accepted.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    let ratio = rate / LIMITED_RATE as f64;
+    eprintln!("cluster: tenant limited accepted {ratio:.2}× its rate");
+    ensure!(
+        (0.85..=1.15).contains(&ratio),
+        "accepted {ratio:.2}× the rate limit across three ingest processes"
+    );
+
+    // A tenant's series limit holds for the cluster: of 90 new series spread over the ingest
+    // processes by two clients, exactly the limit is admitted and stored.
+    let admitted = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for w in 0..2 {
+            let (admitted, front) = (&admitted, &cluster.front);
+            s.spawn(move || {
+                for i in (w..90).step_by(2) {
+                    let query = format!("name=svc{i}.cpu&from=1700000000");
+                    if let Ok((200, _)) = front.ingest("few", &query, b"main 1\n".to_vec(), &[]) {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    ensure!(
+        admitted.load(Ordering::Relaxed) == FEW_SERIES,
+        "{} series admitted, the limit is {FEW_SERIES}",
+        admitted.load(Ordering::Relaxed)
+    );
+    let services: q::SelectSeriesResponse = cluster.front.connect(
+        "few",
+        "/querier.v1.QuerierService/SelectSeries",
+        &q::SelectSeriesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: "{}".into(),
+            start: 1_699_999_000_000,
+            end: 1_700_001_000_000,
+            step: 60.0,
+            group_by: vec!["service_name".into()],
+            ..Default::default()
+        },
+    )?;
+    ensure!(
+        services.series.len() == FEW_SERIES,
+        "{} stored",
+        services.series.len()
+    );
+
+    // SIGKILL of an ingest process while two clients write through the proxy: every write
+    // answered 200 is stored once; the others at most once.
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let total = 240usize;
+    std::thread::scope(|s| -> Result<()> {
+        for w in 0..2 {
+            let (acked, sent, front) = (acked.clone(), sent.clone(), &cluster.front);
+            s.spawn(move || {
+                for n in (w..total).step_by(2) {
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    let body = format!("main;p{n} 1\n").into_bytes();
+                    let query = format!("name=crash.cpu&from={}", 1_700_000_000 + n);
+                    if let Ok((200, _)) = front.ingest("crash", &query, body, &[]) {
+                        acked.lock().unwrap().push(n);
+                    }
+                }
+            });
+        }
+        while sent.load(Ordering::Relaxed) < total / 3 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        cluster.ingest[1].kill()?;
+        Ok(())
+    })?;
+    let acked = acked.lock().unwrap().clone();
+    ensure!(
+        acked.len() * 10 >= total * 8,
+        "only {} of {total} writes acknowledged",
+        acked.len()
+    );
+    let stored = self_by_name(&cluster.front.flamegraph("crash", CPU, "{}")?);
+    for n in 0..total {
+        let value = stored.get(&format!("p{n}")).copied().unwrap_or(0);
+        if acked.contains(&n) {
+            ensure!(value == SAMPLE_NS, "acknowledged p{n} stored as {value}");
+        } else {
+            ensure!(value == 0 || value == SAMPLE_NS, "p{n} stored as {value}");
+        }
+    }
+    // The killed process comes back on its data and port; the proxy sends to it again.
+    cluster.ingest[1].start_again()?;
+
+    // Tenant walls: no tenant sees another's frames, through any process.
+    for k in cluster.query.iter().chain([&cluster.front]) {
+        let beta = k.flamegraph("beta", CPU, "{}")?;
+        ensure!(
+            !beta
+                .names
+                .iter()
+                .any(|n| n.starts_with("work") || n.starts_with('p') || n.starts_with("pushed")),
+            "beta sees other tenants' frames: {:?}",
+            beta.names
+        );
+        let alpha = self_by_name(&k.flamegraph("alpha", CPU, "{}")?);
+        ensure!(
+            !alpha
+                .keys()
+                .any(|n| n == "beta_only" || n.starts_with("pushed")),
+            "alpha sees other tenants' frames"
+        );
+        k.assert_tenant_empty("gamma")?;
+    }
+    if cluster.ingest.iter().any(|k| !k.is_ready()) {
+        bail!("an ingest process is down");
+    }
+    Ok(())
+}
+
+/// A rolling restart's step: after SIGTERM a process answers `/ready` with 503 at once and
+/// still serves for `--shutdown-delay`, so a load balancer takes it out before its port
+/// closes; then it exits cleanly with what it acknowledged stored.
+#[test]
+fn a_leaving_process_is_unready_while_it_still_serves() -> Result<()> {
+    let mut kiln = Kiln::start(&["--shutdown-delay", "3s"])?;
+    ensure!(kiln.is_ready());
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &kiln.pid().to_string()])
+        .status()?;
+    ensure!(term.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        let status = kiln.http().get(kiln.url("/ready")).send()?.status();
+        if status == 503 {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "/ready still {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Still serving: a write is acknowledged and stored.
+    let (s, t) = kiln.ingest("alpha", "name=leaving.cpu", b"main;late 1\n".to_vec(), &[])?;
+    ensure!(s == 200, "{s} {t}");
+    kiln.stop()?;
+    kiln.start_again()?;
+    let fg = self_by_name(&kiln.flamegraph("alpha", CPU, "{}")?);
+    ensure!(fg.get("late") == Some(&SAMPLE_NS), "{fg:?}");
+    kiln.assert_tenant_empty("beta")?;
+    Ok(())
+}
