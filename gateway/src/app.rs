@@ -100,6 +100,11 @@ impl App {
         storage.set_frame_namer(Arc::new(symbolizer.clone()), deadline);
         let decode_budget = DecodeBudget::new(256 << 20);
         symbolizer.set_inflate_budget(Arc::new(decode_budget.clone()));
+        let debuginfo_uploads = uploads::Uploads::new(
+            uploads::DEFAULT_UPLOAD_CONCURRENCY,
+            uploads::DEFAULT_UPLOAD_RATE_BYTES,
+            storage.metastore(),
+        );
         let app = Self {
             storage,
             tenants,
@@ -111,7 +116,7 @@ impl App {
             stacks: StackCache::new(DEFAULT_STACK_CACHE_BYTES),
             upload_ids: UploadIds::default(),
             symbolizer,
-            debuginfo_uploads: Default::default(),
+            debuginfo_uploads,
             recording,
             cluster: cluster::Cluster::new("local", Roles::ALL),
         };

@@ -325,10 +325,10 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
-    /// Whether processes share this metastore's counts of active series
-    /// ([`Metastore::admit_series`]); an embedded metastore serves one process, which counts
-    /// its own.
-    fn counts_series(&self) -> bool {
+    /// Whether processes share this metastore, and with it the cluster's counts of active
+    /// series ([`Metastore::admit_series`]) and its sessions ([`Metastore::put_session`]); an
+    /// embedded metastore serves one process, which keeps its own.
+    fn shared(&self) -> bool {
         false
     }
 
@@ -351,6 +351,40 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     async fn touch_series(&self, tenant: &str, hashes: &[u64]) -> Result<()> {
         let _ = (tenant, hashes);
         Ok(())
+    }
+
+    /// A session that calls reaching different processes share (a debug-file upload's): a
+    /// small document of `tenant` under `key`, kept for `ttl`, replacing what was there. Only
+    /// a [`Metastore::shared`] metastore keeps sessions.
+    async fn put_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> Result<()> {
+        let _ = (tenant, key, value, ttl);
+        Err(crate::Error::Config(
+            "an embedded metastore keeps no sessions: its one process keeps its own".into(),
+        ))
+    }
+
+    /// The session of `tenant` under `key`, unless it expired.
+    async fn get_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let _ = (tenant, key);
+        Ok(None)
+    }
+
+    /// Removes the session of `tenant` under `key`, answering what it held.
+    async fn take_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let _ = (tenant, key);
+        Ok(None)
+    }
+
+    /// The sessions of `tenant` whose keys start with `prefix`, by key.
+    async fn sessions(&self, tenant: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let _ = (tenant, prefix);
+        Ok(Vec::new())
     }
 }
 

@@ -34,6 +34,8 @@ pub struct StorageConfig {
     /// The metastore: `postgres://…`, or a redb file path; `None`: the embedded metastore
     /// under `{data_dir}/metastore`.
     pub metastore: Option<String>,
+    /// Connections a PostgreSQL metastore's pool opens at most (`--metastore-max-connections`).
+    pub metastore_max_connections: usize,
     pub writer: WriterConfig,
     /// Memory for cached symbol tables (and a quarter of it for Parquet metadata).
     pub symbols_cache_bytes: u64,
@@ -72,6 +74,7 @@ impl StorageConfig {
             object_store: None,
             object_store_retry_timeout: Duration::from_secs(10),
             metastore: None,
+            metastore_max_connections: 16,
             writer: WriterConfig::default(),
             symbols_cache_bytes: 256 << 20,
             results_cache_bytes: 64 << 20,
@@ -104,7 +107,9 @@ impl StorageConfig {
         };
         match &self.metastore {
             Some(url) if postgres::is_postgres_url(url) => {
-                let m = postgres::Postgres::connect(&postgres::PostgresConfig::new(url)).await?;
+                let mut pg = postgres::PostgresConfig::new(url);
+                pg.max_connections = self.metastore_max_connections.max(1);
+                let m = postgres::Postgres::connect(&pg).await?;
                 m.keep_written(keep);
                 Ok(Arc::new(m))
             }

@@ -524,8 +524,8 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn leave(&self, id: &str) -> crate::Result<()> {
         self.count().leave(id).await
     }
-    fn counts_series(&self) -> bool {
-        self.inner.counts_series()
+    fn shared(&self) -> bool {
+        self.inner.shared()
     }
     async fn admit_series(
         &self,
@@ -538,6 +538,24 @@ impl crate::metastore::Metastore for CountingMetastore {
     }
     async fn touch_series(&self, tenant: &str, hashes: &[u64]) -> crate::Result<()> {
         self.count().touch_series(tenant, hashes).await
+    }
+    async fn put_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> crate::Result<()> {
+        self.count().put_session(tenant, key, value, ttl).await
+    }
+    async fn get_session(&self, tenant: &str, key: &str) -> crate::Result<Option<Vec<u8>>> {
+        self.count().get_session(tenant, key).await
+    }
+    async fn take_session(&self, tenant: &str, key: &str) -> crate::Result<Option<Vec<u8>>> {
+        self.count().take_session(tenant, key).await
+    }
+    async fn sessions(&self, tenant: &str, prefix: &str) -> crate::Result<Vec<(String, Vec<u8>)>> {
+        self.count().sessions(tenant, prefix).await
     }
 }
 

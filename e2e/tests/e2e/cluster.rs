@@ -4,7 +4,8 @@
 //!
 //! Through the proxy: every process is a member of the cluster; HTTP and gRPC (h2c) writes
 //! reach every ingest process; both query processes answer flame graphs and series equal to a
-//! single process's that took the same profiles; a tenant's accepted ingest rate is within
+//! single process's that took the same profiles; a Parca agent's debug-file upload whose calls
+//! reach different processes names frames on a query process; a tenant's accepted ingest rate is within
 //! ±15 % of its limit however its writes are spread; its series never pass its limit; an ingest process killed with SIGKILL
 //! mid-stream loses and duplicates no acknowledged profile; another tenant sees nothing.
 
@@ -404,6 +405,10 @@ fn a_cluster_behind_haproxy_answers_as_one_process() -> Result<()> {
         services.series.len()
     );
 
+    // A Parca agent's debug-file upload whose calls the proxy spreads over the ingest
+    // processes succeeds, and a query process names the frames.
+    super::symbolize::parca_upload_names_frames_elsewhere(&cluster.front, &cluster.query[1])?;
+
     // SIGKILL of an ingest process while two clients write through the proxy: every write
     // answered 200 is stored once; the others at most once.
     let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -504,5 +509,33 @@ fn a_leaving_process_is_unready_while_it_still_serves() -> Result<()> {
     let fg = self_by_name(&kiln.flamegraph("alpha", CPU, "{}")?);
     ensure!(fg.get("late") == Some(&SAMPLE_NS), "{fg:?}");
     kiln.assert_tenant_empty("beta")?;
+    Ok(())
+}
+
+/// Two processes on one data directory would share its log and spool: the second refuses to
+/// start, saying which process holds it; once the first is gone, a process starts there.
+#[test]
+fn a_data_directory_serves_one_process() -> Result<()> {
+    let mut first = Kiln::start(&[])?;
+    let dir = first.data_dir.path().join("data");
+    let second = |port: u16| {
+        std::process::Command::new(kiln_e2e::kiln_bin())
+            .args(["serve", "--self-profile=false", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(&dir)
+            .output()
+    };
+    let out = second(kiln_e2e::free_port())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a second process started: {stderr}");
+    ensure!(
+        stderr.contains("another kiln process uses the data directory"),
+        "{stderr}"
+    );
+    ensure!(first.is_ready(), "the first process is unharmed");
+    first.stop()?;
+    first.start_again()?;
+    ensure!(first.is_ready());
     Ok(())
 }

@@ -882,3 +882,96 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
     eventually(|| Ok(stacks(&kiln, "team-b", &ty, &c.service)?.0 == c.named_stacks()))?;
     Ok(())
 }
+
+/// The Parca agent's upload of a C program's debug file (ShouldInitiateUpload, InitiateUpload,
+/// the streamed Upload, MarkUploadFinished over gRPC) sent to `ingest` (a load balancer may
+/// send each call to another process), its OTLP profile too; then the frames are named when
+/// `query` answers. Another tenant's frames stay unnamed. For the cluster test.
+pub(super) fn parca_upload_names_frames_elsewhere(ingest: &Kiln, query: &Kiln) -> Result<()> {
+    use d::debuginfo_service_client::DebuginfoServiceClient;
+    use kiln_proto::parca::debuginfo::v1alpha1 as d;
+    let dir = tempfile::tempdir()?;
+    let c = subject(Program::C, dir.path(), "c-spread")?;
+    let gnu = c.gnu.clone().context("a GNU build id")?;
+    send_otlp(ingest, "team-a", c.otlp())?;
+    send_otlp(ingest, "team-b", c.otlp())?;
+    let data = std::fs::read(&c.built.debug)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let channel = grpc_channel(ingest, &rt)?;
+    let mut client = DebuginfoServiceClient::new(channel).max_encoding_message_size(64 << 20);
+    rt.block_on(async {
+        let should = client
+            .should_initiate_upload(with_tenant(
+                d::ShouldInitiateUploadRequest {
+                    build_id: gnu.clone(),
+                    build_id_type: d::BuildIdType::Gnu as i32,
+                    ..Default::default()
+                },
+                "team-a",
+            ))
+            .await?
+            .into_inner();
+        ensure!(should.should_initiate_upload, "{should:?}");
+        let instructions = client
+            .initiate_upload(with_tenant(
+                d::InitiateUploadRequest {
+                    build_id: gnu.clone(),
+                    size: data.len() as i64,
+                    hash: format!("{:x}", data.len()),
+                    build_id_type: d::BuildIdType::Gnu as i32,
+                    ..Default::default()
+                },
+                "team-a",
+            ))
+            .await?
+            .into_inner()
+            .upload_instructions
+            .context("no instructions")?;
+        let mut messages = vec![d::UploadRequest {
+            data: Some(d::upload_request::Data::Info(d::UploadInfo {
+                build_id: gnu.clone(),
+                upload_id: instructions.upload_id.clone(),
+                r#type: 0,
+            })),
+        }];
+        for chunk in data.chunks(256 << 10) {
+            messages.push(d::UploadRequest {
+                data: Some(d::upload_request::Data::ChunkData(chunk.to_vec().into())),
+            });
+        }
+        let uploaded = client
+            .upload(with_tenant(futures::stream::iter(messages), "team-a"))
+            .await?
+            .into_inner();
+        ensure!(uploaded.size == data.len() as u64, "{uploaded:?}");
+        client
+            .mark_upload_finished(with_tenant(
+                d::MarkUploadFinishedRequest {
+                    build_id: gnu.clone(),
+                    upload_id: instructions.upload_id,
+                    r#type: 0,
+                },
+                "team-a",
+            ))
+            .await?;
+        let again = client
+            .should_initiate_upload(with_tenant(
+                d::ShouldInitiateUploadRequest {
+                    build_id: gnu.clone(),
+                    build_id_type: d::BuildIdType::Gnu as i32,
+                    ..Default::default()
+                },
+                "team-a",
+            ))
+            .await?
+            .into_inner();
+        ensure!(!again.should_initiate_upload, "{again:?}");
+        Ok(())
+    })?;
+    let ty = profile_type(query, "team-a")?;
+    let want = c.named_stacks();
+    eventually(|| Ok(stacks(query, "team-a", &ty, &c.service)?.0 == want))?;
+    let (other, _) = stacks(query, "team-b", &ty, &c.service)?;
+    ensure!(other == c.unnamed_stacks(&c.addrs), "team-b: {other:?}");
+    Ok(())
+}

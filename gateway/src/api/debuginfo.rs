@@ -17,7 +17,7 @@
 //! so are the upload slots ([`UploadSlots`]): each process bounds the uploads it runs.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -390,7 +390,7 @@ async fn parca_should(
     if kind != pa::DebuginfoType::DebuginfoUnspecified as i32 {
         return Ok((false, REASON_NOT_DEBUGINFO));
     }
-    if let Some(p) = app.debuginfo_uploads.get(tenant, build_id)
+    if let Some(p) = app.debuginfo_uploads.get(tenant, build_id).await?
         && p.stored.is_none()
         && !force
     {
@@ -449,19 +449,20 @@ async fn parca_initiate(
     }
     let upload_id = uuid::Uuid::new_v4().to_string();
     let gnu = (req.build_id_type == pa::BuildIdType::Gnu as i32).then(|| req.build_id.clone());
-    app.debuginfo_uploads.start(
-        tenant,
-        &req.build_id,
-        Pending {
-            upload_id: upload_id.clone(),
-            started: Instant::now(),
-            started_at: SystemTime::now(),
-            name: req.build_id.clone(),
-            claimed: vec![req.build_id.clone(), req.hash.clone()],
-            gnu,
-            stored: None,
-        },
-    );
+    app.debuginfo_uploads
+        .start(
+            tenant,
+            &req.build_id,
+            Pending {
+                gnu,
+                ..Pending::new(
+                    upload_id.clone(),
+                    req.build_id.clone(),
+                    vec![req.build_id.clone(), req.hash.clone()],
+                )
+            },
+        )
+        .await?;
     Ok(pa::InitiateUploadResponse {
         upload_instructions: Some(pa::UploadInstructions {
             build_id: req.build_id,
@@ -478,7 +479,7 @@ async fn parca_mark_finished(
     tenant: &TenantId,
     req: pa::MarkUploadFinishedRequest,
 ) -> Result<pa::MarkUploadFinishedResponse, ApiError> {
-    let Some(p) = app.debuginfo_uploads.get(tenant, &req.build_id) else {
+    let Some(p) = app.debuginfo_uploads.get(tenant, &req.build_id).await? else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
             format!("no upload of {} was initiated", req.build_id),
@@ -493,7 +494,7 @@ async fn parca_mark_finished(
             "the upload's bytes have not arrived",
         ));
     }
-    app.debuginfo_uploads.finish(tenant, &req.build_id);
+    app.debuginfo_uploads.finish(tenant, &req.build_id).await?;
     Ok(pa::MarkUploadFinishedResponse {})
 }
 
@@ -512,7 +513,7 @@ async fn parca_upload(
     let Some(pa::upload_request::Data::Info(info)) = first.data else {
         return Err(ApiError::invalid("an upload starts with its UploadInfo"));
     };
-    let Some(p) = app.debuginfo_uploads.get(tenant, &info.build_id) else {
+    let Some(p) = app.debuginfo_uploads.get(tenant, &info.build_id).await? else {
         return Err(ApiError::new(
             ErrorKind::FailedPrecondition,
             format!("no upload of {} was initiated", info.build_id),
@@ -534,7 +535,9 @@ async fn parca_upload(
     }
     let file = file.finish(app).await?;
     let stored = store(app, tenant, &p.name, &file, &p.claimed, p.gnu.as_deref()).await?;
-    app.debuginfo_uploads.stored(tenant, &info.build_id, stored);
+    app.debuginfo_uploads
+        .stored(tenant, &info.build_id, stored)
+        .await?;
     Ok(pa::UploadResponse {
         build_id: info.build_id,
         size: file.written,
@@ -607,7 +610,7 @@ async fn pyroscope_should(
             "type must be TYPE_EXECUTABLE_FULL or TYPE_EXECUTABLE_NO_TEXT",
         ));
     }
-    if let Some(p) = app.debuginfo_uploads.get(tenant, &gnu)
+    if let Some(p) = app.debuginfo_uploads.get(tenant, &gnu).await?
         && p.stored.is_none()
     {
         return Ok(answer(false, REASON_UPLOAD_IN_PROGRESS));
@@ -619,23 +622,24 @@ async fn pyroscope_should(
         .into_iter()
         .filter(|i| !i.is_empty())
         .collect();
-    app.debuginfo_uploads.start(
-        tenant,
-        &gnu.clone(),
-        Pending {
-            upload_id: String::new(),
-            started: Instant::now(),
-            started_at: SystemTime::now(),
-            name: if file.name.is_empty() {
-                gnu.clone()
-            } else {
-                file.name
+    app.debuginfo_uploads
+        .start(
+            tenant,
+            &gnu.clone(),
+            Pending {
+                gnu: Some(gnu.clone()),
+                ..Pending::new(
+                    String::new(),
+                    if file.name.is_empty() {
+                        gnu.clone()
+                    } else {
+                        file.name
+                    },
+                    claimed,
+                )
             },
-            claimed,
-            gnu: Some(gnu),
-            stored: None,
-        },
-    );
+        )
+        .await?;
     Ok(answer(true, REASON_FIRST_TIME))
 }
 
@@ -645,7 +649,7 @@ async fn pyroscope_finished(
     req: py::UploadFinishedRequest,
 ) -> Result<py::UploadFinishedResponse, ApiError> {
     let gnu = req.gnu_build_id.to_ascii_lowercase();
-    let Some(p) = app.debuginfo_uploads.get(tenant, &gnu) else {
+    let Some(p) = app.debuginfo_uploads.get(tenant, &gnu).await? else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
             format!("no upload of {gnu} was started"),
@@ -657,7 +661,7 @@ async fn pyroscope_finished(
             "the file's bytes have not arrived",
         ));
     }
-    app.debuginfo_uploads.finish(tenant, &gnu);
+    app.debuginfo_uploads.finish(tenant, &gnu).await?;
     Ok(py::UploadFinishedResponse {})
 }
 
@@ -666,11 +670,6 @@ fn timestamp(ms: u64) -> pbjson_types::Timestamp {
         seconds: (ms / 1000) as i64,
         nanos: ((ms % 1000) * 1_000_000) as i32,
     }
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 async fn pyroscope_list(
@@ -702,7 +701,7 @@ async fn pyroscope_list(
             size_bytes: f.size as i64,
         })
         .collect();
-    for (id, p) in app.debuginfo_uploads.of_tenant(tenant) {
+    for (id, p) in app.debuginfo_uploads.of_tenant(tenant).await? {
         object.push(py::ObjectMetadata {
             file: Some(py::FileMetadata {
                 gnu_build_id: id,
@@ -710,7 +709,7 @@ async fn pyroscope_list(
                 ..Default::default()
             }),
             state: State::Uploading as i32,
-            started_at: Some(timestamp(unix_ms(p.started_at))),
+            started_at: Some(timestamp(p.started_unix_ms)),
             ..Default::default()
         });
     }
@@ -726,7 +725,7 @@ pub async fn pyroscope_http_upload(
     body: Body,
 ) -> Result<Response, ApiError> {
     let gnu = gnu.to_ascii_lowercase();
-    let Some(p) = app.debuginfo_uploads.get(&tenant, &gnu) else {
+    let Some(p) = app.debuginfo_uploads.get(&tenant, &gnu).await? else {
         return Err(ApiError::new(
             ErrorKind::FailedPrecondition,
             format!("no upload of {gnu} was started (call ShouldInitiateUpload first)"),
@@ -734,7 +733,7 @@ pub async fn pyroscope_http_upload(
     };
     let file = receive_body(&app, &tenant, body).await?;
     let stored = store(&app, &tenant, &p.name, &file, &p.claimed, Some(&gnu)).await?;
-    app.debuginfo_uploads.stored(&tenant, &gnu, stored);
+    app.debuginfo_uploads.stored(&tenant, &gnu, stored).await?;
     Ok(axum::http::StatusCode::OK.into_response())
 }
 
@@ -772,6 +771,7 @@ async fn pyroscope_stream(
     let p = app
         .debuginfo_uploads
         .get(tenant, &gnu)
+        .await?
         .ok_or_else(|| ApiError::internal("the upload session went away"))?;
     let mut file = Incoming::new(app, tenant).await?;
     while let Some(msg) = inbound.message().await.map_err(broken)? {
@@ -789,7 +789,7 @@ async fn pyroscope_stream(
     let file = file.finish(app).await?;
     let result = store(app, tenant, &p.name, &file, &p.claimed, Some(&gnu)).await;
     // The stream's end is the upload's end: no UploadFinished follows.
-    app.debuginfo_uploads.finish(tenant, &gnu);
+    app.debuginfo_uploads.finish(tenant, &gnu).await?;
     result.map(|_| ())
 }
 

@@ -1,14 +1,18 @@
-//! The debug-info upload sessions of this process and the slots that bound uploads at once,
-//! per tenant and in all, with the pace their bodies are read at.
+//! Debug-info upload sessions, and the slots that bound uploads at once, per tenant and in all,
+//! with the pace their bodies are read at.
 //!
-//! State: per process, in memory ([`Uploads`] on the [`crate::app::App`]). A session begun on
-//! one process is unknown to another.
+//! Where the state lives: sessions, in the metastore where processes share it (a session begun
+//! on one process is finished on another: Parca's calls of one upload reach any process behind
+//! a load balancer), else in this process's memory. Slots and pace are this process's: they
+//! bound its own disk, memory and cores.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use kiln_storage::metastore::Metastore;
 use kiln_symbolize::store::StoredFile;
+use serde::{Deserialize, Serialize};
 
 use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
@@ -17,12 +21,15 @@ use crate::error::{ApiError, ErrorKind};
 /// and 2 minutes; Pyroscope's is shorter).
 pub(crate) const STALE_AFTER: Duration = Duration::from_secs(17 * 60);
 
+/// How long a stored upload's session waits for its client to say it finished.
+const STORED_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// An upload announced and not yet finished.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Pending {
     pub(crate) upload_id: String,
-    pub(crate) started: Instant,
-    pub(crate) started_at: SystemTime,
+    /// When it was announced, in Unix milliseconds.
+    pub(crate) started_unix_ms: u64,
     /// The name the file was announced with.
     pub(crate) name: String,
     /// Ids the uploader names the file by besides its own.
@@ -33,11 +40,54 @@ pub(crate) struct Pending {
     pub(crate) stored: Option<StoredFile>,
 }
 
-/// The upload sessions of this process, by (tenant, id), and its upload slots.
+impl Pending {
+    /// A session announced now.
+    pub(crate) fn new(upload_id: String, name: String, claimed: Vec<String>) -> Self {
+        Self {
+            upload_id,
+            started_unix_ms: unix_ms(SystemTime::now()),
+            name,
+            claimed,
+            gnu: None,
+            stored: None,
+        }
+    }
+
+    /// Whether it may be started again: announced longer ago than [`STALE_AFTER`] and its
+    /// bytes never arrived.
+    fn stale(&self) -> bool {
+        self.stored.is_none()
+            && unix_ms(SystemTime::now()).saturating_sub(self.started_unix_ms)
+                >= STALE_AFTER.as_millis() as u64
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Upload sessions by (tenant, id), and this process's upload slots.
 #[derive(Debug, Default)]
 pub struct Uploads {
-    pub(crate) pending: Mutex<HashMap<(TenantId, String), Pending>>,
+    /// Sessions of a process alone.
+    local: Mutex<HashMap<(TenantId, String), Pending>>,
+    /// The metastore sessions live in when processes share it.
+    shared: Option<Arc<dyn Metastore>>,
     pub(crate) slots: UploadSlots,
+}
+
+/// A session's key in the shared metastore.
+fn key(id: &str) -> String {
+    format!("debuginfo/{id}")
+}
+
+fn encode(p: &Pending) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(p).map_err(ApiError::internal)
+}
+
+fn decode(bytes: &[u8]) -> Result<Pending, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::internal(format!("an upload session: {e}")))
 }
 
 /// How long an upload waits for a slot of the process before it is answered 503.
@@ -193,50 +243,117 @@ impl UploadSlots {
 }
 
 impl Uploads {
-    /// Sessions, and slots for `concurrency` uploads at once read at `rate` bytes a second.
-    pub fn new(concurrency: usize, rate: u64) -> Self {
+    /// Sessions (in `metastore` when processes share it), and slots for `concurrency` uploads
+    /// at once read at `rate` bytes a second.
+    pub fn new(concurrency: usize, rate: u64, metastore: &Arc<dyn Metastore>) -> Self {
         Self {
-            pending: Mutex::default(),
+            local: Mutex::default(),
+            shared: metastore.shared().then(|| Arc::clone(metastore)),
             slots: UploadSlots::new(concurrency, rate),
         }
     }
 
-    pub(crate) fn get(&self, tenant: &TenantId, id: &str) -> Option<Pending> {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        pending.retain(|_, p| p.started.elapsed() < STALE_AFTER || p.stored.is_some());
-        pending.get(&(tenant.clone(), id.to_owned())).cloned()
-    }
-
-    pub(crate) fn start(&self, tenant: &TenantId, id: &str, p: Pending) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        // Bounded: sessions older than the stale age go first.
-        if pending.len() >= 100_000 {
-            pending.retain(|_, p| p.started.elapsed() < STALE_AFTER);
+    pub(crate) async fn get(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<Pending>, ApiError> {
+        if let Some(m) = &self.shared {
+            let found = m.get_session(tenant, &key(id)).await?;
+            return Ok(found
+                .map(|b| decode(&b))
+                .transpose()?
+                .filter(|p| !p.stale()));
         }
-        pending.insert((tenant.clone(), id.to_owned()), p);
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        local.retain(|_, p| !p.stale());
+        Ok(local.get(&(tenant.clone(), id.to_owned())).cloned())
     }
 
-    pub(crate) fn stored(&self, tenant: &TenantId, id: &str, file: StoredFile) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pending.get_mut(&(tenant.clone(), id.to_owned())) {
+    pub(crate) async fn start(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        p: Pending,
+    ) -> Result<(), ApiError> {
+        if let Some(m) = &self.shared {
+            return Ok(m
+                .put_session(tenant, &key(id), encode(&p)?, STALE_AFTER)
+                .await?);
+        }
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded: stale sessions go first.
+        if local.len() >= 100_000 {
+            local.retain(|_, p| !p.stale());
+        }
+        local.insert((tenant.clone(), id.to_owned()), p);
+        Ok(())
+    }
+
+    pub(crate) async fn stored(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+        file: StoredFile,
+    ) -> Result<(), ApiError> {
+        if let Some(m) = &self.shared {
+            if let Some(mut p) = self.get(tenant, id).await? {
+                p.stored = Some(file);
+                m.put_session(tenant, &key(id), encode(&p)?, STORED_TTL)
+                    .await?;
+            }
+            return Ok(());
+        }
+        let mut local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = local.get_mut(&(tenant.clone(), id.to_owned())) {
             p.stored = Some(file);
         }
+        Ok(())
     }
 
-    pub(crate) fn finish(&self, tenant: &TenantId, id: &str) -> Option<Pending> {
-        self.pending
+    pub(crate) async fn finish(
+        &self,
+        tenant: &TenantId,
+        id: &str,
+    ) -> Result<Option<Pending>, ApiError> {
+        if let Some(m) = &self.shared {
+            return m
+                .take_session(tenant, &key(id))
+                .await?
+                .map(|b| decode(&b))
+                .transpose();
+        }
+        Ok(self
+            .local
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(tenant.clone(), id.to_owned()))
+            .remove(&(tenant.clone(), id.to_owned())))
     }
 
-    pub(crate) fn of_tenant(&self, tenant: &TenantId) -> Vec<(String, Pending)> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|((t, _), p)| t == tenant && p.stored.is_none())
-            .map(|((_, id), p)| (id.clone(), p.clone()))
-            .collect()
+    /// The tenant's uploads under way (announced, bytes not arrived), by id.
+    pub(crate) async fn of_tenant(
+        &self,
+        tenant: &TenantId,
+    ) -> Result<Vec<(String, Pending)>, ApiError> {
+        let all: Vec<(String, Pending)> = match &self.shared {
+            Some(m) => m
+                .sessions(tenant, &key(""))
+                .await?
+                .into_iter()
+                .map(|(k, b)| Ok((k.trim_start_matches("debuginfo/").to_owned(), decode(&b)?)))
+                .collect::<Result<_, ApiError>>()?,
+            None => self
+                .local
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|((t, _), _)| t == tenant)
+                .map(|((_, id), p)| (id.clone(), p.clone()))
+                .collect(),
+        };
+        Ok(all
+            .into_iter()
+            .filter(|(_, p)| p.stored.is_none() && !p.stale())
+            .collect())
     }
 }

@@ -79,7 +79,7 @@ pub async fn store(
 /// blocks.
 async fn admit_series(app: &AppRef, tenant: &TenantId, hashes: &[u64]) -> Result<(), ApiError> {
     let metastore = app.storage.metastore();
-    if metastore.counts_series() {
+    if metastore.shared() {
         let unseen = app.tenants.unseen_series(tenant, hashes);
         if !unseen.is_empty() {
             let max = app.limits(tenant).max_series;

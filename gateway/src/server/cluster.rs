@@ -62,7 +62,7 @@ async fn beat(app: &AppRef) -> kiln_storage::Result<()> {
 /// Tells the shared count of the series this process saw since the last refresh.
 async fn refresh_series(app: &AppRef) {
     let metastore = app.storage.metastore();
-    if !metastore.counts_series() {
+    if !metastore.shared() {
         return;
     }
     for (tenant, hashes) in app.tenants.touched() {

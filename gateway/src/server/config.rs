@@ -405,6 +405,11 @@ pub struct StorageArgs {
     #[arg(long, env = "KILN_METASTORE")]
     pub metastore: Option<String>,
 
+    /// Connections to a PostgreSQL metastore this process opens at most. PostgreSQL's default
+    /// `max_connections` (100) covers six processes at the default.
+    #[arg(long, env = "KILN_METASTORE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub metastore_max_connections: usize,
+
     /// The object store: `s3://bucket/prefix` (any S3-compatible endpoint), `gs://bucket/prefix`,
     /// `az://container/prefix`, or a path. Credentials and endpoints come from `object_store`'s
     /// environment variables (`AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `AWS_ACCESS_KEY_ID`, …),
@@ -843,6 +848,7 @@ impl ServeArgs {
         let s = &self.storage;
         let mut c = StorageConfig::new(&s.data_dir);
         c.metastore = s.metastore.clone();
+        c.metastore_max_connections = s.metastore_max_connections;
         c.object_store = s.object_store.clone();
         c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
         c.spool_max_bytes = s.spool_max_bytes;

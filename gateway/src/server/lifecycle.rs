@@ -58,13 +58,43 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     app.debuginfo_uploads = crate::app::uploads::Uploads::new(
         args.limits.debuginfo_upload_concurrency,
         args.limits.debuginfo_upload_rate_bytes,
+        app.storage.metastore(),
     );
     app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);
     Ok(Arc::new(app))
 }
 
+/// Locks the data directory for this process (`<data-dir>/LOCK`, an advisory file lock the
+/// system drops when the process ends, however it ends): a second `kiln serve` on the same
+/// directory would share its write-ahead log, spool and scratch, so it refuses to start.
+pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("the data directory {}: {e}", dir.display()))?;
+    let path = dir.join("LOCK");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(anyhow::anyhow!(
+            "another kiln process uses the data directory {} (it holds {}); give each \
+             process its own --data-dir",
+            dir.display(),
+            path.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(anyhow::anyhow!("locking {}: {e}", path.display()))
+        }
+    }
+}
+
 /// Runs `kiln serve` until SIGTERM.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Held until the process ends.
+    let _lock = lock_data_dir(&args.storage.data_dir)?;
     let app = build_app(&args).await?;
     super::memory::spawn_purger(args.storage.allocator_dirty_bytes);
     let listener = tokio::net::TcpListener::bind(args.network.listen)

@@ -30,6 +30,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (2, include_str!("postgres/0002_log_checkpoints.sql")),
     (3, include_str!("postgres/0003_members.sql")),
     (4, include_str!("postgres/0004_active_series.sql")),
+    (5, include_str!("postgres/0005_sessions.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.

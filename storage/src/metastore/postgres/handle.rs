@@ -371,12 +371,15 @@ impl Metastore for Postgres {
         let due = now_ms.saturating_add(delete_after_ms);
         transaction!(self, true, |tx| {
             let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
-            tx.execute(
-                "DELETE FROM kiln_active_series WHERE tenant = $1",
-                &[&tenant],
-            )
-            .await
-            .map_err(pg_err)?;
+            // Its series counts and sessions go with it.
+            for table in ["kiln_active_series", "kiln_sessions"] {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE tenant = $1"),
+                    &[&tenant],
+                )
+                .await
+                .map_err(pg_err)?;
+            }
             let quarantined = tx
                 .query(
                     "DELETE FROM kiln_quarantine WHERE tenant = $1 RETURNING id",
@@ -585,7 +588,7 @@ impl Metastore for Postgres {
             .collect())
     }
 
-    fn counts_series(&self) -> bool {
+    fn shared(&self) -> bool {
         true
     }
 
@@ -660,6 +663,76 @@ impl Metastore for Postgres {
             .await
             .map_err(pg_err)?;
         Ok(())
+    }
+
+    async fn put_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<()> {
+        let client = self.client().await?;
+        let secs = ttl.as_secs_f64();
+        client
+            .execute(
+                "INSERT INTO kiln_sessions (tenant, key, value, expires)
+                 VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+                 ON CONFLICT (tenant, key) DO UPDATE
+                     SET value = $3, expires = now() + make_interval(secs => $4)",
+                &[&tenant, &key, &value, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        // The tenant's expired sessions go as it writes new ones.
+        client
+            .execute(
+                "DELETE FROM kiln_sessions WHERE tenant = $1 AND expires < now()",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn get_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT value FROM kiln_sessions
+                 WHERE tenant = $1 AND key = $2 AND expires > now()",
+                &[&tenant, &key],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn take_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "DELETE FROM kiln_sessions WHERE tenant = $1 AND key = $2
+                 RETURNING value, expires > now()",
+                &[&tenant, &key],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.filter(|r| r.get::<_, bool>(1)).map(|r| r.get(0)))
+    }
+
+    async fn sessions(&self, tenant: &str, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT key, value FROM kiln_sessions
+                 WHERE tenant = $1 AND starts_with(key, $2) AND expires > now()
+                 ORDER BY key",
+                &[&tenant, &prefix],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     async fn leave(&self, id: &str) -> Result<()> {

@@ -91,6 +91,67 @@ async fn members_are_alive_until_they_leave_or_go_quiet() {
     );
 }
 
+/// Sessions shared by processes: one puts, another reads, lists and takes; they expire; a
+/// tenant sees only its own; an erased tenant's are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_shared_until_taken_or_expired() {
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let minute = std::time::Duration::from_secs(60);
+    a.put_session("t", "debuginfo/ab", b"one".to_vec(), minute)
+        .await
+        .unwrap();
+    a.put_session("t", "debuginfo/cd", b"two".to_vec(), minute)
+        .await
+        .unwrap();
+    a.put_session("t", "other/x", b"x".to_vec(), minute)
+        .await
+        .unwrap();
+    assert_eq!(
+        b.get_session("t", "debuginfo/ab").await.unwrap(),
+        Some(b"one".to_vec())
+    );
+    assert_eq!(
+        b.get_session("u", "debuginfo/ab").await.unwrap(),
+        None,
+        "another tenant"
+    );
+    let listed = b.sessions("t", "debuginfo/").await.unwrap();
+    assert_eq!(
+        listed.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["debuginfo/ab", "debuginfo/cd"]
+    );
+    b.put_session("t", "debuginfo/ab", b"stored".to_vec(), minute)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.take_session("t", "debuginfo/ab").await.unwrap(),
+        Some(b"stored".to_vec())
+    );
+    assert_eq!(
+        b.get_session("t", "debuginfo/ab").await.unwrap(),
+        None,
+        "taken"
+    );
+    let short = std::time::Duration::from_millis(300);
+    a.put_session("t", "debuginfo/ef", b"brief".to_vec(), short)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        b.get_session("t", "debuginfo/ef").await.unwrap(),
+        None,
+        "expired"
+    );
+    assert_eq!(b.take_session("t", "debuginfo/ef").await.unwrap(), None);
+    a.delete_tenant("t", 0, 0).await.unwrap();
+    assert!(b.sessions("t", "").await.unwrap().is_empty());
+}
+
 /// `max_series` counted over every process: two processes admitting a tenant's new series
 /// never take it past the limit together; series already active pass; quiet ones stop
 /// counting after the window, unless touched; other tenants count apart.
