@@ -105,6 +105,7 @@ impl App {
             uploads::DEFAULT_UPLOAD_RATE_BYTES,
             storage.metastore(),
         );
+        let upload_ids = UploadIds::new(storage.metastore());
         let app = Self {
             storage,
             tenants,
@@ -114,7 +115,7 @@ impl App {
             roles: Roles::ALL,
             decode_budget,
             stacks: StackCache::new(DEFAULT_STACK_CACHE_BYTES),
-            upload_ids: UploadIds::default(),
+            upload_ids,
             symbolizer,
             debuginfo_uploads,
             recording,

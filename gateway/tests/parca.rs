@@ -283,7 +283,7 @@ async fn parca_write_stream_refuses_missing_stacks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parca_write_stream_refuses_stacks_it_did_not_ask_for() {
+async fn parca_write_stream_takes_only_the_stacks_it_asked_for() {
     let served = serve().await;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tx.send(pb::WriteRequest {
@@ -299,8 +299,8 @@ async fn parca_write_stream_refuses_stacks_it_did_not_ask_for() {
         .into_inner();
     let asked = read_unknown_ids(&inbound.message().await.unwrap().unwrap().record).unwrap();
     assert_eq!(asked.len(), 3);
-    // The three stacks asked for, and one more that no sample names: a stream that could fill
-    // the tenant's stack cache (and the process's memory) with anything it likes.
+    // The three stacks asked for, and one more that no sample names: it is left out, so a
+    // stream cannot fill the tenant's stack cache (and the process's memory) with anything.
     let mut sent = stacks();
     sent.push(
         ["unasked", "main"]
@@ -314,21 +314,61 @@ async fn parca_write_stream_refuses_stacks_it_did_not_ask_for() {
     .await
     .unwrap();
     drop(tx);
-    let err = loop {
-        match inbound.message().await {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("accepted a stack it did not ask for"),
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
-    assert!(err.message().contains("not asked for"), "{}", err.message());
-    // Nothing stored, nothing remembered: the next upload asks for all three again.
-    assert_eq!(totals(&served.router, "team-a", CPU).await, (0, 0));
-    assert_eq!(served.app.stacks.weighted_size(), 0);
-    let (asked, _) = write(&served, "team-a").await;
-    assert_eq!(asked.len(), 3);
+    // The stream ends with OK once the profile is stored.
+    if let Some(r) = inbound.message().await.unwrap() {
+        panic!("an unexpected answer of {} bytes", r.record.len());
+    }
     assert_eq!(totals(&served.router, "team-a", CPU).await, (5, 12));
+    // The cache holds the three, as a stream that sent only them leaves it.
+    let three = served.app.stacks.weighted_size();
+    let other = serve().await;
+    write(&other, "team-a").await;
+    assert_eq!(three, other.app.stacks.weighted_size());
+    let (asked, _) = write(&served, "team-a").await;
+    assert!(asked.is_empty(), "all three known: {asked:?}");
+    assert_eq!(totals(&served.router, "team-b", CPU).await, (0, 0));
+}
+
+/// A locations record may hold, beside the stacks asked for, stacks the samples name that this
+/// process knows already: `kiln upload` sends the agent's recorded frames whole, and another
+/// batch (perhaps through another process) taught this one some of their stacks. Those are
+/// taken as known; the profile is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parca_write_stream_takes_known_stacks_the_samples_name() {
+    let served = serve().await;
+    write(&served, "team-a").await;
+    let mut more = samples();
+    more.push(sample("api", "3", &["fresh", "main"], 2));
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::WriteRequest {
+        record: ipc(&v1_sample_record(&more, &TestType::default()), false).into(),
+    })
+    .await
+    .unwrap();
+    let mut client = served.client.clone();
+    let mut inbound = client
+        .write(with_tenant(ReceiverStream::new(rx), "team-a"))
+        .await
+        .unwrap()
+        .into_inner();
+    let asked = read_unknown_ids(&inbound.message().await.unwrap().unwrap().record).unwrap();
+    assert_eq!(asked.len(), 1, "only the fresh stack");
+    // Every stack the samples name, the known three among them.
+    let all: Vec<Vec<TestFrame>> = more.iter().map(|s| s.stack.clone()).collect();
+    tx.send(pb::WriteRequest {
+        record: ipc(&v1_locations_record(&all), false).into(),
+    })
+    .await
+    .unwrap();
+    drop(tx);
+    // The stream ends with OK once the profile is stored.
+    if let Some(r) = inbound.message().await.unwrap() {
+        panic!("an unexpected answer of {} bytes", r.record.len());
+    }
+    assert_eq!(
+        totals(&served.router, "team-a", CPU).await,
+        (2 * 5 + 2, 2 * 12)
+    );
     assert_eq!(totals(&served.router, "team-b", CPU).await, (0, 0));
 }
 

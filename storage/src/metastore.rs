@@ -369,6 +369,21 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         ))
     }
 
+    /// Puts a session as [`Metastore::put_session`] does only where there is none (or it
+    /// expired): whether this call made it. Of calls racing for one key, one makes it.
+    async fn claim_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> Result<bool> {
+        let _ = (tenant, key, value, ttl);
+        Err(crate::Error::Config(
+            "an embedded metastore keeps no sessions: its one process keeps its own".into(),
+        ))
+    }
+
     /// The session of `tenant` under `key`, unless it expired.
     async fn get_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let _ = (tenant, key);

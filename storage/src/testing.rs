@@ -548,6 +548,15 @@ impl crate::metastore::Metastore for CountingMetastore {
     ) -> crate::Result<()> {
         self.count().put_session(tenant, key, value, ttl).await
     }
+    async fn claim_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> crate::Result<bool> {
+        self.count().claim_session(tenant, key, value, ttl).await
+    }
     async fn get_session(&self, tenant: &str, key: &str) -> crate::Result<Option<Vec<u8>>> {
         self.count().get_session(tenant, key).await
     }

@@ -5,7 +5,8 @@
 //! Through the proxy: every process is a member of the cluster; HTTP and gRPC (h2c) writes
 //! reach every ingest process; both query processes answer flame graphs and series equal to a
 //! single process's that took the same profiles; a Parca agent's debug-file upload whose calls
-//! reach different processes names frames on a query process; a tenant's accepted ingest rate is within
+//! reach different processes names frames on a query process; a resumed `kiln upload` stores
+//! no batch twice; a tenant's accepted ingest rate is within
 //! ±15 % of its limit however its writes are spread; its series never pass its limit; an ingest process killed with SIGKILL
 //! mid-stream loses and duplicates no acknowledged profile; another tenant sees nothing.
 
@@ -408,6 +409,31 @@ fn a_cluster_behind_haproxy_answers_as_one_process() -> Result<()> {
     // A Parca agent's debug-file upload whose calls the proxy spreads over the ingest
     // processes succeeds, and a query process names the frames.
     super::symbolize::parca_upload_names_frames_elsewhere(&cluster.front, &cluster.query[1])?;
+
+    // `kiln upload` through the proxy, killed twice and resumed: a batch sent again reaches
+    // another process, which stores it no second time.
+    super::parca::interrupted_upload_resumes(&cluster.front, 5, [1500, 2700]).map_err(|e| {
+        let tails: Vec<String> = cluster
+            .ingest
+            .iter()
+            .map(|k| {
+                let log = k.log_text();
+                log.lines().rev().take(5).collect::<Vec<_>>().join("\n")
+            })
+            .collect();
+        anyhow::anyhow!(
+            "{e}\n{}\n{}",
+            tails.join("\n--\n"),
+            cluster
+                .proxy
+                .log_text()
+                .lines()
+                .rev()
+                .take(10)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
 
     // SIGKILL of an ingest process while two clients write through the proxy: every write
     // answered 200 is stored once; the others at most once.

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use kiln_e2e::{Kiln, kiln_bin};
 use kiln_otel::parca::testing::*;
 
@@ -166,7 +166,13 @@ fn parca_offline_files_upload_with_exact_totals() -> Result<()> {
 
 #[test]
 fn parca_interrupted_upload_resumes_without_duplicates() -> Result<()> {
-    let kiln = Kiln::start(&[])?;
+    interrupted_upload_resumes(&Kiln::start(&[])?, 20, [300, 530])
+}
+
+/// `kiln upload` to `kiln` (a process, or a load balancer in front of several) at `rate`
+/// batches a second, killed after each of `kills_ms`, then run to the end: every batch stored
+/// once, for its tenant only.
+pub(super) fn interrupted_upload_resumes(kiln: &Kiln, rate: u32, kills_ms: [u64; 2]) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut all = Vec::new();
     for f in 0..6u64 {
@@ -179,25 +185,31 @@ fn parca_interrupted_upload_resumes_without_duplicates() -> Result<()> {
         write(dir.path(), &name, &padata(&b, f == 2))?;
         all.extend(s);
     }
-    // 24 batches at 20 a second: killed twice on the way, at different moments.
-    for wait in [Duration::from_millis(300), Duration::from_millis(530)] {
-        let mut child = upload(&kiln, dir.path(), &["--rate", "20"]).spawn()?;
+    // 24 batches: killed twice on the way, at different moments.
+    let rate = rate.to_string();
+    for wait in kills_ms.map(Duration::from_millis) {
+        let mut child = upload(kiln, dir.path(), &["--rate", &rate]).spawn()?;
         let started = Instant::now();
         std::thread::sleep(wait);
-        ensure!(
-            child.try_wait()?.is_none(),
-            "the upload ended before it was killed"
-        );
+        if let Some(status) = child.try_wait()? {
+            let out = child.wait_with_output()?;
+            bail!(
+                "the upload ended ({status}) before it was killed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         child.kill()?;
-        child.wait()?;
+        let killed = child.wait_with_output()?;
         ensure!(started.elapsed() < Duration::from_secs(5));
         let left = leftovers(dir.path())?;
         ensure!(
             left.iter().any(|n| n.ends_with(".progress")) || left.len() < 6,
-            "no progress after {wait:?}: {left:?}"
+            "no progress after {wait:?}: {left:?}; kiln upload said: {}",
+            String::from_utf8_lossy(&killed.stderr)
         );
     }
-    let out = upload(&kiln, dir.path(), &[]).output()?;
+    let out = upload(kiln, dir.path(), &[]).output()?;
     ensure!(
         out.status.success(),
         "kiln upload: {}",
@@ -208,7 +220,10 @@ fn parca_interrupted_upload_resumes_without_duplicates() -> Result<()> {
         "{:?}",
         leftovers(dir.path())?
     );
-    assert_eq!(totals(&kiln, "acme")?, expected(&all));
+    ensure!(
+        totals(kiln, "acme")? == expected(&all),
+        "duplicates or losses"
+    );
     kiln.assert_tenant_empty("other")?;
     Ok(())
 }

@@ -695,6 +695,31 @@ impl Metastore for Postgres {
         Ok(())
     }
 
+    async fn claim_session(
+        &self,
+        tenant: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let client = self.client().await?;
+        let secs = ttl.as_secs_f64();
+        // A row comes back where this statement inserted, or replaced an expired session.
+        let row = client
+            .query_opt(
+                "INSERT INTO kiln_sessions (tenant, key, value, expires)
+                 VALUES ($1, $2, $3, now() + make_interval(secs => $4))
+                 ON CONFLICT (tenant, key) DO UPDATE
+                     SET value = $3, expires = now() + make_interval(secs => $4)
+                     WHERE kiln_sessions.expires <= now()
+                 RETURNING 1",
+                &[&tenant, &key, &value, &secs],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.is_some())
+    }
+
     async fn get_session(&self, tenant: &str, key: &str) -> Result<Option<Vec<u8>>> {
         let client = self.client().await?;
         let row = client

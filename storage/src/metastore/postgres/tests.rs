@@ -148,6 +148,29 @@ async fn sessions_are_shared_until_taken_or_expired() {
         "expired"
     );
     assert_eq!(b.take_session("t", "debuginfo/ef").await.unwrap(), None);
+    // Claims: of processes racing for a key, one makes it; an expired one may be claimed.
+    let claims = (0..6).map(|i| {
+        let m = if i % 2 == 0 { a.clone() } else { b.clone() };
+        async move {
+            m.claim_session("t", "batch/1", vec![i], short)
+                .await
+                .unwrap()
+        }
+    });
+    let won = futures::future::join_all(claims).await;
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        b.claim_session("t", "batch/1", vec![9], minute)
+            .await
+            .unwrap(),
+        "expired"
+    );
+    assert!(
+        !a.claim_session("t", "batch/1", vec![8], minute)
+            .await
+            .unwrap()
+    );
     a.delete_tenant("t", 0, 0).await.unwrap();
     assert!(b.sessions("t", "").await.unwrap().is_empty());
 }
