@@ -3,7 +3,8 @@
 # symbolization tests' Go programs), g++, binutils and debuginfod (symbolization), openssl
 # (test keys), Prometheus (the recording rules' remote-write receiver), PostgreSQL and a JDK (java, javac and jfr: the JFR test records a Java program with
 # the JDK's own flight recorder) and haproxy (the cluster test's load balancer) from apt, the Python clients (pyroscope-io, pyroscope-otel, py-spy,
-# the opentelemetry-proto stubs with grpcio) and moto's S3 server in a venv under the build
+# the opentelemetry-proto stubs with grpcio), moto's S3 server and kubernetes-validate (the
+# deployment manifests' schemas) in a venv under the build
 # directory, @pyroscope/nodejs under e2e/clients/node, playwright-core (drives Debian's chromium
 # through the web UI) under e2e/clients/browser, Microsoft's Azurite and s3rver (object
 # store servers besides moto) under e2e/servers, Debian's chromium for the flame graph render
@@ -40,7 +41,7 @@ venv="${KILN_TEST_VENV:-${CARGO_TARGET_DIR:-$root/target}/test-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ] || [ ! -x "$venv/bin/moto_server" ] || ! "$venv/bin/python" -c "import duckdb, chdb" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ] || [ ! -x "$venv/bin/moto_server" ] || [ ! -x "$venv/bin/kubernetes-validate" ] || ! "$venv/bin/python" -c "import duckdb, chdb" 2>/dev/null; then
   echo "install-test-deps: pip install into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/e2e/clients/python/requirements.txt"
 fi

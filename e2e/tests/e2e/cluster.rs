@@ -8,7 +8,8 @@
 //! reach different processes names frames on a query process; a resumed `kiln upload` stores
 //! no batch twice; a tenant's accepted ingest rate is within
 //! ±15 % of its limit however its writes are spread; its series never pass its limit; an ingest process killed with SIGKILL
-//! mid-stream loses and duplicates no acknowledged profile; another tenant sees nothing.
+//! mid-stream loses and duplicates no acknowledged profile; a rolling restart of every process
+//! under load loses no acknowledged write; another tenant sees nothing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -87,6 +88,9 @@ impl Cluster {
             s3_url.as_str(),
             "--shards",
             "1",
+            // The proxy checks /ready every 500 ms and takes a process out after two failures.
+            "--shutdown-delay",
+            "1500ms",
         ];
         let start = |roles: &str| {
             let mut flags = shared.to_vec();
@@ -477,6 +481,64 @@ fn a_cluster_behind_haproxy_answers_as_one_process() -> Result<()> {
     }
     // The killed process comes back on its data and port; the proxy sends to it again.
     cluster.ingest[1].start_again()?;
+
+    // A rolling restart of every process (SIGTERM, then started again on its port and data)
+    // while two clients write through the proxy: each process answers /ready with 503 for its
+    // shutdown delay while it still serves, so the proxy takes it out first; every write
+    // answered 200 is stored once.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (acked, failed) = (std::sync::Mutex::new(Vec::new()), AtomicUsize::new(0));
+    std::thread::scope(|s| -> Result<()> {
+        for w in 0..2u64 {
+            let (stop, acked, failed, front) = (&stop, &acked, &failed, &cluster.front);
+            s.spawn(move || {
+                let mut n = w;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = format!("main;r{n} 1\n").into_bytes();
+                    let query = format!("name=rolling.cpu&from={}", 1_700_000_000 + n);
+                    match front.ingest("rolling", &query, body, &[]) {
+                        Ok((200, _)) => acked.lock().unwrap().push(n),
+                        _ => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    n += 2;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+        }
+        let restart = |k: &mut Kiln| -> Result<()> {
+            k.restart()?;
+            // Up again for the proxy's health checks (every 500 ms).
+            std::thread::sleep(Duration::from_millis(1200));
+            Ok(())
+        };
+        let result = (|| -> Result<()> {
+            for k in cluster.ingest.iter_mut().chain(cluster.query.iter_mut()) {
+                restart(k)?;
+            }
+            restart(&mut cluster.compact)
+        })();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })?;
+    let acked = acked.into_inner().unwrap();
+    let failed = failed.load(Ordering::Relaxed);
+    eprintln!(
+        "cluster: rolling restart: {} writes acknowledged, {failed} refused or failed",
+        acked.len()
+    );
+    ensure!(
+        failed * 100 <= acked.len(),
+        "{failed} of {} writes failed during the rolling restart",
+        acked.len() + failed
+    );
+    let stored = self_by_name(&cluster.front.flamegraph("rolling", CPU, "{}")?);
+    for n in &acked {
+        let value = stored.get(&format!("r{n}")).copied().unwrap_or(0);
+        ensure!(value == SAMPLE_NS, "acknowledged r{n} stored as {value}");
+    }
+    cluster.wait_members([3, 2, 1])?;
 
     // Tenant walls: no tenant sees another's frames, through any process.
     for k in cluster.query.iter().chain([&cluster.front]) {

@@ -9,6 +9,7 @@ mod cluster;
 mod corpus;
 mod crash;
 mod debuginfo_bounds;
+mod deploy;
 mod drilldown;
 mod formats;
 mod fuzz;

@@ -54,7 +54,7 @@ fn kiln_profiles_itself_into_its_tenant_only() -> Result<()> {
         "Kiln's own functions are in its flame graph: {:?}",
         &fg.names[..fg.names.len().min(40)]
     );
-    // The series say which process it is: one for its CPU, one for its heap.
+    // The series say which process it is (its instance id): one for its CPU, one for its heap.
     let series: Vec<t::Labels> = {
         let r: kiln_proto::querier::v1::SeriesResponse = kiln.connect(
             "ops",
@@ -72,7 +72,9 @@ fn kiln_profiles_itself_into_its_tenant_only() -> Result<()> {
         (1..=2).contains(&series.len()),
         "CPU, and the heap once sampled: {series:?}"
     );
-    let instance = format!("127.0.0.1:{}", kiln.port);
+    // The process's instance id: by default `<hostname>:<port>` (`--instance-id`).
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    let instance = format!("{}:{}", host.trim(), kiln.port);
     for s in &series {
         ensure!(
             s.labels
