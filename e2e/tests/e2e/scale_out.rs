@@ -15,8 +15,8 @@ const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
 const PROFILES: i64 = 24;
 
 /// The profiles every process gets: tenant alpha, two services, one profile every 10 s; and a
-/// few for tenant beta.
-fn ingest_all(k: &Kiln) -> Result<()> {
+/// few for tenant beta (4 of 7 samples). The cluster test sends them too.
+pub(super) fn ingest_all(k: &Kiln) -> Result<()> {
     for i in 0..PROFILES {
         let service = if i % 3 == 0 { "db" } else { "api" };
         let body = format!("main;handle;work{} {}\nmain;idle 1\n", i % 5, 2 + i);
@@ -43,14 +43,14 @@ fn ingest_all(k: &Kiln) -> Result<()> {
 
 /// What the queries answer, for comparison across processes.
 #[derive(Debug, PartialEq)]
-struct Answers {
-    all: q::FlameGraph,
-    api: q::FlameGraph,
-    series: q::SelectSeriesResponse,
-    beta: q::FlameGraph,
+pub(super) struct Answers {
+    pub(super) all: q::FlameGraph,
+    pub(super) api: q::FlameGraph,
+    pub(super) series: q::SelectSeriesResponse,
+    pub(super) beta: q::FlameGraph,
 }
 
-fn answers(k: &Kiln) -> Result<Answers> {
+pub(super) fn answers(k: &Kiln) -> Result<Answers> {
     let series = k.connect(
         "alpha",
         "/querier.v1.QuerierService/SelectSeries",

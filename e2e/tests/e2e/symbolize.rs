@@ -572,64 +572,7 @@ fn parca_agent_uploads_name_go_frames_through_the_line_table() -> Result<()> {
     let mut client = DebuginfoServiceClient::new(channel).max_encoding_message_size(64 << 20);
     let id = go.file_id.clone();
     rt.block_on(async {
-        let should = client
-            .should_initiate_upload(with_tenant(
-                d::ShouldInitiateUploadRequest {
-                    build_id: id.clone(),
-                    build_id_type: d::BuildIdType::Hash as i32,
-                    ..Default::default()
-                },
-                "team-a",
-            ))
-            .await?
-            .into_inner();
-        ensure!(should.should_initiate_upload, "{should:?}");
-        let instructions = client
-            .initiate_upload(with_tenant(
-                d::InitiateUploadRequest {
-                    build_id: id.clone(),
-                    size: data.len() as i64,
-                    hash: id.clone(),
-                    build_id_type: d::BuildIdType::Hash as i32,
-                    ..Default::default()
-                },
-                "team-a",
-            ))
-            .await?
-            .into_inner()
-            .upload_instructions
-            .context("no instructions")?;
-        ensure!(
-            instructions.upload_strategy == d::upload_instructions::UploadStrategy::Grpc as i32,
-            "{instructions:?}"
-        );
-        let mut messages = vec![d::UploadRequest {
-            data: Some(d::upload_request::Data::Info(d::UploadInfo {
-                build_id: id.clone(),
-                upload_id: instructions.upload_id.clone(),
-                r#type: 0,
-            })),
-        }];
-        for chunk in data.chunks(256 << 10) {
-            messages.push(d::UploadRequest {
-                data: Some(d::upload_request::Data::ChunkData(chunk.to_vec().into())),
-            });
-        }
-        let uploaded = client
-            .upload(with_tenant(futures::stream::iter(messages), "team-a"))
-            .await?
-            .into_inner();
-        ensure!(uploaded.size == data.len() as u64, "{uploaded:?}");
-        client
-            .mark_upload_finished(with_tenant(
-                d::MarkUploadFinishedRequest {
-                    build_id: id.clone(),
-                    upload_id: instructions.upload_id,
-                    r#type: 0,
-                },
-                "team-a",
-            ))
-            .await?;
+        parca_upload(&mut client, "team-a", &id, d::BuildIdType::Hash, &data).await?;
         // Known now for this tenant; not for another.
         let again = client
             .should_initiate_upload(with_tenant(
@@ -900,60 +843,7 @@ pub(super) fn parca_upload_names_frames_elsewhere(ingest: &Kiln, query: &Kiln) -
     let channel = grpc_channel(ingest, &rt)?;
     let mut client = DebuginfoServiceClient::new(channel).max_encoding_message_size(64 << 20);
     rt.block_on(async {
-        let should = client
-            .should_initiate_upload(with_tenant(
-                d::ShouldInitiateUploadRequest {
-                    build_id: gnu.clone(),
-                    build_id_type: d::BuildIdType::Gnu as i32,
-                    ..Default::default()
-                },
-                "team-a",
-            ))
-            .await?
-            .into_inner();
-        ensure!(should.should_initiate_upload, "{should:?}");
-        let instructions = client
-            .initiate_upload(with_tenant(
-                d::InitiateUploadRequest {
-                    build_id: gnu.clone(),
-                    size: data.len() as i64,
-                    hash: format!("{:x}", data.len()),
-                    build_id_type: d::BuildIdType::Gnu as i32,
-                    ..Default::default()
-                },
-                "team-a",
-            ))
-            .await?
-            .into_inner()
-            .upload_instructions
-            .context("no instructions")?;
-        let mut messages = vec![d::UploadRequest {
-            data: Some(d::upload_request::Data::Info(d::UploadInfo {
-                build_id: gnu.clone(),
-                upload_id: instructions.upload_id.clone(),
-                r#type: 0,
-            })),
-        }];
-        for chunk in data.chunks(256 << 10) {
-            messages.push(d::UploadRequest {
-                data: Some(d::upload_request::Data::ChunkData(chunk.to_vec().into())),
-            });
-        }
-        let uploaded = client
-            .upload(with_tenant(futures::stream::iter(messages), "team-a"))
-            .await?
-            .into_inner();
-        ensure!(uploaded.size == data.len() as u64, "{uploaded:?}");
-        client
-            .mark_upload_finished(with_tenant(
-                d::MarkUploadFinishedRequest {
-                    build_id: gnu.clone(),
-                    upload_id: instructions.upload_id,
-                    r#type: 0,
-                },
-                "team-a",
-            ))
-            .await?;
+        parca_upload(&mut client, "team-a", &gnu, d::BuildIdType::Gnu, &data).await?;
         let again = client
             .should_initiate_upload(with_tenant(
                 d::ShouldInitiateUploadRequest {
@@ -973,5 +863,79 @@ pub(super) fn parca_upload_names_frames_elsewhere(ingest: &Kiln, query: &Kiln) -
     eventually(|| Ok(stacks(query, "team-a", &ty, &c.service)?.0 == want))?;
     let (other, _) = stacks(query, "team-b", &ty, &c.service)?;
     ensure!(other == c.unnamed_stacks(&c.addrs), "team-b: {other:?}");
+    Ok(())
+}
+
+/// The Parca agent's upload of one file for `tenant`, as the agent makes it: ShouldInitiateUpload
+/// (which must say yes), InitiateUpload (gRPC instructions), the streamed Upload in 256 KiB
+/// chunks, MarkUploadFinished.
+async fn parca_upload(
+    client: &mut kiln_proto::parca::debuginfo::v1alpha1::debuginfo_service_client::DebuginfoServiceClient<
+        tonic::transport::Channel,
+    >,
+    tenant: &str,
+    id: &str,
+    id_type: kiln_proto::parca::debuginfo::v1alpha1::BuildIdType,
+    data: &[u8],
+) -> Result<()> {
+    use kiln_proto::parca::debuginfo::v1alpha1 as d;
+    let should = client
+        .should_initiate_upload(with_tenant(
+            d::ShouldInitiateUploadRequest {
+                build_id: id.to_owned(),
+                build_id_type: id_type as i32,
+                ..Default::default()
+            },
+            tenant,
+        ))
+        .await?
+        .into_inner();
+    ensure!(should.should_initiate_upload, "{should:?}");
+    let instructions = client
+        .initiate_upload(with_tenant(
+            d::InitiateUploadRequest {
+                build_id: id.to_owned(),
+                size: data.len() as i64,
+                hash: id.to_owned(),
+                build_id_type: id_type as i32,
+                ..Default::default()
+            },
+            tenant,
+        ))
+        .await?
+        .into_inner()
+        .upload_instructions
+        .context("no instructions")?;
+    ensure!(
+        instructions.upload_strategy == d::upload_instructions::UploadStrategy::Grpc as i32,
+        "{instructions:?}"
+    );
+    let mut messages = vec![d::UploadRequest {
+        data: Some(d::upload_request::Data::Info(d::UploadInfo {
+            build_id: id.to_owned(),
+            upload_id: instructions.upload_id.clone(),
+            r#type: 0,
+        })),
+    }];
+    for chunk in data.chunks(256 << 10) {
+        messages.push(d::UploadRequest {
+            data: Some(d::upload_request::Data::ChunkData(chunk.to_vec().into())),
+        });
+    }
+    let uploaded = client
+        .upload(with_tenant(futures::stream::iter(messages), tenant))
+        .await?
+        .into_inner();
+    ensure!(uploaded.size == data.len() as u64, "{uploaded:?}");
+    client
+        .mark_upload_finished(with_tenant(
+            d::MarkUploadFinishedRequest {
+                build_id: id.to_owned(),
+                upload_id: instructions.upload_id,
+                r#type: 0,
+            },
+            tenant,
+        ))
+        .await?;
     Ok(())
 }

@@ -23,6 +23,11 @@ const QUERY_BLOCKS: &str = "FROM kiln_blocks b
        AND ($5::TEXT IS NULL OR $5 = ANY (b.profile_types))
      ORDER BY b.partition, b.shard, b.id";
 
+/// Marks a tenant's series (`$1` tenant, `$2` hashes) seen now, adding those not there.
+const SEEN_SERIES: &str = "INSERT INTO kiln_active_series (tenant, hash)
+     SELECT DISTINCT $1, h FROM unnest($2::BIGINT[]) AS h
+     ON CONFLICT (tenant, hash) DO UPDATE SET last_seen = now()";
+
 #[async_trait::async_trait]
 impl Metastore for Postgres {
     async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()> {
@@ -630,14 +635,9 @@ impl Metastore for Postgres {
                     return Ok(false);
                 }
             }
-            tx.execute(
-                "INSERT INTO kiln_active_series (tenant, hash)
-                 SELECT DISTINCT $1, h FROM unnest($2::BIGINT[]) AS h
-                 ON CONFLICT (tenant, hash) DO UPDATE SET last_seen = now()",
-                &[&tenant, &hashes],
-            )
-            .await
-            .map_err(pg_err)?;
+            tx.execute(SEEN_SERIES, &[&tenant, &hashes])
+                .await
+                .map_err(pg_err)?;
             // Series quiet past the window no longer count: their rows go.
             tx.execute(
                 "DELETE FROM kiln_active_series
@@ -654,12 +654,7 @@ impl Metastore for Postgres {
         let hashes: Vec<i64> = hashes.iter().map(|h| *h as i64).collect();
         let client = self.client().await?;
         client
-            .execute(
-                "INSERT INTO kiln_active_series (tenant, hash)
-                 SELECT DISTINCT $1, h FROM unnest($2::BIGINT[]) AS h
-                 ON CONFLICT (tenant, hash) DO UPDATE SET last_seen = now()",
-                &[&tenant, &hashes],
-            )
+            .execute(SEEN_SERIES, &[&tenant, &hashes])
             .await
             .map_err(pg_err)?;
         Ok(())
