@@ -421,6 +421,11 @@ impl Metrics {
             .set(bytes as i64);
     }
 
+    /// Removes every tenant's stored-bytes gauge (another process exports them).
+    pub fn clear_stored_bytes(&self) {
+        self.tenant_stored_bytes.clear();
+    }
+
     /// Counters of one tenant since start-up (stored bytes come from the metastore).
     pub fn usage(&self, tenant: &str, stored_bytes: u64) -> Usage {
         let get =

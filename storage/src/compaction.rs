@@ -56,7 +56,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use plan::{BlockArrivals, plan_jobs};
+pub use plan::{Arrivals, plan_jobs};
 pub use policy::{CompactionConfig, LevelPolicy, TopPolicy};
 
 /// How long a compaction waits for native frames to be named (a debuginfod fetch); what is not
@@ -77,9 +77,10 @@ pub struct Compactor {
     warm: bool,
     /// This compactor's name in leases.
     owner: String,
-    /// When its planner saw blocks come.
-    arrivals: std::sync::Mutex<BlockArrivals>,
 }
+
+/// The cluster-wide lease whose holder plans compaction jobs ([`Compactor::plan`]).
+pub const PLANNER_LEASE: &str = "planner";
 
 /// Labels of a series as a `Labels` set (for tests comparing series).
 pub fn series_labels(s: &SeriesMeta) -> Labels {

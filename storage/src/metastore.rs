@@ -114,10 +114,15 @@ pub struct QueuedBlock {
     pub bytes: u64,
     pub rows: u64,
     pub stack_nodes: u64,
+    /// When the block was registered (Unix milliseconds, the metastore's clock): when it came,
+    /// which its ULID time does not say of a merge's output. 0 when unknown (a block
+    /// registered by an older version): its creation time stands in.
+    #[serde(default)]
+    pub arrived_ms: u64,
 }
 
 impl QueuedBlock {
-    /// The summary of a block.
+    /// The summary of a block, its arrival unknown.
     pub fn of(b: &BlockMeta) -> Self {
         Self {
             tenant: b.tenant.clone(),
@@ -129,6 +134,16 @@ impl QueuedBlock {
             bytes: b.dataset_bytes(),
             rows: b.rows,
             stack_nodes: b.stack_nodes,
+            arrived_ms: 0,
+        }
+    }
+
+    /// When the block came: its arrival, or its creation time where that is unknown.
+    pub fn arrived_ms(&self) -> u64 {
+        if self.arrived_ms == 0 {
+            self.created_ms
+        } else {
+            self.arrived_ms
         }
     }
 }
@@ -196,6 +211,11 @@ pub struct Member {
 /// second).
 pub const MEMBER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a cluster-wide lease ([`Metastore::hold_lease`]) lasts unless renewed: its holder
+/// renews it every round (a second or so), and another process takes it over this long after
+/// the holder stops.
+pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Block metadata storage. Every method that changes something is one transaction, durable when
 /// it returns.
 #[async_trait::async_trait]
@@ -254,7 +274,9 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// Replaces a leased job's sources by `outputs` in one transaction: the sources leave the
     /// index (tombstoned, never to be added again), objects that lost their last entry are
     /// tombstoned for deletion at `now_ms + delete_after_ms`, the outputs are added and the job
-    /// is done. Fails with [`crate::Error::LeaseLost`] when `owner` no longer holds the lease.
+    /// is done. Fails with [`crate::Error::LeaseLost`] when `owner` no longer holds the lease
+    /// with the job's epoch (`attempts`, one more at each lease): an expired lease taken again,
+    /// even by the same owner, fences the older holder off.
     async fn complete_job(
         &self,
         job: &Job,
@@ -263,6 +285,11 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         now_ms: u64,
         delete_after_ms: u64,
     ) -> Result<()>;
+
+    /// Extends the lease of `job` to `now_ms + lease_ms` while `owner` holds it with the
+    /// job's epoch (its `attempts`): whether it still did. A merge longer than a lease renews
+    /// it as it runs; a lease that expired and was taken by another is not given back.
+    async fn renew_job(&self, job: &Job, owner: &str, now_ms: u64, lease_ms: u64) -> Result<bool>;
 
     /// Gives a job up: its sources go back to the queue (less those quarantined since).
     async fn cancel_job(&self, job: &Job) -> Result<()>;
@@ -317,6 +344,22 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     async fn heartbeat(&self, me: &Member, timeout: std::time::Duration) -> Result<Vec<Member>> {
         let _ = timeout;
         Ok(vec![me.clone()])
+    }
+
+    /// Holds the cluster-wide lease `name` for `holder` for `ttl` from now, on the
+    /// metastore's clock: taken when nobody holds it or it expired, renewed when `holder`
+    /// has it. Answers its epoch while `holder` holds it (one more each time the lease changes
+    /// hands), `None` while another does. Work that one process does for the cluster
+    /// (planning compaction, deletions, retention, gauges) runs under one. An embedded
+    /// metastore serves one process, which always holds every lease.
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Option<u64>> {
+        let _ = (name, holder, ttl);
+        Ok(Some(1))
     }
 
     /// `id` leaves the cluster: it is no longer among the members alive.

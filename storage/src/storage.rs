@@ -154,6 +154,12 @@ pub fn series_hash<'a>(
     h.digest()
 }
 
+/// The cluster-wide lease whose holder deletes objects whose tombstones are due.
+pub const GARBAGE_LEASE: &str = "garbage";
+
+/// The cluster-wide lease whose holder sweeps the bucket for orphans.
+pub const SWEEP_LEASE: &str = "sweep";
+
 /// What one upkeep round did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UpkeepReport {
@@ -433,10 +439,26 @@ impl Storage {
         }
     }
 
+    /// Whether this process holds the cluster-wide lease `name` for `ttl` from now
+    /// ([`Metastore::hold_lease`]): work one process does for the whole cluster runs only
+    /// there. Always true on an embedded metastore.
+    pub async fn holds_lease(&self, name: &str, ttl: Duration) -> Result<bool> {
+        Ok(self
+            .metastore
+            .hold_lease(name, self.compactor.owner(), ttl)
+            .await?
+            .is_some())
+    }
+
     /// Deletes objects no metastore record names that are older than the grace period, and
     /// the leftovers of uploads and compactions a crash interrupted.
     pub async fn sweep_orphans(&self, now: u64) -> Result<usize> {
-        let grace = self.config.orphan_grace.as_millis() as u64;
+        Ok(self.remove_leftovers().await? + self.sweep_bucket(now).await?)
+    }
+
+    /// Removes this process's leftovers of uploads and compactions a crash interrupted (its
+    /// own data directory).
+    async fn remove_leftovers(&self) -> Result<usize> {
         let (store, scratch, grace_d) = (
             self.store.clone(),
             self.config.data_dir.join("compaction"),
@@ -454,11 +476,18 @@ impl Storage {
                 "interrupted uploads and compactions removed"
             );
         }
+        Ok(leftovers)
+    }
+
+    /// Deletes the bucket's objects that no metastore record names and that are older than
+    /// the grace period.
+    async fn sweep_bucket(&self, now: u64) -> Result<usize> {
+        let grace = self.config.orphan_grace.as_millis() as u64;
         let mut objects = self.store.list("segments").await?;
         objects.extend(self.store.list("blocks").await?);
         // Listed before the metastore is asked: an object registered in between is known.
         let known = self.metastore.known_objects().await?;
-        let mut deleted = leftovers;
+        let mut deleted = 0;
         for o in objects {
             let path = o.location.to_string();
             let known_id = object_id_of_path(&path).is_some_and(|id| known.contains(id));
@@ -475,14 +504,19 @@ impl Storage {
     /// One upkeep round: plan and run compaction jobs of every level, delete due objects,
     /// sweep orphans when `sweep` is set.
     pub async fn upkeep(&self, sweep: bool) -> Result<UpkeepReport> {
-        self.upkeep_levels(sweep, crate::compaction::ALL_LEVELS)
+        let every = sweep.then_some(crate::metastore::LEASE_TTL);
+        self.upkeep_levels(every, crate::compaction::ALL_LEVELS)
             .await
     }
 
-    /// An upkeep round whose compaction runs only jobs of `levels`.
+    /// An upkeep round whose compaction runs only jobs of `levels`. Planning
+    /// ([`crate::compaction::PLANNER_LEASE`]), deletions ([`GARBAGE_LEASE`]) and the bucket's
+    /// sweep ([`SWEEP_LEASE`]) run on one process of the cluster at a time; jobs run on every
+    /// compacting process. `sweep_every` is how long the sweep lease lasts: one sweep of the
+    /// bucket per interval, whichever process does it.
     async fn upkeep_levels(
         &self,
-        sweep: bool,
+        sweep: Option<Duration>,
         levels: std::ops::Range<u32>,
     ) -> Result<UpkeepReport> {
         let now = now_ms();
@@ -491,9 +525,17 @@ impl Storage {
             ..Default::default()
         };
         report.jobs_done = self.compactor.run_pending(levels).await?;
-        report.objects_deleted = self.collect_garbage(now_ms()).await?;
-        if sweep {
-            report.orphans_deleted = self.sweep_orphans(now_ms()).await?;
+        if self
+            .holds_lease(GARBAGE_LEASE, crate::metastore::LEASE_TTL)
+            .await?
+        {
+            report.objects_deleted = self.collect_garbage(now_ms()).await?;
+        }
+        if let Some(every) = sweep {
+            report.orphans_deleted = self.remove_leftovers().await?;
+            if self.holds_lease(SWEEP_LEASE, every).await? {
+                report.orphans_deleted += self.sweep_bucket(now_ms()).await?;
+            }
         }
         Ok(report)
     }
@@ -529,7 +571,10 @@ impl Storage {
                 tick.tick().await;
                 let sweep = last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
                 let lane = crate::compaction::FRESH_LEVELS;
-                match storage.upkeep_levels(sweep, lane).await {
+                match storage
+                    .upkeep_levels(sweep.then_some(sweep_every), lane)
+                    .await
+                {
                     Ok(r) => {
                         if sweep {
                             last_sweep = Some(std::time::Instant::now());
@@ -579,6 +624,11 @@ impl Storage {
                 .set(n);
         }
         Ok(())
+    }
+
+    /// Removes the `storage_blocks{level}` gauges (another process of the cluster sets them).
+    pub fn clear_block_gauges(&self) {
+        self.metrics().blocks.clear();
     }
 
     /// Hashes of the series of `tenant` (profile type and labels) with profiles at or after

@@ -450,6 +450,15 @@ impl crate::metastore::Metastore for CountingMetastore {
             .complete_job(job, owner, outputs, now_ms, delete_after_ms)
             .await
     }
+    async fn renew_job(
+        &self,
+        job: &crate::metastore::Job,
+        owner: &str,
+        now_ms: u64,
+        lease_ms: u64,
+    ) -> crate::Result<bool> {
+        self.count().renew_job(job, owner, now_ms, lease_ms).await
+    }
     async fn cancel_job(&self, job: &crate::metastore::Job) -> crate::Result<()> {
         self.count().cancel_job(job).await
     }
@@ -523,6 +532,14 @@ impl crate::metastore::Metastore for CountingMetastore {
     }
     async fn leave(&self, id: &str) -> crate::Result<()> {
         self.count().leave(id).await
+    }
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> crate::Result<Option<u64>> {
+        self.count().hold_lease(name, holder, ttl).await
     }
     fn shared(&self) -> bool {
         self.inner.shared()

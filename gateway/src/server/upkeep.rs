@@ -65,7 +65,19 @@ pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
         let mut tick = tokio::time::interval(STORED_BYTES_REFRESH);
         loop {
             tick.tick().await;
-            if let Err(e) = refresh_stored_bytes(&metered).await {
+            // One process of the cluster reads every tenant's blocks for the gauges; the
+            // others export none (a sum or max over processes is the cluster's figure).
+            let ttl = STORED_BYTES_REFRESH + kiln_storage::metastore::LEASE_TTL;
+            let result = match metered.storage.holds_lease(GAUGES_LEASE, ttl).await {
+                Ok(true) => refresh_stored_bytes(&metered).await,
+                Ok(false) => {
+                    metered.metrics.clear_stored_bytes();
+                    metered.storage.clear_block_gauges();
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = result {
                 warn!(error = %e.log_text(), "stored bytes not refreshed; retrying at the next interval");
             }
         }
@@ -77,12 +89,25 @@ pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
         let mut tick = tokio::time::interval(retention_every);
         loop {
             tick.tick().await;
-            if let Err(e) = apply_retention(&app).await {
+            // One compacting process of the cluster applies retention at a time.
+            let ttl = retention_every + kiln_storage::metastore::LEASE_TTL;
+            let result = match app.storage.holds_lease(RETENTION_LEASE, ttl).await {
+                Ok(true) => apply_retention(&app).await.map(|_| ()),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = result {
                 warn!(error = %e.log_text(), "retention failed; retrying at the next interval");
             }
         }
     });
 }
+
+/// The cluster-wide lease whose holder refreshes the stored-bytes and block gauges.
+const GAUGES_LEASE: &str = "gauges";
+
+/// The cluster-wide lease whose holder applies retention.
+const RETENTION_LEASE: &str = "retention";
 
 /// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
 /// the background (`spawn_upkeep`), so a `/metrics` scrape costs the same whatever the

@@ -37,32 +37,59 @@ impl Compactor {
             delete_delay,
             warm,
             owner: format!("compactor-{}", ulid::Ulid::generate()),
-            arrivals: std::sync::Mutex::default(),
         }
     }
 
-    /// Plans jobs for what waits in the queue. Returns how many were created.
+    /// This compactor's name in leases (one per process).
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Plans jobs for what waits in the queue, when this compactor holds the cluster's planner
+    /// lease ([`PLANNER_LEASE`]): one planner reads the whole queue at a time, not one per
+    /// compacting process. Returns how many were created.
     pub async fn plan(&self, now_ms: u64) -> Result<usize> {
+        if !self.config.enabled {
+            return Ok(0);
+        }
+        let lease = self
+            .metastore
+            .hold_lease(PLANNER_LEASE, &self.owner, crate::metastore::LEASE_TTL)
+            .await?;
+        if lease.is_none() {
+            return Ok(0);
+        }
         self.plan_as(now_ms, false).await
     }
 
-    /// [`Self::plan`]; `first_sight` judges when blocks came by their times alone, as a
-    /// planner's first queue is.
+    /// Plans regardless of the planner lease; `first_sight` judges when blocks came by their
+    /// times alone, not by when they were registered (tests and `kiln bench`, whose clock runs
+    /// ahead of the metastore's).
     async fn plan_as(&self, now_ms: u64, first_sight: bool) -> Result<usize> {
         if !self.config.enabled {
             return Ok(0);
         }
-        let queued = self.metastore.queued_blocks().await?;
+        let mut queued = self.metastore.queued_blocks().await?;
         self.store
             .metrics()
             .compaction_queued_blocks
             .set(queued.len() as i64);
-        let jobs = if first_sight {
-            plan_jobs(&self.config, queued, &mut BlockArrivals::default(), now_ms)
+        let arrivals = if first_sight {
+            for b in &mut queued {
+                b.arrived_ms = 0;
+            }
+            Arrivals::of(&queued)
         } else {
-            let mut arrivals = self.arrivals.lock().unwrap_or_else(|e| e.into_inner());
-            plan_jobs(&self.config, queued, &mut arrivals, now_ms)
+            // Blocks that jobs hold came too: a partition whose fresh blocks are being merged
+            // up is not quiet.
+            let held = self.metastore.jobs().await?;
+            Arrivals::of(
+                queued
+                    .iter()
+                    .chain(held.iter().flat_map(|j| j.sources.iter())),
+            )
         };
+        let jobs = plan_jobs(&self.config, queued, &arrivals, now_ms);
         if jobs.is_empty() {
             return Ok(0);
         }
@@ -86,11 +113,40 @@ impl Compactor {
             else {
                 break;
             };
-            if self.run(&job).await? {
+            if self.run_renewed(&job, lease).await? {
                 done += 1;
             }
         }
         Ok(done)
+    }
+
+    /// Runs a leased job ([`Self::run`]), renewing its lease every third of `lease_ms` while
+    /// the merge runs: a merge may take longer than a lease, and a compactor that stops (killed,
+    /// or paused) loses its job within one lease. A lease found lost is not renewed again, and
+    /// the completion is refused (fenced by owner and epoch).
+    async fn run_renewed(&self, job: &Job, lease_ms: u64) -> Result<bool> {
+        let run = self.run(job);
+        tokio::pin!(run);
+        let every = Duration::from_millis((lease_ms / 3).max(1));
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut held = true;
+        loop {
+            tokio::select! {
+                done = &mut run => return done,
+                _ = tick.tick(), if held => {
+                    match self.metastore.renew_job(job, &self.owner, now_ms(), lease_ms).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(job = job.id, tenant = %job.tenant,
+                                "compaction lease lost; the merge's outputs will be refused");
+                            held = false;
+                        }
+                        Err(e) => tracing::warn!(job = job.id, error = %e,
+                            "compaction lease not renewed; retrying"),
+                    }
+                }
+            }
+        }
     }
 
     /// Plans and runs jobs until the queue holds nothing due at `now_ms` (tests and `kiln

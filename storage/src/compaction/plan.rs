@@ -1,5 +1,5 @@
 //! Planning: the queued blocks of each (tenant, partition, shard) grouped into jobs by the
-//! policies, with the planner's record of when blocks came.
+//! policies, judging quietness from when the metastore registered them.
 
 use crate::format::meta::TOP_LEVEL;
 use crate::metastore::{Job, QueuedBlock};
@@ -7,56 +7,38 @@ use std::collections::HashMap;
 
 use super::*;
 
-/// When blocks came to each (tenant, partition, shard), as one planner saw its queue: what
-/// decides that a partition is quiet ([`TopPolicy`]).
+/// The last arrival in each (tenant, partition, shard), by a hash of the three: what decides
+/// that a partition is quiet ([`TopPolicy`]).
 ///
 /// A block's ULID time does not say when it came: a merge's output carries its oldest source's
 /// time (so that it stays in its partition). Judged by those times, a partition whose fresh
-/// blocks had all just been merged up (none left below the top for a moment) looked quiet
-/// while its tenant was sending, and its open blocks were packed again and again: on the
-/// `month` bench with 1 s segments, 8.09 rows written a row by the top level's merges against
-/// 2.65 (docs/performance.md, "Quiet partitions"). So a block first seen by a planner that has planned
-/// before came when it was seen; the blocks of a planner's first queue (a process that just
-/// started) came at their ULID time, as far as it can tell.
+/// blocks had all just been merged up looked quiet while its tenant was sending, and its open
+/// blocks were packed again and again: on the `month` bench with 1 s segments, 8.09 rows
+/// written a row by the top level's merges against 2.65 (docs/performance.md, "Quiet
+/// partitions"). So the metastore records when each block was registered, and the planner
+/// reads it for the blocks queued and those that jobs hold: every planner, restarted or not,
+/// on any process, judges the same (ADR 0020).
 #[derive(Debug, Default)]
-pub struct BlockArrivals {
-    /// Whether a queue was seen before.
-    primed: bool,
-    /// The blocks queued at the last planning, by a hash of (tenant, id).
-    seen: std::collections::HashSet<u64>,
-    /// The last arrival in each (tenant, partition, shard) with blocks queued, by a hash of
-    /// the three.
-    last: HashMap<u64, u64>,
-}
+pub struct Arrivals(HashMap<u64, u64>);
 
-impl BlockArrivals {
-    /// Notes the queue as seen at `now_ms`.
-    fn update(&mut self, queued: &[QueuedBlock], now_ms: u64) {
-        let mut seen = std::collections::HashSet::with_capacity(queued.len());
+impl Arrivals {
+    /// The last arrivals among `blocks` (queued, or held by jobs).
+    pub fn of<'a>(blocks: impl IntoIterator<Item = &'a QueuedBlock>) -> Self {
         let mut last: HashMap<u64, u64> = HashMap::new();
-        for b in queued {
-            let hash = hash_of(&[b.tenant.as_bytes(), b.id.as_bytes()]);
-            seen.insert(hash);
-            let came = if !self.primed || self.seen.contains(&hash) {
-                b.created_ms
-            } else {
-                now_ms
-            };
-            let at = last.entry(group_of(b)).or_insert(came);
-            *at = (*at).max(came);
+        for b in blocks {
+            let at = last.entry(group_of(b)).or_default();
+            *at = (*at).max(b.arrived_ms());
         }
-        // A group with nothing queued is forgotten: whatever it gets next is an arrival.
-        for (group, at) in &mut last {
-            if let Some(&before) = self.last.get(group) {
-                *at = (*at).max(before);
-            }
-        }
-        (self.primed, self.seen, self.last) = (true, seen, last);
+        Self(last)
     }
 
     /// When the last block came to `b`'s (tenant, partition, shard).
     fn last(&self, b: &QueuedBlock) -> u64 {
-        self.last.get(&group_of(b)).copied().unwrap_or(b.created_ms)
+        self.0
+            .get(&group_of(b))
+            .copied()
+            .unwrap_or(b.arrived_ms())
+            .max(b.arrived_ms())
     }
 }
 
@@ -79,8 +61,8 @@ fn group_of(b: &QueuedBlock) -> u64 {
     ])
 }
 
-/// Groups of queued blocks that should be merged now, per the policies; `arrivals` is the
-/// planner's record of when blocks came, updated with `queued`.
+/// Groups of queued blocks that should be merged now, per the policies; `arrivals` holds when
+/// blocks last came to each partition (queued ones and those jobs hold).
 ///
 /// A (tenant, partition, shard) that is quiet (see [`TopPolicy`]) hands the blocks still
 /// waiting below the top, other than L0 segments, to the top level's packing: a lone L1 or L2
@@ -89,10 +71,9 @@ fn group_of(b: &QueuedBlock) -> u64 {
 pub fn plan_jobs(
     config: &CompactionConfig,
     queued: Vec<QueuedBlock>,
-    arrivals: &mut BlockArrivals,
+    arrivals: &Arrivals,
     now_ms: u64,
 ) -> Vec<Job> {
-    arrivals.update(&queued, now_ms);
     let quiet: Vec<bool> = queued
         .iter()
         .map(|b| config.top.quiet(arrivals.last(b), now_ms))

@@ -112,7 +112,7 @@ impl Default for CompactionConfig {
             levels: vec![p(20, 30), p(10, 12 * 60), p(10, 3 * 3600)],
             top: TopPolicy::default(),
             rollups: crate::format::rollup::DEFAULT_RESOLUTIONS.to_vec(),
-            lease: Duration::from_secs(600),
+            lease: Duration::from_secs(60),
             batch_rows: 8192,
             row_group_rows: 128 * 1024,
             max_output_stack_nodes: 4 << 20,

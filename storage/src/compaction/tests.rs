@@ -16,12 +16,15 @@ fn top(id: u32, partition: i64, bytes: u64) -> QueuedBlock {
         bytes,
         rows: 1,
         stack_nodes: 1,
+        arrived_ms: 0,
     }
 }
 
-/// [`plan_jobs`] by a planner that has not planned before: blocks came at their ULID time.
+/// [`plan_jobs`] judging arrivals from the queued blocks alone (as registered, or at their
+/// ULID time where `arrived_ms` is 0).
 fn plan(c: &CompactionConfig, queued: Vec<QueuedBlock>, now_ms: u64) -> Vec<Job> {
-    plan_jobs(c, queued, &mut BlockArrivals::default(), now_ms)
+    let arrivals = Arrivals::of(&queued);
+    plan_jobs(c, queued, &arrivals, now_ms)
 }
 
 fn sources(jobs: &[Job]) -> Vec<Vec<String>> {
@@ -134,41 +137,45 @@ fn a_partition_whose_fresh_blocks_were_all_merged_up_is_not_quiet() {
     let c = tiers_of_four();
     let hour = 3_600_000;
     let now = 10 * hour;
-    let block = |id: u32, level: u32, bytes: u64, created_ms: u64| QueuedBlock {
+    let block = |id: u32, level: u32, bytes: u64, created_ms: u64, arrived_ms: u64| QueuedBlock {
         level,
         created_ms,
+        arrived_ms,
         ..top(id, 1, bytes)
     };
-    let mut arrivals = BlockArrivals::default();
     // Two open top-level blocks, and a segment that has just come.
     let open = vec![
-        block(0, TOP_LEVEL, 40 * MIB, now - 3 * hour),
-        block(1, TOP_LEVEL, 2 * MIB, now - 2 * hour),
+        block(0, TOP_LEVEL, 40 * MIB, now - 3 * hour, now - 3 * hour),
+        block(1, TOP_LEVEL, 2 * MIB, now - 2 * hour, now - 2 * hour),
     ];
+    let segment = block(2, 0, 1 << 10, now, now);
     let mut queued = open.clone();
-    queued.push(block(2, 0, 1 << 10, now));
-    assert!(plan_jobs(&c, queued, &mut arrivals, now).is_empty());
-    // Half an hour on, the segment's rows have gone up the levels into a top-level block
-    // that carries its oldest source's time: nothing below the top is queued for now, but
-    // the partition got a block, and is not packed.
+    queued.push(segment.clone());
+    assert!(plan(&c, queued, now).is_empty());
+    // While a job holds the segment, the queue has the old blocks alone; the segment held
+    // still counts as an arrival.
     let later = now + hour / 2;
+    let held = Arrivals::of(open.iter().chain([&segment]));
+    assert!(plan_jobs(&c, open.clone(), &held, later + hour / 4).is_empty());
+    // Half an hour on, the segment's rows have gone up the levels into a top-level block
+    // that carries its oldest source's time but was registered just now: the partition got
+    // a block, and is not packed.
     let mut queued = open.clone();
-    queued.push(block(3, TOP_LEVEL, 2 * MIB, now - 90 * 60_000));
-    assert!(plan_jobs(&c, queued.clone(), &mut arrivals, later).is_empty());
-    // Judged by the blocks' times alone (a planner's first queue), it would have been.
-    assert_eq!(plan(&c, queued.clone(), later).len(), 1);
+    queued.push(block(3, TOP_LEVEL, 2 * MIB, now - 90 * 60_000, later));
+    assert!(plan(&c, queued.clone(), later).is_empty());
+    // Judged by the blocks' times alone (as before arrivals were registered), it would have
+    // been.
+    let by_time: Vec<QueuedBlock> = queued
+        .iter()
+        .map(|b| QueuedBlock {
+            arrived_ms: 0,
+            ..b.clone()
+        })
+        .collect();
+    assert_eq!(plan(&c, by_time, later).len(), 1);
     // An hour after that block came, it is.
-    let jobs = plan_jobs(&c, queued, &mut arrivals, later + hour);
+    let jobs = plan(&c, queued, later + hour);
     assert_eq!(sources(&jobs), [vec!["0001", "0003", "0000"]]);
-    // A planner forgets a (tenant, partition, shard) with nothing queued (its blocks all
-    // in jobs): what comes to it next came then.
-    assert!(plan_jobs(&c, Vec::new(), &mut arrivals, later + hour).is_empty());
-    let packed = block(4, TOP_LEVEL, 44 * MIB, now - 3 * hour);
-    let late = block(5, TOP_LEVEL, MIB, now);
-    let at = later + 2 * hour;
-    assert!(plan_jobs(&c, vec![packed.clone(), late.clone()], &mut arrivals, at).is_empty());
-    let jobs = plan_jobs(&c, vec![packed, late], &mut arrivals, at + hour);
-    assert_eq!(sources(&jobs), [vec!["0005", "0004"]]);
 }
 
 #[test]

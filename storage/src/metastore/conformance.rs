@@ -29,6 +29,7 @@ macro_rules! metastore_conformance_suite {
             shared_segments_are_tombstoned_with_their_last_entry,
             jobs_are_leased_completed_and_never_readded,
             jobs_are_leased_by_lane_lowest_level_first,
+            job_leases_are_renewed_and_fenced_by_epoch,
             cancelled_jobs_return_their_sources,
             top_level_blocks_are_queued_and_merge_among_themselves,
             retention_and_tenant_deletion_leave_others_untouched,
@@ -466,6 +467,70 @@ pub async fn jobs_are_leased_by_lane_lowest_level_first(m: &dyn Metastore) {
         .unwrap()
         .unwrap();
     assert_eq!((again.id, again.level, again.attempts), (made[2], 0, 2));
+}
+
+/// A held job's lease is renewed by its holder only; once it expired and was leased again,
+/// even by the same owner, the older lease can neither renew nor complete (the epoch fences it).
+/// Queued blocks say when they were registered.
+pub async fn job_leases_are_renewed_and_fenced_by_epoch(m: &dyn Metastore) {
+    let before = crate::clock::now_ms();
+    let srcs: Vec<String> = (1..=2).map(|n| block_id(1, n)).collect();
+    m.add_blocks(
+        srcs.iter()
+            .map(|id| entry("t", id, 0, 1, T0, T0 + HOUR, &[("s", CPU)]))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let q = m.queued_blocks().await.unwrap();
+    // The metastore's clock may be another machine's: allow it a minute either way.
+    assert!(
+        q.iter()
+            .all(|b| b.arrived_ms + 60_000 >= before && b.arrived_ms <= before + 60_000),
+        "arrivals {:?} against {before}",
+        q.iter().map(|b| b.arrived_ms).collect::<Vec<_>>()
+    );
+    assert_eq!(m.add_jobs(vec![job("t", q)]).await.unwrap(), 1);
+    let first = m
+        .lease_job("w1", 1000, 10_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(m.renew_job(&first, "w1", 9000, 10_000).await.unwrap());
+    assert!(
+        !m.renew_job(&first, "w2", 9000, 10_000).await.unwrap(),
+        "another owner renews nothing"
+    );
+    assert!(
+        m.lease_job("w2", 12_000, 10_000, ALL_LEVELS)
+            .await
+            .unwrap()
+            .is_none(),
+        "renewed until 19,000"
+    );
+    // w1 stalls past its lease; it takes the job again under a new epoch.
+    let second = m
+        .lease_job("w1", 19_001, 10_000, ALL_LEVELS)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.id, second.attempts), (first.id, first.attempts + 1));
+    assert!(
+        !m.renew_job(&first, "w1", 19_002, 10_000).await.unwrap(),
+        "the stale epoch renews nothing"
+    );
+    let output = entry("t", &block_id(2, 1), 1, 1, T0, T0 + HOUR, &[("s", CPU)]);
+    let err = m
+        .complete_job(&first, "w1", vec![output.clone()], 19_003, 1000)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    assert!(m.renew_job(&second, "w1", 19_004, 10_000).await.unwrap());
+    m.complete_job(&second, "w1", vec![output], 19_005, 1000)
+        .await
+        .unwrap();
+    assert!(m.jobs().await.unwrap().is_empty());
+    assert!(!m.renew_job(&second, "w1", 19_006, 10_000).await.unwrap());
 }
 
 /// Top-level blocks wait in the queue too: they merge with each other (by size), and a job's

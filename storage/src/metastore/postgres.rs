@@ -31,6 +31,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (3, include_str!("postgres/0003_members.sql")),
     (4, include_str!("postgres/0004_active_series.sql")),
     (5, include_str!("postgres/0005_sessions.sql")),
+    (6, include_str!("postgres/0006_compaction_leases.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.
@@ -162,7 +163,7 @@ macro_rules! transaction {
 
 /// The columns of a queue summary, in [`queued_from_row`]'s order.
 const QUEUED_COLUMNS: &str =
-    "tenant, id, partition, shard, level, created_ms, bytes, rows, stack_nodes";
+    "tenant, id, partition, shard, level, created_ms, bytes, rows, stack_nodes, arrived_ms";
 
 fn queued_from_row(r: &tokio_postgres::Row) -> QueuedBlock {
     QueuedBlock {
@@ -175,6 +176,7 @@ fn queued_from_row(r: &tokio_postgres::Row) -> QueuedBlock {
         bytes: unbig(r.get(6)),
         rows: unbig(r.get(7)),
         stack_nodes: unbig(r.get(8)),
+        arrived_ms: unbig(r.get(9)),
     }
 }
 

@@ -294,14 +294,14 @@ impl Metastore for Embedded {
         now_ms: u64,
         delete_after_ms: u64,
     ) -> Result<()> {
-        let (job_id, owner) = (job.id, owner.to_owned());
+        let (job_id, owner, epoch) = (job.id, owner.to_owned(), job.attempts);
         let written = self
             .0
             .write(move |m, tx| {
                 let Some(job) = EmbeddedMetastore::get_job(tx, job_id)? else {
                     return Err(Error::LeaseLost { job: job_id });
                 };
-                if job.owner != owner {
+                if job.owner != owner || job.attempts != epoch {
                     return Err(Error::LeaseLost { job: job_id });
                 }
                 let due = now_ms.saturating_add(delete_after_ms);
@@ -332,6 +332,26 @@ impl Metastore for Embedded {
             written,
         );
         Ok(())
+    }
+
+    async fn renew_job(&self, job: &Job, owner: &str, now_ms: u64, lease_ms: u64) -> Result<bool> {
+        let (job_id, owner, epoch) = (job.id, owner.to_owned(), job.attempts);
+        self.0
+            .write(move |_, tx| {
+                let Some(mut job) = EmbeddedMetastore::get_job(tx, job_id)? else {
+                    return Ok(false);
+                };
+                if job.owner != owner || job.attempts != epoch {
+                    return Ok(false);
+                }
+                job.lease_expires_ms = now_ms.saturating_add(lease_ms);
+                tx.open_table(JOBS)
+                    .map_err(db_err)?
+                    .insert(job.id, json(&job).as_slice())
+                    .map_err(db_err)?;
+                Ok(true)
+            })
+            .await
     }
 
     async fn cancel_job(&self, job: &Job) -> Result<()> {

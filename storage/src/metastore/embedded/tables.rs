@@ -243,7 +243,11 @@ impl EmbeddedMetastore {
                     b.level,
                     b.id.as_str(),
                 ),
-                json(&QueuedBlock::of(b)).as_slice(),
+                json(&QueuedBlock {
+                    arrived_ms: crate::clock::now_ms(),
+                    ..QueuedBlock::of(b)
+                })
+                .as_slice(),
             )
             .map_err(db_err)?;
         Ok(())

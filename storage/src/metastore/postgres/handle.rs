@@ -309,7 +309,7 @@ impl Metastore for Postgres {
                 return Err(Error::LeaseLost { job: job.id });
             };
             let current = job_from_row(&row)?;
-            if current.owner != owner {
+            if current.owner != owner || current.attempts != job.attempts {
                 return Err(Error::LeaseLost { job: job.id });
             }
             let due = now_ms.saturating_add(delete_after_ms);
@@ -334,6 +334,24 @@ impl Metastore for Postgres {
         })?;
         crate::metastore::cache_written(&self.cache, self.keeps_written(), outputs);
         Ok(())
+    }
+
+    async fn renew_job(&self, job: &Job, owner: &str, now_ms: u64, lease_ms: u64) -> Result<bool> {
+        let client = self.client().await?;
+        let renewed = client
+            .execute(
+                "UPDATE kiln_jobs SET lease_expires_ms = $4
+                 WHERE id = $1 AND owner = $2 AND attempts = $3",
+                &[
+                    &big(job.id),
+                    &owner,
+                    &i32::try_from(job.attempts).unwrap_or(i32::MAX),
+                    &big(now_ms.saturating_add(lease_ms)),
+                ],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(renewed == 1)
     }
 
     async fn cancel_job(&self, job: &Job) -> Result<()> {
@@ -550,6 +568,28 @@ impl Metastore for Postgres {
             )
             .await
             .map_err(pg_err)
+    }
+
+    async fn hold_lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<u64>> {
+        let client = self.client().await?;
+        // One statement on the database's clock: taken when free or expired (the epoch moves
+        // on), renewed by its holder (the epoch stays), left alone otherwise (no row back).
+        let row = client
+            .query_opt(
+                "INSERT INTO kiln_leases (name, holder, epoch, expires)
+                 VALUES ($1, $2, 1, now() + make_interval(secs => $3))
+                 ON CONFLICT (name) DO UPDATE SET
+                     holder = EXCLUDED.holder,
+                     epoch = kiln_leases.epoch
+                         + CASE WHEN kiln_leases.holder = EXCLUDED.holder THEN 0 ELSE 1 END,
+                     expires = EXCLUDED.expires
+                 WHERE kiln_leases.holder = EXCLUDED.holder OR kiln_leases.expires <= now()
+                 RETURNING epoch",
+                &[&name, &holder, &ttl.as_secs_f64()],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map(|r| unbig(r.get(0))))
     }
 
     async fn heartbeat(&self, me: &Member, timeout: Duration) -> Result<Vec<Member>> {

@@ -138,8 +138,10 @@ impl Postgres {
         let inserted = tx
             .execute(
                 "INSERT INTO kiln_blocks (tenant, partition, id, shard, level, min_time, max_time,
-                    services, profile_types, created_ms, bytes, rows, stack_nodes, entry)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                    services, profile_types, created_ms, bytes, rows, stack_nodes, entry,
+                    arrived_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                    (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
                  ON CONFLICT DO NOTHING",
                 &[
                     &b.tenant,

@@ -91,6 +91,31 @@ async fn members_are_alive_until_they_leave_or_go_quiet() {
     );
 }
 
+/// A cluster-wide lease has one holder at a time: the holder renews it and keeps its epoch,
+/// the other waits, and takes it (a new epoch) once it expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_has_one_holder_until_it_expires() {
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let ttl = std::time::Duration::from_millis(800);
+    let first = a.hold_lease("planner", "a", ttl).await.unwrap();
+    assert!(first.is_some());
+    assert_eq!(b.hold_lease("planner", "b", ttl).await.unwrap(), None);
+    assert_eq!(a.hold_lease("planner", "a", ttl).await.unwrap(), first);
+    assert!(
+        b.hold_lease("sweep", "b", ttl).await.unwrap().is_some(),
+        "leases are by name"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let taken = b.hold_lease("planner", "b", ttl).await.unwrap();
+    assert_eq!(taken, first.map(|e| e + 1), "taken over, a new epoch");
+    assert_eq!(a.hold_lease("planner", "a", ttl).await.unwrap(), None);
+}
+
 /// Sessions shared by processes: one puts, another reads, lists and takes; they expire; a
 /// tenant sees only its own; an erased tenant's are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
