@@ -362,6 +362,12 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         Ok(Some(1))
     }
 
+    /// Gives the lease `name` up if `holder` holds it, so another may take it at once.
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        let _ = (name, holder);
+        Ok(())
+    }
+
     /// `id` leaves the cluster: it is no longer among the members alive.
     async fn leave(&self, id: &str) -> Result<()> {
         let _ = id;

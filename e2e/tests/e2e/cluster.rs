@@ -6,7 +6,7 @@
 //! reach every ingest process; both query processes answer flame graphs and series equal to a
 //! single process's that took the same profiles; a Parca agent's debug-file upload whose calls
 //! reach different processes names frames on a query process; a resumed `kiln upload` stores
-//! no batch twice; a tenant's accepted ingest rate is within
+//! no batch twice; concurrent changes of a tenant's settings all hold; a tenant's accepted ingest rate is within
 //! ±15 % of its limit however its writes are spread; its series never pass its limit; an ingest process killed with SIGKILL
 //! mid-stream loses and duplicates no acknowledged profile; a rolling restart of every process
 //! under load loses no acknowledged write; another tenant sees nothing.
@@ -25,6 +25,7 @@ use kiln_proto::google::v1 as pprof;
 use kiln_proto::push::v1::pusher_service_client::PusherServiceClient;
 use kiln_proto::push::v1::{PushRequest, RawProfileSeries, RawSample};
 use kiln_proto::querier::v1 as q;
+use kiln_proto::settings::v1 as st;
 use kiln_proto::types::v1::LabelPair;
 
 const CPU: &str = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
@@ -354,6 +355,50 @@ fn a_cluster_behind_haproxy_answers_as_one_process() -> Result<()> {
         "{} stored",
         services.series.len()
     );
+
+    // Changes of one tenant's settings made at once through the proxy reach both query
+    // processes; each reads, changes and writes the tenant's document under the tenant's
+    // cluster-wide lock, so none is lost.
+    std::thread::scope(|s| -> Result<()> {
+        let calls: Vec<_> = (0..12)
+            .map(|i| {
+                let front = &cluster.front;
+                s.spawn(move || {
+                    front.connect::<_, st::SetSettingsResponse>(
+                        "alpha",
+                        "/settings.v1.SettingsService/Set",
+                        &st::SetSettingsRequest {
+                            setting: Some(st::Setting {
+                                name: format!("panel{i}"),
+                                value: format!("{{\"n\":{i}}}"),
+                                modified_at: 0,
+                            }),
+                        },
+                    )
+                })
+            })
+            .collect();
+        for c in calls {
+            c.join().expect("a settings call")?;
+        }
+        Ok(())
+    })?;
+    for k in &cluster.query {
+        let got: st::GetSettingsResponse = k.connect(
+            "alpha",
+            "/settings.v1.SettingsService/Get",
+            &st::GetSettingsRequest {},
+        )?;
+        let names: BTreeSet<String> = got.settings.into_iter().map(|s| s.name).collect();
+        let want: BTreeSet<String> = (0..12).map(|i| format!("panel{i}")).collect();
+        ensure!(names == want, "settings kept: {names:?}");
+        let other: st::GetSettingsResponse = k.connect(
+            "beta",
+            "/settings.v1.SettingsService/Get",
+            &st::GetSettingsRequest {},
+        )?;
+        ensure!(other.settings.is_empty(), "beta sees alpha's settings");
+    }
 
     // A Parca agent's debug-file upload whose calls the proxy spreads over the ingest
     // processes succeeds, and a query process names the frames.

@@ -205,8 +205,7 @@ async fn set_setting(
         )));
     }
     setting.modified_at = crate::time::now_nanos() / 1_000_000;
-    let lock = writer_lock(tenant);
-    let _one_writer = lock.lock().await;
+    let _one_change = lock_documents(app, tenant).await?;
     let mut all = get_settings(app, tenant).await?;
     all.settings.retain(|s| s.name != setting.name);
     if all.settings.len() >= MAX_SETTINGS {
@@ -233,8 +232,7 @@ async fn set_setting(
 }
 
 async fn delete_setting(app: &AppRef, tenant: &TenantId, name: &str) -> Result<(), ApiError> {
-    let lock = writer_lock(tenant);
-    let _one_writer = lock.lock().await;
+    let _one_change = lock_documents(app, tenant).await?;
     let mut all = get_settings(app, tenant).await?;
     let before = all.settings.len();
     all.settings.retain(|s| s.name != name);
@@ -250,10 +248,79 @@ const MAX_SETTINGS: usize = 64;
 /// Most bytes of names and values a tenant's settings hold in all.
 const MAX_SETTINGS_BYTES: usize = 1 << 20;
 
-/// A tenant's changes of settings (and of recording rules) in this process one at a time (each reads, changes and writes
-/// the tenant's document), and other tenants' apart; processes sharing a store race, and the
-/// last write wins.
-pub(super) fn writer_lock(tenant: &TenantId) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+/// How long a change of a tenant's documents may hold their cluster-wide lock: a change reads
+/// and writes two small objects, far less; a process that died holding it stops blocking others
+/// after this.
+const DOCUMENTS_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a change waits for another one of the same tenant's documents to end.
+const DOCUMENTS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A tenant's documents (settings, recording rules) held for one change: the change reads,
+/// changes and writes a document in the bucket, and no other change of the tenant's documents
+/// runs meanwhile, in this process (a mutex) or any other (a lease in the metastore, released
+/// when this is dropped). Other tenants' changes run apart.
+pub(super) struct DocumentsLock {
+    _local: tokio::sync::OwnedMutexGuard<()>,
+    lease: Option<(
+        std::sync::Arc<dyn kiln_storage::metastore::Metastore>,
+        String,
+        String,
+    )>,
+}
+
+impl Drop for DocumentsLock {
+    fn drop(&mut self) {
+        if let Some((metastore, name, holder)) = self.lease.take() {
+            tokio::spawn(async move {
+                if let Err(e) = metastore.release_lease(&name, &holder).await {
+                    tracing::warn!(lease = %name, error = %e, "tenant documents' lease not released; it expires");
+                }
+            });
+        }
+    }
+}
+
+/// Takes `tenant`'s documents for one change ([`DocumentsLock`]); 503 when another change
+/// holds them for longer than [`DOCUMENTS_WAIT`].
+pub(super) async fn lock_documents(
+    app: &AppRef,
+    tenant: &TenantId,
+) -> Result<DocumentsLock, ApiError> {
+    let local = local_lock(tenant).lock_owned().await;
+    let metastore = std::sync::Arc::clone(app.storage.metastore());
+    if !metastore.shared() {
+        return Ok(DocumentsLock {
+            _local: local,
+            lease: None,
+        });
+    }
+    let name = format!("documents/{tenant}");
+    let holder = format!("{}/{}", app.cluster.me().id, ulid::Ulid::generate());
+    let started = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(5);
+    while metastore
+        .hold_lease(&name, &holder, DOCUMENTS_LEASE)
+        .await?
+        .is_none()
+    {
+        if started.elapsed() >= DOCUMENTS_WAIT {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                "another change of the tenant's settings or rules is still running; retry",
+            ));
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(std::time::Duration::from_millis(100));
+    }
+    Ok(DocumentsLock {
+        _local: local,
+        lease: Some((metastore, name, holder)),
+    })
+}
+
+/// This process's lock of `tenant`'s documents: its changes queue here, not on the metastore.
+fn local_lock(tenant: &TenantId) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, Weak};
     static LOCKS: Mutex<Option<HashMap<String, Weak<tokio::sync::Mutex<()>>>>> = Mutex::new(None);

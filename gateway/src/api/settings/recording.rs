@@ -186,8 +186,7 @@ pub async fn upsert(
     {
         return Err(provisioned(&rule.id));
     }
-    let lock = super::writer_lock(tenant);
-    let _one_writer = lock.lock().await;
+    let _one_change = super::lock_documents(app, tenant).await?;
     let mut stored = stored_rules(&app.storage, tenant).await?;
     match stored
         .iter_mut()
@@ -248,8 +247,7 @@ pub async fn delete(app: &AppRef, tenant: &TenantId, id: &str) -> Result<(), Api
     {
         return Err(provisioned(id));
     }
-    let lock = super::writer_lock(tenant);
-    let _one_writer = lock.lock().await;
+    let _one_change = super::lock_documents(app, tenant).await?;
     let mut stored = stored_rules(&app.storage, tenant).await?;
     let before = stored.len();
     stored.retain(|r| r.id != id);

@@ -592,6 +592,18 @@ impl Metastore for Postgres {
         Ok(row.map(|r| unbig(r.get(0))))
     }
 
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
+        self.client()
+            .await?
+            .execute(
+                "DELETE FROM kiln_leases WHERE name = $1 AND holder = $2",
+                &[&name, &holder],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
     async fn heartbeat(&self, me: &Member, timeout: Duration) -> Result<Vec<Member>> {
         let client = self.client().await?;
         let secs = timeout.as_secs_f64();

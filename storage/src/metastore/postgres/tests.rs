@@ -114,6 +114,17 @@ async fn a_lease_has_one_holder_until_it_expires() {
     let taken = b.hold_lease("planner", "b", ttl).await.unwrap();
     assert_eq!(taken, first.map(|e| e + 1), "taken over, a new epoch");
     assert_eq!(a.hold_lease("planner", "a", ttl).await.unwrap(), None);
+    a.release_lease("planner", "a").await.unwrap();
+    assert_eq!(
+        a.hold_lease("planner", "a", ttl).await.unwrap(),
+        None,
+        "not a's to give"
+    );
+    b.release_lease("planner", "b").await.unwrap();
+    assert!(
+        a.hold_lease("planner", "a", ttl).await.unwrap().is_some(),
+        "given up"
+    );
 }
 
 /// Sessions shared by processes: one puts, another reads, lists and takes; they expire; a
