@@ -108,7 +108,13 @@ pub struct Metrics {
     /// Bytes of stacks the known-stack cache holds (refreshed on each scrape).
     pub parca_stack_cache_bytes: Gauge,
     seen: Mutex<std::collections::BTreeSet<String>>,
+    /// Each tenant's counters as last added to the metastore's ([`Metrics::unflushed`]).
+    flushed: Mutex<std::collections::HashMap<String, UsageCounters>>,
 }
+
+/// Usage counters by name (`received_bytes`, `refused:rate_limited`, ...): the shape in which
+/// the metastore keeps them for the cluster.
+pub type UsageCounters = std::collections::BTreeMap<String, u64>;
 
 /// A tenant's usage, as the admin API shows it.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -123,6 +129,51 @@ pub struct Usage {
     pub adhoc_uploads: u64,
     pub adhoc_upload_bytes: u64,
     pub refused: std::collections::BTreeMap<String, u64>,
+}
+
+impl Usage {
+    /// The counters by name (stored bytes aside: those come from the metastore's blocks).
+    pub fn counters(&self) -> UsageCounters {
+        let mut out: UsageCounters = [
+            ("received_bytes", self.received_bytes),
+            ("decompressed_bytes", self.decompressed_bytes),
+            ("profiles", self.profiles),
+            ("samples", self.samples),
+            ("settings_writes", self.settings_writes),
+            ("adhoc_uploads", self.adhoc_uploads),
+            ("adhoc_upload_bytes", self.adhoc_upload_bytes),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (reason, n) in &self.refused {
+            out.insert(format!("refused:{reason}"), *n);
+        }
+        out
+    }
+
+    /// Adds counters by name ([`Usage::counters`]); unknown names are left out.
+    pub fn add(&mut self, counters: &UsageCounters) {
+        for (name, &n) in counters {
+            let field = match name.as_str() {
+                "received_bytes" => &mut self.received_bytes,
+                "decompressed_bytes" => &mut self.decompressed_bytes,
+                "profiles" => &mut self.profiles,
+                "samples" => &mut self.samples,
+                "settings_writes" => &mut self.settings_writes,
+                "adhoc_uploads" => &mut self.adhoc_uploads,
+                "adhoc_upload_bytes" => &mut self.adhoc_upload_bytes,
+                other => match other.strip_prefix("refused:") {
+                    Some(reason) if REASONS.contains(&reason) => {
+                        self.refused.entry(reason.to_owned()).or_default()
+                    }
+                    _ => continue,
+                },
+            };
+            *field += n;
+        }
+        self.refused.retain(|_, n| *n > 0);
+    }
 }
 
 /// Every refusal reason `ApiError::reason` gives.
@@ -178,6 +229,7 @@ impl Default for Metrics {
             parca_stack_cache_misses: Counter::default(),
             parca_stack_cache_bytes: Gauge::default(),
             seen: Mutex::new(std::collections::BTreeSet::new()),
+            flushed: Mutex::default(),
         };
         r.register(
             "api_requests",
@@ -458,6 +510,30 @@ impl Metrics {
         }
     }
 
+    /// What this process counted for `tenant` since it last added to the metastore's
+    /// counters ([`Metrics::flushed`]).
+    pub fn unflushed(&self, tenant: &str) -> UsageCounters {
+        let now = self.usage(tenant, 0).counters();
+        let flushed = self.flushed.lock().expect("flushed lock");
+        let before = flushed.get(tenant);
+        now.into_iter()
+            .map(|(k, v)| {
+                let was = before.and_then(|b| b.get(&k)).copied().unwrap_or(0);
+                (k, v.saturating_sub(was))
+            })
+            .filter(|(_, v)| *v > 0)
+            .collect()
+    }
+
+    /// Notes `added` as added to the metastore's counters for `tenant`.
+    pub fn flushed(&self, tenant: &str, added: &UsageCounters) {
+        let mut flushed = self.flushed.lock().expect("flushed lock");
+        let at = flushed.entry(tenant.to_owned()).or_default();
+        for (k, v) in added {
+            *at.entry(k.clone()).or_default() += v;
+        }
+    }
+
     /// Tenants the counters have seen since start-up.
     pub fn tenants(&self) -> Vec<String> {
         self.seen
@@ -473,5 +549,42 @@ impl Metrics {
         if !seen.contains(tenant) {
             seen.insert(tenant.to_owned());
         }
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    /// Counters by name go back into a usage as they came out; the unflushed share is what was
+    /// counted since the last flush.
+    #[test]
+    fn usage_counters_round_trip_and_unflushed_shares_shrink() {
+        let m = Metrics::default();
+        m.tenant_profiles.get_or_create(&t("a")).inc_by(3);
+        m.tenant_refused
+            .get_or_create(&RefusedLabels {
+                tenant: "a".into(),
+                reason: "rate_limited",
+            })
+            .inc_by(2);
+        let usage = m.usage("a", 0);
+        let mut back = Usage {
+            tenant: "a".into(),
+            ..Default::default()
+        };
+        back.add(&usage.counters());
+        assert_eq!(back, usage);
+        let first = m.unflushed("a");
+        assert_eq!(first.get("profiles"), Some(&3));
+        assert_eq!(first.get("refused:rate_limited"), Some(&2));
+        m.flushed("a", &first);
+        assert!(m.unflushed("a").is_empty());
+        m.tenant_profiles.get_or_create(&t("a")).inc();
+        assert_eq!(
+            m.unflushed("a").into_iter().collect::<Vec<_>>(),
+            [("profiles".into(), 1)]
+        );
+        assert!(m.unflushed("b").is_empty());
     }
 }

@@ -20,7 +20,7 @@ pub mod conformance;
 pub mod embedded;
 pub mod postgres;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -211,6 +211,15 @@ pub struct Member {
 /// second).
 pub const MEMBER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// An amount to add to one of a tenant's usage counters ([`Metastore::add_usage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageCount {
+    pub tenant: String,
+    /// The counter's name (`received_bytes`, `refused:rate_limited`, ...).
+    pub counter: String,
+    pub value: u64,
+}
+
 /// How long a cluster-wide lease ([`Metastore::hold_lease`]) lasts unless renewed: its holder
 /// renews it every round (a second or so), and another process takes it over this long after
 /// the holder stops.
@@ -360,6 +369,21 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<u64>> {
         let _ = (name, holder, ttl);
         Ok(Some(1))
+    }
+
+    /// Adds to tenants' usage counters, kept for the cluster (each process adds what it
+    /// counted since it last did). An embedded metastore serves one process, whose own
+    /// counters are the cluster's: it keeps none.
+    async fn add_usage(&self, counts: &[UsageCount]) -> Result<()> {
+        let _ = counts;
+        Ok(())
+    }
+
+    /// A tenant's usage counters as every process added them ([`Metastore::add_usage`]);
+    /// `None` where the metastore keeps none (embedded).
+    async fn usage(&self, tenant: &str) -> Result<Option<BTreeMap<String, u64>>> {
+        let _ = tenant;
+        Ok(None)
     }
 
     /// Gives the lease `name` up if `holder` holds it, so another may take it at once.

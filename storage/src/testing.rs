@@ -544,6 +544,15 @@ impl crate::metastore::Metastore for CountingMetastore {
     async fn release_lease(&self, name: &str, holder: &str) -> crate::Result<()> {
         self.count().release_lease(name, holder).await
     }
+    async fn add_usage(&self, counts: &[crate::metastore::UsageCount]) -> crate::Result<()> {
+        self.count().add_usage(counts).await
+    }
+    async fn usage(
+        &self,
+        tenant: &str,
+    ) -> crate::Result<Option<std::collections::BTreeMap<String, u64>>> {
+        self.count().usage(tenant).await
+    }
     fn shared(&self) -> bool {
         self.inner.shared()
     }

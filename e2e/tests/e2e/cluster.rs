@@ -60,12 +60,7 @@ impl Cluster {
             .enable_all()
             .build()?;
         let pg = rt.block_on(kiln_storage::testing::postgres_database());
-        let (s3_url, s3_options) = kiln_storage::testing::s3_location();
-        let mut env: Vec<(String, String)> = s3_options
-            .iter()
-            .map(|(k, v)| (k.to_ascii_uppercase(), v.clone()))
-            .collect();
-        env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+        let (s3_url, env) = s3_env();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let tenants = tempfile::tempdir()?;
         let tenants_file = tenants.path().join("tenants.toml");
@@ -159,6 +154,17 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// The suite's S3 bucket as `--object-store` and the environment that reaches it.
+fn s3_env() -> (String, Vec<(String, String)>) {
+    let (s3_url, s3_options) = kiln_storage::testing::s3_location();
+    let mut env: Vec<(String, String)> = s3_options
+        .iter()
+        .map(|(k, v)| (k.to_ascii_uppercase(), v.clone()))
+        .collect();
+    env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+    (s3_url, env)
 }
 
 /// Each frame's self value in a flame graph (levels of `[offset, total, self, name]`).
@@ -615,5 +621,119 @@ fn a_data_directory_serves_one_process() -> Result<()> {
     first.stop()?;
     first.start_again()?;
     ensure!(first.is_ready());
+    Ok(())
+}
+
+/// `kiln token create` with the HMAC key `key`.
+fn token(key: &std::path::Path, tenant: &str, scope: &str) -> Result<String> {
+    let out = std::process::Command::new(kiln_e2e::kiln_bin())
+        .args([
+            "token", "create", "--tenant", tenant, "--scope", scope, "--key",
+        ])
+        .arg(key)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+/// The admin usage API answers the cluster's counters, whichever process is asked: profiles
+/// written to two ingest processes (JWT tenants) are counted once each on a query process, as
+/// one process counts them; another tenant's usage is its own; a tenant's own admin token
+/// reads only its own.
+#[test]
+fn the_usage_api_counts_every_process() -> Result<()> {
+    let keys = tempfile::tempdir()?;
+    let key = keys.path().join("usage.secret");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef-usage")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let pg = rt.block_on(kiln_storage::testing::postgres_database());
+    let (s3_url, env) = s3_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let keys_dir = keys.path().display().to_string();
+    let start = |roles: &str| {
+        let flags = [
+            "--auth",
+            "jwt",
+            "--jwt-keys",
+            keys_dir.as_str(),
+            "--admin-tenant",
+            OPERATOR,
+            "--metastore",
+            pg.as_str(),
+            "--object-store",
+            s3_url.as_str(),
+            "--roles",
+            roles,
+        ];
+        Kiln::start_with_env(&flags, &env)
+    };
+    let mut ingest = [start("ingest")?, start("ingest")?];
+    let query = start("query")?;
+    let mut single = Kiln::start_with(&["--auth", "jwt", "--jwt-keys", keys_dir.as_str()])?;
+    let bearer = |t: &str| vec![("Authorization".to_owned(), format!("Bearer {t}"))];
+    for (tenant, n) in [("metered", 6u64), ("other", 1)] {
+        let write = token(&key, tenant, "write")?;
+        single.set_auth(bearer(&write));
+        for k in ingest.iter_mut() {
+            k.set_auth(bearer(&write));
+        }
+        for i in 0..n {
+            let body = format!("main;work{i} 5\n").into_bytes();
+            let query = format!("name=m.cpu&from={}", 1_700_000_000 + i);
+            for k in [&single, &ingest[(i % 2) as usize]] {
+                let (status, answer) = k.ingest(tenant, &query, body.clone(), &[])?;
+                ensure!(status == 200, "{status} {answer}");
+            }
+        }
+    }
+    let operator = token(&key, OPERATOR, "admin")?;
+    let usage = |k: &Kiln, admin: &str, tenant: &str| -> Result<(u16, serde_json::Value)> {
+        let resp = k
+            .http()
+            .get(k.url(&format!("/api/v1/tenants/{tenant}/usage")))
+            .header("Authorization", format!("Bearer {admin}"))
+            .send()?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.json().unwrap_or_default()))
+    };
+    // The ingest processes add what they counted every 10 s.
+    let fields = [
+        "received_bytes",
+        "decompressed_bytes",
+        "profiles",
+        "samples",
+    ];
+    let metered_admin = token(&key, "metered", "admin")?;
+    for tenant in ["metered", "other"] {
+        let own = token(&key, tenant, "admin")?;
+        let (_, want) = usage(&single, &own, tenant)?;
+        ensure!(want["profiles"].as_u64() > Some(0), "{want}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(25);
+        loop {
+            let (status, got) = usage(&query, &operator, tenant)?;
+            ensure!(status == 200, "{status} {got}");
+            if fields.iter().all(|f| got[f] == want[f]) {
+                eprintln!("cluster: {tenant}'s usage over two ingest processes: {got}");
+                break;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "{tenant}'s usage {got} against one process's {want}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    // A tenant's own admin token reads its usage, never another's.
+    let (status, _) = usage(&query, &metered_admin, "other")?;
+    ensure!(
+        status == 403,
+        "metered's admin token read other's usage: {status}"
+    );
     Ok(())
 }

@@ -20,10 +20,23 @@ use crate::error::ApiError;
 use crate::metrics::Usage;
 use crate::transport::caller::Admin;
 
+/// A tenant's usage for the cluster: the counters every process added to the metastore's
+/// (`crate::server::upkeep::flush_usage`) and what this one counted since; one process's own
+/// counters where the metastore keeps none (embedded: one process).
 async fn usage_of(app: &AppRef, tenant: &str) -> Result<Usage, ApiError> {
     let stored = app.storage.stored_bytes(tenant).await?;
     app.metrics.set_stored_bytes(tenant, stored);
-    Ok(app.metrics.usage(tenant, stored))
+    let Some(cluster) = app.storage.metastore().usage(tenant).await? else {
+        return Ok(app.metrics.usage(tenant, stored));
+    };
+    let mut usage = Usage {
+        tenant: tenant.to_owned(),
+        stored_bytes: stored,
+        ..Default::default()
+    };
+    usage.add(&cluster);
+    usage.add(&app.metrics.unflushed(tenant));
+    Ok(usage)
 }
 
 async fn all_tenants(app: &AppRef) -> Result<Vec<String>, ApiError> {

@@ -157,7 +157,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             super::cluster::leave(&app, membership, delay).await;
         }
     };
-    super::listener::serve(app, listener, limits, shutdown).await?;
+    super::listener::serve(Arc::clone(&app), listener, limits, shutdown).await?;
+    // What the last requests counted joins the cluster's usage.
+    if let Err(e) = super::upkeep::flush_usage(&app).await {
+        tracing::warn!(error = %e.log_text(), "usage of the last interval not added to the cluster's");
+    }
     Ok(())
 }
 

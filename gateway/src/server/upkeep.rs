@@ -82,6 +82,19 @@ pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
             }
         }
     });
+    if app.storage.metastore().shared() {
+        let counted = Arc::clone(&app);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(USAGE_FLUSH);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = flush_usage(&counted).await {
+                    warn!(error = %e.log_text(), "usage not added to the cluster's; retrying at the next interval");
+                }
+            }
+        });
+    }
     if !app.roles.compact {
         return;
     }
@@ -108,6 +121,40 @@ const GAUGES_LEASE: &str = "gauges";
 
 /// The cluster-wide lease whose holder applies retention.
 const RETENTION_LEASE: &str = "retention";
+
+/// How often a process adds what it counted to the cluster's usage counters: the admin usage
+/// API is this far behind the other processes' traffic at most.
+const USAGE_FLUSH: Duration = Duration::from_secs(10);
+
+/// Adds what this process counted for each tenant since the last flush to the metastore's usage
+/// counters, which every process of the cluster adds to (state lives in PostgreSQL; each
+/// process owns only its unflushed share). Runs every [`USAGE_FLUSH`] and once as the process
+/// stops. What a process counted after its last flush is lost if it is killed.
+pub async fn flush_usage(app: &AppRef) -> Result<(), ApiError> {
+    let mut counts = Vec::new();
+    let mut added = Vec::new();
+    for tenant in app.metrics.tenants() {
+        let delta = app.metrics.unflushed(&tenant);
+        if delta.is_empty() {
+            continue;
+        }
+        counts.extend(
+            delta
+                .iter()
+                .map(|(counter, &value)| kiln_storage::metastore::UsageCount {
+                    tenant: tenant.clone(),
+                    counter: counter.clone(),
+                    value,
+                }),
+        );
+        added.push((tenant, delta));
+    }
+    app.storage.metastore().add_usage(&counts).await?;
+    for (tenant, delta) in added {
+        app.metrics.flushed(&tenant, &delta);
+    }
+    Ok(())
+}
 
 /// Sets every tenant's stored-bytes gauge from the metastore's partition summaries. Runs in
 /// the background (`spawn_upkeep`), so a `/metrics` scrape costs the same whatever the

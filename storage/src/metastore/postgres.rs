@@ -32,6 +32,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("postgres/0004_active_series.sql")),
     (5, include_str!("postgres/0005_sessions.sql")),
     (6, include_str!("postgres/0006_compaction_leases.sql")),
+    (7, include_str!("postgres/0007_usage.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.

@@ -3,10 +3,10 @@
 
 use crate::metastore::{
     BlockMeta, BlockQuery, Job, LogCheckpoint, Member, Metastore, PartitionStats, Quarantined,
-    QueuedBlock, Removed, Tombstone,
+    QueuedBlock, Removed, Tombstone, UsageCount,
 };
 use crate::{Error, Result};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -394,8 +394,8 @@ impl Metastore for Postgres {
         let due = now_ms.saturating_add(delete_after_ms);
         transaction!(self, true, |tx| {
             let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
-            // Its series counts and sessions go with it.
-            for table in ["kiln_active_series", "kiln_sessions"] {
+            // Its series counts, sessions and usage go with it.
+            for table in ["kiln_active_series", "kiln_sessions", "kiln_usage"] {
                 tx.execute(
                     &format!("DELETE FROM {table} WHERE tenant = $1"),
                     &[&tenant],
@@ -590,6 +590,47 @@ impl Metastore for Postgres {
             .await
             .map_err(pg_err)?;
         Ok(row.map(|r| unbig(r.get(0))))
+    }
+
+    async fn add_usage(&self, counts: &[UsageCount]) -> Result<()> {
+        if counts.is_empty() {
+            return Ok(());
+        }
+        // In key order, so two processes adding at once take the rows' locks in one order.
+        let mut counts = counts.to_vec();
+        counts.sort_by(|a, b| (&a.tenant, &a.counter).cmp(&(&b.tenant, &b.counter)));
+        let tenants: Vec<&str> = counts.iter().map(|c| c.tenant.as_str()).collect();
+        let counters: Vec<&str> = counts.iter().map(|c| c.counter.as_str()).collect();
+        let values: Vec<i64> = counts.iter().map(|c| big(c.value)).collect();
+        self.client()
+            .await?
+            .execute(
+                "INSERT INTO kiln_usage (tenant, counter, value)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+                 ON CONFLICT (tenant, counter) DO UPDATE
+                     SET value = kiln_usage.value + EXCLUDED.value",
+                &[&tenants, &counters, &values],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn usage(&self, tenant: &str) -> Result<Option<BTreeMap<String, u64>>> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT counter, value FROM kiln_usage WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(Some(
+            rows.iter()
+                .map(|r| (r.get::<_, String>(0), unbig(r.get(1))))
+                .collect(),
+        ))
     }
 
     async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {

@@ -127,6 +127,40 @@ async fn a_lease_has_one_holder_until_it_expires() {
     );
 }
 
+/// Usage counters are the sum of what every process added; another tenant's stay apart, and
+/// an erased tenant's are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_summed_over_processes() {
+    use crate::metastore::UsageCount;
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let count = |tenant: &str, counter: &str, value| UsageCount {
+        tenant: tenant.into(),
+        counter: counter.into(),
+        value,
+    };
+    let from_a = [count("t", "profiles", 3), count("t", "samples", 30)];
+    let from_b = [count("t", "samples", 12), count("u", "profiles", 1)];
+    let (x, y) = tokio::join!(a.add_usage(&from_a), b.add_usage(&from_b));
+    x.unwrap();
+    y.unwrap();
+    a.add_usage(&[count("t", "profiles", 2)]).await.unwrap();
+    let t = b.usage("t").await.unwrap().unwrap();
+    assert_eq!(t.get("profiles"), Some(&5));
+    assert_eq!(t.get("samples"), Some(&42));
+    assert_eq!(b.usage("u").await.unwrap().unwrap().len(), 1);
+    a.delete_tenant("t", 0, 0).await.unwrap();
+    assert!(b.usage("t").await.unwrap().unwrap().is_empty());
+    assert_eq!(
+        b.usage("u").await.unwrap().unwrap().get("profiles"),
+        Some(&1)
+    );
+}
+
 /// Sessions shared by processes: one puts, another reads, lists and takes; they expire; a
 /// tenant sees only its own; an erased tenant's are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
