@@ -2988,3 +2988,49 @@ async fn the_ui_is_served_from_the_binary() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(String::from_utf8_lossy(&body).contains("/nope is not an API of Kiln"));
 }
+
+/// `/ready` follows the object store: a query process whose store stops answering is unready
+/// (at most a second later: the check stands a second) and ready again once it answers; an
+/// ingest process stays ready, its writes waiting in the log and spool, and says what is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_follows_the_object_store_for_queries() {
+    use kiln_gateway::app::Roles;
+    let ready = |router: axum::Router| async move {
+        let (status, body) =
+            send(&router, Request::get("/ready").body(Body::empty()).unwrap()).await;
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let mut routers = Vec::new();
+    let mut faults = Vec::new();
+    let mut dirs = Vec::new();
+    for roles in ["query", "ingest"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (storage, faulty) =
+            kiln_storage::testing::faulty_storage(StorageConfig::new(dir.path())).await;
+        let mut app = App::new(storage, operator_auth(), Tenants::defaults());
+        app.roles = Roles::parse(roles).unwrap();
+        routers.push(router(Arc::new(app)));
+        faults.push(faulty);
+        dirs.push(dir);
+    }
+    let (query, ingest) = (routers[0].clone(), routers[1].clone());
+    assert_eq!(
+        ready(query.clone()).await,
+        (StatusCode::OK, "ready\n".into())
+    );
+    for f in &faults {
+        f.set_down(true);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let (status, body) = ready(query.clone()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body, "unreachable: object store\n");
+    let (status, body) = ready(ingest.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("unreachable: object store"), "{body}");
+    for f in &faults {
+        f.set_down(false);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(ready(query).await, (StatusCode::OK, "ready\n".into()));
+}

@@ -386,6 +386,11 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// Whether the metastore answers (readiness checks): one round trip, nothing read.
+    async fn ping(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Gives the lease `name` up if `holder` holds it, so another may take it at once.
     async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
         let _ = (name, holder);

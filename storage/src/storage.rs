@@ -439,6 +439,23 @@ impl Storage {
         }
     }
 
+    /// What of the metastore and the object store does not answer within `timeout` (both
+    /// asked at once): `/ready`'s check. Empty when both answer.
+    pub async fn unreachable(&self, timeout: Duration) -> Vec<&'static str> {
+        let (metastore, store) = tokio::join!(
+            tokio::time::timeout(timeout, self.metastore.ping()),
+            tokio::time::timeout(timeout, self.store.probe()),
+        );
+        let mut down = Vec::new();
+        if !matches!(metastore, Ok(Ok(()))) {
+            down.push("metastore");
+        }
+        if !matches!(store, Ok(Ok(()))) {
+            down.push("object store");
+        }
+        down
+    }
+
     /// Whether this process holds the cluster-wide lease `name` for `ttl` from now
     /// ([`Metastore::hold_lease`]): work one process does for the whole cluster runs only
     /// there. Always true on an embedded metastore.

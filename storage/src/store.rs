@@ -301,6 +301,19 @@ impl ObjectStorage {
         })
     }
 
+    /// Whether the store answers (readiness checks): one `HEAD` of an object that need not
+    /// exist; "not found" is an answer.
+    pub async fn probe(&self) -> Result<()> {
+        let path = ObjectPath::from("kiln-probe");
+        match self.store.head(&path).await {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(Error::ObjectStore {
+                path: path.to_string(),
+                source,
+            }),
+        }
+    }
+
     /// Deletes an object; a missing one is not an error.
     pub async fn delete(&self, path: &str) -> Result<()> {
         match self.store.delete(&ObjectPath::from(path)).await {

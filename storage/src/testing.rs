@@ -541,6 +541,9 @@ impl crate::metastore::Metastore for CountingMetastore {
     ) -> crate::Result<Option<u64>> {
         self.count().hold_lease(name, holder, ttl).await
     }
+    async fn ping(&self) -> crate::Result<()> {
+        self.count().ping().await
+    }
     async fn release_lease(&self, name: &str, holder: &str) -> crate::Result<()> {
         self.count().release_lease(name, holder).await
     }

@@ -7,13 +7,31 @@ use axum::response::{IntoResponse, Response};
 
 use crate::app::AppRef;
 
-/// `/ready`: the process is up and serving; 503 once it is leaving (SIGTERM), while it still
+/// `/ready`: the process is up and can serve. 503 once it is leaving (SIGTERM), while it still
 /// serves for `--shutdown-delay`, so a load balancer stops sending before the port closes.
+/// 503 too when the metastore or the object store does not answer and the process has no
+/// role that goes on without them: queries and compaction need both, while ingest
+/// acknowledges from its log and spool, so a process with the ingest role stays ready (its
+/// answer names what is down).
 pub(crate) async fn ready(State(app): State<AppRef>) -> impl IntoResponse {
     if app.cluster.leaving() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "leaving\n");
+        return (StatusCode::SERVICE_UNAVAILABLE, "leaving\n".to_owned());
     }
-    (StatusCode::OK, "ready\n")
+    let down = app.cluster.unreachable(&app.storage).await;
+    if down.is_empty() {
+        return (StatusCode::OK, "ready\n".to_owned());
+    }
+    let down = down.join(", ");
+    if app.roles.ingest {
+        return (
+            StatusCode::OK,
+            format!("ready; unreachable: {down} (writes wait in the log and spool)\n"),
+        );
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("unreachable: {down}\n"),
+    )
 }
 
 /// `/metrics` on the API port. Its label values name every tenant, so it answers the operator

@@ -18,7 +18,16 @@ pub struct Cluster {
     me: Member,
     live: RwLock<Vec<Member>>,
     leaving: AtomicBool,
+    /// What of the metastore and the object store did not answer at the last check, and when
+    /// it ran (`/ready` checks at most once a [`READY_CHECK_EVERY`]).
+    checked: tokio::sync::Mutex<Option<(std::time::Instant, Vec<&'static str>)>>,
 }
+
+/// How long `/ready`'s check of the metastore and the object store stands.
+pub const READY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long `/ready` waits for the metastore and the object store to answer.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Cluster {
     /// A process named `instance_id` running `roles`, alone until membership answers.
@@ -31,7 +40,23 @@ impl Cluster {
             live: RwLock::new(vec![me.clone()]),
             me,
             leaving: AtomicBool::new(false),
+            checked: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// What of the metastore and the object store does not answer, checked at most once a
+    /// [`READY_CHECK_EVERY`] however often `/ready` is asked (concurrent askers share one
+    /// check).
+    pub async fn unreachable(&self, storage: &kiln_storage::Storage) -> Vec<&'static str> {
+        let mut checked = self.checked.lock().await;
+        if let Some((at, down)) = checked.as_ref()
+            && at.elapsed() < READY_CHECK_EVERY
+        {
+            return down.clone();
+        }
+        let down = storage.unreachable(READY_TIMEOUT).await;
+        *checked = Some((std::time::Instant::now(), down.clone()));
+        down
     }
 
     /// This process.

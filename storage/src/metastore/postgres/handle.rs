@@ -633,6 +633,15 @@ impl Metastore for Postgres {
         ))
     }
 
+    async fn ping(&self) -> Result<()> {
+        self.client()
+            .await?
+            .execute("SELECT 1", &[])
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
     async fn release_lease(&self, name: &str, holder: &str) -> Result<()> {
         self.client()
             .await?
