@@ -7,7 +7,8 @@
 #
 # - PostgreSQL (Debian's `postgresql`, installed by install-test-deps.sh): a private cluster in
 #   a temporary directory on port KILN_TEST_POSTGRES_PORT (55432). Its server refuses to run as
-#   root, so as root it runs as the `postgres` user. Each test creates its own database.
+#   root, so as root it runs as the `postgres` user. Each test creates its own database. It
+#   takes TLS too (`ssl=on`), with a CA, server and client certificates in KILN_TEST_POSTGRES_TLS.
 # - An S3-compatible server: moto's server (PyPI `moto[server]`, in the test venv) on port
 #   KILN_TEST_S3_PORT (55433) with the bucket `kiln-test`. Each test uses its own prefix.
 # - The object stores users run besides (npm, under e2e/servers): Microsoft's Azurite blob
@@ -70,9 +71,30 @@ stop_stores
 mkdir -p "$pg_dir"
 [ "$(id -u)" = 0 ] && chown postgres "$pg_dir"
 as_pg "$pg_bin/initdb" -D "$pg_dir/data" -U kiln --auth=trust -E UTF8 --no-instructions >/dev/null
+# TLS with a CA of its own (server certificate for 127.0.0.1 and localhost, a client
+# certificate for the tests of sslcert), so sslmode's checks run against a real server.
+tls="$pg_dir/tls"
+mkdir -p "$tls"
+openssl req -x509 -newkey rsa:2048 -nodes -days 7 -subj "/CN=kiln test CA" \
+  -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+  -keyout "$tls/ca.key" -out "$tls/ca.pem" 2>/dev/null
+for who in server client; do
+  if [ "$who" = server ]; then
+    ext="subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"
+  else
+    ext="extendedKeyUsage=clientAuth"
+  fi
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kiln-$who" \
+    -keyout "$tls/$who.key" -out "$tls/$who.csr" 2>/dev/null
+  openssl x509 -req -in "$tls/$who.csr" -CA "$tls/ca.pem" -CAkey "$tls/ca.key" -CAcreateserial \
+    -days 7 -out "$tls/$who.pem" \
+    -extfile <(printf "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n$ext\n") 2>/dev/null
+done
+chmod 600 "$tls"/*.key
+[ "$(id -u)" = 0 ] && chown -R postgres "$tls"
 # A test server: no fsync (the tests kill kiln, never PostgreSQL), connections for parallel tests.
 as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
-  -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
+  -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c ssl=on -c ssl_cert_file=$tls/server.pem -c ssl_key_file=$tls/server.key -c ssl_ca_file=$tls/ca.pem" \
   start >&2
 
 if [ ! -x "$venv/bin/moto_server" ]; then
@@ -148,6 +170,7 @@ for what, ready in [
 PY
 
 echo "export KILN_TEST_POSTGRES_URL=postgres://kiln@127.0.0.1:$pg_port/postgres"
+echo "export KILN_TEST_POSTGRES_TLS=$tls"
 echo "export KILN_TEST_S3_ENDPOINT=http://127.0.0.1:$s3_port"
 echo "export KILN_TEST_S3_BUCKET=kiln-test"
 echo "export KILN_TEST_AZURITE_ENDPOINT=http://127.0.0.1:$az_port"

@@ -1,6 +1,7 @@
 //! Kiln as a cluster, with the real binary: three `--roles ingest`, two `--roles query` and one
-//! `--roles compact` process on the suite's PostgreSQL and S3 server, behind Debian's haproxy
-//! running `deploy/haproxy/kiln.cfg` (HTTP mode, round-robin per request, no stickiness).
+//! `--roles compact` process on the suite's PostgreSQL (over TLS, `verify-full`) and S3 server,
+//! behind Debian's haproxy running `deploy/haproxy/kiln.cfg` (HTTP mode, round-robin per
+//! request, no stickiness).
 //!
 //! Through the proxy: every process is a member of the cluster; HTTP and gRPC (h2c) writes
 //! reach every ingest process; both query processes answer flame graphs and series equal to a
@@ -59,7 +60,13 @@ impl Cluster {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let pg = rt.block_on(kiln_storage::testing::postgres_database());
+        // Over TLS, the server's certificate checked against the suite's CA.
+        let pg = format!(
+            "{}?sslmode=verify-full&sslrootcert={}/ca.pem",
+            rt.block_on(kiln_storage::testing::postgres_database()),
+            std::env::var("KILN_TEST_POSTGRES_TLS")
+                .context("KILN_TEST_POSTGRES_TLS (scripts/test-services.sh sets it)")?
+        );
         let (s3_url, env) = s3_env();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let tenants = tempfile::tempdir()?;

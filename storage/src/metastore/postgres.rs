@@ -94,8 +94,15 @@ fn unavailable(e: impl std::fmt::Display) -> Error {
 /// bugs.
 fn pg_err(e: tokio_postgres::Error) -> Error {
     let Some(code) = e.code() else {
-        // No SQLSTATE: the connection failed or closed.
-        return unavailable(e);
+        // No SQLSTATE: the connection failed or closed; its causes say why (a refused TLS
+        // certificate, say).
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        return unavailable(message);
     };
     let message = e
         .as_db_error()
@@ -215,6 +222,7 @@ pub fn is_postgres_url(url: &str) -> bool {
 
 mod handle;
 mod tables;
+pub mod tls;
 
 #[cfg(test)]
 mod tests;

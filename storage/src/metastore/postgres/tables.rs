@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::NoTls;
 
 use super::*;
 
@@ -17,11 +16,12 @@ type Tx<'a> = deadpool_postgres::Transaction<'a>;
 impl Postgres {
     /// Connects to the database at `config.url` and brings its schema up to date.
     pub async fn connect(config: &PostgresConfig) -> Result<Self> {
-        let pg = tokio_postgres::Config::from_str(&config.url)
+        let (url, tls) = super::tls::split_url(&config.url)?;
+        let pg = tokio_postgres::Config::from_str(&url)
             .map_err(|e| Error::Config(format!("bad PostgreSQL URL: {e}")))?;
         let manager = Manager::from_config(
             pg,
-            NoTls,
+            super::tls::connector(&tls)?,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },

@@ -409,3 +409,74 @@ async fn vacuum_keeps_tables_from_growing() {
             .is_empty()
     );
 }
+
+/// TLS as libpq's `sslmode` says, against the suite's server (`ssl=on`, a CA of its own):
+/// `disable` is plain, `prefer` (the default) and `require` encrypt without checking the
+/// certificate, `verify-ca` checks the chain, `verify-full` the host name too, and a client
+/// certificate is presented when named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_follows_libpq_sslmode() {
+    let tls = std::path::PathBuf::from(
+        std::env::var("KILN_TEST_POSTGRES_TLS")
+            .expect("KILN_TEST_POSTGRES_TLS (scripts/test-services.sh sets it)"),
+    );
+    let file = |name: &str| tls.join(name).display().to_string();
+    let url = postgres_database().await;
+    let open = |url: String| async move { Postgres::connect(&PostgresConfig::new(url)).await };
+    // Whether the connection is encrypted, and the client certificate's subject.
+    let session = |m: Postgres| async move {
+        let row = m
+            .client()
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT ssl, coalesce(client_dn, '') FROM pg_stat_ssl
+                 WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, bool>(0), row.get::<_, String>(1))
+    };
+    let plain = open(format!("{url}?sslmode=disable")).await.unwrap();
+    assert_eq!(session(plain).await, (false, String::new()));
+    for params in ["", "?sslmode=require", "?sslmode=allow"] {
+        let m = open(format!("{url}{params}")).await.unwrap();
+        assert_eq!(session(m).await, (true, String::new()), "{params:?}");
+    }
+    let ca = file("ca.pem");
+    let verified = open(format!("{url}?sslmode=verify-full&sslrootcert={ca}"))
+        .await
+        .unwrap();
+    assert!(session(verified).await.0);
+    // A root that did not sign the server's certificate.
+    let wrong = file("client.pem");
+    let err = open(format!("{url}?sslmode=verify-ca&sslrootcert={wrong}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::MetastoreUnavailable(_)), "{err}");
+    // Reached by another name: verify-ca takes it, verify-full does not.
+    let renamed = url.replace("@127.0.0.1:", "@db.example:");
+    assert_ne!(renamed, url);
+    let hostaddr = "hostaddr=127.0.0.1";
+    let by_chain = open(format!(
+        "{renamed}?{hostaddr}&sslmode=verify-ca&sslrootcert={ca}"
+    ))
+    .await
+    .unwrap();
+    assert!(session(by_chain).await.0);
+    let err = open(format!(
+        "{renamed}?{hostaddr}&sslmode=verify-full&sslrootcert={ca}"
+    ))
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("certificate"), "{err}");
+    // A client certificate, presented when the server asks.
+    let (cert, key) = (file("client.pem"), file("client.key"));
+    let with_cert = open(format!(
+        "{url}?sslmode=verify-full&sslrootcert={ca}&sslcert={cert}&sslkey={key}"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(session(with_cert).await, (true, "/CN=kiln-client".into()));
+}
