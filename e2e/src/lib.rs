@@ -110,6 +110,8 @@ pub struct Kiln {
     log: PathBuf,
     http: reqwest::blocking::Client,
     auth: Option<Vec<(String, String)>>,
+    /// `http`, or `https` for a server started with TLS.
+    scheme: &'static str,
 }
 
 impl Kiln {
@@ -152,6 +154,7 @@ impl Kiln {
                 .no_proxy()
                 .build()?,
             auth: None,
+            scheme: "http",
         })
     }
 
@@ -160,8 +163,26 @@ impl Kiln {
         Self::start_with_env(flags, &[])
     }
 
+    /// [`Kiln::start_with`] for a server with TLS on its port (`--tls-cert` among `flags`):
+    /// `http` is the client that trusts its certificate (and presents one, for mutual TLS).
+    pub fn start_tls(flags: &[&str], http: reqwest::blocking::Client) -> Result<Self> {
+        Self::start_as(flags, &[], http, "https")
+    }
+
     /// [`Kiln::start_with`] with these environment variables set for the process.
     pub fn start_with_env(flags: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        Self::start_as(flags, env, http, "http")
+    }
+
+    fn start_as(
+        flags: &[&str],
+        env: &[(&str, &str)],
+        http: reqwest::blocking::Client,
+        scheme: &'static str,
+    ) -> Result<Self> {
         let data_dir = tempfile::tempdir()?;
         let log = data_dir.path().join("kiln.log");
         let mut args = vec![
@@ -184,10 +205,9 @@ impl Kiln {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             log,
-            http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()?,
+            http,
             auth: None,
+            scheme,
         };
         k.spawn()?;
         Ok(k)
@@ -324,9 +344,9 @@ impl Kiln {
         })
     }
 
-    /// `http://127.0.0.1:PORT{path}`.
+    /// `http://127.0.0.1:PORT{path}` (`https://` when started with TLS).
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        format!("{}://127.0.0.1:{}{path}", self.scheme, self.port)
     }
 
     /// The HTTP client.

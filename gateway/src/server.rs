@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod memory;
 pub mod self_profile;
+pub mod tls;
 pub mod traces;
 pub mod upkeep;
 

@@ -29,6 +29,7 @@ mod self_profile;
 mod spans;
 mod spool;
 mod symbolize;
+mod tls;
 mod traces;
 mod ui;
 mod wal;

@@ -299,6 +299,13 @@ impl SymbolizeArgs {
     }
 }
 
+/// Whether `--tls-client-ca` requires a client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientAuth {
+    Required,
+    Optional,
+}
+
 /// `kiln serve` flags: where Kiln listens and how long it waits for clients.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Network")]
@@ -357,6 +364,31 @@ pub struct NetworkArgs {
         default_value = "0s"
     )]
     pub shutdown_delay: u64,
+
+    /// A PEM certificate chain: `--listen` then serves TLS only (HTTP/1.1 and h2 by ALPN, gRPC
+    /// included), with `--tls-key`. Both files are read again when they change (each second)
+    /// and on SIGHUP; connections open keep their certificate.
+    #[arg(long, env = "KILN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, env = "KILN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates that clients' certificates must chain to (mutual TLS, as the Parca
+    /// agent offers it). Tokens and tenants are checked as without it.
+    #[arg(long, env = "KILN_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With `--tls-client-ca`: `required` (a connection without a valid client certificate is
+    /// refused) or `optional` (one that presents a certificate must present a valid one).
+    #[arg(
+        long,
+        env = "KILN_TLS_CLIENT_AUTH",
+        value_enum,
+        default_value = "required"
+    )]
+    pub tls_client_auth: ClientAuth,
 }
 
 /// `kiln serve` flags: who may call Kiln, and as which tenant.

@@ -148,6 +148,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         idle_timeout: Duration::from_secs(args.network.idle_timeout_secs.max(1)),
         max_connections: args.network.max_connections.max(1),
     };
+    let tls = match (&args.network.tls_cert, &args.network.tls_key) {
+        (Some(cert), Some(key)) => {
+            let files = super::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.network.tls_client_ca.clone(),
+                client_optional: args.network.tls_client_auth
+                    == super::config::ClientAuth::Optional,
+            };
+            let tls = super::tls::Tls::load(files).map_err(|e| anyhow::anyhow!("{e}"))?;
+            super::tls::spawn_reload(Arc::clone(&tls));
+            Some(tls)
+        }
+        _ => None,
+    };
     let membership = super::cluster::spawn_heartbeat(Arc::clone(&app));
     let shutdown = {
         let app = Arc::clone(&app);
@@ -157,7 +172,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             super::cluster::leave(&app, membership, delay).await;
         }
     };
-    super::listener::serve(Arc::clone(&app), listener, limits, shutdown).await?;
+    super::listener::serve(Arc::clone(&app), listener, limits, tls, shutdown).await?;
     // What the last requests counted joins the cluster's usage.
     if let Err(e) = super::upkeep::flush_usage(&app).await {
         tracing::warn!(error = %e.log_text(), "usage of the last interval not added to the cluster's");

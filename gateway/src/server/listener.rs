@@ -1,4 +1,5 @@
-//! The listener of the API port: accepts connections, HTTP/1.1 and h2c alike, each within its
+//! The listener of the API port: accepts connections, HTTP/1.1 and h2c alike (or, with TLS,
+//! HTTP/1.1 and h2 by ALPN: `super::tls`), each within its
 //! limits (header, body and idle timeouts, a connection cap), serves them the router
 //! (`crate::api::router`), and on shutdown drains in-flight requests and flushes storage.
 
@@ -14,15 +15,17 @@ use tracing::{debug, info, warn};
 use crate::api::router;
 use crate::app::AppRef;
 
-/// Serves until `shutdown` resolves, then drains in-flight requests and flushes storage.
+/// Serves until `shutdown` resolves, then drains in-flight requests and flushes storage. With
+/// `tls`, every connection is TLS (its handshake within the header read timeout).
 pub async fn serve(
     app: AppRef,
     listener: tokio::net::TcpListener,
     limits: ConnectionLimits,
+    tls: Option<Arc<super::tls::Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    info!(%addr, "kiln is listening");
+    info!(%addr, tls = tls.is_some(), "kiln is listening");
     let router = router(Arc::clone(&app)).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
         limits.body_read_timeout,
     ));
@@ -56,9 +59,40 @@ pub async fn serve(
         let (router, http, watcher) = (router.clone(), http.clone(), graceful.watcher());
         let header_read_timeout = limits.header_read_timeout;
         let idle_timeout = limits.idle_timeout;
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
             // hyper's header timeout starts once a first byte has told HTTP/1.1 from HTTP/2: a
-            // client that connects and sends nothing is closed here after the same time.
+            // client that connects and sends nothing (or no whole TLS handshake) is closed here
+            // after the same time.
+            let service = TowerToHyperService::new(router);
+            if let Some(acceptor) = acceptor {
+                let stream = match tokio::time::timeout(
+                    header_read_timeout,
+                    acceptor.accept(stream),
+                )
+                .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "connection closed: no TLS handshake within the header read timeout");
+                        return;
+                    }
+                };
+                let io = TokioIo::new(IdleTimeout::new(stream, idle_timeout));
+                let conn = watcher.watch(
+                    http.serve_connection_with_upgrades(io, service)
+                        .into_owned(),
+                );
+                if let Err(e) = conn.await {
+                    debug!(%peer, error = %e, "connection closed");
+                }
+                drop(permit);
+                return;
+            }
             let mut first = [0u8; 1];
             match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
                 Ok(Ok(n)) if n > 0 => {}
@@ -69,7 +103,6 @@ pub async fn serve(
                 }
             }
             let io = TokioIo::new(IdleTimeout::new(stream, idle_timeout));
-            let service = TowerToHyperService::new(router);
             let conn = watcher.watch(
                 http.serve_connection_with_upgrades(io, service)
                     .into_owned(),
