@@ -191,6 +191,12 @@ pub(super) fn interrupted_upload_resumes(kiln: &Kiln, rate: u32, kills_ms: [u64;
         let mut child = upload(kiln, dir.path(), &["--rate", &rate]).spawn()?;
         let started = Instant::now();
         std::thread::sleep(wait);
+        // Killed once it has made progress (a busy machine may start it late), before it ends.
+        let progressed =
+            |left: &[String]| left.iter().any(|n| n.ends_with(".progress")) || left.len() < 6;
+        while !progressed(&leftovers(dir.path())?) && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         if let Some(status) = child.try_wait()? {
             let out = child.wait_with_output()?;
             bail!(
@@ -201,11 +207,10 @@ pub(super) fn interrupted_upload_resumes(kiln: &Kiln, rate: u32, kills_ms: [u64;
         }
         child.kill()?;
         let killed = child.wait_with_output()?;
-        ensure!(started.elapsed() < Duration::from_secs(5));
         let left = leftovers(dir.path())?;
         ensure!(
-            left.iter().any(|n| n.ends_with(".progress")) || left.len() < 6,
-            "no progress after {wait:?}: {left:?}; kiln upload said: {}",
+            progressed(&left),
+            "no progress within 5 s: {left:?}; kiln upload said: {}",
             String::from_utf8_lossy(&killed.stderr)
         );
     }

@@ -413,9 +413,36 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let split =
                 Deployment::scaled_out(&dir.join("scaled-out"), metastore, object_store, &extra)?;
             let mut again = Workload::new(shape, workload.from_corpus.then_some(corpus.as_path()));
-            Some(bench_kiln(&args, &split, &mut again, None).await?)
+            let results = bench_kiln(&args, &split, &mut again, None).await?;
+            // The dashboard on the query process while the ingest process takes the load: the
+            // last minutes are in segments it did not write.
+            let load = if args.load_seconds > 0 {
+                let rate = args.load_rate.unwrap_or(0.8 * results.profiles_per_s);
+                eprintln!(
+                    "kiln bench: {} s more at {rate:.0} profiles/s on the three processes, \
+                     querying the last 5 minutes on the query process",
+                    args.load_seconds
+                );
+                Some(
+                    load::run(
+                        &split,
+                        &mut again,
+                        rate,
+                        args.load_seconds,
+                        args.concurrency,
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
+            Some((results, load))
         }
         _ => None,
+    };
+    let (scaled_out, scaled_out_under_load) = match scaled_out {
+        Some((results, load)) => (Some(results), load),
+        None => (None, None),
     };
     if let Some(p) = &peers {
         for peer in ["duckdb", "chdb"] {
@@ -453,6 +480,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(split) = &scaled_out {
         print_scaled_out(&kiln, split);
     }
+    if let Some(l) = &scaled_out_under_load {
+        println!(
+            "\nScaled out, under load ({:.0} s at {:.0} profiles/s, asked {:.0}): flame graph of \
+             the last 5 minutes on the query process {} ({} queries), acks {}, peak RSS summed \
+             {:.0} MiB.",
+            l.seconds,
+            l.profiles_per_s,
+            l.target_profiles_per_s,
+            fmt_ms(l.flame_5m),
+            l.queries,
+            fmt_ms(l.ack),
+            l.peak_rss_mib
+        );
+    }
     if let Some(path) = &args.json {
         let out = json!({
             "preset": format!("{:?}", args.preset).to_lowercase(),
@@ -467,6 +508,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             "peers": peers,
             "recording": recording,
             "scaled_out": scaled_out,
+            "scaled_out_under_load": scaled_out_under_load,
             "under_load": under_load,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&out)?)
