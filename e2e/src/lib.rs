@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use kiln_proto::querier::v1 as q;
 use kiln_proto::types::v1 as t;
 use prost::Message;
@@ -75,6 +75,23 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free port")
+}
+
+/// `kiln token create` with the key file `key` (an HMAC secret, say): a token of `tenant` with
+/// `scope` (`read`, `write`, `admin`, or several comma-separated).
+pub fn token(key: &Path, tenant: &str, scope: &str) -> Result<String> {
+    let out = Command::new(kiln_bin())
+        .args([
+            "token", "create", "--tenant", tenant, "--scope", scope, "--key",
+        ])
+        .arg(key)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
 /// Waits until `url` answers 2xx, or `child` exits, or `within` passes; says which.

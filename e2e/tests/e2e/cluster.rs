@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use kiln_e2e::haproxy::{Haproxy, haproxy_bin};
-use kiln_e2e::{Kiln, OPERATOR};
+use kiln_e2e::{Kiln, OPERATOR, token};
 
 use super::scale_out::{answers, ingest_all};
 use kiln_proto::google::v1 as pprof;
@@ -629,22 +629,6 @@ fn a_data_directory_serves_one_process() -> Result<()> {
     first.start_again()?;
     ensure!(first.is_ready());
     Ok(())
-}
-
-/// `kiln token create` with the HMAC key `key`.
-fn token(key: &std::path::Path, tenant: &str, scope: &str) -> Result<String> {
-    let out = std::process::Command::new(kiln_e2e::kiln_bin())
-        .args([
-            "token", "create", "--tenant", tenant, "--scope", scope, "--key",
-        ])
-        .arg(key)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
 /// The admin usage API answers the cluster's counters, whichever process is asked: profiles

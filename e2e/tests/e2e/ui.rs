@@ -9,7 +9,7 @@
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use kiln_e2e::{ALL_TIME, Kiln, Tools};
+use kiln_e2e::{ALL_TIME, Kiln, Tools, token};
 use kiln_proto::querier::v1 as q;
 use prost::Message;
 use serde_json::Value;
@@ -405,22 +405,6 @@ fn the_page_says_what_went_wrong() -> Result<()> {
         "{after}"
     );
     Ok(())
-}
-
-/// `kiln token create` with an HMAC key.
-fn token(key: &std::path::Path, tenant: &str, scope: &str) -> Result<String> {
-    let out = Command::new(kiln_e2e::kiln_bin())
-        .args([
-            "token", "create", "--tenant", tenant, "--scope", scope, "--key",
-        ])
-        .arg(key)
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
 #[test]

@@ -65,14 +65,9 @@ pub async fn serve(
             // client that connects and sends nothing (or no whole TLS handshake) is closed here
             // after the same time.
             let service = TowerToHyperService::new(router);
-            if let Some(acceptor) = acceptor {
-                let stream = match tokio::time::timeout(
-                    header_read_timeout,
-                    acceptor.accept(stream),
-                )
-                .await
-                {
-                    Ok(Ok(s)) => s,
+            let stream: Box<dyn Io> = if let Some(acceptor) = acceptor {
+                match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => Box::new(s),
                     Ok(Err(e)) => {
                         debug!(%peer, error = %e, "TLS handshake failed");
                         return;
@@ -81,27 +76,18 @@ pub async fn serve(
                         debug!(%peer, "connection closed: no TLS handshake within the header read timeout");
                         return;
                     }
-                };
-                let io = TokioIo::new(IdleTimeout::new(stream, idle_timeout));
-                let conn = watcher.watch(
-                    http.serve_connection_with_upgrades(io, service)
-                        .into_owned(),
-                );
-                if let Err(e) = conn.await {
-                    debug!(%peer, error = %e, "connection closed");
                 }
-                drop(permit);
-                return;
-            }
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                Ok(Ok(_)) | Ok(Err(_)) => return,
-                Err(_) => {
-                    debug!(%peer, "connection closed: nothing sent within the header read timeout");
-                    return;
+            } else {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
+                    Ok(Ok(n)) if n > 0 => Box::new(stream),
+                    Ok(Ok(_)) | Ok(Err(_)) => return,
+                    Err(_) => {
+                        debug!(%peer, "connection closed: nothing sent within the header read timeout");
+                        return;
+                    }
                 }
-            }
+            };
             let io = TokioIo::new(IdleTimeout::new(stream, idle_timeout));
             let conn = watcher.watch(
                 http.serve_connection_with_upgrades(io, service)
@@ -121,6 +107,11 @@ pub async fn serve(
     info!("storage flushed, bye");
     Ok(())
 }
+
+/// A connection's byte stream: TCP, or TLS over it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 /// What one client connection may cost (`kiln serve` flags).
 #[derive(Debug, Clone, Copy)]
