@@ -103,12 +103,7 @@ fn bench_tiny_scaled_out_on_postgres_and_s3() -> Result<()> {
         .enable_all()
         .build()?;
     let pg = rt.block_on(kiln_storage::testing::postgres_database());
-    let (s3_url, s3_options) = kiln_storage::testing::s3_location();
-    let mut env: Vec<(String, String)> = s3_options
-        .iter()
-        .map(|(k, v)| (k.to_ascii_uppercase(), v.clone()))
-        .collect();
-    env.push(("AWS_EC2_METADATA_DISABLED".into(), "true".into()));
+    let (s3_url, env) = super::cluster::s3_env();
     let (stdout, v) = run_bench(
         &[
             "--scaled-out",

@@ -164,7 +164,7 @@ impl Cluster {
 }
 
 /// The suite's S3 bucket as `--object-store` and the environment that reaches it.
-fn s3_env() -> (String, Vec<(String, String)>) {
+pub(super) fn s3_env() -> (String, Vec<(String, String)>) {
     let (s3_url, s3_options) = kiln_storage::testing::s3_location();
     let mut env: Vec<(String, String)> = s3_options
         .iter()
