@@ -12,6 +12,7 @@
 //! are kept in the tenant document [`STATE_DOCUMENT`], written after the sealed points are in
 //! the queue and, for late sums, before the write is acknowledged.
 
+pub mod cluster;
 pub mod remote_write;
 pub mod rules;
 pub mod state;
@@ -91,6 +92,11 @@ pub struct RecordingStats {
     pub series_refused: AtomicU64,
     /// Points sealed (sent or answered on the pull endpoint).
     pub points_sealed: AtomicU64,
+    /// In a cluster: samples of the outbox the receiver took, refused for good, and failed
+    /// sends (retried).
+    pub outbox_sent: AtomicU64,
+    pub outbox_rejected: AtomicU64,
+    pub outbox_failures: AtomicU64,
 }
 
 /// A tenant's rules and series.
@@ -115,6 +121,8 @@ pub struct Recording {
     tenants: Mutex<HashMap<String, Arc<TenantRecording>>>,
     queue: Option<Arc<RemoteWriteQueue>>,
     pub stats: RecordingStats,
+    /// In a cluster: tenants' compiled rules as last read ([`cluster`]).
+    cluster_rules: Mutex<cluster::CachedRules>,
 }
 
 /// A write under way: the rules it was evaluated with, held until its sums are added.
@@ -138,6 +146,7 @@ impl Recording {
             tenants: Mutex::new(HashMap::new()),
             queue,
             stats: RecordingStats::default(),
+            cluster_rules: Mutex::new(HashMap::new()),
         }
     }
 
@@ -205,6 +214,16 @@ impl Recording {
         profiles: &[NormalizedProfile],
     ) -> Result<Evaluation, ApiError> {
         let t = self.tenant(tenant);
+        if storage.metastore().shared() {
+            // In a cluster the compactors evaluate the rules ([`cluster`]); nothing is held.
+            let rules = Arc::clone(&t.gate).read_owned().await;
+            return Ok(Evaluation {
+                tenant: t,
+                rules,
+                contributions: Vec::new(),
+                samples: 0,
+            });
+        }
         loop {
             let guard = Arc::clone(&t.gate).read_owned().await;
             if guard.is_some() {
@@ -530,6 +549,9 @@ impl Recording {
         tenants: &Tenants,
         tenant: &str,
     ) -> Result<String, ApiError> {
+        if storage.metastore().shared() {
+            return self.cluster_exposition(storage, tenants, tenant).await;
+        }
         let t = self.tenant(tenant);
         if t.gate.read().await.is_none() {
             self.load(storage, tenants, tenant).await?;
@@ -897,6 +919,21 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 "recording_points_sealed",
                 "Points of rule series sealed (queued for remote write, answered on the pull endpoint)",
                 s.points_sealed.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_outbox_samples_sent",
+                "In a cluster: samples of the shared outbox the receiver took",
+                s.outbox_sent.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_outbox_samples_rejected",
+                "In a cluster: samples of the shared outbox the receiver refused for good",
+                s.outbox_rejected.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_outbox_failures",
+                "In a cluster: sends of the shared outbox that failed and are retried",
+                s.outbox_failures.load(Ordering::Relaxed),
             ),
         ];
         if let Some(q) = &self.0.queue {

@@ -38,7 +38,7 @@ use std::time::Duration;
 use kiln_otel::model::Labels;
 
 use crate::caches::Caches;
-use crate::format::meta::SeriesMeta;
+use crate::format::meta::{BlockMeta, SeriesMeta};
 use crate::metastore::Metastore;
 use crate::store::ObjectStorage;
 
@@ -77,6 +77,21 @@ pub struct Compactor {
     warm: bool,
     /// This compactor's name in leases.
     owner: String,
+    /// Evaluates the recording rules on level-0 jobs, in a cluster ([`JobRecorder`]).
+    recorder: std::sync::OnceLock<Arc<dyn JobRecorder>>,
+}
+
+/// Evaluates a tenant's recording rules on the outputs of a level-0 job, before they are
+/// registered: the sums are committed with the job ([`Metastore::complete_job_recorded`]), so
+/// each L0 segment's profiles are counted once, whichever process wrote them (ADR 0021).
+#[async_trait::async_trait]
+pub trait JobRecorder: Send + Sync + std::fmt::Debug {
+    /// The sums of `outputs` (objects already in the store, not yet in the metastore).
+    async fn sums(
+        &self,
+        tenant: &str,
+        outputs: &[Arc<BlockMeta>],
+    ) -> crate::Result<Vec<crate::metastore::RecordedSum>>;
 }
 
 /// The cluster-wide lease whose holder plans compaction jobs ([`Compactor::plan`]).

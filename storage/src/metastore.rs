@@ -220,6 +220,41 @@ pub struct UsageCount {
     pub value: u64,
 }
 
+/// A recording rule's sum over one interval of one series ([`Metastore::complete_job_recorded`]).
+/// The gateway names the rule and encodes the series; the metastore only adds them up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedSum {
+    pub rule: String,
+    /// The series' group labels, encoded by the gateway.
+    pub series: String,
+    /// The interval's start, Unix milliseconds.
+    pub interval_ms: i64,
+    pub value: i64,
+}
+
+/// A sealed point waiting to be sent ([`Metastore::commit_recording_seal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxPoint {
+    /// Its place in the outbox (ignored when one is added).
+    pub seq: i64,
+    pub tenant: String,
+    /// Where it goes (a remote-write URL).
+    pub destination: String,
+    /// Its labels, encoded by the gateway.
+    pub labels: String,
+    pub time_ms: i64,
+    pub value: i64,
+}
+
+/// A lease as one holder took it ([`Metastore::hold_lease`]): work committed under it checks
+/// that the lease has not changed hands since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseFence {
+    pub name: String,
+    pub holder: String,
+    pub epoch: u64,
+}
+
 /// How long a cluster-wide lease ([`Metastore::hold_lease`]) lasts unless renewed: its holder
 /// renews it every round (a second or so), and another process takes it over this long after
 /// the holder stops.
@@ -384,6 +419,73 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     async fn usage(&self, tenant: &str) -> Result<Option<BTreeMap<String, u64>>> {
         let _ = tenant;
         Ok(None)
+    }
+
+    /// [`Metastore::complete_job`], adding `sums` to the recording rules' sums in the same
+    /// transaction: counted if and only if the job's outputs are registered. Only a shared
+    /// metastore keeps sums (one process counts its rules itself).
+    async fn complete_job_recorded(
+        &self,
+        job: &Job,
+        owner: &str,
+        outputs: Vec<BlockMeta>,
+        sums: &[RecordedSum],
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<()> {
+        if !sums.is_empty() {
+            return Err(crate::Error::Metastore(
+                "recording sums need a shared metastore".into(),
+            ));
+        }
+        self.complete_job(job, owner, outputs, now_ms, delete_after_ms)
+            .await
+    }
+
+    /// Tenants with recording sums or counters ([`Metastore::complete_job_recorded`]).
+    async fn recording_tenants(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// A tenant's recording sums of intervals starting before `before_ms`.
+    async fn recording_sums(&self, tenant: &str, before_ms: i64) -> Result<Vec<RecordedSum>> {
+        let _ = (tenant, before_ms);
+        Ok(Vec::new())
+    }
+
+    /// A tenant's recording state as the last seal kept it.
+    async fn recording_state(&self, tenant: &str) -> Result<Option<Vec<u8>>> {
+        let _ = tenant;
+        Ok(None)
+    }
+
+    /// Seals under `fence`, in one transaction: keeps `state`, takes `consumed` off the sums
+    /// (sums added since stay) and queues `points`. `false`, with nothing changed, when the
+    /// lease has changed hands.
+    async fn commit_recording_seal(
+        &self,
+        fence: &LeaseFence,
+        tenant: &str,
+        state: &[u8],
+        consumed: &[RecordedSum],
+        points: &[OutboxPoint],
+    ) -> Result<bool> {
+        let _ = (fence, tenant, state, consumed, points);
+        Err(crate::Error::Metastore(
+            "recording seals need a shared metastore".into(),
+        ))
+    }
+
+    /// Up to `limit` points of the outbox, oldest first.
+    async fn recording_outbox(&self, limit: usize) -> Result<Vec<OutboxPoint>> {
+        let _ = limit;
+        Ok(Vec::new())
+    }
+
+    /// Removes points from the outbox (sent, or refused for good).
+    async fn remove_recording_outbox(&self, seqs: &[i64]) -> Result<()> {
+        let _ = seqs;
+        Ok(())
     }
 
     /// Whether the metastore answers (readiness checks): one round trip, nothing read.

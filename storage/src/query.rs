@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use kiln_otel::model::LABEL_SERVICE_NAME;
 
-use crate::metastore::{BlockQuery, SeriesMeta};
+use crate::metastore::{BlockMeta, BlockQuery, SeriesMeta};
 use crate::selector::{MatchOp, Selector};
 
 pub use crate::caches::report::{
@@ -160,6 +160,8 @@ pub struct QueryEngine {
     /// Stack totals of whole series of a block (every sample of them), for queries whose range
     /// covers them: the inner blocks of a long range are summed once, not per query.
     pub(crate) results: moka::future::Cache<ResultKey, Arc<[StackValue]>>,
+    /// When set, queries read these blocks only, not the metastore's ([`Self::over_blocks`]).
+    only: Option<Arc<[Arc<BlockMeta>]>>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -178,7 +180,21 @@ impl QueryEngine {
             })
             .max_capacity(results_bytes)
             .build();
-        Self { caches, results }
+        Self {
+            caches,
+            results,
+            only: None,
+        }
+    }
+
+    /// This engine reading `blocks` only, whether registered or not: a compaction's outputs
+    /// before they are (recording rules, ADR 0021).
+    pub fn over_blocks(&self, blocks: Vec<Arc<BlockMeta>>) -> Self {
+        Self {
+            caches: self.caches.clone(),
+            results: self.results.clone(),
+            only: Some(blocks.into()),
+        }
     }
 
     /// What this engine shares with the writer and the compactor.

@@ -559,6 +559,53 @@ impl crate::metastore::Metastore for CountingMetastore {
     fn shared(&self) -> bool {
         self.inner.shared()
     }
+    async fn complete_job_recorded(
+        &self,
+        job: &crate::metastore::Job,
+        owner: &str,
+        outputs: Vec<crate::format::meta::BlockMeta>,
+        sums: &[crate::metastore::RecordedSum],
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> crate::Result<()> {
+        self.count()
+            .complete_job_recorded(job, owner, outputs, sums, now_ms, delete_after_ms)
+            .await
+    }
+    async fn recording_tenants(&self) -> crate::Result<Vec<String>> {
+        self.count().recording_tenants().await
+    }
+    async fn recording_sums(
+        &self,
+        tenant: &str,
+        before_ms: i64,
+    ) -> crate::Result<Vec<crate::metastore::RecordedSum>> {
+        self.count().recording_sums(tenant, before_ms).await
+    }
+    async fn recording_state(&self, tenant: &str) -> crate::Result<Option<Vec<u8>>> {
+        self.count().recording_state(tenant).await
+    }
+    async fn commit_recording_seal(
+        &self,
+        fence: &crate::metastore::LeaseFence,
+        tenant: &str,
+        state: &[u8],
+        consumed: &[crate::metastore::RecordedSum],
+        points: &[crate::metastore::OutboxPoint],
+    ) -> crate::Result<bool> {
+        self.count()
+            .commit_recording_seal(fence, tenant, state, consumed, points)
+            .await
+    }
+    async fn recording_outbox(
+        &self,
+        limit: usize,
+    ) -> crate::Result<Vec<crate::metastore::OutboxPoint>> {
+        self.count().recording_outbox(limit).await
+    }
+    async fn remove_recording_outbox(&self, seqs: &[i64]) -> crate::Result<()> {
+        self.count().remove_recording_outbox(seqs).await
+    }
     async fn admit_series(
         &self,
         tenant: &str,

@@ -53,6 +53,11 @@ const FEW_SERIES: usize = 30;
 impl Cluster {
     /// Starts the cluster; `None` (the test says it is skipped) where haproxy is not installed.
     fn start() -> Result<Option<Self>> {
+        Self::start_with(&[])
+    }
+
+    /// [`Cluster::start`], every process with `extra` flags too.
+    fn start_with(extra: &[&str]) -> Result<Option<Self>> {
         if haproxy_bin().is_none() {
             kiln_otel::skip::missing("haproxy");
             return Ok(None);
@@ -99,6 +104,7 @@ impl Cluster {
         ];
         let start = |roles: &str| {
             let mut flags = shared.to_vec();
+            flags.extend(extra);
             flags.extend(["--roles", roles]);
             Kiln::start_with_env(&flags, &env)
         };
@@ -726,5 +732,160 @@ fn the_usage_api_counts_every_process() -> Result<()> {
         status == 403,
         "metered's admin token read other's usage: {status}"
     );
+    Ok(())
+}
+
+/// A recording rule over three ingest processes behind the proxy: the compactor evaluates
+/// each level-0 job and the lease holder seals (ADR 0021), so Prometheus's counter per pod
+/// equals the sum of the acknowledged profiles (those before the rule through its backfill),
+/// with the compactor and an ingest process killed (SIGKILL) and another restarted in
+/// between; another tenant's profiles never feed it.
+#[test]
+fn a_recording_rule_is_exact_across_ingest_processes() -> Result<()> {
+    use super::recording_rules::{make_rule, promql_sum_by, send_folded};
+    if kiln_e2e::prometheus::prometheus_bin().is_err() {
+        kiln_otel::skip::missing("prometheus");
+        return Ok(());
+    }
+    let prom = kiln_e2e::prometheus::Prometheus::start()?;
+    let write_url = prom.write_url();
+    let Some(mut cluster) = Cluster::start_with(&[
+        "--remote-write-url",
+        &write_url,
+        "--recording-interval",
+        "1s",
+        "--recording-delay",
+        "1s",
+        "--compaction-levels",
+        "20:2s,10:12m,10:3h",
+    ])?
+    else {
+        return Ok(());
+    };
+    let (tenant, other) = ("rec", "rec-other");
+    let shop = "{ service_name=\"shop\" }";
+    let cpu = format!("{{ __profile_type__=\"{CPU}\"}}");
+    // Acknowledged samples per pod (each one SAMPLE_NS of CPU).
+    let mut acked: HashMap<String, i64> = HashMap::new();
+    // Before the rule: counted by its backfill, read from storage.
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64
+        - 20;
+    ensure!(send_folded(&cluster.front, tenant, "a", before, "main;pay 50\n")? == 200);
+    acked.insert("a".into(), 50);
+    make_rule(
+        &cluster.front,
+        tenant,
+        "cluster_cpu",
+        &[shop, &cpu],
+        &["pod"],
+        None,
+    )?;
+    make_rule(
+        &cluster.front,
+        other,
+        "cluster_cpu",
+        &[shop, &cpu],
+        &["pod"],
+        None,
+    )?;
+
+    let mut acked_other: std::collections::BTreeMap<String, i64> = Default::default();
+    let pods = ["a", "b", "c"];
+    let mut send_round = |cluster: &Cluster, round: i64| -> Result<()> {
+        for (i, pod) in pods.iter().enumerate() {
+            let n = round + i as i64 + 1;
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_secs() as i64;
+            let text = format!("main;pay {n}\nmain;browse 1\n");
+            if send_folded(&cluster.front, tenant, pod, secs, &text)? == 200 {
+                *acked.entry((*pod).to_owned()).or_default() += n + 1;
+            }
+            if send_folded(&cluster.front, other, pod, secs, "main;pay 1000\n")? == 200 {
+                *acked_other.entry((*pod).to_owned()).or_default() += 1000 * SAMPLE_NS;
+            }
+        }
+        Ok(())
+    };
+    for round in 0..24 {
+        send_round(&cluster, round)?;
+        match round {
+            // The compactor killed wherever it is (a merge, a seal, a send).
+            6 => cluster.compact.kill()?,
+            8 => cluster.compact.start_again()?,
+            // An ingest process killed (nothing in flight), then back on its data.
+            12 => cluster.ingest[1].kill()?,
+            14 => cluster.ingest[1].start_again()?,
+            18 => cluster.ingest[2].restart()?,
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    let want: std::collections::BTreeMap<String, i64> = acked
+        .iter()
+        .map(|(pod, n)| (pod.clone(), n * SAMPLE_NS))
+        .collect();
+    let metric = format!("profiles_recorded_cluster_cpu{{kiln_tenant=\"{tenant}\"}}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let got = loop {
+        let got = promql_sum_by(&prom, &metric, "pod")?;
+        if got == want {
+            break got;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "Prometheus holds {got:?}, the acknowledged sums are {want:?}; compactor: {}",
+            cluster.compact.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // Kiln's own answer for the same selector agrees.
+    let stored = cluster
+        .front
+        .flamegraph(tenant, CPU, "{service_name=\"shop\"}")?
+        .total;
+    ensure!(
+        stored == want.values().sum::<i64>(),
+        "stored {stored}, counted {got:?}"
+    );
+    // The pull endpoint of every ingest process answers the same counters.
+    for k in &cluster.ingest {
+        let pulled = k
+            .http()
+            .get(k.url("/api/v1/recording-rules/metrics"))
+            .header("X-Scope-OrgID", tenant)
+            .send()?
+            .text()?;
+        for (pod, v) in &want {
+            ensure!(
+                pulled
+                    .lines()
+                    .any(|l| l.contains(&format!("pod=\"{pod}\""))
+                        && l.contains(&format!("}} {v} "))),
+                "process {}'s pull endpoint lacks pod {pod} at {v}: {pulled}",
+                k.port
+            );
+        }
+    }
+    // The other tenant's series count its own profiles only.
+    let theirs = format!("profiles_recorded_cluster_cpu{{kiln_tenant=\"{other}\"}}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while promql_sum_by(&prom, &theirs, "pod")? != acked_other {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "{other}'s series {:?}, its acknowledged sums {acked_other:?}",
+            promql_sum_by(&prom, &theirs, "pod")?
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Prometheus took every point: no time was sent with two values.
+    ensure!(
+        !prom.log_text().contains("duplicate sample"),
+        "Prometheus refused points: {}",
+        prom.log_text()
+    );
+    eprintln!("cluster: recording rule over 3 ingest processes: {got:?} = the acknowledged sums");
     Ok(())
 }

@@ -50,7 +50,7 @@ fn kiln_for(prom: &Prometheus, backfill: &str) -> Result<Kiln> {
 }
 
 /// A rule made as the Drilldown app makes it; its id.
-fn make_rule(
+pub(crate) fn make_rule(
     kiln: &Kiln,
     tenant: &str,
     name: &str,
@@ -83,7 +83,13 @@ fn make_rule(
 }
 
 /// Folded stacks over `/ingest` at `secs`.
-fn send_folded(kiln: &Kiln, tenant: &str, pod: &str, secs: i64, text: &str) -> Result<u16> {
+pub(crate) fn send_folded(
+    kiln: &Kiln,
+    tenant: &str,
+    pod: &str,
+    secs: i64,
+    text: &str,
+) -> Result<u16> {
     let (status, body) = kiln.ingest(
         tenant,
         &format!("name=shop.cpu%7Bpod%3D{pod}%7D&from={secs}&format=folded"),
@@ -422,7 +428,11 @@ fn points_equal_steps(
 }
 
 /// `sum by (label) (metric)` now, per value of `label`.
-fn promql_sum_by(prom: &Prometheus, metric: &str, label: &str) -> Result<BTreeMap<String, i64>> {
+pub(crate) fn promql_sum_by(
+    prom: &Prometheus,
+    metric: &str,
+    label: &str,
+) -> Result<BTreeMap<String, i64>> {
     let now = now_ms() as f64 / 1000.0;
     prom.query(&format!("sum by ({label}) ({metric})"), now)?
         .iter()

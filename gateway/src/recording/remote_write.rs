@@ -312,7 +312,7 @@ pub struct RemoteWriteQueue {
 }
 
 /// What one attempt at a batch came to.
-enum Outcome {
+pub(crate) enum Outcome {
     Sent,
     /// Worth another try after the wait (the `Retry-After` the receiver asked for, if any).
     Retry {
@@ -705,8 +705,13 @@ async fn send(client: &reqwest::Client, batch: &Batch) -> Outcome {
         };
     }
     let body = Bytes::from(data).slice(batch.body_at as usize..);
+    post(client, &batch.dest, body).await
+}
+
+/// POSTs one encoded request ([`encode`]) to `dest`.
+pub(crate) async fn post(client: &reqwest::Client, dest: &Destination, body: Bytes) -> Outcome {
     let mut request = client
-        .post(&batch.dest.url)
+        .post(&dest.url)
         .timeout(REQUEST_TIMEOUT)
         .header(http::header::CONTENT_ENCODING, "snappy")
         .header(http::header::CONTENT_TYPE, "application/x-protobuf")
@@ -715,8 +720,8 @@ async fn send(client: &reqwest::Client, batch: &Batch) -> Outcome {
             http::header::USER_AGENT,
             concat!("kiln/", env!("CARGO_PKG_VERSION")),
         );
-    if !batch.dest.tenant.is_empty() {
-        match http::HeaderValue::from_str(&batch.dest.tenant) {
+    if !dest.tenant.is_empty() {
+        match http::HeaderValue::from_str(&dest.tenant) {
             Ok(v) => request = request.header("X-Scope-OrgID", v),
             Err(_) => {
                 return Outcome::Rejected {
@@ -775,7 +780,7 @@ async fn body_start(mut response: reqwest::Response) -> String {
 }
 
 /// A URL without its user name and password, for logs.
-fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     match reqwest::Url::parse(url) {
         Ok(mut u) => {
             let _ = u.set_username("");

@@ -53,6 +53,9 @@ pub struct Checkpoint {
     pub carry: Vec<(SeriesKey, i64)>,
     /// The rules these counters were started for (a rule not among them is new: backfilled).
     pub rules: Vec<String>,
+    /// In a cluster: the interval from which each rule counts its level-0 sums; what came
+    /// before is its backfill's (ADR 0021).
+    pub activations: Vec<(String, i64)>,
 }
 
 /// One series' counter in a [`Checkpoint`].
@@ -157,6 +160,7 @@ impl TenantState {
                 .collect(),
             carry: self.carry.iter().map(|(k, v)| (k.clone(), *v)).collect(),
             rules: self.started.iter().cloned().collect(),
+            activations: Vec::new(),
         }
     }
 

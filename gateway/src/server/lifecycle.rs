@@ -117,8 +117,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Arc::clone(&app),
         Duration::from_secs(args.compaction.retention_interval_secs.max(1)),
     );
-    // Recording rules are evaluated where profiles are written.
-    if app.roles.ingest {
+    // Recording rules are evaluated where profiles are written; in a cluster, by the
+    // compactors, and sealed by one of them (ADR 0021).
+    if app.storage.metastore().shared() {
+        if app.roles.compact {
+            // Sums come when a level-0 job completes: sealing waits that long besides.
+            let first_level = args
+                .compaction
+                .levels()
+                .ok()
+                .and_then(|l| l.first().map(|p| p.age));
+            let lag = first_level.unwrap_or(Duration::from_secs(30))
+                + Duration::from_millis(args.compaction.upkeep_interval_ms)
+                + crate::recording::cluster::MERGE_ALLOWANCE;
+            crate::recording::cluster::spawn(&app, lag);
+        }
+    } else if app.roles.ingest {
         spawn_recording(Arc::clone(&app));
     }
     if app.roles.compact {

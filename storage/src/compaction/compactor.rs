@@ -37,7 +37,14 @@ impl Compactor {
             delete_delay,
             warm,
             owner: format!("compactor-{}", ulid::Ulid::generate()),
+            recorder: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Has `recorder` evaluate the recording rules on every level-0 job from now on (a
+    /// cluster's compactor; ADR 0021). Set once; a second call is ignored.
+    pub fn record_with(&self, recorder: Arc<dyn JobRecorder>) {
+        let _ = self.recorder.set(recorder);
     }
 
     /// This compactor's name in leases (one per process).
@@ -215,11 +222,15 @@ impl Compactor {
                     .map(|o| (o.meta.key(), o.meta.path()))
                     .collect();
                 let metas: Vec<BlockMeta> = outputs.into_iter().map(|o| o.meta).collect();
-                match self
-                    .metastore
-                    .complete_job(job, &self.owner, metas, now_ms(), delay)
-                    .await
-                {
+                let completed = match self.recorded_sums(job, metas).await {
+                    Ok((metas, sums)) => {
+                        self.metastore
+                            .complete_job_recorded(job, &self.owner, metas, &sums, now_ms(), delay)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match completed {
                     Ok(()) => {
                         outcome("ok");
                         // Their blocks are read from the outputs now.
@@ -294,6 +305,25 @@ impl Compactor {
                 Err(e)
             }
         }
+    }
+
+    /// The recording rules' sums of a level-0 job's outputs (ADR 0021), when a recorder is
+    /// set; the outputs are handed back for the metastore, not copied.
+    async fn recorded_sums(
+        &self,
+        job: &Job,
+        metas: Vec<BlockMeta>,
+    ) -> Result<(Vec<BlockMeta>, Vec<crate::metastore::RecordedSum>)> {
+        let Some(recorder) = self.recorder.get().filter(|_| job.level == 0) else {
+            return Ok((metas, Vec::new()));
+        };
+        let shared: Vec<Arc<BlockMeta>> = metas.into_iter().map(Arc::new).collect();
+        let sums = recorder.sums(&job.tenant, &shared).await?;
+        let metas = shared
+            .into_iter()
+            .map(|m| Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone()))
+            .collect();
+        Ok((metas, sums))
     }
 
     /// Keeps a small output's object in the query engine's memory, as the writer does with

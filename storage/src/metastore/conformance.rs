@@ -242,7 +242,8 @@ fn queued(m: &[QueuedBlock], tenant: &str) -> Vec<QueuedBlock> {
     m.iter().filter(|b| b.tenant == tenant).cloned().collect()
 }
 
-fn job(tenant: &str, sources: Vec<QueuedBlock>) -> Job {
+/// A job of `sources`, as a planner makes it.
+pub fn job(tenant: &str, sources: Vec<QueuedBlock>) -> Job {
     Job {
         id: 0,
         tenant: tenant.into(),

@@ -33,6 +33,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("postgres/0005_sessions.sql")),
     (6, include_str!("postgres/0006_compaction_leases.sql")),
     (7, include_str!("postgres/0007_usage.sql")),
+    (8, include_str!("postgres/0008_recording.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.

@@ -41,6 +41,15 @@ pub struct QueryAnalysis {
 }
 
 impl QueryEngine {
+    /// The blocks a query reaches: from the metastore, or among the engine's own blocks
+    /// ([`QueryEngine::over_blocks`]).
+    async fn blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
+        match &self.only {
+            None => self.caches.query_blocks(query).await,
+            Some(only) => Ok(only.iter().filter(|b| query.matches(b)).cloned().collect()),
+        }
+    }
+
     /// The tenant's blocks in `[start, end)`, each with the series (by index) in range that
     /// match any of `selectors` (all in range when there is none), from each block's series
     /// index; blocks without one left out.
@@ -51,10 +60,7 @@ impl QueryEngine {
         start: i64,
         end: i64,
     ) -> Result<Vec<(Arc<BlockMeta>, FixedBitSet)>> {
-        let blocks = self
-            .caches
-            .query_blocks(BlockQuery::new(tenant, start, end))
-            .await?;
+        let blocks = self.blocks(BlockQuery::new(tenant, start, end)).await?;
         Ok(blocks
             .into_iter()
             .filter_map(|b| {
@@ -200,7 +206,7 @@ impl QueryEngine {
         &self,
         filter: &SampleFilter,
     ) -> Result<Vec<(Arc<BlockMeta>, Vec<u32>)>> {
-        let blocks = self.caches.query_blocks(filter.block_query()).await?;
+        let blocks = self.blocks(filter.block_query()).await?;
         Ok(blocks
             .into_iter()
             .filter_map(|b| {

@@ -2,8 +2,8 @@
 //! statement), retried on conflicts.
 
 use crate::metastore::{
-    BlockMeta, BlockQuery, Job, LogCheckpoint, Member, Metastore, PartitionStats, Quarantined,
-    QueuedBlock, Removed, Tombstone, UsageCount,
+    BlockMeta, BlockQuery, Job, LeaseFence, LogCheckpoint, Member, Metastore, OutboxPoint,
+    PartitionStats, Quarantined, QueuedBlock, RecordedSum, Removed, Tombstone, UsageCount,
 };
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -295,6 +295,19 @@ impl Metastore for Postgres {
         now_ms: u64,
         delete_after_ms: u64,
     ) -> Result<()> {
+        self.complete_job_recorded(job, owner, outputs, &[], now_ms, delete_after_ms)
+            .await
+    }
+
+    async fn complete_job_recorded(
+        &self,
+        job: &Job,
+        owner: &str,
+        outputs: Vec<BlockMeta>,
+        sums: &[RecordedSum],
+        now_ms: u64,
+        delete_after_ms: u64,
+    ) -> Result<()> {
         let job_id = big(job.id);
         let written = &outputs;
         transaction!(self, true, |tx| {
@@ -330,6 +343,7 @@ impl Metastore for Postgres {
                 }
                 Self::insert_entry(&tx, b).await?;
             }
+            Self::add_recording_sums(&tx, &current.tenant, sums).await?;
             Ok(())
         })?;
         crate::metastore::cache_written(&self.cache, self.keeps_written(), outputs);
@@ -394,8 +408,15 @@ impl Metastore for Postgres {
         let due = now_ms.saturating_add(delete_after_ms);
         transaction!(self, true, |tx| {
             let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
-            // Its series counts, sessions and usage go with it.
-            for table in ["kiln_active_series", "kiln_sessions", "kiln_usage"] {
+            // Its series counts, sessions, usage and recording rules' sums and counters go with it.
+            for table in [
+                "kiln_active_series",
+                "kiln_sessions",
+                "kiln_usage",
+                "kiln_recording_sums",
+                "kiln_recording_state",
+                "kiln_recording_outbox",
+            ] {
                 tx.execute(
                     &format!("DELETE FROM {table} WHERE tenant = $1"),
                     &[&tenant],
@@ -590,6 +611,160 @@ impl Metastore for Postgres {
             .await
             .map_err(pg_err)?;
         Ok(row.map(|r| unbig(r.get(0))))
+    }
+
+    async fn recording_tenants(&self) -> Result<Vec<String>> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT DISTINCT tenant FROM kiln_recording_sums
+                 UNION SELECT tenant FROM kiln_recording_state ORDER BY 1",
+                &[],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn recording_sums(&self, tenant: &str, before_ms: i64) -> Result<Vec<RecordedSum>> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT rule, series, interval_ms, value FROM kiln_recording_sums
+                 WHERE tenant = $1 AND interval_ms < $2",
+                &[&tenant, &before_ms],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| RecordedSum {
+                rule: r.get(0),
+                series: r.get(1),
+                interval_ms: r.get(2),
+                value: r.get(3),
+            })
+            .collect())
+    }
+
+    async fn recording_state(&self, tenant: &str) -> Result<Option<Vec<u8>>> {
+        let row = self
+            .client()
+            .await?
+            .query_opt(
+                "SELECT state FROM kiln_recording_state WHERE tenant = $1",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn commit_recording_seal(
+        &self,
+        fence: &LeaseFence,
+        tenant: &str,
+        state: &[u8],
+        consumed: &[RecordedSum],
+        points: &[OutboxPoint],
+    ) -> Result<bool> {
+        transaction!(self, true, |tx| {
+            // The lease row is locked for the transaction: it cannot change hands before the
+            // commit, and a holder whose lease moved on commits nothing.
+            let held = tx
+                .query_opt(
+                    "SELECT 1 FROM kiln_leases
+                     WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires > now()
+                     FOR UPDATE",
+                    &[&fence.name, &fence.holder, &big(fence.epoch)],
+                )
+                .await
+                .map_err(pg_err)?;
+            if held.is_none() {
+                return Ok(false);
+            }
+            tx.execute(
+                "INSERT INTO kiln_recording_state (tenant, state) VALUES ($1, $2)
+                 ON CONFLICT (tenant) DO UPDATE SET state = EXCLUDED.state",
+                &[&tenant, &state],
+            )
+            .await
+            .map_err(pg_err)?;
+            // Taken off, not deleted: sums a job added since they were read stay.
+            let negated: Vec<RecordedSum> = consumed
+                .iter()
+                .map(|c| RecordedSum {
+                    value: c.value.saturating_neg(),
+                    ..c.clone()
+                })
+                .collect();
+            Self::add_recording_sums(&tx, tenant, &negated).await?;
+            tx.execute(
+                "DELETE FROM kiln_recording_sums WHERE tenant = $1 AND value = 0",
+                &[&tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+            if !points.is_empty() {
+                let destinations: Vec<&str> =
+                    points.iter().map(|p| p.destination.as_str()).collect();
+                let labels: Vec<&str> = points.iter().map(|p| p.labels.as_str()).collect();
+                let times: Vec<i64> = points.iter().map(|p| p.time_ms).collect();
+                let values: Vec<i64> = points.iter().map(|p| p.value).collect();
+                tx.execute(
+                    "INSERT INTO kiln_recording_outbox (tenant, destination, labels, time_ms, value)
+                     SELECT $1, d, l, t, v
+                     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])
+                         WITH ORDINALITY AS p(d, l, t, v, n)
+                     ORDER BY n",
+                    &[&tenant, &destinations, &labels, &times, &values],
+                )
+                .await
+                .map_err(pg_err)?;
+            }
+            Ok(true)
+        })
+    }
+
+    async fn recording_outbox(&self, limit: usize) -> Result<Vec<OutboxPoint>> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT seq, tenant, destination, labels, time_ms, value
+                 FROM kiln_recording_outbox ORDER BY seq LIMIT $1",
+                &[&(limit as i64)],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| OutboxPoint {
+                seq: r.get(0),
+                tenant: r.get(1),
+                destination: r.get(2),
+                labels: r.get(3),
+                time_ms: r.get(4),
+                value: r.get(5),
+            })
+            .collect())
+    }
+
+    async fn remove_recording_outbox(&self, seqs: &[i64]) -> Result<()> {
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        self.client()
+            .await?
+            .execute(
+                "DELETE FROM kiln_recording_outbox WHERE seq = ANY($1)",
+                &[&seqs],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
     }
 
     async fn add_usage(&self, counts: &[UsageCount]) -> Result<()> {

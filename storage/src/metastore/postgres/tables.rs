@@ -1,7 +1,7 @@
 //! The schema and the statements over it: connecting and migrating, entries, objects, jobs and
 //! tenants' rows, each change in one transaction.
 
-use crate::metastore::{BlockMeta, LogCheckpoint, Removed};
+use crate::metastore::{BlockMeta, LogCheckpoint, RecordedSum, Removed};
 use crate::{Error, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::collections::HashSet;
@@ -114,6 +114,44 @@ impl Postgres {
         data: &[u8],
     ) -> Result<Arc<BlockMeta>> {
         crate::metastore::decode_cached(&self.cache, tenant, id, partition, data)
+    }
+
+    /// Adds recording sums to a tenant's (one statement; rows in key order, so two
+    /// transactions adding at once lock them in one order).
+    pub(super) async fn add_recording_sums(
+        tx: &Tx<'_>,
+        tenant: &str,
+        sums: &[RecordedSum],
+    ) -> Result<()> {
+        if sums.is_empty() {
+            return Ok(());
+        }
+        let mut sums = sums.to_vec();
+        sums.sort_by(|a, b| {
+            (&a.rule, &a.series, a.interval_ms).cmp(&(&b.rule, &b.series, b.interval_ms))
+        });
+        // One row per key: an upsert may not touch a row twice.
+        sums.dedup_by(|b, a| {
+            let same = (&a.rule, &a.series, a.interval_ms) == (&b.rule, &b.series, b.interval_ms);
+            if same {
+                a.value = a.value.saturating_add(b.value);
+            }
+            same
+        });
+        let rules: Vec<&str> = sums.iter().map(|s| s.rule.as_str()).collect();
+        let series: Vec<&str> = sums.iter().map(|s| s.series.as_str()).collect();
+        let intervals: Vec<i64> = sums.iter().map(|s| s.interval_ms).collect();
+        let values: Vec<i64> = sums.iter().map(|s| s.value).collect();
+        tx.execute(
+            "INSERT INTO kiln_recording_sums (tenant, rule, series, interval_ms, value)
+             SELECT $1, * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[])
+             ON CONFLICT (tenant, rule, series, interval_ms) DO UPDATE
+                 SET value = kiln_recording_sums.value + EXCLUDED.value",
+            &[&tenant, &rules, &series, &intervals, &values],
+        )
+        .await
+        .map_err(pg_err)?;
+        Ok(())
     }
 
     /// Adds one entry; refuses a duplicate or a compacted one.

@@ -3,7 +3,7 @@ use crate::metastore::{BlockMeta, BlockQuery, Job, Metastore};
 
 use super::*;
 
-use crate::metastore::conformance::{block_id, entry};
+use crate::metastore::conformance::{block_id, entry, job};
 use crate::testing::postgres_database;
 
 crate::metastore_conformance_suite!({
@@ -479,4 +479,141 @@ async fn tls_follows_libpq_sslmode() {
     .await
     .unwrap();
     assert_eq!(session(with_cert).await, (true, "/CN=kiln-client".into()));
+}
+
+/// Recording sums are committed with the level-0 job that counted them, and only then; a seal
+/// takes off what it read (sums added since stay), queues its points in order, and commits
+/// nothing once its lease has changed hands; an erased tenant's rows go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recording_sums_commit_with_their_job_and_seals_are_fenced() {
+    use crate::metastore::{LeaseFence, OutboxPoint, RecordedSum};
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let sum = |interval_ms, value| RecordedSum {
+        rule: "r".into(),
+        series: "[[\"pod\",\"a\"]]".into(),
+        interval_ms,
+        value,
+    };
+    let src = block_id(1, 1);
+    a.add_blocks(vec![entry("t", &src, 0, 1, 5, 9, &[("s", CPU)])])
+        .await
+        .unwrap();
+    a.add_jobs(vec![job("t", a.queued_blocks().await.unwrap())])
+        .await
+        .unwrap();
+    let first = a.lease_job("w1", 1000, 10, 0..1).await.unwrap().unwrap();
+    let second = b
+        .lease_job("w2", 2000, 10_000, 0..1)
+        .await
+        .unwrap()
+        .unwrap();
+    let output = |n| entry("t", &block_id(2, n), 1, 1, 5, 9, &[("s", CPU)]);
+    // The first holder's lease expired: its sums are not committed.
+    let err = a
+        .complete_job_recorded(&first, "w1", vec![output(1)], &[sum(0, 5)], 2001, 1000)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    assert!(a.recording_sums("t", i64::MAX).await.unwrap().is_empty());
+    b.complete_job_recorded(
+        &second,
+        "w2",
+        vec![output(2)],
+        &[sum(0, 5), sum(0, 2), sum(1000, 7)],
+        2002,
+        1000,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        a.recording_sums("t", 1000).await.unwrap(),
+        vec![sum(0, 7)],
+        "one row per key, before 1000 only"
+    );
+    assert_eq!(a.recording_tenants().await.unwrap(), vec!["t".to_owned()]);
+
+    let ttl = std::time::Duration::from_secs(30);
+    let epoch = a.hold_lease("recording", "a", ttl).await.unwrap().unwrap();
+    let fence = |holder: &str, epoch| LeaseFence {
+        name: "recording".into(),
+        holder: holder.into(),
+        epoch,
+    };
+    let point = |time_ms, value| OutboxPoint {
+        seq: 0,
+        tenant: "t".into(),
+        destination: "http://127.0.0.1:1/api/v1/write".into(),
+        labels: "[]".into(),
+        time_ms,
+        value,
+    };
+    let read = a.recording_sums("t", 1000).await.unwrap();
+    // A sum another job adds between the seal's read and its commit stays.
+    let extra = output(3);
+    a.add_blocks(vec![entry("t", &block_id(3, 1), 0, 1, 5, 9, &[("s", CPU)])])
+        .await
+        .unwrap();
+    a.add_jobs(vec![job("t", a.queued_blocks().await.unwrap())])
+        .await
+        .unwrap();
+    let late = a
+        .lease_job("w1", 3000, 10_000, 0..1)
+        .await
+        .unwrap()
+        .unwrap();
+    a.complete_job_recorded(&late, "w1", vec![extra], &[sum(0, 1)], 3001, 1000)
+        .await
+        .unwrap();
+    assert!(
+        !b.commit_recording_seal(&fence("b", epoch), "t", b"{}", &read, &[point(0, 1)])
+            .await
+            .unwrap(),
+        "b does not hold the lease"
+    );
+    assert!(
+        !a.commit_recording_seal(&fence("a", epoch + 1), "t", b"{}", &read, &[point(0, 1)])
+            .await
+            .unwrap(),
+        "a stale or future epoch commits nothing"
+    );
+    assert_eq!(a.recording_state("t").await.unwrap(), None);
+    assert!(
+        a.commit_recording_seal(
+            &fence("a", epoch),
+            "t",
+            b"{\"sealed\":1}",
+            &read,
+            &[point(0, 0), point(1000, 7)],
+        )
+        .await
+        .unwrap()
+    );
+    assert_eq!(
+        a.recording_sums("t", i64::MAX).await.unwrap(),
+        vec![sum(0, 1), sum(1000, 7)],
+        "the seal took off 7, the later job's 1 stays"
+    );
+    assert_eq!(
+        b.recording_state("t").await.unwrap().as_deref(),
+        Some(&b"{\"sealed\":1}"[..])
+    );
+    let outbox = b.recording_outbox(10).await.unwrap();
+    assert_eq!(
+        outbox
+            .iter()
+            .map(|p| (p.time_ms, p.value))
+            .collect::<Vec<_>>(),
+        vec![(0, 0), (1000, 7)],
+        "in the order sealed"
+    );
+    b.remove_recording_outbox(&[outbox[0].seq]).await.unwrap();
+    assert_eq!(b.recording_outbox(10).await.unwrap().len(), 1);
+    a.delete_tenant("t", 4000, 0).await.unwrap();
+    assert!(a.recording_tenants().await.unwrap().is_empty());
+    assert!(a.recording_outbox(10).await.unwrap().is_empty());
 }
