@@ -134,12 +134,16 @@ pub struct BenchArgs {
     /// ids make them), and the time of label names and values, series and per-minute series.
     #[arg(long)]
     pub series: Option<usize>,
-    /// After the single embedded process, the same workload again on three processes, one
-    /// per role, sharing the metastore at `--metastore` and the object store at
+    /// After the single embedded process, the same workload again on a process per role
+    /// (`--ingest-processes` of the ingest role), sharing the metastore at `--metastore` and the object store at
     /// `--object-store` (endpoint and credentials from the environment, as `kiln serve` reads
     /// them), and the two side by side.
     #[arg(long, requires_all = ["metastore", "object_store"])]
     pub scaled_out: bool,
+    /// With `--scaled-out`: how many ingest processes take the workload, each request sent to
+    /// the next in turn.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub ingest_processes: u64,
     /// After the main run, this many seconds more of the workload at 80 % of the rate it
     /// reached, while the flame graph of the last 5 minutes is asked for over and over.
     #[arg(long, default_value_t = 0)]
@@ -408,10 +412,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let scaled_out = match (&args.metastore, &args.object_store) {
         (Some(metastore), Some(object_store)) if args.scaled_out => {
             eprintln!(
-                "kiln bench: the same workload on three processes ({metastore}, {object_store})"
+                "kiln bench: the same workload on {} processes ({metastore}, {object_store})",
+                args.ingest_processes + 2
             );
-            let split =
-                Deployment::scaled_out(&dir.join("scaled-out"), metastore, object_store, &extra)?;
+            let split = Deployment::scaled_out(
+                &dir.join("scaled-out"),
+                metastore,
+                object_store,
+                args.ingest_processes as usize,
+                &extra,
+            )?;
             let mut again = Workload::new(shape, workload.from_corpus.then_some(corpus.as_path()));
             let results = bench_kiln(&args, &split, &mut again, None).await?;
             // The dashboard on the query process while the ingest process takes the load: the
@@ -419,7 +429,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let load = if args.load_seconds > 0 {
                 let rate = args.load_rate.unwrap_or(0.8 * results.profiles_per_s);
                 eprintln!(
-                    "kiln bench: {} s more at {rate:.0} profiles/s on the three processes, \
+                    "kiln bench: {} s more at {rate:.0} profiles/s on the scaled-out processes, \
                      querying the last 5 minutes on the query process",
                     args.load_seconds
                 );
@@ -686,7 +696,11 @@ async fn bench_kiln(
             let body = workload.pprof(p);
             bytes += body.len() as u64;
             batch.push((
-                format!("{}/ingest?{}", server.ingest, workload.ingest_query(p)),
+                format!(
+                    "{}/ingest?{}",
+                    server.next_ingest(),
+                    workload.ingest_query(p)
+                ),
                 body,
             ));
         }
@@ -1026,10 +1040,10 @@ fn fmt_ms(t: Timing) -> String {
     format!("{:.1} / {:.1} ms", t.p50_ms, t.p99_ms)
 }
 
-/// The embedded single process and the three scaled-out processes side by side.
+/// The embedded single process and the scaled-out processes side by side.
 fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
     println!(
-        "\n| measure | one process, embedded | three processes (ingest, query, compact), shared metastore and object store | ratio |"
+        "\n| measure | one process, embedded | a process per role (ingest, query, compact), shared metastore and object store | ratio |"
     );
     println!("|---|---|---|---|");
     let row = |name: &str, a: String, b: String, ratio: f64| {

@@ -1,8 +1,10 @@
 //! Where `kiln bench` sends its workload: one `kiln serve` with every role on its embedded
-//! defaults, or (`--scaled-out`) three processes, one per role (`--roles ingest`, `query`,
-//! `compact`), sharing a PostgreSQL metastore and an S3 object store as a scaled-out Kiln does.
+//! defaults, or (`--scaled-out`) a process per role (`--roles ingest`, `query`, `compact`; one
+//! or more ingest processes, written to in turn), sharing a PostgreSQL metastore and an S3
+//! object store as a scaled-out Kiln does.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 
@@ -17,8 +19,11 @@ enum Objects {
 /// The processes of one deployment and where to reach each role.
 pub struct Deployment {
     servers: Vec<Server>,
-    /// The process that accepts profiles.
+    /// The (first) process that accepts profiles.
     pub ingest: String,
+    /// Every process that accepts profiles, and the next to write to.
+    ingests: Vec<String>,
+    next: AtomicUsize,
     /// The process that answers queries.
     pub query: String,
     /// The process that compacts (its admin API states the compaction jobs it runs).
@@ -33,6 +38,8 @@ impl Deployment {
         let url = server.url.clone();
         Ok(Self {
             ingest: url.clone(),
+            ingests: vec![url.clone()],
+            next: AtomicUsize::new(0),
             query: url.clone(),
             compact: url,
             objects: Objects::Dir(data.join("objects")),
@@ -40,18 +47,20 @@ impl Deployment {
         })
     }
 
-    /// Three processes, one role each, sharing the metastore and object store at these URLs
-    /// (the object store's endpoint and credentials from the environment, as `kiln serve`
-    /// reads them); each has a data directory of its own under `dir` (spool, compaction
-    /// scratch).
+    /// A process per role, `ingest_processes` of the ingest role, sharing the metastore and
+    /// object store at these URLs (the object store's endpoint and credentials from the
+    /// environment, as `kiln serve` reads them); each has a data directory of its own under
+    /// `dir` (spool, log, compaction scratch).
     pub fn scaled_out(
         dir: &Path,
         metastore: &str,
         object_store: &str,
+        ingest_processes: usize,
         extra: &[String],
     ) -> anyhow::Result<Self> {
         let mut servers = Vec::new();
-        for role in ["ingest", "query", "compact"] {
+        let ingest = (0..ingest_processes.max(1)).map(|n| ("ingest", n));
+        for (role, n) in ingest.chain([("query", 0), ("compact", 0)]) {
             let mut args: Vec<String> = vec![
                 "--roles".into(),
                 role.into(),
@@ -61,18 +70,34 @@ impl Deployment {
                 object_store.into(),
             ];
             args.extend_from_slice(extra);
+            let name = if n == 0 {
+                role.to_owned()
+            } else {
+                format!("{role}-{n}")
+            };
             servers.push(
-                Server::start(&dir.join(role), &args)
-                    .with_context(|| format!("starting the {role} process"))?,
+                Server::start(&dir.join(&name), &args)
+                    .with_context(|| format!("starting the {name} process"))?,
             );
         }
+        let n = servers.len();
+        let ingests: Vec<String> = servers[..n - 2].iter().map(|s| s.url.clone()).collect();
         Ok(Self {
-            ingest: servers[0].url.clone(),
-            query: servers[1].url.clone(),
-            compact: servers[2].url.clone(),
+            ingest: ingests[0].clone(),
+            ingests,
+            next: AtomicUsize::new(0),
+            query: servers[n - 2].url.clone(),
+            compact: servers[n - 1].url.clone(),
             objects: Objects::Store(object_store.into()),
             servers,
         })
+    }
+
+    /// The ingest process to send the next request to (each in turn, as a round-robin load
+    /// balancer does).
+    pub fn next_ingest(&self) -> &str {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.ingests[n % self.ingests.len()]
     }
 
     /// CPU seconds all processes have used.

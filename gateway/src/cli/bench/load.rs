@@ -104,7 +104,11 @@ pub async fn run(
         let step_end = profiles.first().map_or(0, |p| p.time_nanos) + shape.step_nanos;
         for p in &profiles {
             let permit = Arc::clone(&slots).acquire_owned().await?;
-            let url = format!("{}/ingest?{}", server.ingest, workload.ingest_query(p));
+            let url = format!(
+                "{}/ingest?{}",
+                server.next_ingest(),
+                workload.ingest_query(p)
+            );
             let (http, body, newest) = (http.clone(), workload.pprof(p), Arc::clone(&newest));
             sends.spawn(async move {
                 let t = Instant::now();
