@@ -44,10 +44,12 @@ impl QueryEngine {
     /// The blocks a query reaches: from the metastore, or among the engine's own blocks
     /// ([`QueryEngine::over_blocks`]).
     async fn blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
-        match &self.only {
-            None => self.caches.query_blocks(query).await,
-            Some(only) => Ok(only.iter().filter(|b| query.matches(b)).cloned().collect()),
-        }
+        let blocks = match &self.only {
+            None => self.caches.query_blocks(query).await?,
+            Some(only) => only.iter().filter(|b| query.matches(b)).cloned().collect(),
+        };
+        self.caches.read_fresh(&blocks).await;
+        Ok(blocks)
     }
 
     /// The tenant's blocks in `[start, end)`, each with the series (by index) in range that
