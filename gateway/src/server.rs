@@ -9,6 +9,7 @@ pub mod config;
 pub mod lifecycle;
 pub mod listener;
 pub mod memory;
+pub mod recording;
 pub mod self_profile;
 pub mod tls;
 pub mod traces;

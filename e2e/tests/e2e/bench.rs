@@ -115,7 +115,7 @@ fn bench_tiny_scaled_out_on_postgres_and_s3() -> Result<()> {
         &env,
     )?;
     ensure!(
-        stdout.contains("| three processes (ingest, query, compact)"),
+        stdout.contains("| a process per role (ingest, query, compact)"),
         "{stdout}"
     );
     let (single, split) = (&v["kiln"], &v["scaled_out"]);

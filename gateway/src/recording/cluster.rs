@@ -2,8 +2,8 @@
 //! never in a process:
 //!
 //! - **Sums**: a compactor evaluates the tenant's rules on each level-0 job's outputs
-//!   ([`Recorder`]); the metastore adds the sums in the transaction that registers the outputs
-//!   (`kiln_recording_sums`). Each L0 segment is compacted once, so each acknowledged profile is
+//!   (`crate::server::recording::Recorder`); the metastore adds the sums in the transaction
+//!   that registers the outputs (`kiln_recording_sums`). Each L0 segment is compacted once, so each acknowledged profile is
 //!   counted once, whichever ingest process took it and whatever crashed.
 //! - **Counters**: the holder of the [`RECORDING_LEASE`] seals due intervals into each tenant's
 //!   counters ([`TenantState`], kept as `kiln_recording_state`), queues the points in
@@ -15,13 +15,12 @@
 //! - **Pull**: any process answers the counters from `kiln_recording_state`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kiln_storage::Storage;
-use kiln_storage::compaction::JobRecorder;
 use kiln_storage::format::meta::BlockMeta;
 use kiln_storage::metastore::{LeaseFence, OutboxPoint, RecordedSum};
 use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
@@ -30,7 +29,6 @@ use super::remote_write::{self, Destination, Outcome, Sample};
 use super::rules::CompiledRule;
 use super::state::{Checkpoint, Contribution, Point, SeriesKey, TenantState};
 use super::{MAX_SEAL_INTERVALS, Recording, TENANT_LABEL, internal, now_ms};
-use crate::app::App;
 use crate::error::ApiError;
 use crate::tenants::Tenants;
 
@@ -53,44 +51,6 @@ const OUTBOX_BATCH: usize = 2_000;
 
 /// A tenant's compiled rules, with when they were read.
 pub(super) type CachedRules = HashMap<String, (Instant, Arc<Vec<Arc<CompiledRule>>>)>;
-
-/// Evaluates the recording rules on a level-0 job's outputs, for a cluster's compactor. Holds
-/// the process weakly: the compactor belongs to the process's storage.
-#[derive(Debug)]
-pub struct Recorder {
-    pub app: Weak<App>,
-}
-
-#[async_trait::async_trait]
-impl JobRecorder for Recorder {
-    async fn sums(
-        &self,
-        tenant: &str,
-        outputs: &[Arc<BlockMeta>],
-    ) -> kiln_storage::Result<Vec<RecordedSum>> {
-        let unavailable = |e: &dyn std::fmt::Display| {
-            kiln_storage::Error::MetastoreUnavailable(format!("recording rules: {e}"))
-        };
-        // Shutting down: the job fails and is run again, never completed without its sums.
-        let app = self
-            .app
-            .upgrade()
-            .ok_or_else(|| unavailable(&"the process is stopping"))?;
-        let rules = app
-            .recording
-            .cluster_rules(&app.storage, &app.tenants, tenant)
-            .await
-            .map_err(|e| unavailable(&e))?;
-        job_sums(
-            &app.storage,
-            tenant,
-            &rules,
-            outputs,
-            app.recording.interval_ms(),
-        )
-        .await
-    }
-}
 
 /// The sums of `rules` over `outputs`, per rule, series and interval on the epoch's grid.
 async fn job_sums(
@@ -159,6 +119,24 @@ fn decode_group(series: &str) -> Option<Vec<(String, String)>> {
 }
 
 impl Recording {
+    /// The sums of a tenant's rules over a level-0 job's `outputs` (a cluster compactor's
+    /// [`kiln_storage::compaction::JobRecorder`]).
+    pub async fn job_sums(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+        outputs: &[Arc<BlockMeta>],
+    ) -> kiln_storage::Result<Vec<RecordedSum>> {
+        let rules = self
+            .cluster_rules(storage, tenants, tenant)
+            .await
+            .map_err(|e| {
+                kiln_storage::Error::MetastoreUnavailable(format!("recording rules: {e}"))
+            })?;
+        job_sums(storage, tenant, &rules, outputs, self.interval_ms()).await
+    }
+
     /// A tenant's compiled rules, read again after [`RULES_TTL`].
     pub(super) async fn cluster_rules(
         &self,
@@ -487,34 +465,4 @@ impl Recording {
             .collect();
         Ok(super::exposition_text(&super::samples_of(&rules, &points)))
     }
-}
-
-/// Runs the cluster's recording rules in a process with the compact role: its compactor
-/// evaluates level-0 jobs, and it seals and sends while it holds the lease.
-/// `lag`: see [`Recording::cluster_round`].
-pub fn spawn(app: &Arc<App>, lag: Duration) {
-    app.storage.compactor().record_with(Arc::new(Recorder {
-        app: Arc::downgrade(app),
-    }));
-    let app = Arc::clone(app);
-    tokio::spawn(async move {
-        let client = match reqwest::Client::builder()
-            .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
-            .build()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "recording rules: no HTTP client; nothing is sent");
-                return;
-            }
-        };
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            app.recording
-                .cluster_round(&app.storage, &app.tenants, &client, lag)
-                .await;
-        }
-    });
 }

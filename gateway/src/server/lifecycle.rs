@@ -130,7 +130,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let lag = first_level.unwrap_or(Duration::from_secs(30))
                 + Duration::from_millis(args.compaction.upkeep_interval_ms)
                 + crate::recording::cluster::MERGE_ALLOWANCE;
-            crate::recording::cluster::spawn(&app, lag);
+            super::recording::spawn(&app, lag);
         }
     } else if app.roles.ingest {
         spawn_recording(Arc::clone(&app));
