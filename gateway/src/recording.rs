@@ -204,6 +204,27 @@ impl Recording {
         Ok(all)
     }
 
+    /// [`Self::rules`], compiled; a rule that does not compile is skipped (and logged).
+    async fn compiled_rules(
+        &self,
+        storage: &Storage,
+        tenants: &Tenants,
+        tenant: &str,
+    ) -> Result<Vec<Arc<CompiledRule>>, ApiError> {
+        Ok(self
+            .rules(storage, tenants, tenant)
+            .await?
+            .into_iter()
+            .filter_map(|r| match r.compile() {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    tracing::warn!(%tenant, rule = %r.id, error = %e, "recording rule skipped");
+                    None
+                }
+            })
+            .collect())
+    }
+
     /// Starts a write's evaluation: the tenant's rules loaded (their open sums read back from
     /// storage the first time), and held until [`Evaluation::commit`].
     pub async fn begin(
@@ -266,18 +287,7 @@ impl Recording {
         tenant: &str,
     ) -> Result<(), ApiError> {
         let t = self.tenant(tenant);
-        let rules: Vec<Arc<CompiledRule>> = self
-            .rules(storage, tenants, tenant)
-            .await?
-            .into_iter()
-            .filter_map(|r| match r.compile() {
-                Ok(c) => Some(Arc::new(c)),
-                Err(e) => {
-                    tracing::warn!(%tenant, rule = %r.id, error = %e, "recording rule skipped");
-                    None
-                }
-            })
-            .collect();
+        let rules = self.compiled_rules(storage, tenants, tenant).await?;
         let same = |loaded: &[Arc<CompiledRule>]| {
             loaded.len() == rules.len() && loaded.iter().zip(&rules).all(|(a, b)| a.rule == b.rule)
         };

@@ -149,18 +149,7 @@ impl Recording {
         {
             return Ok(rules);
         }
-        let rules: Vec<Arc<CompiledRule>> = self
-            .rules(storage, tenants, tenant)
-            .await?
-            .into_iter()
-            .filter_map(|r| match r.compile() {
-                Ok(c) => Some(Arc::new(c)),
-                Err(e) => {
-                    tracing::warn!(%tenant, rule = %r.id, error = %e, "recording rule skipped");
-                    None
-                }
-            })
-            .collect();
+        let rules = self.compiled_rules(storage, tenants, tenant).await?;
         let rules = Arc::new(rules);
         self.cluster_rules
             .lock()
