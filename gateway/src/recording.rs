@@ -572,16 +572,7 @@ impl Recording {
         let Some(s) = state.as_ref() else {
             return Ok(String::new());
         };
-        let at = s.sealed_through();
-        let points: Vec<Point> = s
-            .counters()
-            .map(|(key, value)| Point {
-                key: key.clone(),
-                time_ms: at,
-                value,
-            })
-            .collect();
-        Ok(exposition_text(&samples_of(&rules, &points)))
+        Ok(counters_text(&rules, s))
     }
 
     /// Forgets a deleted tenant's series (its documents are deleted with its data).
@@ -782,6 +773,21 @@ async fn rule_sums(
                 .map(move |(t, v)| (key.clone(), t, v as i64))
         })
         .collect())
+}
+
+/// A state's counters through its sealed point, stamped with that time, in the Prometheus
+/// text format (the pull endpoint).
+fn counters_text(rules: &[Arc<CompiledRule>], s: &TenantState) -> String {
+    let at = s.sealed_through();
+    let points: Vec<Point> = s
+        .counters()
+        .map(|(key, value)| Point {
+            key: key.clone(),
+            time_ms: at,
+            value,
+        })
+        .collect();
+    exposition_text(&samples_of(rules, &points))
 }
 
 /// Points as samples: each series labelled by its rule (points of rules no longer there are

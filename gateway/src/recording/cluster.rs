@@ -443,15 +443,6 @@ impl Recording {
         let c: Checkpoint = serde_json::from_slice(&bytes).map_err(|e| internal("the state", e))?;
         let rules = self.cluster_rules(storage, tenants, tenant).await?;
         let s = TenantState::from_checkpoint(c, self.interval_ms());
-        let at = s.sealed_through();
-        let points: Vec<Point> = s
-            .counters()
-            .map(|(key, value)| Point {
-                key: key.clone(),
-                time_ms: at,
-                value,
-            })
-            .collect();
-        Ok(super::exposition_text(&super::samples_of(&rules, &points)))
+        Ok(super::counters_text(&rules, &s))
     }
 }
