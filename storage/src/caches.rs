@@ -1,14 +1,15 @@
 //! What the writer, the query engine and the compactor share in one process ([`Caches`]): the
 //! caches of symbols and Parquet metadata with the frame namer (`cache`), the byte sources that
 //! read sections through them (`source`), the segments built and not yet registered
-//! (`unregistered`), the write barrier a query waits on (`barrier`), and what a query read
-//! (`report`). The frame namer's trait is in `names`.
+//! (`unregistered`), the write barrier a query waits on (`barrier`), the tenants whose new blocks
+//! are read ahead (`follow`), and what a query read (`report`). The frame namer's trait is in `names`.
 //!
 //! State: one [`Caches`] per process, built by [`crate::Storage::open`], cloned into the query
 //! engine, the writer and the compactor. Nothing here is shared between processes.
 
 pub(crate) mod barrier;
 pub(crate) mod cache;
+pub(crate) mod follow;
 pub mod names;
 pub mod report;
 pub(crate) mod source;
@@ -51,6 +52,8 @@ pub struct Caches {
     /// The writer of this process, where it acknowledges writes from a log: a query first cuts
     /// what it buffers ([`WriteBarrier::wait`]).
     pub(crate) barrier: Arc<std::sync::OnceLock<WriteBarrier>>,
+    /// The tenants queried lately, whose new blocks [`Self::follow`] reads ahead.
+    pub(crate) followed: Arc<follow::Followed>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -111,6 +114,7 @@ impl Caches {
             fresh: cache::fresh_objects(fresh_bytes),
             counters: Arc::new(QueryCounters::default()),
             barrier: Arc::default(),
+            followed: Arc::default(),
         }
     }
 

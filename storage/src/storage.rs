@@ -606,6 +606,17 @@ impl Storage {
         })
     }
 
+    /// Reads ahead, until the process ends, the new blocks other processes write for the
+    /// tenants this one queried lately (ADR 0019). `None` where there is nothing to follow: on
+    /// the local file system, or with a metastore no other process writes to.
+    pub fn spawn_fresh_follower(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let caches = self.query.caches().clone();
+        if caches.pages.is_none() || !self.metastore.shared() {
+            return None;
+        }
+        Some(tokio::spawn(async move { caches.follow().await }))
+    }
+
     /// Bytes stored for `tenant` (its datasets), from the metastore's partition summaries.
     pub async fn stored_bytes(&self, tenant: &str) -> Result<u64> {
         self.writer.barrier().await;

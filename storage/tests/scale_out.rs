@@ -226,6 +226,85 @@ async fn pages_read_from_s3_are_read_once() {
     }
 }
 
+/// A query process reads ahead the blocks another process writes for a tenant it queried:
+/// new segments and compaction outputs are in its memory before the next query, which reads
+/// nothing from the store. A tenant it never queried is not followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_process_reads_ahead_what_other_processes_write() {
+    use kiln_storage::query::with_report;
+    use kiln_storage::testing::filter;
+
+    let (pg, s3) = (postgres_database().await, s3_location());
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let front = shared_storage(role(d1.path(), true), &pg, &s3).await;
+    let mut c = role(d2.path(), false);
+    c.results_cache_bytes = 0;
+    let reader = shared_storage(c, &pg, &s3).await;
+    let follower = reader
+        .spawn_fresh_follower()
+        .expect("PostgreSQL and S3: followed");
+    let f = filter("a", "{}", T0 - 60 * SEC, T0 + 600 * SEC);
+    let run = |f: kiln_storage::query::SampleFilter| {
+        let q = reader.query().clone();
+        async move {
+            let (tree, report) = with_report(q.merge_tree(&f)).await;
+            (tree.unwrap().stacks(), report.stats.bytes_read)
+        }
+    };
+    ingest(&front, 2).await;
+    let (first, cold) = run(f.clone()).await;
+    assert_eq!(first, expected_a(2));
+    assert!(cold > 0, "the first query reads the segments");
+    let held = reader.query().caches().fresh_blocks();
+    let ids = |blocks: &[std::sync::Arc<kiln_storage::format::meta::BlockMeta>]| {
+        blocks
+            .iter()
+            .map(|b| b.id.clone())
+            .collect::<std::collections::HashSet<_>>()
+    };
+    let before = ids(&reader
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap());
+
+    // Written and compacted elsewhere after that query: read ahead within a few intervals.
+    ingest(&front, 6).await;
+    front.compactor().compact_all(now_ms()).await.unwrap();
+    let blocks = reader
+        .metastore()
+        .query_blocks(BlockQuery::all("a"))
+        .await
+        .unwrap();
+    assert!(blocks.iter().any(|b| b.level > 0), "{blocks:?}");
+    let new = ids(&blocks).difference(&before).count() as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reader.query().caches().fresh_blocks() < held + new {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} blocks held, {held} before and {new} new",
+            reader.query().caches().fresh_blocks(),
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (next, read) = run(f.clone()).await;
+    let mut want = expected_a(6);
+    for (stack, v) in expected_a(2) {
+        *want.entry(stack).or_default() += v;
+    }
+    assert_eq!(next, want);
+    assert_eq!(read, 0, "every block was in memory before the query");
+
+    // Tenant b was never queried here: its blocks were not read ahead, and a's never show.
+    let (b, b_read) = run(filter("b", "{}", T0 - 60 * SEC, T0 + 600 * SEC)).await;
+    assert!(b_read > 0, "b's blocks are read by its own first query");
+    assert_eq!(b.values().sum::<i64>(), 2 * 8);
+    assert!(!b.contains_key(&frames("main;idle")));
+    follower.abort();
+    front.close().await;
+    reader.close().await;
+}
+
 /// Rows compaction wrote, over every level, as `s`'s metrics count them.
 fn rows_rewritten(s: &Storage) -> u64 {
     use kiln_storage::metrics::LevelLabels;

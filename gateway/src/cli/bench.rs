@@ -177,7 +177,7 @@ pub struct LevelWork {
 }
 
 /// p50 and p99 of repeated measurements, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct Timing {
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -214,6 +214,8 @@ pub struct KilnResults {
     /// merges after the last write included.
     pub server_cpu_to_catch_up_seconds: f64,
     pub ingest_mb_per_busy_core_s: f64,
+    /// `server_cpu_seconds` by process (one entry for the single process).
+    pub server_cpu_by_process: Vec<(String, f64)>,
     pub profiles_per_s: f64,
     pub samples_per_s: f64,
     pub ack: Timing,
@@ -493,13 +495,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(l) = &scaled_out_under_load {
         println!(
             "\nScaled out, under load ({:.0} s at {:.0} profiles/s, asked {:.0}): flame graph of \
-             the last 5 minutes on the query process {} ({} queries), acks {}, peak RSS summed \
-             {:.0} MiB.",
+             the last 5 minutes on the query process {} ({} queries, {:.2} object store reads \
+             each; {} without one: {}), acks {}, peak RSS summed {:.0} MiB.",
             l.seconds,
             l.profiles_per_s,
             l.target_profiles_per_s,
             fmt_ms(l.flame_5m),
             l.queries,
+            l.store_reads_per_query,
+            l.queries - l.queries_reading,
+            fmt_ms(l.flame_5m_unread),
             fmt_ms(l.ack),
             l.peak_rss_mib
         );
@@ -677,6 +682,7 @@ async fn bench_kiln(
     let (mut rows, mut bytes, mut latencies) = (0u64, 0u64, Vec::new());
     let mut peer_error = None;
     let cpu_before = server.cpu_seconds();
+    let cpu_by_process_before = server.cpu_by_process();
     let watch = fresh::Watch::start(http.clone(), &server.compact);
     let started = Instant::now();
     let bar = progress(shape.profiles(), "ingest");
@@ -739,6 +745,12 @@ async fn bench_kiln(
     bar.finish_and_clear();
     let ingest_seconds = started.elapsed().as_secs_f64();
     let server_cpu_seconds = (server.cpu_seconds() - cpu_before).max(1e-9);
+    let server_cpu_by_process = server
+        .cpu_by_process()
+        .into_iter()
+        .zip(cpu_by_process_before)
+        .map(|((name, after), (_, before))| (name, after - before))
+        .collect();
     let fresh = watch.stop().await;
 
     let started = Instant::now();
@@ -862,6 +874,7 @@ async fn bench_kiln(
         server_cpu_seconds,
         server_cpu_to_catch_up_seconds,
         ingest_mb_per_busy_core_s: mb / server_cpu_seconds,
+        server_cpu_by_process,
         profiles_per_s: shape.profiles() as f64 / ingest_seconds,
         samples_per_s: rows as f64 / ingest_seconds,
         ack: timing(latencies),
@@ -1100,6 +1113,17 @@ fn print_scaled_out(single: &KilnResults, split: &KilnResults) {
         let (a, b) = (get(single), get(split));
         row(name, show(a), show(b), b / a);
     }
+    let by_process: Vec<String> = split
+        .server_cpu_by_process
+        .iter()
+        .map(|(name, s)| format!("{name} {s:.1} s"))
+        .collect();
+    println!(
+        "\nServer CPU while ingesting: embedded {:.1} s; scaled out {:.1} s ({}).",
+        single.server_cpu_seconds,
+        split.server_cpu_seconds,
+        by_process.join(", ")
+    );
 }
 
 fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {

@@ -135,6 +135,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     } else if app.roles.ingest {
         spawn_recording(Arc::clone(&app));
     }
+    // A query process reads ahead the blocks ingest processes write for its dashboards.
+    if app.roles.query {
+        app.storage.spawn_fresh_follower();
+    }
     if app.roles.compact {
         app.storage.spawn_upkeep(
             Duration::from_millis(args.compaction.upkeep_interval_ms.max(10)),

@@ -248,13 +248,19 @@ impl Caches {
     /// are L0 segments' that [`Self::holds_fresh`] takes; only a remote store's (with a page
     /// cache) are read ahead. A failed read is left to the query.
     pub async fn read_fresh(&self, blocks: &[Arc<BlockMeta>]) {
+        self.read_whole(blocks, false).await;
+    }
+
+    /// Reads each of `blocks` (L0 only unless `any_level`) that is missing from memory and
+    /// small enough to hold whole, with one ranged GET each, 16 at once.
+    pub(crate) async fn read_whole(&self, blocks: &[Arc<BlockMeta>], any_level: bool) {
         use futures::StreamExt;
         if self.pages.is_none() {
             return;
         }
         let wanted: Vec<(&Arc<BlockMeta>, std::ops::Range<u64>)> = blocks
             .iter()
-            .filter(|b| b.level == 0)
+            .filter(|b| any_level || b.level == 0)
             .filter_map(|b| Some((b, block_region(b)?)))
             .filter(|(b, r)| self.holds_fresh(r.end - r.start) && self.fresh_object(b).is_none())
             .collect();

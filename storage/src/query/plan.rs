@@ -45,7 +45,10 @@ impl QueryEngine {
     /// ([`QueryEngine::over_blocks`]).
     async fn blocks(&self, query: BlockQuery<'_>) -> Result<Vec<Arc<BlockMeta>>> {
         let blocks = match &self.only {
-            None => self.caches.query_blocks(query).await?,
+            None => {
+                self.caches.followed.touch(query.tenant, query.end_nanos);
+                self.caches.query_blocks(query).await?
+            }
             Some(only) => only.iter().filter(|b| query.matches(b)).cloned().collect(),
         };
         self.caches.read_fresh(&blocks).await;

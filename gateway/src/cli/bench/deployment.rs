@@ -18,7 +18,9 @@ enum Objects {
 
 /// The processes of one deployment and where to reach each role.
 pub struct Deployment {
-    servers: Vec<Server>,
+    /// Each process, named by its role (`ingest`, `ingest-1`, ..., `query`, `compact`; `kiln`
+    /// for the single process).
+    servers: Vec<(String, Server)>,
     /// The (first) process that accepts profiles.
     pub ingest: String,
     /// Every process that accepts profiles, and the next to write to.
@@ -43,7 +45,7 @@ impl Deployment {
             query: url.clone(),
             compact: url,
             objects: Objects::Dir(data.join("objects")),
-            servers: vec![server],
+            servers: vec![("kiln".to_owned(), server)],
         })
     }
 
@@ -75,19 +77,21 @@ impl Deployment {
             } else {
                 format!("{role}-{n}")
             };
-            servers.push(
-                Server::start(&dir.join(&name), &args)
-                    .with_context(|| format!("starting the {name} process"))?,
-            );
+            let server = Server::start(&dir.join(&name), &args)
+                .with_context(|| format!("starting the {name} process"))?;
+            servers.push((name, server));
         }
         let n = servers.len();
-        let ingests: Vec<String> = servers[..n - 2].iter().map(|s| s.url.clone()).collect();
+        let ingests: Vec<String> = servers[..n - 2]
+            .iter()
+            .map(|(_, s)| s.url.clone())
+            .collect();
         Ok(Self {
             ingest: ingests[0].clone(),
             ingests,
             next: AtomicUsize::new(0),
-            query: servers[n - 2].url.clone(),
-            compact: servers[n - 1].url.clone(),
+            query: servers[n - 2].1.url.clone(),
+            compact: servers[n - 1].1.url.clone(),
             objects: Objects::Store(object_store.into()),
             servers,
         })
@@ -102,12 +106,20 @@ impl Deployment {
 
     /// CPU seconds all processes have used.
     pub fn cpu_seconds(&self) -> f64 {
-        self.servers.iter().map(Server::cpu_seconds).sum()
+        self.servers.iter().map(|(_, s)| s.cpu_seconds()).sum()
+    }
+
+    /// CPU seconds each process has used, by name.
+    pub fn cpu_by_process(&self) -> Vec<(String, f64)> {
+        self.servers
+            .iter()
+            .map(|(name, s)| (name.clone(), s.cpu_seconds()))
+            .collect()
     }
 
     /// The sum of the processes' peak resident memory, MiB.
     pub fn peak_rss_mib(&self) -> f64 {
-        self.servers.iter().map(Server::peak_rss_mib).sum()
+        self.servers.iter().map(|(_, s)| s.peak_rss_mib()).sum()
     }
 
     /// Bytes of every object the deployment stores.

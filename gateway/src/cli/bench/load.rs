@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use super::deployment::Deployment;
 use super::queries::fresh_flame;
 use super::workload::Workload;
-use super::{Timing, connect, timing};
+use super::{Timing, connect, metric_samples, metrics_text, timing};
 
 /// How far back the dashboard looks.
 const WINDOW_NANOS: i64 = 5 * 60 * 1_000_000_000;
@@ -34,6 +34,11 @@ pub struct LoadResults {
     /// The flame graph of the last 5 minutes of data, while ingesting.
     pub flame_5m: Timing,
     pub queries: usize,
+    /// The same, of the queries that read nothing from the object store, and how many did.
+    pub flame_5m_unread: Timing,
+    pub queries_reading: usize,
+    /// Object store reads (GETs, ranged or whole) the query process made a query.
+    pub store_reads_per_query: f64,
     /// The server's peak resident memory over the whole bench, MiB.
     pub peak_rss_mib: f64,
 }
@@ -55,6 +60,7 @@ pub async fn run(
     // The end of the newest data acknowledged (exclusive), Unix nanoseconds.
     let newest = Arc::new(AtomicI64::new(shape.end_nanos()));
     let stop = Arc::new(AtomicBool::new(false));
+    let reads_before = store_reads(&metrics_text(&http, &server.query).await?);
     // The dashboard is a client of its own (a browser elsewhere), not a task queued behind the
     // senders': it runs on a thread and runtime of its own.
     let querier = {
@@ -78,8 +84,14 @@ pub async fn run(
                     let t = Instant::now();
                     let resp = connect(&http, &url, body, false).send().await?;
                     let status = resp.status();
+                    let read = resp
+                        .headers()
+                        .get(crate::transport::http::STATS_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
+                        .map_or(0, |s| s.bytes_read);
                     let answer = resp.bytes().await?;
-                    ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    ms.push((t.elapsed().as_secs_f64() * 1000.0, read));
                     ensure!(status.is_success(), "fresh flame graph: {status}");
                     let total = q::SelectMergeStacktracesResponse::decode(answer)?
                         .flamegraph
@@ -132,13 +144,37 @@ pub async fn run(
         .join()
         .map_err(|_| anyhow::anyhow!("the querier thread panicked"))??;
     ensure!(!flame.is_empty(), "no query ran under load");
+    let reads = store_reads(&metrics_text(&http, &server.query).await?) - reads_before;
     Ok(LoadResults {
         seconds: elapsed,
         target_profiles_per_s: target,
         profiles_per_s: sent as f64 / elapsed,
         ack: timing(acks),
         queries: flame.len(),
-        flame_5m: timing(flame),
+        store_reads_per_query: reads / flame.len() as f64,
+        queries_reading: flame.iter().filter(|(_, read)| *read > 0).count(),
+        flame_5m_unread: {
+            let unread: Vec<f64> = flame
+                .iter()
+                .filter(|(_, read)| *read == 0)
+                .map(|(ms, _)| *ms)
+                .collect();
+            if unread.is_empty() {
+                Timing::default()
+            } else {
+                timing(unread)
+            }
+        },
+        flame_5m: timing(flame.iter().map(|(ms, _)| *ms).collect()),
         peak_rss_mib: server.peak_rss_mib(),
     })
+}
+
+/// The object store reads a process made (`kiln_object_store_requests_total`, `get` and
+/// `get_ranges`).
+fn store_reads(exposition: &str) -> f64 {
+    metric_samples(exposition, "kiln_object_store_requests_total")
+        .filter(|(labels, _)| labels.contains("op=\"get\"") || labels.contains("op=\"get_ranges\""))
+        .map(|(_, v)| v)
+        .sum()
 }
