@@ -103,6 +103,7 @@ impl App {
         let debuginfo_uploads = uploads::Uploads::new(
             uploads::DEFAULT_UPLOAD_CONCURRENCY,
             uploads::DEFAULT_UPLOAD_RATE_BYTES,
+            uploads::DEFAULT_SCRATCH_BYTES,
             storage.metastore(),
         );
         let upload_ids = UploadIds::new(storage.metastore());

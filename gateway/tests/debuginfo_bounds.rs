@@ -117,3 +117,56 @@ async fn a_tenant_runs_its_uploads_within_its_slots_and_others_go_on() {
     assert_eq!(listed(&router, "team-b").await, 1);
     assert_eq!(listed(&router, "team-c").await, 0);
 }
+
+/// Uploads under way share the process's scratch space (`--debuginfo-scratch-size`): one that
+/// would fill it is answered 503 naming the flag, and the space comes back when uploads end.
+#[tokio::test]
+async fn uploads_under_way_stay_within_the_scratch_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = testing::build(Program::C, dir.path()).unwrap();
+    let file = std::fs::read(&built.debug).unwrap();
+    let storage = Storage::open(StorageConfig::new(dir.path().join("data")))
+        .await
+        .unwrap();
+    let mut app = App::new(
+        storage,
+        Authenticator::trusted_header(),
+        Tenants::defaults(),
+    );
+    // Room for one file and a half.
+    let room = file.len() as u64 * 3 / 2;
+    app.debuginfo_uploads =
+        kiln_gateway::app::uploads::Uploads::new(4, 0, room, app.storage.metastore());
+    let app = Arc::new(app);
+    let router = router(Arc::clone(&app));
+    // team-a's upload sends most of its file and holds its body open.
+    let held = file.len() - 1024;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(4);
+    tx.send(Ok(bytes::Bytes::copy_from_slice(&file[..held])))
+        .await
+        .unwrap();
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let r = router.clone();
+    let running = tokio::spawn(async move { send(&r, upload("team-a", "slow", body)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(app.debuginfo_uploads.scratch.used(), held as u64);
+    let (status, body) = send(&router, upload("team-b", "b", Body::from(file.clone()))).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body.contains("--debuginfo-scratch-size"), "{body}");
+    assert_eq!(
+        app.debuginfo_uploads.scratch.used(),
+        held as u64,
+        "the refused upload gave its part back"
+    );
+    tx.send(Ok(bytes::Bytes::copy_from_slice(&file[held..])))
+        .await
+        .unwrap();
+    drop(tx);
+    let (status, body) = running.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(app.debuginfo_uploads.scratch.used(), 0);
+    let (status, body) = send(&router, upload("team-b", "b", Body::from(file))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(listed(&router, "team-a").await, 1);
+    assert_eq!(listed(&router, "team-b").await, 1);
+}

@@ -1,7 +1,7 @@
 //! A debuginfod client: the debug file of a GNU build id no upload covers, fetched from the
 //! servers of `--debuginfod-url` (`/buildid/<id>/debuginfo`, else `/buildid/<id>/executable`
 //! when that has symbols), and kept in the object store for every tenant (debuginfod's files are
-//! public) under `debuginfod/<id>`.
+//! public) under `debuginfod/<id>`, at most `max_stored_bytes` of them ([`evict`]).
 //!
 //! A fetch runs on a task of its own, at most `concurrency` at once and `tenant_concurrency` for
 //! the tenant whose query asked, with a timeout, retried with backoff on 429, 5xx and broken
@@ -57,6 +57,9 @@ pub struct DebuginfodConfig {
     pub retry_after: Duration,
     /// Largest file fetched.
     pub max_file_bytes: u64,
+    /// Bytes of fetched files the object store keeps, for the whole cluster ([`evict`]); 0:
+    /// no bound.
+    pub max_stored_bytes: u64,
     /// Attempts per server and file kind.
     pub attempts: u32,
     /// Where files are written while they arrive.
@@ -88,6 +91,8 @@ struct Inner {
     /// What checking a fetched file may inflate, and the budget it reserves from.
     open_limits: OpenLimits,
     budget: BudgetSlot,
+    /// Build ids this process marked as used within [`MARK_USE_EVERY`].
+    marked: moka::sync::Cache<String, ()>,
 }
 
 impl std::fmt::Debug for Debuginfod {
@@ -124,10 +129,14 @@ struct TenantKnown {
 }
 
 impl TenantKnown {
-    fn forget_oldest(&mut self) {
-        if let Some(id) = self.order.pop_front() {
-            self.outcomes.remove(&id);
+    /// Forgets the oldest outcome still held; whether there was one.
+    fn forget_oldest(&mut self) -> bool {
+        while let Some(id) = self.order.pop_front() {
+            if self.outcomes.remove(&id).is_some() {
+                return true;
+            }
         }
+        false
     }
 }
 
@@ -157,20 +166,30 @@ impl Known {
         }
         if self.total >= self.max_total {
             // The tenant holding the most gives one up.
-            if let Some(t) = self.tenants.values_mut().max_by_key(|t| t.outcomes.len()) {
-                t.forget_oldest();
+            if let Some(t) = self.tenants.values_mut().max_by_key(|t| t.outcomes.len())
+                && t.forget_oldest()
+            {
                 self.total -= 1;
             }
             self.tenants.retain(|_, t| !t.outcomes.is_empty());
         }
         let t = self.tenants.entry(tenant.to_owned()).or_default();
-        if t.outcomes.len() >= self.per_tenant {
-            t.forget_oldest();
+        if t.outcomes.len() >= self.per_tenant && t.forget_oldest() {
             self.total -= 1;
         }
         t.outcomes.insert(id.to_owned(), (outcome, until));
         t.order.push_back(id.to_owned());
         self.total += 1;
+    }
+
+    /// Forgets what every tenant remembers of `id` (its file left the store).
+    pub fn forget(&mut self, id: &str) {
+        for t in self.tenants.values_mut() {
+            if t.outcomes.remove(id).is_some() {
+                self.total -= 1;
+            }
+        }
+        self.tenants.retain(|_, t| !t.outcomes.is_empty());
     }
 
     /// Outcomes remembered in all.
@@ -186,6 +205,79 @@ impl Known {
 /// The object path of a fetched file.
 pub fn object_path(build_id: &str) -> String {
     format!("debuginfod/{build_id}/debuginfo")
+}
+
+/// The object whose time says when a fetched file was last opened ([`Debuginfod::note_use`]).
+fn used_path(build_id: &str) -> String {
+    format!("debuginfod/{build_id}/used")
+}
+
+/// How often one process marks a file it keeps opening as used.
+const MARK_USE_EVERY: Duration = Duration::from_secs(3600);
+
+/// What [`evict`] found and removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Fetched files and their bytes kept.
+    pub files: u64,
+    pub bytes: u64,
+    /// Files and bytes removed.
+    pub evicted_files: u64,
+    pub evicted_bytes: u64,
+}
+
+/// Removes fetched files from `store`, least recently used first, until they hold at most
+/// `budget` bytes. A file's use is the newer of its fetch and its last use mark. Run by one
+/// process of the cluster (the retention lease's holder); a file removed is fetched again when
+/// a query asks for it.
+pub async fn evict(store: &ObjectStorage, budget: u64) -> kiln_storage::Result<Evicted> {
+    // By build id: the file's size and time, and the use mark's time.
+    let mut files: HashMap<String, (Option<u64>, u64, u64)> = HashMap::new();
+    for meta in store.list("debuginfod").await? {
+        let path = meta.location.as_ref();
+        let Some((id, name)) = path
+            .strip_prefix("debuginfod/")
+            .and_then(|rest| rest.split_once('/'))
+        else {
+            continue;
+        };
+        let at = meta.last_modified.timestamp_millis().max(0) as u64;
+        let f = files.entry(id.to_owned()).or_default();
+        match name {
+            "debuginfo" => {
+                f.0 = Some(meta.size);
+                f.1 = f.1.max(at);
+            }
+            "used" => f.2 = f.2.max(at),
+            _ => {}
+        }
+    }
+    let mut kept: Vec<(u64, String, u64)> = Vec::with_capacity(files.len());
+    for (id, (size, fetched, used)) in files {
+        match size {
+            Some(size) => kept.push((fetched.max(used), id, size)),
+            // A mark whose file is gone.
+            None => store.delete(&used_path(&id)).await?,
+        }
+    }
+    kept.sort();
+    let mut out = Evicted {
+        files: kept.len() as u64,
+        bytes: kept.iter().map(|(_, _, size)| size).sum(),
+        ..Evicted::default()
+    };
+    for (_, id, size) in kept {
+        if out.bytes <= budget {
+            break;
+        }
+        store.delete(&object_path(&id)).await?;
+        store.delete(&used_path(&id)).await?;
+        out.files -= 1;
+        out.bytes -= size;
+        out.evicted_files += 1;
+        out.evicted_bytes += size;
+    }
+    Ok(out)
 }
 
 impl Debuginfod {
@@ -215,8 +307,66 @@ impl Debuginfod {
                 metrics,
                 open_limits,
                 budget,
+                marked: moka::sync::Cache::builder()
+                    .max_capacity(MAX_KNOWN as u64)
+                    .time_to_live(MARK_USE_EVERY)
+                    .build(),
             }),
         }
+    }
+
+    /// Marks the fetched file at `object` as used now (at most once per [`MARK_USE_EVERY`] in
+    /// this process), so [`evict`] removes files no query opens first.
+    pub async fn note_use(&self, object: &str) {
+        let Some(id) = object
+            .strip_prefix("debuginfod/")
+            .and_then(|rest| rest.strip_suffix("/debuginfo"))
+        else {
+            return;
+        };
+        if self.inner.marked.contains_key(id) {
+            return;
+        }
+        self.inner.marked.insert(id.to_owned(), ());
+        if let Err(e) = self
+            .inner
+            .store
+            .put_durable(&used_path(id), bytes::Bytes::new())
+            .await
+        {
+            tracing::debug!(build_id = id, error = %e, "fetched file not marked as used");
+        }
+    }
+
+    /// Forgets every tenant's outcome for the file at `object` when it is no longer in the
+    /// store ([`evict`] removed it): the next query fetches it again. Whether it was gone.
+    pub async fn forget_if_gone(&self, object: &str) -> bool {
+        let Some(id) = object
+            .strip_prefix("debuginfod/")
+            .and_then(|rest| rest.strip_suffix("/debuginfo"))
+        else {
+            return false;
+        };
+        if self.inner.store.get_range(object, 0..4).await.is_ok() {
+            return false;
+        }
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(id);
+        self.inner.marked.invalidate(id);
+        true
+    }
+
+    /// `--debuginfod-stored-size` (0: no bound).
+    pub fn max_stored_bytes(&self) -> u64 {
+        self.inner.config.max_stored_bytes
+    }
+
+    /// The object store fetched files are kept in.
+    pub fn store(&self) -> &ObjectStorage {
+        &self.inner.store
     }
 
     /// Whether any server is configured.
@@ -565,6 +715,71 @@ mod tests {
         assert_eq!(known.get("later", "bb22", now), Some(Lookup::Missing));
         // Remembered per tenant: the noisy tenant does not read the quiet one's.
         assert_eq!(known.get("noisy", quiet, now), None);
+    }
+
+    #[test]
+    fn a_forgotten_file_is_forgotten_by_every_tenant_and_counted_once() {
+        let mut known = Known::new(2, 10);
+        let until = Instant::now() + Duration::from_secs(60);
+        let found = Lookup::Found(object_path("aa"));
+        known.insert("a", "aa", found.clone(), until);
+        known.insert("b", "aa", found, until);
+        known.insert("b", "bb", Lookup::Missing, until);
+        known.forget("aa");
+        assert_eq!(known.len(), 1);
+        assert_eq!(known.get("a", "aa", Instant::now()), None);
+        assert_eq!(known.get("b", "aa", Instant::now()), None);
+        // b's share is still 2: the forgotten id left its order without taking a place.
+        known.insert("b", "cc", Lookup::Missing, until);
+        known.insert("b", "dd", Lookup::Missing, until);
+        assert_eq!(known.len(), 2);
+        assert_eq!(known.get("b", "bb", Instant::now()), None);
+        assert_eq!(known.get("b", "dd", Instant::now()), Some(Lookup::Missing));
+    }
+
+    /// Past the bound, the files used longest ago go first; a use mark counts as a use, and a
+    /// mark without its file is removed.
+    #[tokio::test]
+    async fn fetched_files_past_the_bound_go_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStorage::local(dir.path()).unwrap();
+        let put = |path: String, n: usize| {
+            let store = store.clone();
+            async move {
+                store
+                    .put_durable(&path, bytes::Bytes::from(vec![7u8; n]))
+                    .await
+                    .unwrap();
+                // Distinct modification times, oldest first.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        for id in ["aa", "bb", "cc"] {
+            put(object_path(id), 100).await;
+        }
+        put(used_path("aa"), 0).await;
+        put(used_path("dd"), 0).await;
+        let out = evict(&store, 150).await.unwrap();
+        assert_eq!(
+            out,
+            Evicted {
+                files: 1,
+                bytes: 100,
+                evicted_files: 2,
+                evicted_bytes: 200
+            }
+        );
+        let mut left: Vec<String> = store
+            .list("debuginfod")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.location.to_string())
+            .collect();
+        left.sort();
+        assert_eq!(left, [object_path("aa"), used_path("aa")]);
+        // Within the bound, nothing goes.
+        assert_eq!(evict(&store, 100).await.unwrap().evicted_files, 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -29,6 +30,10 @@ pub struct Metrics {
     pub addresses: Family<SourceLabels, Counter>,
     pub resolved_cache_hits: Counter,
     pub resolved_cache_misses: Counter,
+    /// Bytes of debuginfod's files in the object store, as the process that bounds them last
+    /// counted (0 elsewhere), and the bytes it removed.
+    pub debuginfod_stored_bytes: Gauge,
+    pub debuginfod_evicted_bytes: Counter,
 }
 
 impl Default for Metrics {
@@ -41,6 +46,8 @@ impl Default for Metrics {
             addresses: Family::default(),
             resolved_cache_hits: Counter::default(),
             resolved_cache_misses: Counter::default(),
+            debuginfod_stored_bytes: Gauge::default(),
+            debuginfod_evicted_bytes: Counter::default(),
         };
         // Every label value exported from the start, at zero.
         for outcome in ["found", "missing", "failed", "timeout"] {
@@ -101,6 +108,16 @@ impl Metrics {
             "resolved_cache_misses",
             "Addresses looked up in a debug file",
             self.resolved_cache_misses.clone(),
+        );
+        r.register(
+            "debuginfod_stored_bytes",
+            "Bytes of debuginfod's files in the object store (on the process that bounds them)",
+            self.debuginfod_stored_bytes.clone(),
+        );
+        r.register(
+            "debuginfod_evicted_bytes",
+            "Bytes of debuginfod's files removed, least recently used first, past --debuginfod-stored-size",
+            self.debuginfod_evicted_bytes.clone(),
         );
     }
 }

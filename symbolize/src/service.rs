@@ -55,6 +55,7 @@ impl SymbolizerConfig {
                 missing_ttl: Duration::from_secs(3600),
                 retry_after: Duration::from_secs(30),
                 max_file_bytes: 4 << 30,
+                max_stored_bytes: 0,
                 attempts: 3,
                 scratch_dir: dir.join("incoming"),
             },
@@ -214,6 +215,21 @@ impl Symbolizer {
         &self.inner.store
     }
 
+    /// Bounds debuginfod's files in the object store to `--debuginfod-stored-size`, least
+    /// recently used first ([`crate::debuginfod::evict`]). One process of the cluster runs it.
+    pub async fn evict_fetched(&self) -> kiln_storage::Result<crate::debuginfod::Evicted> {
+        let budget = self.inner.debuginfod.max_stored_bytes();
+        if budget == 0 {
+            return Ok(Default::default());
+        }
+        let out = crate::debuginfod::evict(self.inner.debuginfod.store(), budget).await?;
+        let m = &self.inner.metrics;
+        m.debuginfod_stored_bytes
+            .set(i64::try_from(out.bytes).unwrap_or(i64::MAX));
+        m.debuginfod_evicted_bytes.inc_by(out.evicted_bytes);
+        Ok(out)
+    }
+
     /// Changes whenever an answer for `tenant` may change: an upload or delete of its own, a
     /// file from debuginfod.
     pub fn generation(&self, tenant: &str) -> u64 {
@@ -299,11 +315,19 @@ impl Symbolizer {
                 Source::Debuginfod(o) => (o.clone(), "debuginfod"),
             };
             self.inner.metrics.addresses(label, indices.len() as u64);
+            let fetched = matches!(source, Source::Debuginfod(_));
             match self.resolve_in(&object, requests, &indices).await {
                 Ok(frames) => {
+                    if fetched {
+                        self.inner.debuginfod.note_use(&object).await;
+                    }
                     for (i, f) in indices.into_iter().zip(frames) {
                         out.frames[i] = (!f.is_empty()).then_some(f);
                     }
+                }
+                // Evicted since it was fetched: fetched again at the next query.
+                Err(_) if fetched && self.inner.debuginfod.forget_if_gone(&object).await => {
+                    pending += 1;
                 }
                 Err(e) => failed.push(format!("{object}: {e}")),
             }

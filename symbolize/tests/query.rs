@@ -107,6 +107,7 @@ async fn frames_are_named_at_read_time_and_kept_by_compaction() {
                 missing_ttl: Duration::from_secs(60),
                 retry_after: Duration::from_secs(1),
                 max_file_bytes: 1 << 30,
+                max_stored_bytes: 0,
                 attempts: 1,
                 scratch_dir: dir.path().join("scratch"),
             },

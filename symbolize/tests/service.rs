@@ -35,6 +35,7 @@ async fn symbolizer(dir: &std::path::Path, debuginfod: Vec<String>) -> Symbolize
             missing_ttl: Duration::from_secs(3600),
             retry_after: Duration::from_secs(1),
             max_file_bytes: 1 << 30,
+            max_stored_bytes: 0,
             attempts: 2,
             scratch_dir: dir.join("scratch"),
         },

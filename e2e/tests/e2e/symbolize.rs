@@ -770,7 +770,8 @@ fn pyroscope_uploads_of_both_generations_name_frames() -> Result<()> {
 
 /// A real debuginfod (Debian's, over a directory of debug files) names what no upload covers;
 /// stopped mid-test, queries still answer within their deadline with a warning, and name the
-/// frames once it is back. What it gave is kept for every tenant.
+/// frames once it is back. What it gave is kept for every tenant within
+/// `--debuginfod-stored-size`, the least recently used file removed first and fetched again.
 #[test]
 fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
     if !testing::have("debuginfod") {
@@ -786,6 +787,23 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
     server
         .wait_for(c.gnu.as_deref().unwrap())
         .map_err(anyhow::Error::msg)?;
+    // Room for the larger of the two files the server gives, not both.
+    let cpp = subject(Program::Cpp, &served, "cpp-debuginfod")?;
+    server
+        .wait_for(cpp.gnu.as_deref().unwrap())
+        .map_err(anyhow::Error::msg)?;
+    let served_size = |s: &Subject| -> Result<u64> {
+        let id = s.gnu.as_deref().unwrap();
+        for kind in ["debuginfo", "executable"] {
+            let resp = reqwest::blocking::get(format!("{}/buildid/{id}/{kind}", server.url()))?;
+            if resp.status().is_success() {
+                return Ok(resp.bytes()?.len() as u64);
+            }
+        }
+        anyhow::bail!("the server has no file of {id}")
+    };
+    let (c_size, cpp_size) = (served_size(&c)?, served_size(&cpp)?);
+    let room = c_size.max(cpp_size) + c_size.min(cpp_size) / 2;
     let kiln = Kiln::start(&[
         "--debuginfod-url",
         &server.url(),
@@ -793,6 +811,10 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
         "1",
         "--symbolize-deadline-ms",
         "1500",
+        "--debuginfod-stored-size",
+        &room.to_string(),
+        "--retention-interval",
+        "1s",
     ])?;
     send_otlp(&kiln, "team-a", c.otlp())?;
     let ty = profile_type(&kiln, "team-a")?;
@@ -801,7 +823,6 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
 
     // Down: a program it would have served.
     server.stop();
-    let cpp = subject(Program::Cpp, &served, "cpp-debuginfod")?;
     send_otlp(&kiln, "team-a", cpp.otlp())?;
     let started = std::time::Instant::now();
     let (down, warning) = stacks(&kiln, "team-a", &ty, &cpp.service)?;
@@ -819,9 +840,26 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     let want = cpp.named_stacks();
     eventually(|| Ok(stacks(&kiln, "team-a", &ty, &cpp.service)?.0 == want))?;
-    // Kept: with the server gone, another tenant's profile of the first program is named.
+    // Kept within the bound: the first program's file, used longest ago, was removed once the
+    // second's came. With the server gone, another tenant's profile of the second is named
+    // and of the first is not.
+    let object = |s: &Subject| {
+        let path = kiln_symbolize::debuginfod::object_path(s.gnu.as_deref().unwrap());
+        kiln.data_dir.path().join("data/objects").join(path)
+    };
+    eventually(|| Ok(!object(&c).exists()))?;
+    ensure!(object(&cpp).exists(), "the file used last is kept");
     server.stop();
+    send_otlp(&kiln, "team-b", cpp.otlp())?;
+    eventually(|| Ok(stacks(&kiln, "team-b", &ty, &cpp.service)?.0 == cpp.named_stacks()))?;
     send_otlp(&kiln, "team-b", c.otlp())?;
+    let (gone, _) = stacks(&kiln, "team-b", &ty, &c.service)?;
+    ensure!(gone == c.unnamed_stacks(&c.addrs), "{gone:?}");
+    // Fetched again once the server is back.
+    server.restart().map_err(anyhow::Error::msg)?;
+    server
+        .wait_for(c.gnu.as_deref().unwrap())
+        .map_err(anyhow::Error::msg)?;
     eventually(|| Ok(stacks(&kiln, "team-b", &ty, &c.service)?.0 == c.named_stacks()))?;
     Ok(())
 }

@@ -113,6 +113,8 @@ struct Incoming {
     file: tokio::io::BufWriter<tokio::fs::File>,
     written: u64,
     limit: u64,
+    /// Its bytes of the process's scratch space.
+    charge: crate::app::uploads::ScratchCharge,
     slot: Option<Slot>,
     /// The SHA-256 of what was written, as it arrives (the store needs it, and reading the
     /// file again for it would cost a burst of a core at the end).
@@ -146,6 +148,7 @@ impl Incoming {
             file: tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(file)),
             written: 0,
             limit,
+            charge: app.debuginfo_uploads.scratch.charge(),
             slot: None,
             hasher: sha2::Digest::new(),
         })
@@ -159,6 +162,9 @@ impl Incoming {
                  (max_debuginfo_file_bytes)",
                 self.limit
             )));
+        }
+        if !self.charge.add(chunk.len() as u64) {
+            return Err(self.charge.full());
         }
         if let Some(slot) = &self.slot {
             slot.pace.charge(chunk.len()).await;
@@ -189,29 +195,38 @@ impl Incoming {
             inflated.path.to_path_buf(),
             self.limit,
         );
-        let (written, hasher) = tokio::task::spawn_blocking(move || {
+        let charge =
+            std::mem::replace(&mut inflated.charge, app.debuginfo_uploads.scratch.charge());
+        let (written, hasher, charge) = tokio::task::spawn_blocking(move || {
             use std::io::Read;
             let input = std::fs::File::open(&from).map_err(ApiError::internal)?;
             let mut reader = flate2::read::MultiGzDecoder::new(input).take(limit + 1);
             let mut out = Hashing {
                 file: std::fs::File::create(&to).map_err(ApiError::internal)?,
                 hasher: sha2::Digest::new(),
+                charge,
             };
-            let n = std::io::copy(&mut reader, &mut out)
-                .map_err(|e| ApiError::invalid(format!("the body is not valid gzip: {e}")))?;
+            let n = std::io::copy(&mut reader, &mut out).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::StorageFull {
+                    out.charge.full()
+                } else {
+                    ApiError::invalid(format!("the body is not valid gzip: {e}"))
+                }
+            })?;
             if n > limit {
                 return Err(ApiError::too_large(format!(
                     "the debug file inflates past the tenant's limit of {limit} bytes \
                      (max_debuginfo_file_bytes)"
                 )));
             }
-            Ok((n, out.hasher))
+            Ok((n, out.hasher, out.charge))
         })
         .await
         .map_err(ApiError::internal)??;
         Ok(Self {
             written,
             hasher,
+            charge,
             ..inflated
         })
     }
@@ -222,15 +237,19 @@ impl Incoming {
     }
 }
 
-/// A file written through a hash of its bytes.
+/// A file written through a hash of its bytes, charged to the scratch space.
 struct Hashing {
     file: std::fs::File,
     hasher: sha2::Sha256,
+    charge: crate::app::uploads::ScratchCharge,
 }
 
 impl std::io::Write for Hashing {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
+        if !self.charge.add(n as u64) {
+            return Err(std::io::ErrorKind::StorageFull.into());
+        }
         sha2::Digest::update(&mut self.hasher, &buf[..n]);
         Ok(n)
     }

@@ -75,6 +75,93 @@ pub struct Uploads {
     /// The metastore sessions live in when processes share it.
     shared: Option<Arc<dyn Metastore>>,
     pub(crate) slots: UploadSlots,
+    /// Disk this process's uploads may fill at once.
+    pub scratch: ScratchSpace,
+}
+
+/// The disk the uploads in progress of this process may fill with their temporary files at once
+/// (`--debuginfo-scratch-size`): bytes are charged as they are written and given back when the
+/// files go. Apart from the write-ahead log's, which it must not fill.
+#[derive(Debug, Clone)]
+pub struct ScratchSpace {
+    used: Arc<std::sync::atomic::AtomicU64>,
+    limit: u64,
+}
+
+impl Default for ScratchSpace {
+    fn default() -> Self {
+        Self::new(DEFAULT_SCRATCH_BYTES)
+    }
+}
+
+/// `--debuginfo-scratch-size`: two files of the default largest debug file each, for two uploads.
+pub const DEFAULT_SCRATCH_BYTES: u64 = 4 << 30;
+
+impl ScratchSpace {
+    pub fn new(limit: u64) -> Self {
+        Self {
+            used: Arc::default(),
+            limit,
+        }
+    }
+
+    /// A charge of nothing yet, added to as an upload's file grows.
+    pub(crate) fn charge(&self) -> ScratchCharge {
+        ScratchCharge {
+            space: self.clone(),
+            bytes: 0,
+        }
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.used.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// Bytes one upload's file holds of the [`ScratchSpace`], given back when dropped.
+#[derive(Debug)]
+pub(crate) struct ScratchCharge {
+    space: ScratchSpace,
+    bytes: u64,
+}
+
+impl ScratchCharge {
+    /// Charges `n` more bytes; `false` (nothing charged) when the space is full.
+    pub(crate) fn add(&mut self, n: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        let limit = self.space.limit;
+        let taken = self
+            .space
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|u| *u <= limit)
+            });
+        if taken.is_ok() {
+            self.bytes += n;
+        }
+        taken.is_ok()
+    }
+
+    /// The error of an upload the space has no room for.
+    pub(crate) fn full(&self) -> ApiError {
+        ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the uploads under way fill this process's scratch space of {} bytes                  (--debuginfo-scratch-size); retry when one ends",
+                self.space.limit
+            ),
+        )
+        .retry_after(5)
+    }
+}
+
+impl Drop for ScratchCharge {
+    fn drop(&mut self) {
+        self.space
+            .used
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// A session's key in the shared metastore.
@@ -243,13 +330,19 @@ impl UploadSlots {
 }
 
 impl Uploads {
-    /// Sessions (in `metastore` when processes share it), and slots for `concurrency` uploads
-    /// at once read at `rate` bytes a second.
-    pub fn new(concurrency: usize, rate: u64, metastore: &Arc<dyn Metastore>) -> Self {
+    /// Sessions (in `metastore` when processes share it), slots for `concurrency` uploads at
+    /// once read at `rate` bytes a second, and `scratch` bytes of disk for their files.
+    pub fn new(
+        concurrency: usize,
+        rate: u64,
+        scratch: u64,
+        metastore: &Arc<dyn Metastore>,
+    ) -> Self {
         Self {
             local: Mutex::default(),
             shared: metastore.shared().then(|| Arc::clone(metastore)),
             slots: UploadSlots::new(concurrency, rate),
+            scratch: ScratchSpace::new(scratch),
         }
     }
 

@@ -191,6 +191,17 @@ pub struct SymbolizeArgs {
     )]
     pub debuginfod_max_file_bytes: u64,
 
+    /// Bytes of debuginfod's files the object store keeps for the cluster. Past it, one
+    /// compacting process removes the least recently used at each retention round; a file
+    /// removed is fetched again when a query asks for it. 0: no bound.
+    #[arg(
+        long = "debuginfod-stored-size",
+        env = "KILN_DEBUGINFOD_STORED_SIZE",
+        value_parser = units::bytes,
+        default_value = "20GiB"
+    )]
+    pub debuginfod_max_stored_bytes: u64,
+
     /// How long a query waits for debug files (debuginfod) before it answers with the frames it
     /// could name and a `kiln-warning`.
     #[arg(
@@ -272,6 +283,7 @@ impl SymbolizeArgs {
                 missing_ttl: std::time::Duration::from_secs(self.debuginfod_missing_ttl_secs),
                 retry_after: std::time::Duration::from_secs(self.debuginfod_retry_after_secs),
                 max_file_bytes: self.debuginfod_max_file_bytes,
+                max_stored_bytes: self.debuginfod_max_stored_bytes,
                 attempts: 3,
                 scratch_dir: cache_dir.join("incoming"),
             },
@@ -782,6 +794,17 @@ pub struct LimitArgs {
         default_value = "16MiB"
     )]
     pub debuginfo_upload_rate_bytes: u64,
+
+    /// Disk the debug-file uploads under way in this process may fill with their temporary
+    /// files (`<data-dir>/debuginfo-incoming`), so uploads cannot fill the write-ahead log's
+    /// disk; an upload past it is answered 503.
+    #[arg(
+        long = "debuginfo-scratch-size",
+        env = "KILN_DEBUGINFO_SCRATCH_SIZE",
+        value_parser = units::bytes,
+        default_value = "4GiB"
+    )]
+    pub debuginfo_scratch_bytes: u64,
 
     /// Bytes of stacks the Parca `Write` stream remembers, over all tenants, so an agent sends
     /// each stack once; past it the least used are forgotten and asked for again. 0 = none.

@@ -58,6 +58,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
     app.debuginfo_uploads = crate::app::uploads::Uploads::new(
         args.limits.debuginfo_upload_concurrency,
         args.limits.debuginfo_upload_rate_bytes,
+        args.limits.debuginfo_scratch_bytes,
         app.storage.metastore(),
     );
     app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);

@@ -1,5 +1,6 @@
 //! The server's background upkeep: JWT keys and tenant limits reloaded on change or SIGHUP, the
-//! stored-bytes gauges refreshed from the metastore, and (with the compact role) retention.
+//! stored-bytes gauges refreshed from the metastore, and (with the compact role) retention and
+//! the bound on debuginfod's stored files.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +106,21 @@ pub(crate) fn spawn_upkeep(app: Arc<App>, retention_every: Duration) {
             // One compacting process of the cluster applies retention at a time.
             let ttl = retention_every + kiln_storage::metastore::LEASE_TTL;
             let result = match app.storage.holds_lease(RETENTION_LEASE, ttl).await {
-                Ok(true) => apply_retention(&app).await.map(|_| ()),
+                Ok(true) => {
+                    match app.symbolizer.evict_fetched().await {
+                        Ok(e) if e.evicted_files > 0 => info!(
+                            files = e.evicted_files,
+                            bytes = e.evicted_bytes,
+                            kept = e.bytes,
+                            "debuginfod files removed past --debuginfod-stored-size"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => {
+                            warn!(error = %e, "debuginfod files not bounded; retrying at the next interval")
+                        }
+                    }
+                    apply_retention(&app).await.map(|_| ())
+                }
                 Ok(false) => Ok(()),
                 Err(e) => Err(e.into()),
             };
