@@ -109,7 +109,11 @@ pub async fn handler(
             ("settings.v1.RecordingRulesService", "UpsertRecordingRule") => {
                 let req: settings::UpsertRecordingRuleRequest = codec.decode(&body)?;
                 let backfill = recording::backfill_of(&headers);
-                codec.encode(&recording::upsert(&app, &tenant, req, backfill).await?)?
+                let may_write = app
+                    .auth
+                    .authenticate(&headers, crate::auth::Scope::Write)
+                    .is_ok();
+                codec.encode(&recording::upsert(&app, &tenant, req, backfill, may_write).await?)?
             }
             ("settings.v1.RecordingRulesService", "DeleteRecordingRule") => {
                 let req: settings::DeleteRecordingRuleRequest = codec.decode(&body)?;

@@ -124,15 +124,10 @@ fn new_id() -> String {
         .collect()
 }
 
-/// Makes or replaces a rule. A new rule (no id, or an id the tenant has no rule of) starts at
-/// generation 1 within the tenant's cap; a replacement names the generation it read.
-pub async fn upsert(
-    app: &AppRef,
-    tenant: &TenantId,
-    req: pb::UpsertRecordingRuleRequest,
-    backfill: Option<&str>,
-) -> Result<pb::UpsertRecordingRuleResponse, ApiError> {
-    let backfill_secs = match backfill {
+/// The backfill a rule is made with: `kiln-backfill`'s, none for a caller without write scope,
+/// else `--recording-backfill` (`None`).
+fn backfill_secs(backfill: Option<&str>, may_write: bool) -> Result<Option<u64>, ApiError> {
+    let asked = match backfill {
         None => None,
         Some(b) => match crate::time::parse_duration_secs(b) {
             Some(secs) if secs <= crate::recording::MAX_BACKFILL.as_secs() => Some(secs),
@@ -143,6 +138,31 @@ pub async fn upsert(
             }
         },
     };
+    match asked {
+        _ if may_write => Ok(asked),
+        Some(secs) if secs > 0 => Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "a backfill ({BACKFILL_HEADER}) reads the tenant's stored profiles and needs a \
+                 token with write scope; without one the rule counts from now"
+            ),
+        )),
+        _ => Ok(Some(0)),
+    }
+}
+
+/// Makes or replaces a rule. A new rule (no id, or an id the tenant has no rule of) starts at
+/// generation 1 within the tenant's cap; a replacement names the generation it read. A backfill
+/// reads up to 7 days of the tenant's profiles: only a caller who `may_write` gets one (a read
+/// token's rule counts from now; asking for a backfill with one is a 403).
+pub async fn upsert(
+    app: &AppRef,
+    tenant: &TenantId,
+    req: pb::UpsertRecordingRuleRequest,
+    backfill: Option<&str>,
+    may_write: bool,
+) -> Result<pb::UpsertRecordingRuleResponse, ApiError> {
+    let backfill_secs = backfill_secs(backfill, may_write)?;
     let mut rule = Rule {
         id: req.id.clone(),
         metric_name: req.metric_name.trim().to_owned(),
@@ -322,7 +342,16 @@ impl RecordingRulesService for Grpc {
             .get(BACKFILL_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let r = upsert(&self.app, &tenant, req.into_inner(), backfill.as_deref()).await;
+        let headers = req.metadata().clone().into_headers();
+        let may_write = self.app.auth.authenticate(&headers, Scope::Write).is_ok();
+        let r = upsert(
+            &self.app,
+            &tenant,
+            req.into_inner(),
+            backfill.as_deref(),
+            may_write,
+        )
+        .await;
         answer(r)
     }
 
@@ -335,5 +364,23 @@ impl RecordingRulesService for Grpc {
             .await
             .map(|()| pb::DeleteRecordingRuleResponse {});
         answer(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_caller_with_write_scope_backfills() {
+        assert_eq!(backfill_secs(None, true).unwrap(), None);
+        assert_eq!(backfill_secs(Some("6h"), true).unwrap(), Some(6 * 3600));
+        // A read token's rule counts from now; asking it for a past is refused, not shortened.
+        assert_eq!(backfill_secs(None, false).unwrap(), Some(0));
+        assert_eq!(backfill_secs(Some("0s"), false).unwrap(), Some(0));
+        let e = backfill_secs(Some("7d"), false).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied, "{}", e.message);
+        assert!(e.message.contains("write scope"), "{}", e.message);
+        assert!(backfill_secs(Some("8d"), true).is_err());
     }
 }
