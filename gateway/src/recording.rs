@@ -11,6 +11,10 @@
 //! profiles ([`Recording::load`]). What sealing made of them (the counters) and the late sums
 //! are kept in the tenant document [`STATE_DOCUMENT`], written after the sealed points are in
 //! the queue and, for late sums, before the write is acknowledged.
+//!
+//! A new rule's backfill (up to 7 days of stored profiles) is read before the gate is taken, so
+//! the tenant's writes go on meanwhile. A write older than the backfill's end that comes
+//! meanwhile may be missing from what was read: the backfill is then read again under the gate.
 
 pub mod cluster;
 pub mod remote_write;
@@ -18,12 +22,13 @@ pub mod rules;
 pub mod state;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use kiln_otel::model::NormalizedProfile;
+use kiln_otel::normalize::kernel::unsymbolized_name;
 use kiln_storage::Storage;
 use kiln_storage::query::{Aggregation, Exemplars, SampleFilter};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
@@ -90,6 +95,9 @@ pub struct RecordingStats {
     pub late: AtomicU64,
     /// Contributions refused because the tenant's output series are at their cap.
     pub series_refused: AtomicU64,
+    /// New rules' backfills read again under the gate, because a write older than their end
+    /// came while they were read ahead.
+    pub backfills_reread: AtomicU64,
     /// Points sealed (sent or answered on the pull endpoint).
     pub points_sealed: AtomicU64,
     /// In a cluster: samples of the outbox the receiver took, refused for good, and failed
@@ -112,6 +120,25 @@ struct TenantRecording {
     /// The last change the document keeps, and the one writer of it: writers wait here, and
     /// one document write covers every change made before it (group commit).
     kept: tokio::sync::Mutex<u64>,
+    /// One load of the tenant's rules at a time (a load reads backfills before taking the gate).
+    loading: tokio::sync::Mutex<()>,
+    /// While a backfill is read ahead: its end. Writes with a time before it count in
+    /// `late_writes`, and make the backfill be read again under the gate.
+    watch_below_ms: AtomicI64,
+    late_writes: AtomicU64,
+    /// The latest time of a write with unnamed native frames while the tenant has function
+    /// rules: until it is sealed, sealing reads those rules' open sums back from storage.
+    native_until_ms: AtomicI64,
+}
+
+/// New rules' backfill sums read before the gate is taken ([`Recording::read_ahead`]).
+struct AheadBackfills {
+    /// The sealed point the sums were read up to.
+    end_ms: i64,
+    /// `late_writes` when the reading began: the sums stand only if it is unchanged.
+    late_writes: u64,
+    /// By rule id: the rule as read and its sums.
+    sums: HashMap<String, (Rule, Vec<(SeriesKey, i64, i64)>)>,
 }
 
 /// Recording rules of every tenant this process writes for.
@@ -123,6 +150,18 @@ pub struct Recording {
     pub stats: RecordingStats,
     /// In a cluster: tenants' compiled rules as last read ([`cluster`]).
     cluster_rules: Mutex<cluster::CachedRules>,
+    /// Lets tests hold backfills in their read-ahead phase.
+    #[doc(hidden)]
+    pub read_ahead_pause: ReadAheadPause,
+}
+
+/// A test's hold on backfills read ahead: each one notifies `reached`, then waits while
+/// `release` is held exclusively.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct ReadAheadPause {
+    pub reached: tokio::sync::Notify,
+    pub release: RwLock<()>,
 }
 
 /// A write under way: the rules it was evaluated with, held until its sums are added.
@@ -147,6 +186,7 @@ impl Recording {
             queue,
             stats: RecordingStats::default(),
             cluster_rules: Mutex::new(HashMap::new()),
+            read_ahead_pause: ReadAheadPause::default(),
         }
     }
 
@@ -172,6 +212,10 @@ impl Recording {
                 state: tokio::sync::Mutex::new(None),
                 changes: AtomicU64::new(0),
                 kept: tokio::sync::Mutex::new(0),
+                loading: tokio::sync::Mutex::new(()),
+                watch_below_ms: AtomicI64::new(i64::MIN),
+                late_writes: AtomicU64::new(0),
+                native_until_ms: AtomicI64::new(i64::MIN),
             })
         }))
     }
@@ -248,7 +292,16 @@ impl Recording {
         loop {
             let guard = Arc::clone(&t.gate).read_owned().await;
             if guard.is_some() {
+                let watch = t.watch_below_ms.load(Ordering::SeqCst);
+                if watch != i64::MIN && earliest_ms(profiles) < watch {
+                    t.late_writes.fetch_add(1, Ordering::SeqCst);
+                }
                 let rules = guard.as_ref().map(Arc::clone).unwrap_or_default();
+                if rules.iter().any(|r| r.frames.is_some())
+                    && let Some(latest) = latest_unnamed_native_ms(profiles)
+                {
+                    t.native_until_ms.fetch_max(latest, Ordering::SeqCst);
+                }
                 let (contributions, samples) = evaluate(&rules, profiles);
                 return Ok(Evaluation {
                     tenant: t,
@@ -295,6 +348,10 @@ impl Recording {
         if t.gate.read().await.as_deref().is_some_and(|r| same(r)) {
             return Ok(());
         }
+        let _loading = t.loading.lock().await;
+        let ahead = self.read_ahead(storage, tenant, &t, &rules).await;
+        t.watch_below_ms.store(i64::MIN, Ordering::SeqCst);
+        let mut ahead = ahead?;
         let mut gate = t.gate.write().await;
         if gate.as_deref().is_some_and(|r| same(r)) {
             return Ok(());
@@ -338,8 +395,17 @@ impl Recording {
         for rule in &rules {
             let new = !s.start(&rule.rule.id);
             if new {
+                let had = ahead
+                    .as_ref()
+                    .is_some_and(|a| a.sums.contains_key(&rule.rule.id));
+                let read = ahead
+                    .as_mut()
+                    .and_then(|a| a.take(&t, rule, s.sealed_through()));
+                if had && read.is_none() {
+                    self.stats.backfills_reread.fetch_add(1, Ordering::Relaxed);
+                }
                 backfilled.extend(
-                    self.backfill(storage, tenant, rule, &mut s, max_series)
+                    self.backfill(storage, tenant, rule, &mut s, max_series, read)
                         .await?,
                 );
             } else if !first && before.get(&rule.rule.id) == Some(&rule.rule) {
@@ -373,9 +439,66 @@ impl Recording {
         Ok(())
     }
 
+    /// How far back a new rule is backfilled, in whole intervals (0: not at all).
+    fn backfill_range_ms(&self, rule: &CompiledRule, interval: i64) -> i64 {
+        let backfill = rule
+            .rule
+            .backfill_secs
+            .map_or(self.config.backfill, Duration::from_secs)
+            .min(MAX_BACKFILL);
+        (backfill.as_millis() as i64).div_euclid(interval) * interval
+    }
+
+    /// Reads the backfills of the rules new to a loaded state before the gate is taken, so a
+    /// long backfill does not hold the tenant's writes back. The gate is held only for a
+    /// moment: every write begun before it is then stored, and every later write with a time
+    /// before the backfills' end is counted in `late_writes` (such a write voids the sums).
+    async fn read_ahead(
+        &self,
+        storage: &Storage,
+        tenant: &str,
+        t: &TenantRecording,
+        rules: &[Arc<CompiledRule>],
+    ) -> Result<Option<AheadBackfills>, ApiError> {
+        let (end_ms, interval, late_writes, new) = {
+            let _gate = t.gate.write().await;
+            let state = t.state.lock().await;
+            let Some(s) = state.as_ref() else {
+                // Not loaded yet: writes wait for the first load anyway.
+                return Ok(None);
+            };
+            let interval = s.interval_ms();
+            let new: Vec<Arc<CompiledRule>> = rules
+                .iter()
+                .filter(|r| !s.started(&r.rule.id) && self.backfill_range_ms(r, interval) > 0)
+                .cloned()
+                .collect();
+            if new.is_empty() {
+                return Ok(None);
+            }
+            let end_ms = s.sealed_through();
+            t.watch_below_ms.store(end_ms, Ordering::SeqCst);
+            (end_ms, interval, t.late_writes.load(Ordering::SeqCst), new)
+        };
+        self.read_ahead_pause.reached.notify_one();
+        drop(self.read_ahead_pause.release.read().await);
+        let mut sums = HashMap::new();
+        for rule in new {
+            let start = end_ms - self.backfill_range_ms(&rule, interval);
+            let read = rule_sums(storage, tenant, &rule, start, end_ms, interval).await?;
+            sums.insert(rule.rule.id.clone(), (rule.rule.clone(), read));
+        }
+        Ok(Some(AheadBackfills {
+            end_ms,
+            late_writes,
+            sums,
+        }))
+    }
+
     /// A new rule's points over the backfill range, from the stored profiles: a 0 at the start
     /// of each series' first interval, then its counter at every interval's end through the
-    /// sealed point, which the counter continues from.
+    /// sealed point, which the counter continues from. `ahead`: its sums read before the gate,
+    /// through [`AheadBackfills::end_ms`].
     async fn backfill(
         &self,
         storage: &Storage,
@@ -383,20 +506,26 @@ impl Recording {
         rule: &CompiledRule,
         s: &mut TenantState,
         max_series: usize,
+        ahead: Option<(i64, Vec<(SeriesKey, i64, i64)>)>,
     ) -> Result<Vec<Point>, ApiError> {
         let end = s.sealed_through();
         let interval = s.interval_ms();
-        let backfill = rule
-            .rule
-            .backfill_secs
-            .map_or(self.config.backfill, Duration::from_secs)
-            .min(MAX_BACKFILL);
-        let range = (backfill.as_millis() as i64).div_euclid(interval) * interval;
+        let range = self.backfill_range_ms(rule, interval);
         if range <= 0 {
             return Ok(Vec::new());
         }
         let start = end - range;
-        let sums = rule_sums(storage, tenant, rule, start, end, interval).await?;
+        let sums = match ahead {
+            // Sealing went on meanwhile: the intervals it sealed are read now.
+            Some((read_to, mut sums)) => {
+                if read_to < end {
+                    sums.extend(rule_sums(storage, tenant, rule, read_to, end, interval).await?);
+                }
+                sums.retain(|&(_, t, _)| t >= start);
+                sums
+            }
+            None => rule_sums(storage, tenant, rule, start, end, interval).await?,
+        };
         let mut by_series: std::collections::BTreeMap<SeriesKey, Vec<(i64, i64)>> =
             Default::default();
         for (key, t, v) in sums {
@@ -501,6 +630,21 @@ impl Recording {
         // At most an hour of intervals a pass: a long outage is caught up in bounded steps.
         let through = through.min(s.sealed_through() + MAX_SEAL_INTERVALS * s.interval_ms());
         let mut sealed = s.clone();
+        if t.native_until_ms.load(Ordering::SeqCst) >= sealed.sealed_through() {
+            // Native frames arrive unnamed; storage names them from the debug files at hand.
+            for rule in rules.iter().filter(|r| r.frames.is_some()) {
+                let sums = rule_sums(
+                    storage,
+                    tenant,
+                    rule,
+                    sealed.sealed_through(),
+                    i64::MAX / 1_000_000,
+                    sealed.interval_ms(),
+                )
+                .await?;
+                sealed.replace_open(&rule.rule.id, sums);
+            }
+        }
         let points = sealed.seal(through);
         self.send(tenants, tenant, &rules, &points).await?;
         // Queued: the points are sealed, whatever becomes of the document write below (a
@@ -607,6 +751,82 @@ impl Recording {
             }
         }
     }
+}
+
+impl AheadBackfills {
+    /// A rule's sums read ahead and their end, if they stand: the rule is unchanged, no write
+    /// older than their end came since, and sealing did not go back before it.
+    fn take(
+        &mut self,
+        t: &TenantRecording,
+        rule: &CompiledRule,
+        sealed_through: i64,
+    ) -> Option<(i64, Vec<(SeriesKey, i64, i64)>)> {
+        let (read, sums) = self.sums.remove(&rule.rule.id)?;
+        (read == rule.rule
+            && self.end_ms <= sealed_through
+            && t.late_writes.load(Ordering::SeqCst) == self.late_writes)
+            .then_some((self.end_ms, sums))
+    }
+}
+
+/// The latest time (ms) of a write's samples with a native frame ingest could not name (a
+/// mapping with a build id, the address as its only name), if any.
+fn latest_unnamed_native_ms(profiles: &[NormalizedProfile]) -> Option<i64> {
+    let mut latest = None;
+    for p in profiles {
+        let symbols = &p.symbols;
+        let unnamed: Vec<bool> = symbols
+            .locations
+            .iter()
+            .map(|loc| {
+                let Some(m) = loc.mapping.and_then(|m| symbols.mappings.get(m as usize)) else {
+                    return false;
+                };
+                if loc.address == 0 || m.build_id.is_empty() || loc.lines.len() > 1 {
+                    return false;
+                }
+                loc.lines.first().is_none_or(|l| {
+                    symbols.functions.get(l.function as usize).is_some_and(|f| {
+                        *f.name == unsymbolized_name(Some(&m.filename), loc.address)
+                    })
+                })
+            })
+            .collect();
+        if !unnamed.contains(&true) {
+            continue;
+        }
+        for series in &p.series {
+            for x in &series.samples {
+                if x.stack
+                    .iter()
+                    .any(|&l| unnamed.get(l as usize) == Some(&true))
+                {
+                    let t = match x.timestamp_nanos {
+                        0 => series.time_nanos,
+                        t => t,
+                    };
+                    latest = latest.max(Some(t.div_euclid(1_000_000)));
+                }
+            }
+        }
+    }
+    latest
+}
+
+/// The earliest time (ms) of a write's samples, as [`evaluate`] places them.
+fn earliest_ms(profiles: &[NormalizedProfile]) -> i64 {
+    profiles
+        .iter()
+        .flat_map(|p| &p.series)
+        .flat_map(|series| {
+            series.samples.iter().map(|x| match x.timestamp_nanos {
+                0 => series.time_nanos,
+                t => t,
+            })
+        })
+        .min()
+        .map_or(i64::MAX, |t| t.div_euclid(1_000_000))
 }
 
 impl Evaluation {
@@ -930,6 +1150,11 @@ impl prometheus_client::collector::Collector for StatsCollector {
                 "recording_series_refused",
                 "Rule sums dropped because the tenant's rule series are at max_recording_series",
                 s.series_refused.load(Ordering::Relaxed),
+            ),
+            (
+                "recording_backfills_reread",
+                "New rules' backfills read again under the tenant's gate: a write older than their end came while they were read ahead",
+                s.backfills_reread.load(Ordering::Relaxed),
             ),
             (
                 "recording_points_sealed",

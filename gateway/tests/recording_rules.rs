@@ -550,3 +550,90 @@ async fn a_rule_made_with_a_backfill_counts_the_stored_past() {
     let listed = list(&router, "team-a").await;
     assert_eq!(listed["rules"].as_array().unwrap().len(), 2, "{listed}");
 }
+
+/// A new rule's backfill is read while the tenant's writes go on: a write made during it is
+/// acknowledged at once, and the rule still counts every stored profile once. A write older
+/// than the backfill's end, made meanwhile, has the backfill read again under the gate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_does_not_hold_the_tenants_writes_back() {
+    const TICK: i64 = 10_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let app = fast_app(dir.path()).await;
+    let router = router(Arc::clone(&app));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let upsert = |name: &str, backfill: &str| {
+        Request::post(format!("{RR}/UpsertRecordingRule"))
+            .header("content-type", "application/json")
+            .header("x-scope-orgid", "team-a")
+            .header("kiln-backfill", backfill)
+            .body(Body::from(
+                json!({
+                    "metricName": format!("profiles_recorded_{name}"),
+                    "matchers": [format!("{{service_name=\"shop\", __profile_type__=\"{CPU}\"}}")],
+                })
+                .to_string(),
+            ))
+            .unwrap()
+    };
+    // A first rule loads the tenant's state; backfills of a loaded state are read ahead.
+    let resp = router.clone().oneshot(upsert("first", "0s")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    ingest(&router, "team-a", "p1", now - 1800, "main;work 5\n").await;
+    ingest(&router, "team-b", "p1", now - 1800, "main;work 100\n").await;
+
+    // (rule, the write made during its backfill: its time and value, backfills read again).
+    // The on-time write is ahead of the grid's start, which no seal moves on meanwhile.
+    for (name, at, value, reread) in [("on_time", now + 2, 2, 0), ("late", now - 1200, 3, 1)] {
+        let hold = app.recording.read_ahead_pause.release.write().await;
+        let made = tokio::spawn(router.clone().oneshot(upsert(name, "1h")));
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            app.recording.read_ahead_pause.reached.notified(),
+        )
+        .await
+        .expect("the backfill is read ahead");
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            ingest(&router, "team-a", "p1", at, &format!("main;work {value}\n")),
+        )
+        .await
+        .expect("a write is not held back by a backfill");
+        assert!(
+            !made.is_finished(),
+            "{name}: the backfill is still being read"
+        );
+        drop(hold);
+        let resp = made.await.unwrap().unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{name}");
+        assert_eq!(
+            app.recording
+                .stats
+                .backfills_reread
+                .load(std::sync::atomic::Ordering::Relaxed),
+            reread,
+            "{name}"
+        );
+    }
+    // Sealed past the on-time write.
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let due = std::time::Duration::from_secs((now + 4) as u64);
+    tokio::time::sleep(due.saturating_sub(wall)).await;
+    app.recording.seal_due(&app.storage, &app.tenants).await;
+    let got = counters(&app, "team-a").await;
+    let value = |name: &str| {
+        got.iter()
+            .find(|(labels, _, _)| labels.starts_with(&format!("profiles_recorded_{name}{{")))
+            .map(|&(_, v, _)| v)
+    };
+    // Every profile once: 5 stored before, 2 on time, 3 twenty minutes old. The new rules
+    // count the past from their backfills, the first rule as late sums carried.
+    for name in ["first", "on_time", "late"] {
+        assert_eq!(value(name), Some(10 * TICK), "{name}: {got:?}");
+    }
+    assert!(counters(&app, "team-b").await.is_empty());
+}

@@ -114,6 +114,11 @@ impl Subject {
     /// An OTLP request as the eBPF profiler sends it: one sample per address, the mapping in
     /// the file's own address space, its ids as attributes, addresses as the file's.
     fn otlp(&self) -> Vec<u8> {
+        self.otlp_at(NOW)
+    }
+
+    /// [`Self::otlp`] of a profile taken at `time_unix_nano`.
+    fn otlp_at(&self, time_unix_nano: u64) -> Vec<u8> {
         let (offset, vaddr, memsz) = self.segment;
         let mut strings: Vec<String> = [
             "",
@@ -203,7 +208,7 @@ impl Subject {
                             unit_strindex: 4,
                         }),
                         period: OTLP_PERIOD,
-                        time_unix_nano: NOW,
+                        time_unix_nano,
                         duration_nano: 10_000_000_000,
                         samples,
                         ..Default::default()
@@ -975,5 +980,96 @@ async fn parca_upload(
             tenant,
         ))
         .await?;
+    Ok(())
+}
+
+/// A recording rule on a native function counts the frames ingest could not name, once the
+/// tenant's debug file names them: sealing reads the rule's open intervals back from storage.
+/// Another tenant with the same profile and rule but no debug file counts nothing.
+#[test]
+fn a_function_rule_counts_native_frames_named_by_debug_files() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let kiln = Kiln::start(&[
+        "--max-debuginfo-file-bytes",
+        "33554432",
+        "--recording-interval",
+        "1s",
+        "--recording-delay",
+        "1s",
+        "--recording-backfill",
+        "0s",
+    ])?;
+    let c = subject(Program::CPie, dir.path(), "c-pie")?;
+    send_otlp(&kiln, "probe", c.otlp())?;
+    let ty = profile_type(&kiln, "probe")?;
+    // The leaf function of the last address, and what the profile holds of it.
+    let function = c
+        .oracle
+        .last()
+        .and_then(|f| f.first())
+        .context("frames")?
+        .function
+        .clone();
+    let want: i64 = c
+        .oracle
+        .iter()
+        .enumerate()
+        .filter(|(_, frames)| frames.iter().any(|f| f.function == function))
+        .map(|(i, _)| (i as i64 + 1) * OTLP_PERIOD)
+        .sum();
+    ensure!(want > 0);
+    let (s, v) = upload_http(&kiln, "team-a", &c.built.debug, false)?;
+    ensure!(s == 200, "{s} {v}");
+    let matcher = format!(r#"{{service_name="c-pie", __profile_type__="{ty}"}}"#);
+    for tenant in ["team-a", "team-b"] {
+        crate::recording_rules::make_rule(&kiln, tenant, "hot", &[&matcher], &[], Some(&function))?;
+    }
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    for tenant in ["team-a", "team-b"] {
+        send_otlp(&kiln, tenant, c.otlp_at(at.as_nanos() as u64))?;
+    }
+    let counter = |tenant: &str| -> Result<(Option<i64>, i64)> {
+        let text = kiln
+            .http()
+            .get(kiln.url("/api/v1/recording-rules/metrics"))
+            .header("X-Scope-OrgID", tenant)
+            .send()?
+            .text()?;
+        let mut value = None;
+        let mut sealed = 0;
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("profiles_recorded_hot"))
+        {
+            let mut parts = l.rsplitn(3, ' ');
+            sealed = parts.next().context("time")?.parse()?;
+            value = Some(parts.next().context("value")?.parse::<f64>()? as i64);
+        }
+        Ok((value, sealed))
+    };
+    let past = at.as_millis() as i64 + 1000;
+    let mut got = (None, 0);
+    for _ in 0..100 {
+        got = counter("team-a")?;
+        if got.1 > past {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    ensure!(
+        got.1 > past,
+        "team-a not sealed past {past}: {got:?}\n{}",
+        log_tail(&kiln)
+    );
+    ensure!(
+        got.0 == Some(want),
+        "team-a: {got:?}, want {want} of {function}"
+    );
+    // team-b's frames stay unnamed: its rule has no series.
+    ensure!(
+        counter("team-b")?.0.is_none(),
+        "team-b: {:?}",
+        counter("team-b")?
+    );
     Ok(())
 }

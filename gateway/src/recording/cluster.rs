@@ -269,7 +269,7 @@ impl Recording {
         for r in rules.iter() {
             if activations.get(&r.rule.id) == Some(&s.sealed_through()) && !s.start(&r.rule.id) {
                 points.extend(
-                    self.backfill(storage, tenant, r, &mut s, max_series)
+                    self.backfill(storage, tenant, r, &mut s, max_series, None)
                         .await?,
                 );
                 changed = true;

@@ -3,8 +3,8 @@
 //! `--web.enable-remote-write-receiver`, Mimir, …).
 //!
 //! ```text
-//!  sealed samples ─► push: encode, snappy ─► <dir>/<seq>.batch (durable, FIFO;
-//!                                              │  oldest dropped past the budget)
+//!  sealed samples ─► push: encode, snappy ─► <dir>/<seq>.batch (durable, FIFO; past the
+//!                                              │  budget the largest tenant's oldest dropped)
 //!                                              ▼
 //!                        run: POST dest.url ─► 2xx: deleted, counted sent
 //!                                            ├ 5xx, 429, no answer: kept, retried later
@@ -13,8 +13,10 @@
 //!
 //! [`RemoteWriteQueue::push`] encodes the samples ([`encode`]) and writes one batch file per call
 //! (temporary name, fsync, rename, fsync of the directory) before it returns, so a push survives
-//! a crash. Past the queue's byte budget the oldest batches are deleted and their samples
-//! counted as dropped; the batch just pushed is always kept, even alone over the budget.
+//! a crash. Past the queue's byte budget batches are deleted and their samples counted as
+//! dropped: the oldest of the tenant that holds the most bytes first, so a tenant whose
+//! receiver is away fills only its share while others send. The batch just pushed is always
+//! kept, even alone over the budget.
 //!
 //! [`RemoteWriteQueue::run`] sends batches in order *per destination* (Prometheus refuses
 //! samples older than those it has, so a series' samples must arrive in order). Each destination
@@ -270,21 +272,60 @@ struct State {
 }
 
 impl State {
-    /// Removes the oldest batches (except the newest and the one in flight) until the queue is
-    /// within `max_bytes`, and returns them.
+    /// Removes batches until the queue is within `max_bytes`, and returns them. The tenant
+    /// holding the most bytes loses its oldest batch first, so one tenant's backlog never
+    /// drops another's samples while it holds more than they do. The newest batch and the one
+    /// in flight are kept.
     fn evict(&mut self, max_bytes: u64) -> Vec<Batch> {
         let mut evicted = Vec::new();
-        let mut i = 0;
-        while self.bytes > max_bytes && i + 1 < self.batches.len() {
-            if Some(self.batches[i].seq) == self.in_flight {
-                i += 1;
-                continue;
-            }
-            if let Some(b) = self.batches.remove(i) {
-                self.bytes -= b.bytes;
-                evicted.push(b);
+        if self.bytes <= max_bytes {
+            return evicted;
+        }
+        let last = self.batches.back().map(|b| b.seq);
+        let keep = |b: &Batch| Some(b.seq) == last || Some(b.seq) == self.in_flight;
+        let mut by_tenant: HashMap<String, u64> = HashMap::new();
+        for b in self.batches.iter().filter(|b| !keep(b)) {
+            *by_tenant.entry(b.dest.tenant.clone()).or_default() += b.bytes;
+        }
+        let mut gone: HashSet<u64> = HashSet::new();
+        let mut over = self.bytes - max_bytes;
+        // Each tenant's evictable batches, oldest first.
+        let mut queues: HashMap<&str, VecDeque<&Batch>> = HashMap::new();
+        for b in self.batches.iter().filter(|b| !keep(b)) {
+            queues
+                .entry(b.dest.tenant.as_str())
+                .or_default()
+                .push_back(b);
+        }
+        while over > 0 {
+            // The most bytes pays; of equals, the one with the oldest batch.
+            let Some(tenant) = queues
+                .iter()
+                .filter_map(|(&t, q)| Some((t, q.front()?.seq)))
+                .max_by_key(|&(t, oldest)| (by_tenant[t], std::cmp::Reverse(oldest)))
+                .map(|(t, _)| t)
+            else {
+                break;
+            };
+            let Some(b) = queues.get_mut(tenant).and_then(VecDeque::pop_front) else {
+                break;
+            };
+            gone.insert(b.seq);
+            over = over.saturating_sub(b.bytes);
+            if let Some(bytes) = by_tenant.get_mut(tenant) {
+                *bytes -= b.bytes;
             }
         }
+        let mut kept = VecDeque::with_capacity(self.batches.len());
+        for b in std::mem::take(&mut self.batches) {
+            if gone.contains(&b.seq) {
+                self.bytes -= b.bytes;
+                evicted.push(b);
+            } else {
+                kept.push_back(b);
+            }
+        }
+        self.batches = kept;
         evicted
     }
 

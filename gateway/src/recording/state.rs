@@ -238,6 +238,11 @@ impl TenantState {
         self.refresh_known();
     }
 
+    /// Whether the state counts for `rule` already.
+    pub fn started(&self, rule: &str) -> bool {
+        self.started.contains(rule)
+    }
+
     /// Whether the state counts for `rule` already; marks it so.
     pub fn start(&mut self, rule: &str) -> bool {
         !self.started.insert(rule.to_owned())

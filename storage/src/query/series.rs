@@ -256,10 +256,11 @@ impl QueryEngine {
                         count(|s| s.blocks += 1);
                         let mut cells: Vec<(Cell, i64)> = Vec::new();
                         let pos = |c: usize| columns.iter().position(|&x| x == c);
-                        // With a frame filter: the block's symbols, and whether each stack is
-                        // kept, judged once per stack.
+                        // With a frame filter: the block's symbols, native frames named as
+                        // flame graphs show them, and whether each stack is kept, judged once
+                        // per stack.
                         let judged = match frames.as_deref() {
-                            Some(f) => match engine.caches.symbols(&block).await {
+                            Some(f) => match engine.caches.named_symbols(&block).await {
                                 Ok(symbols) => Some((f, symbols, StackVerdicts::default())),
                                 Err(e) => {
                                     return engine

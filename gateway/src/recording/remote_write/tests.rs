@@ -168,6 +168,41 @@ fn over_budget_drops_the_oldest() {
     assert_eq!(r.lock().batches[0].seq, 2);
 }
 
+/// Over the budget, the tenant holding the most bytes loses its oldest batches first: one
+/// tenant's backlog (its receiver away) does not drop another's samples, however old.
+#[test]
+fn over_budget_the_largest_tenant_pays() {
+    let dir = tempfile::tempdir().unwrap();
+    let away = dest("http://away/api/v1/write", "t1");
+    let here = dest("http://here/api/v1/write", "t2");
+    let one = |t| vec![sample("m", "x", t, 1.0)];
+    let probe = RemoteWriteQueue::open(dir.path().join("probe"), u64::MAX).unwrap();
+    probe.push(&away, &one(1)).unwrap();
+    let size = probe.stats().pending_bytes();
+
+    // Room for four batches: t1 pushes ten, t2 one among them (the fourth).
+    let q = RemoteWriteQueue::open(dir.path().join("q"), 4 * size + size / 2).unwrap();
+    for t in 1..=10 {
+        q.push(&away, &one(t)).unwrap();
+        if t == 3 {
+            q.push(&here, &one(t)).unwrap();
+        }
+    }
+    let kept: Vec<(String, u64)> = q
+        .lock()
+        .batches
+        .iter()
+        .map(|b| (b.dest.tenant.clone(), b.seq))
+        .collect();
+    // t2's batch, older than any of t1's left, stays; t1 keeps its newest three.
+    let want: Vec<(String, u64)> = [("t2", 3), ("t1", 8), ("t1", 9), ("t1", 10)]
+        .into_iter()
+        .map(|(t, seq)| (t.to_owned(), seq))
+        .collect();
+    assert_eq!(kept, want);
+    assert_eq!(q.stats().samples_dropped(), 7);
+}
+
 /// A remote write receiver answering with `script`'s statuses, then 204.
 #[derive(Default)]
 struct Receiver {
