@@ -783,12 +783,7 @@ async fn bench_kiln(
         async move {
             let resp = connect(&http, url, body, cache).send().await?;
             let status = resp.status();
-            let read = resp
-                .headers()
-                .get(crate::transport::http::STATS_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
-                .map_or(0, |s| s.bytes_read);
+            let read = bytes_read(&resp);
             let body = resp.bytes().await?;
             ensure!(
                 status.is_success(),
@@ -935,6 +930,15 @@ fn metric_by_level(text: &str, name: &str) -> std::collections::BTreeMap<u32, f6
         }
     }
     out
+}
+
+/// The bytes a query read from the object store, from its answer's `kiln-query-stats`.
+pub(crate) fn bytes_read(resp: &reqwest::Response) -> u64 {
+    resp.headers()
+        .get(crate::transport::http::STATS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
+        .map_or(0, |s| s.bytes_read)
 }
 
 /// A Connect call with a protobuf body; without the partial-result cache unless `cache`.

@@ -84,12 +84,7 @@ pub async fn run(
                     let t = Instant::now();
                     let resp = connect(&http, &url, body, false).send().await?;
                     let status = resp.status();
-                    let read = resp
-                        .headers()
-                        .get(crate::transport::http::STATS_HEADER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<kiln_storage::query::QueryStats>().ok())
-                        .map_or(0, |s| s.bytes_read);
+                    let read = super::bytes_read(&resp);
                     let answer = resp.bytes().await?;
                     ms.push((t.elapsed().as_secs_f64() * 1000.0, read));
                     ensure!(status.is_success(), "fresh flame graph: {status}");
