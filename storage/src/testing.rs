@@ -356,11 +356,14 @@ pub async fn tenant_rows(s: &Storage, tenant: &str) -> u64 {
 }
 
 /// A metastore that counts the calls made to the one it wraps: tests assert what a path does
-/// not do (a `/metrics` scrape reads nothing of it).
+/// not do (a `/metrics` scrape reads nothing of it). It also loses answers on request: with
+/// `lose_job_answers` set, a compaction job's commit goes through and is answered with an error,
+/// as a connection that drops after the commit is.
 #[derive(Debug)]
 pub struct CountingMetastore {
     inner: Arc<dyn crate::metastore::Metastore>,
     calls: std::sync::atomic::AtomicU64,
+    pub lose_job_answers: std::sync::atomic::AtomicBool,
 }
 
 impl CountingMetastore {
@@ -368,6 +371,7 @@ impl CountingMetastore {
         Self {
             inner,
             calls: std::sync::atomic::AtomicU64::new(0),
+            lose_job_answers: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -570,7 +574,16 @@ impl crate::metastore::Metastore for CountingMetastore {
     ) -> crate::Result<()> {
         self.count()
             .complete_job_recorded(job, owner, outputs, sums, now_ms, delete_after_ms)
-            .await
+            .await?;
+        if self
+            .lose_job_answers
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(crate::Error::MetastoreUnavailable(
+                "the connection closed before the commit's answer".into(),
+            ));
+        }
+        Ok(())
     }
     async fn recording_tenants(&self) -> crate::Result<Vec<String>> {
         self.count().recording_tenants().await

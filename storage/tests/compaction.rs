@@ -185,6 +185,49 @@ async fn compaction_merges_levels_and_keeps_every_answer() {
     assert_eq!(series(&s, "a").await, series_a);
 }
 
+/// A compaction whose commit went through but whose answer was lost keeps its outputs: they
+/// are what the metastore lists, so queries read them and nothing is quarantined, and the
+/// sources are deleted when due. A commit the metastore refused deletes them (covered by the
+/// lease tests); the orphan sweep leaves registered outputs alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_keeps_its_outputs() {
+    use kiln_storage::metastore::Metastore;
+    use kiln_storage::testing::CountingMetastore;
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let metastore = Arc::new(CountingMetastore::new(c.open_metastore().await.unwrap()));
+    let s = Storage::with_parts(
+        c.clone(),
+        c.open_object_store().unwrap(),
+        Arc::clone(&metastore) as Arc<dyn Metastore>,
+    )
+    .unwrap();
+    ingest(&s, 24).await;
+    let before_a = stacks(&s, "a", "{}").await;
+    let before_b = stacks(&s, "b", "{}").await;
+    metastore.lose_job_answers.store(true, Ordering::SeqCst);
+    let err = s.compactor().compact_all(now_ms()).await.unwrap_err();
+    assert!(err.to_string().contains("answer"), "{err}");
+    metastore.lose_job_answers.store(false, Ordering::SeqCst);
+    let listed = blocks(&s, "a").await;
+    assert!(
+        listed.iter().any(|b| b.level > 0),
+        "the commit went through"
+    );
+    for b in &listed {
+        assert!(
+            s.store().get(&b.path()).await.is_ok(),
+            "{} is listed but gone",
+            b.path()
+        );
+    }
+    s.collect_garbage(u64::MAX).await.unwrap();
+    s.sweep_orphans(u64::MAX).await.unwrap();
+    assert_eq!(stacks(&s, "a", "{}").await, before_a);
+    assert_b_untouched_and_walled(&s, &before_b).await;
+    assert_eq!(s.query().counters().quarantined.load(Ordering::Relaxed), 0);
+}
+
 /// Top-level blocks merge with each other by size, so the block count follows the volume of
 /// data, not the number of flushes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -222,13 +222,14 @@ impl Compactor {
                     .map(|o| (o.meta.key(), o.meta.path()))
                     .collect();
                 let metas: Vec<BlockMeta> = outputs.into_iter().map(|o| o.meta).collect();
+                // `Err((committing, e))`: whether the commit was sent when it failed.
                 let completed = match self.recorded_sums(job, metas).await {
-                    Ok((metas, sums)) => {
-                        self.metastore
-                            .complete_job_recorded(job, &self.owner, metas, &sums, now_ms(), delay)
-                            .await
-                    }
-                    Err(e) => Err(e),
+                    Ok((metas, sums)) => self
+                        .metastore
+                        .complete_job_recorded(job, &self.owner, metas, &sums, now_ms(), delay)
+                        .await
+                        .map_err(|e| (true, e)),
+                    Err(e) => Err((false, e)),
                 };
                 match completed {
                     Ok(()) => {
@@ -265,11 +266,24 @@ impl Compactor {
                             elapsed_ms = started.elapsed().as_millis() as u64, "compaction job done");
                         Ok(true)
                     }
-                    Err(e) => {
-                        // Not registered: the outputs are garbage.
-                        for (key, path) in &written {
+                    Err((committing, e)) => {
+                        for (key, _) in &written {
                             self.caches.forget_block(key).await;
-                            let _ = self.store.delete(path).await;
+                        }
+                        if !committing || refused(&e) {
+                            // Not registered: the outputs are garbage.
+                            for (_, path) in &written {
+                                let _ = self.store.delete(path).await;
+                            }
+                        } else {
+                            // The commit may have gone through with its answer lost: its
+                            // outputs may be what queries read now, and the sources are then
+                            // tombstoned. They are left to the orphan sweep, which deletes
+                            // them after `orphan_grace` only if the metastore has no entry.
+                            tracing::warn!(tenant = %job.tenant, job = job.id, error = %e,
+                                outputs = written.len(),
+                                "a compaction job's commit failed without an answer; its outputs \
+                                 are kept, and the orphan sweep deletes them if unregistered");
                         }
                         match e {
                             Error::LeaseLost { .. } => {
@@ -406,4 +420,14 @@ impl Compactor {
         out.dedup();
         Ok(out)
     }
+}
+
+/// Whether a metastore error means the commit was refused, so nothing of it was registered:
+/// the lease passed on, an output already there, or a conflict whose retries ran out (each
+/// try rolled back). Any other error may have followed a commit whose answer was lost.
+fn refused(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::LeaseLost { .. } | Error::BlockExists { .. } | Error::MetastoreConflict(_)
+    )
 }
