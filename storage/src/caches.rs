@@ -139,7 +139,12 @@ impl Caches {
         match self.barrier.get() {
             None => self.metastore.query_blocks(query).await,
             Some(b) => {
-                b.wait().await;
+                b.wait(barrier::Scope {
+                    tenant: query.tenant,
+                    start_nanos: query.start_nanos,
+                    end_nanos: query.end_nanos,
+                })
+                .await;
                 b.unregistered()
                     .query_blocks(self.metastore.as_ref(), query)
                     .await

@@ -96,8 +96,12 @@ pub struct StorageMetrics {
     /// Write-ahead log records replayed at start, and those that did not decode (skipped).
     pub log_replayed_records: Counter,
     pub log_undecodable_records: Counter,
+    /// Log files a replay found damaged before their end, kept under the log's `aside/`.
+    pub log_files_set_aside: Counter,
     /// Write shards that panicked (and were started again, up to five times).
     pub shard_panics: Counter,
+    /// Cuts of a shard's buffered writes a query's barrier asked for.
+    pub barrier_cuts: Counter,
 }
 
 /// Every `op` label value.
@@ -149,7 +153,9 @@ impl StorageMetrics {
             log_bytes: Counter::default(),
             log_replayed_records: Counter::default(),
             log_undecodable_records: Counter::default(),
+            log_files_set_aside: Counter::default(),
             shard_panics: Counter::default(),
+            barrier_cuts: Counter::default(),
         }
     }
 }
@@ -210,13 +216,23 @@ impl StorageMetrics {
         );
         r.register(
             "storage_log_undecodable_records",
-            "Write-ahead log records replayed at start that did not decode (their writes skipped)",
+            "Write-ahead log records replayed at start that did not decode (their writes not replayed; each kept under the log's aside/)",
             self.log_undecodable_records.clone(),
+        );
+        r.register(
+            "storage_log_files_set_aside",
+            "Write-ahead log files a replay found damaged before their end (the records after the damage not replayed; the file kept under the log's aside/)",
+            self.log_files_set_aside.clone(),
         );
         r.register(
             "storage_shard_panics",
             "Write shards that panicked (a bug; each started again, up to five times)",
             self.shard_panics.clone(),
+        );
+        r.register(
+            "storage_barrier_cuts",
+            "Cuts of a write shard's buffered writes into a segment that a query asked for (it reads a buffered tenant and time range)",
+            self.barrier_cuts.clone(),
         );
         r.register(
             "storage_spool_bytes",

@@ -25,7 +25,7 @@ pub mod wal;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error};
 
 use crate::caches::Caches;
-use crate::caches::barrier::{ShardCut, WriteBarrier};
+use crate::caches::barrier::{Buffered, Scope, ShardCut, WriteBarrier};
 use crate::caches::unregistered::Unregistered;
 use crate::clock::Clock;
 use crate::metastore::Metastore;
@@ -254,7 +254,7 @@ enum Command {
 pub struct Writer {
     shards: Vec<mpsc::Sender<Command>>,
     /// Per shard, whether it buffers writes it acknowledged from its log (a barrier cuts them).
-    buffered: Vec<Arc<AtomicBool>>,
+    buffered: Vec<Arc<Buffered>>,
     /// Per logged shard, answered once its log is open and replayed ([`Writer::ready`]).
     ready: Arc<std::sync::Mutex<Vec<oneshot::Receiver<Result<()>>>>>,
     logged: bool,
@@ -366,7 +366,7 @@ impl Writer {
         let shards = (0..config.shards.max(1))
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(1024);
-                let flag = Arc::new(AtomicBool::new(false));
+                let flag = Arc::new(Buffered::default());
                 buffered.push(Arc::clone(&flag));
                 let ctx = Arc::clone(&ctx);
                 let answer = config.log.is_some().then(|| {
@@ -436,6 +436,7 @@ impl Writer {
                 Arc::new(ShardHandle {
                     queue: queue.downgrade(),
                     buffered: Arc::clone(buffered),
+                    cuts: self.ctx.store.metrics().barrier_cuts.clone(),
                 }) as Arc<dyn ShardCut>
             })
             .collect();
@@ -533,18 +534,25 @@ impl Writer {
 /// it open) and whether it buffers writes acknowledged from its log.
 struct ShardHandle {
     queue: mpsc::WeakSender<Command>,
-    buffered: Arc<AtomicBool>,
+    buffered: Arc<Buffered>,
+    /// `kiln_storage_barrier_cuts_total`.
+    cuts: prometheus_client::metrics::counter::Counter,
 }
 
 impl ShardCut for ShardHandle {
-    fn cut(&self) -> BoxFuture<'_, Option<oneshot::Receiver<()>>> {
+    fn cut(&self, scope: Option<Scope<'_>>) -> BoxFuture<'_, Option<oneshot::Receiver<()>>> {
+        let wanted = match scope {
+            Some(scope) => self.buffered.holds(scope),
+            None => self.buffered.any(),
+        };
         Box::pin(async move {
-            if !self.buffered.load(Ordering::Acquire) {
+            if !wanted {
                 return None;
             }
             let queue = self.queue.upgrade()?;
             let (done, wait) = oneshot::channel();
             queue.send(Command::Barrier { done }).await.ok()?;
+            self.cuts.inc();
             Some(wait)
         })
     }
@@ -564,7 +572,7 @@ async fn supervise(
     mut rx: mpsc::Receiver<Command>,
     ctx: Arc<FlushContext>,
     config: WriterConfig,
-    buffered: Arc<AtomicBool>,
+    buffered: Arc<Buffered>,
     mut ready: Option<oneshot::Sender<Result<()>>>,
 ) {
     use futures::FutureExt;
@@ -600,7 +608,7 @@ async fn supervise(
             .unwrap_or_default();
         // Its segments not yet registered go with it: the restart replays their writes.
         ctx.unregistered.remove_shard(shard).await;
-        buffered.store(false, Ordering::Release);
+        buffered.clear();
         if panics > SHARD_RESTARTS {
             error!(shard, panics, panic = %message,
                 "a write shard panicked again; it is not started again, and its writes are \

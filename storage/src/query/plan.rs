@@ -185,7 +185,12 @@ impl QueryEngine {
         let (parts, unregistered) = match self.caches.barrier.get() {
             None => (self.caches.metastore.partitions(tenant).await?, None),
             Some(b) => {
-                b.wait().await;
+                b.wait(crate::caches::barrier::Scope {
+                    tenant,
+                    start_nanos: i64::MIN,
+                    end_nanos: i64::MAX,
+                })
+                .await;
                 let _listing = b.unregistered().listing().await;
                 let parts = self.caches.metastore.partitions(tenant).await?;
                 (parts, b.unregistered().time_range(tenant))

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -31,8 +31,9 @@ use super::segment::{
     warm,
 };
 use super::{Ack, Command, FlushContext, LogConfig, WriterConfig};
+use crate::caches::barrier::Buffered;
 use crate::metastore::LogCheckpoint;
-use crate::writer::wal::Log;
+use crate::writer::wal::{self, Log};
 use crate::{Error, ErrorKind, Result};
 
 /// How often a segment the store or metastore refused is tried again.
@@ -67,7 +68,7 @@ struct Shard {
     /// Set from a write's buffering until its segment is built (readable by queries): a
     /// query's barrier ([`super::WriteBarrier`]) must then cut it, or wait for the cut under
     /// way.
-    buffered: Arc<AtomicBool>,
+    buffered: Arc<Buffered>,
     pending: BTreeMap<String, Pending>,
     hints: Hints,
     size: usize,
@@ -99,7 +100,7 @@ pub(super) async fn run(
     rx: &mut mpsc::Receiver<Command>,
     ctx: Arc<FlushContext>,
     config: WriterConfig,
-    buffered: Arc<AtomicBool>,
+    buffered: Arc<Buffered>,
     ready: oneshot::Sender<Result<()>>,
 ) {
     let log_config = config.log.clone().expect("a logged shard has a log");
@@ -144,11 +145,10 @@ pub(super) async fn run(
     s.run(rx).await;
 }
 
-/// What a shard's log held above its checkpoint.
+/// What a shard's log holds above its checkpoint.
 struct Replay {
     checkpoint: u64,
-    records: Vec<(u64, Vec<u8>)>,
-    skipped_bytes: u64,
+    files: wal::Replay,
 }
 
 async fn open(
@@ -168,57 +168,91 @@ async fn open(
         log,
         Replay {
             checkpoint,
-            records: replay.records,
-            skipped_bytes: replay.skipped_bytes,
+            files: replay,
         },
     ))
 }
 
 impl Shard {
     /// Decodes the records an earlier process left above the checkpoint back into writes and
-    /// registers them in segments, before any new write.
+    /// registers them in segments, before any new write. The log is read a file at a time, so
+    /// a long outage's log is replayed in the memory of one file and one segment. What cannot
+    /// be used is set aside before the checkpoint passes it ([`wal::ASIDE_DIR`]); if it cannot
+    /// be kept, the replay stops and the shard does not start.
     async fn replay(&mut self, config: &LogConfig, replay: Replay) -> Result<()> {
-        if replay.skipped_bytes > 0 {
-            // After a crash, the torn last group (never acknowledged); otherwise damage.
-            warn!(
-                shard = self.id,
-                skipped_bytes = replay.skipped_bytes,
-                "the write-ahead log ends in bytes that do not read as records; skipped"
-            );
-        }
-        if replay.records.is_empty() {
-            return Ok(());
-        }
-        let (count, first) = (replay.records.len(), replay.records[0].0);
-        info!(
-            shard = self.id,
-            records = count,
-            first,
-            "replaying the write-ahead log"
-        );
+        let mut files = replay.files;
         let started = Instant::now();
-        let mut undecodable = 0usize;
-        for (seq, record) in replay.records {
-            let decoder = Arc::clone(&config.decoder);
-            let decoded = tokio::task::spawn_blocking(move || decoder.decode(&record))
-                .await
-                .map_err(|e| Error::Task(e.to_string()))?;
-            match decoded {
-                Ok((tenant, profiles)) => {
-                    self.size += buffer(&mut self.pending, &self.hints, tenant, &profiles, None);
+        let (mut count, mut undecodable) = (0usize, 0usize);
+        loop {
+            let (back, file) = tokio::task::spawn_blocking(move || {
+                let file = files.next_file();
+                (files, file)
+            })
+            .await
+            .map_err(|e| Error::Task(e.to_string()))?;
+            files = back;
+            let Some(file) = file? else {
+                break;
+            };
+            if file.skipped_bytes > 0 && file.newest {
+                // After a crash, the torn last group (never acknowledged).
+                warn!(
+                    shard = self.id,
+                    file = %file.path.display(),
+                    skipped_bytes = file.skipped_bytes,
+                    "the write-ahead log ends in bytes that do not read as records; skipped"
+                );
+            } else if file.skipped_bytes > 0 {
+                let path = file.path.clone();
+                let kept = blocking(move || wal::set_aside_file(&path)).await?;
+                self.ctx.store.metrics().log_files_set_aside.inc();
+                error!(shard = self.id, file = %file.path.display(), kept = %kept.display(),
+                    skipped_bytes = file.skipped_bytes,
+                    "a write-ahead log file is damaged before its end: the records after the \
+                     damage are not replayed; the file is kept (docs/operations.md, \
+                     \"A damaged log file\")");
+            }
+            if count == 0 && !file.records.is_empty() {
+                info!(
+                    shard = self.id,
+                    first = file.records[0].0,
+                    "replaying the write-ahead log"
+                );
+            }
+            for (seq, record) in file.records {
+                count += 1;
+                let decoder = Arc::clone(&config.decoder);
+                let (record, decoded) = blocking(move || {
+                    let decoded = decoder.decode(&record);
+                    Ok((record, decoded))
+                })
+                .await?;
+                match decoded {
+                    Ok((tenant, profiles)) => {
+                        self.size +=
+                            buffer(&mut self.pending, &self.hints, tenant, &profiles, None);
+                    }
+                    Err(e) => {
+                        let dir = self.log.dir().to_owned();
+                        let kept =
+                            blocking(move || wal::set_aside_record(&dir, seq, &record)).await?;
+                        undecodable += 1;
+                        self.ctx.store.metrics().log_undecodable_records.inc();
+                        error!(shard = self.id, seq, error = %e, kept = %kept.display(),
+                            "a write-ahead log record does not decode; its write is not \
+                             replayed and the record is kept (docs/operations.md, \
+                             \"A poison record\")");
+                    }
                 }
-                Err(e) => {
-                    undecodable += 1;
-                    self.ctx.store.metrics().log_undecodable_records.inc();
-                    error!(shard = self.id, seq, error = %e,
-                        "a write-ahead log record does not decode; its write is skipped");
+                self.ctx.store.metrics().log_replayed_records.inc();
+                self.logged_through = seq;
+                if self.size >= self.config.flush_bytes {
+                    self.cut().await;
                 }
             }
-            self.ctx.store.metrics().log_replayed_records.inc();
-            self.logged_through = seq;
-            if self.size >= self.config.flush_bytes {
-                self.cut().await;
-            }
+        }
+        if count == 0 {
+            return Ok(());
         }
         self.cut().await;
         if let Some(stuck) = self.backlog.front() {
@@ -382,6 +416,8 @@ impl Shard {
             return;
         }
         let now = tokio::time::Instant::now();
+        // Before it is acknowledged: a query of its tenant and range cuts it from here on.
+        self.buffered.add(&tenant, sample_range(profiles));
         match record {
             Some(record) => {
                 self.size += buffer(
@@ -405,7 +441,6 @@ impl Shard {
                 self.cut_at = Some(self.cut_at.map_or(at, |c| c.min(at)));
             }
         }
-        self.buffered.store(true, Ordering::Release);
     }
 
     /// Appends the waiting records in one group and acknowledges their writes; when the log
@@ -471,7 +506,7 @@ impl Shard {
         self.size = 0;
         let pending = std::mem::take(&mut self.pending);
         if pending.is_empty() && !self.needs_checkpoint() {
-            self.buffered.store(false, Ordering::Release);
+            self.buffered.clear();
             return;
         }
         self.hints = pending
@@ -523,7 +558,7 @@ impl Shard {
             }
         }
         // What the shard buffered is readable now (it takes no write while it builds).
-        self.buffered.store(false, Ordering::Release);
+        self.buffered.clear();
     }
 
     /// Whether records were appended past the last checkpoint recorded or waiting.
@@ -604,4 +639,29 @@ fn blocking_in_place<T>(f: impl FnOnce() -> T) -> T {
         tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
+}
+
+/// The range of a write's sample times (Unix nanoseconds, inclusive), as queries select them.
+fn sample_range(profiles: &[kiln_otel::model::NormalizedProfile]) -> (i64, i64) {
+    let mut range = (i64::MAX, i64::MIN);
+    for series in profiles.iter().flat_map(|p| &p.series) {
+        range = (
+            range.0.min(series.time_nanos),
+            range.1.max(series.time_nanos),
+        );
+        for x in series.samples.iter().filter(|x| x.timestamp_nanos != 0) {
+            range = (
+                range.0.min(x.timestamp_nanos),
+                range.1.max(x.timestamp_nanos),
+            );
+        }
+    }
+    range
+}
+
+/// Runs blocking file IO (or decoding) off the runtime's threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Task(e.to_string()))?
 }

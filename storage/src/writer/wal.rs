@@ -19,8 +19,10 @@
 //! was never acknowledged: reading a file stops at its first frame that is short, fails its CRC
 //! or breaks the sequence, and the frames before it are the file's records. A process that opens
 //! the log appends to a new file, so every file but the newest ends where its writer stopped.
-//! The bytes a read skips are counted ([`Replay::skipped_bytes`]): after a crash they are a
-//! torn group, otherwise damage.
+//! The bytes a read skips are counted ([`FileReplay::skipped_bytes`]): in the newest file after
+//! a crash they are a torn group, otherwise damage. A replay keeps what it cannot use under
+//! [`ASIDE_DIR`] before the checkpoint passes it: a damaged file whole, a record that does not
+//! decode by itself.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -37,13 +39,86 @@ const HEADER_BYTES: usize = 16;
 const FRAME_BYTES: usize = 16;
 const EXTENSION: &str = "kwal";
 
-/// What an opened log held above the checkpoint.
+/// The directory under a log's where what a replay could not use is kept: records that do
+/// not decode (`<seq>.record`) and files damaged before their end (`<first>.kwal`).
+pub const ASIDE_DIR: &str = "aside";
+
+/// What an opened log holds above the checkpoint: its files, read one at a time
+/// ([`Replay::next_file`]), so a replay holds one file's records in memory, not the log's.
 #[derive(Debug, Default)]
 pub struct Replay {
+    checkpoint: u64,
+    /// Files left to read (first sequence number, path), oldest first.
+    files: std::collections::VecDeque<(u64, PathBuf)>,
+}
+
+/// One file's records above the checkpoint.
+#[derive(Debug)]
+pub struct FileReplay {
+    pub path: PathBuf,
     /// Records above the checkpoint, by sequence number, oldest first.
     pub records: Vec<(u64, Vec<u8>)>,
-    /// Bytes of files after the last whole frame (torn groups, or damage).
+    /// Bytes after the file's last whole frame (a torn group, or damage).
     pub skipped_bytes: u64,
+    /// Whether this is the newest file, whose end a crash may tear. Bytes skipped in an older
+    /// file are damage (or a failed group's, never acknowledged).
+    pub newest: bool,
+}
+
+impl Replay {
+    /// Reads the next file. Blocking file IO.
+    pub fn next_file(&mut self) -> Result<Option<FileReplay>> {
+        let Some((first, path)) = self.files.pop_front() else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        std::fs::File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(io(&path))?;
+        let (records, whole) = read_file(&bytes, first);
+        let records = records
+            .into_iter()
+            .filter(|&(seq, _)| seq > self.checkpoint)
+            .map(|(seq, payload)| (seq, payload.to_vec()))
+            .collect();
+        Ok(Some(FileReplay {
+            skipped_bytes: (bytes.len() - whole) as u64,
+            records,
+            newest: self.files.is_empty(),
+            path,
+        }))
+    }
+}
+
+/// Keeps a copy of `path` (a damaged log file) under the log's [`ASIDE_DIR`], durably, and
+/// returns where; a hard link where the file system allows one. Blocking file IO.
+pub fn set_aside_file(path: &Path) -> Result<PathBuf> {
+    let dir = path.parent().unwrap_or(Path::new(".")).join(ASIDE_DIR);
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let to = dir.join(path.file_name().unwrap_or_default());
+    if !to.exists() && std::fs::hard_link(path, &to).is_err() {
+        std::fs::copy(path, &to).map_err(io(&to))?;
+        std::fs::File::open(&to)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&to))?;
+    }
+    std::fs::File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(&dir))?;
+    Ok(to)
+}
+
+/// Keeps record `seq` of the log in `dir` (one that does not decode) under its
+/// [`ASIDE_DIR`], durably, and returns where. Blocking file IO.
+pub fn set_aside_record(dir: &Path, seq: u64, payload: &[u8]) -> Result<PathBuf> {
+    let aside = dir.join(ASIDE_DIR);
+    std::fs::create_dir_all(&aside).map_err(io(&aside))?;
+    let to = aside.join(format!("{seq:020}.record"));
+    std::fs::write(&to, payload)
+        .and_then(|()| std::fs::File::open(&to)?.sync_all())
+        .and_then(|()| std::fs::File::open(&aside)?.sync_all())
+        .map_err(io(&to))?;
+    Ok(to)
 }
 
 /// A shard's log.
@@ -82,21 +157,17 @@ impl Log {
             }
         }
         files.sort();
-        let mut replay = Replay::default();
+        // Every record of an older file is numbered below the newest file's first, so the
+        // newest file alone tells where numbering goes on. A newest file without a whole
+        // frame keeps its number taken (a new file of that name could not be made).
         let mut last = checkpoint;
-        for (first, path) in &files {
+        if let Some((first, path)) = files.last() {
             let mut bytes = Vec::new();
             std::fs::File::open(path)
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io(path))?;
-            let (records, whole) = read_file(&bytes, *first);
-            replay.skipped_bytes += (bytes.len() - whole) as u64;
-            for (seq, payload) in records {
-                last = last.max(seq);
-                if seq > checkpoint {
-                    replay.records.push((seq, payload.to_vec()));
-                }
-            }
+            let (records, _) = read_file(&bytes, *first);
+            last = last.max(records.last().map_or(*first, |&(seq, _)| seq));
         }
         // Only a damaged or forged file names the last number there is.
         let next_seq = last.checked_add(1).ok_or_else(|| {
@@ -116,7 +187,16 @@ impl Log {
         // registration and their deletion) go now: left, they would wait for the shard's next
         // segment, and a metastore rebuilt without the checkpoint would replay them again.
         log.release_through(checkpoint)?;
+        let replay = Replay {
+            checkpoint,
+            files: log.files.iter().cloned().collect(),
+        };
         Ok((log, replay))
+    }
+
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Appends `records` in order and syncs them; returns the sequence number of the last (of

@@ -3,7 +3,28 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
-fn payloads(replay: &Replay) -> Vec<(u64, String)> {
+/// Every record and skipped byte of an opened log.
+#[derive(Debug)]
+struct All {
+    records: Vec<(u64, Vec<u8>)>,
+    skipped_bytes: u64,
+}
+
+/// [`Log::open`], its replay read whole.
+fn open_all(dir: &Path, checkpoint: u64, max_file_bytes: u64) -> crate::Result<(Log, All)> {
+    let (log, mut replay) = Log::open(dir, checkpoint, max_file_bytes)?;
+    let mut all = All {
+        records: Vec::new(),
+        skipped_bytes: 0,
+    };
+    while let Some(file) = replay.next_file()? {
+        all.records.extend(file.records);
+        all.skipped_bytes += file.skipped_bytes;
+    }
+    Ok((log, all))
+}
+
+fn payloads(replay: &All) -> Vec<(u64, String)> {
     replay
         .records
         .iter()
@@ -35,20 +56,20 @@ fn a_file_read_stops_after_the_last_sequence_number_there_is() {
     // A log holding it cannot number another record: it does not open.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(format!("{first:020}.{EXTENSION}")), &bytes).unwrap();
-    let err = Log::open(dir.path(), 0, 1 << 20).unwrap_err();
+    let err = open_all(dir.path(), 0, 1 << 20).unwrap_err();
     assert!(err.to_string().contains("exhausted"), "{err}");
 }
 
 #[test]
 fn records_read_back_above_the_checkpoint_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
     assert_eq!(log.append([rec("a"), rec("b")]).unwrap(), 2);
     assert_eq!(log.append([]).unwrap(), 2, "nothing appended");
     assert_eq!(log.append([rec("c")]).unwrap(), 3);
     drop(log);
-    let (mut log, replay) = Log::open(dir.path(), 1, 1 << 20).unwrap();
+    let (mut log, replay) = open_all(dir.path(), 1, 1 << 20).unwrap();
     assert_eq!(
         payloads(&replay),
         [(2, "b".into()), (3, "c".into())],
@@ -59,10 +80,10 @@ fn records_read_back_above_the_checkpoint_after_a_restart() {
     assert_eq!(log.append([rec("d")]).unwrap(), 4);
     assert_eq!(log.files().count(), 2);
     drop(log);
-    let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert_eq!(replay.records.len(), 4);
     // A checkpoint past every record (the metastore is ahead of the log's files).
-    let (mut log, replay) = Log::open(dir.path(), 10, 1 << 20).unwrap();
+    let (mut log, replay) = open_all(dir.path(), 10, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
     assert_eq!(log.append([rec("e")]).unwrap(), 11);
 }
@@ -70,23 +91,23 @@ fn records_read_back_above_the_checkpoint_after_a_restart() {
 #[test]
 fn files_a_checkpoint_covers_are_deleted_when_the_log_opens() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     log.append([rec("a"), rec("b")]).unwrap();
     drop(log);
-    let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     log.append([rec("c")]).unwrap();
     drop(log);
     // The first file (records 1 and 2) is covered, the second (3) is not.
-    let (log, replay) = Log::open(dir.path(), 2, 1 << 20).unwrap();
+    let (log, replay) = open_all(dir.path(), 2, 1 << 20).unwrap();
     assert_eq!(payloads(&replay), [(3, "c".into())]);
     assert_eq!(log.files().count(), 1);
     drop(log);
     // Everything covered: no file is left to read again, whatever checkpoint comes next.
-    let (log, replay) = Log::open(dir.path(), 3, 1 << 20).unwrap();
+    let (log, replay) = open_all(dir.path(), 3, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
     assert_eq!(log.files().count(), 0);
     drop(log);
-    let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert!(
         replay.records.is_empty(),
         "the files are gone from the disk"
@@ -97,7 +118,7 @@ fn files_a_checkpoint_covers_are_deleted_when_the_log_opens() {
 #[test]
 fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     log.append([rec("kept")]).unwrap();
     let path = log.files().next().unwrap().to_owned();
     let whole = std::fs::metadata(&path).unwrap().len();
@@ -107,7 +128,7 @@ fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
     for cut in whole as usize..full.len() {
         let d = tempfile::tempdir().unwrap();
         std::fs::write(d.path().join(path.file_name().unwrap()), &full[..cut]).unwrap();
-        let (mut log, replay) = Log::open(d.path(), 0, 1 << 20).unwrap();
+        let (mut log, replay) = open_all(d.path(), 0, 1 << 20).unwrap();
         let kept = payloads(&replay);
         assert!(
             kept == [(1, "kept".into())] || kept == [(1, "kept".into()), (2, "torn-1".into())],
@@ -119,7 +140,7 @@ fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
         );
         // Appends go on after what was read, never reusing a number a reader saw.
         assert_eq!(log.append([rec("next")]).unwrap(), kept.len() as u64 + 1);
-        let (_, again) = Log::open(d.path(), 0, 1 << 20).unwrap();
+        let (_, again) = open_all(d.path(), 0, 1 << 20).unwrap();
         assert_eq!(again.records.last().unwrap().0, kept.len() as u64 + 1);
     }
 }
@@ -131,7 +152,7 @@ fn a_failed_group_is_answered_with_an_error_and_the_next_goes_to_a_new_file() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert_eq!(log.append([rec("a")]).unwrap(), 1);
     // The disk fills up under the open file: writes to /dev/full fail with ENOSPC.
     log.current.as_mut().unwrap().0 = full;
@@ -142,14 +163,14 @@ fn a_failed_group_is_answered_with_an_error_and_the_next_goes_to_a_new_file() {
     assert_eq!(log.append([rec("c")]).unwrap(), 3);
     assert_eq!(log.files().count(), 2);
     drop(log);
-    let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert_eq!(payloads(&replay), [(1, "a".into()), (3, "c".into())]);
 }
 
 #[test]
 fn a_damaged_frame_ends_its_file_and_not_the_next() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1).unwrap();
     // Files of one group each (the size limit is 1 byte).
     log.append([rec("one"), rec("two")]).unwrap();
     log.append([rec("three")]).unwrap();
@@ -160,7 +181,7 @@ fn a_damaged_frame_ends_its_file_and_not_the_next() {
     // The first frame's payload: "one" fails its CRC, so "two" is not read either.
     bytes[HEADER_BYTES + FRAME_BYTES] ^= 0x20;
     std::fs::write(&paths[0], &bytes).unwrap();
-    let (_, replay) = Log::open(dir.path(), 0, 1).unwrap();
+    let (_, replay) = open_all(dir.path(), 0, 1).unwrap();
     assert_eq!(payloads(&replay), [(3, "three".into())]);
     assert_eq!(
         replay.skipped_bytes,
@@ -169,14 +190,14 @@ fn a_damaged_frame_ends_its_file_and_not_the_next() {
     );
     // A file whose header is not a log's is skipped whole.
     std::fs::write(&paths[1], b"KWAX").unwrap();
-    let (_, replay) = Log::open(dir.path(), 0, 1).unwrap();
+    let (_, replay) = open_all(dir.path(), 0, 1).unwrap();
     assert!(replay.records.is_empty());
 }
 
 #[test]
 fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1).unwrap();
     log.append([rec("1"), rec("2")]).unwrap();
     log.append([rec("3")]).unwrap();
     log.append([rec("4"), rec("5")]).unwrap();
@@ -188,7 +209,7 @@ fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
     );
     assert_eq!(log.release_through(3).unwrap(), 2);
     assert_eq!(log.files().count(), 1);
-    let (_, replay) = Log::open(dir.path(), 3, 1).unwrap();
+    let (_, replay) = open_all(dir.path(), 3, 1).unwrap();
     assert_eq!(payloads(&replay), [(4, "4".into()), (5, "5".into())]);
     assert_eq!(log.release_through(5).unwrap(), 1);
     assert_eq!(log.files().count(), 0);
@@ -198,14 +219,14 @@ fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
     // After every file is gone the numbers go on.
     assert_eq!(log.append([rec("6")]).unwrap(), 6);
     drop(log);
-    let (_, replay) = Log::open(dir.path(), 5, 1).unwrap();
+    let (_, replay) = open_all(dir.path(), 5, 1).unwrap();
     assert_eq!(payloads(&replay), [(6, "6".into())]);
 }
 
 #[test]
 fn any_bytes_as_a_log_file_read_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     for i in 0..20u8 {
         log.append([vec![i; usize::from(i) * 7].as_slice()])
             .unwrap();
@@ -235,11 +256,62 @@ fn any_bytes_as_a_log_file_read_without_a_panic() {
             bytes = (0..next() % 4096).map(|_| next() as u8).collect();
         }
         std::fs::write(&path, &bytes).unwrap();
-        let (_, replay) = Log::open(dir.path(), 0, 1 << 20).unwrap();
+        let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
         // Whatever reads back is a run of the records as written, from the first.
         for (n, (seq, payload)) in replay.records.iter().enumerate() {
             assert_eq!(*seq, n as u64 + 1, "round {round}");
             assert_eq!(*payload, vec![n as u8; n * 7], "round {round}");
         }
     }
+}
+
+/// A newest file without a whole frame (the process died after making its header) keeps its
+/// number: the next process appends to a file of its own, and nothing is lost.
+#[test]
+fn a_newest_file_without_records_keeps_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    log.append([rec("a")]).unwrap();
+    drop(log);
+    let mut header = MAGIC.to_vec();
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&0u16.to_le_bytes());
+    header.extend_from_slice(&2u64.to_le_bytes());
+    std::fs::write(dir.path().join(format!("{:020}.{EXTENSION}", 2)), &header).unwrap();
+    let (mut log, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    assert_eq!(payloads(&replay), [(1, "a".into())]);
+    assert_eq!(log.append([rec("b")]).unwrap(), 3);
+    drop(log);
+    let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    assert_eq!(payloads(&replay), [(1, "a".into()), (3, "b".into())]);
+}
+
+/// What a replay cannot use is kept under `aside/`: a damaged file whole (its bytes as they
+/// were, after the log deletes it), a record by itself.
+#[test]
+fn damaged_files_and_records_are_kept_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    log.append([rec("a"), rec("b")]).unwrap();
+    let path = log.files().next().unwrap().to_owned();
+    drop(log);
+    let bytes = std::fs::read(&path).unwrap();
+    let kept = set_aside_file(&path).unwrap();
+    assert_eq!(
+        kept,
+        dir.path().join(ASIDE_DIR).join(path.file_name().unwrap())
+    );
+    let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    log.release_through(2).unwrap();
+    assert!(!path.exists());
+    assert_eq!(std::fs::read(&kept).unwrap(), bytes);
+    let record = set_aside_record(dir.path(), 7, b"poison").unwrap();
+    assert_eq!(
+        record,
+        dir.path().join(ASIDE_DIR).join(format!("{:020}.record", 7))
+    );
+    assert_eq!(std::fs::read(&record).unwrap(), b"poison");
+    // The log does not read its aside directory as files of its own.
+    let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
+    assert!(replay.records.is_empty());
 }
