@@ -262,16 +262,22 @@ impl DebugFile {
                 .wrapping_sub(vaddr);
             return address.wrapping_sub(base);
         }
-        // A debug-only file does not know where its code lay in the program's file; the mapping
-        // does: it maps the code's segment from that segment's page (a loadable segment's
-        // offset and address agree below the page), so the segment's first page is at `start`.
-        match self
+        // A debug-only file does not know where its segments lay in the program's file. A
+        // mapping from offset 0 maps the file from its start, which the first loadable segment
+        // holds (with the ELF header): that segment's page is at `start` (one mapping for the
+        // whole file, as pprof converters and non-PIE layouts have it). Any other mapping maps
+        // the code's segment from that segment's page (a loadable segment's offset and address
+        // agree below the page), so its first page is at `start`.
+        let code = self
             .segments
             .iter()
-            .find(|s| s.executable && s.offset.is_none())
-        {
-            Some(s) => address.wrapping_sub(mapping.start.wrapping_sub(page(s.vaddr))),
-            None => address,
+            .find(|s| s.executable && s.offset.is_none());
+        match (code, self.segments.first()) {
+            (Some(_), Some(first)) if mapping.offset == 0 => {
+                address.wrapping_sub(mapping.start.wrapping_sub(page(first.vaddr)))
+            }
+            (Some(s), _) => address.wrapping_sub(mapping.start.wrapping_sub(page(s.vaddr))),
+            (None, _) => address,
         }
     }
 

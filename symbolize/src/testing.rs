@@ -435,6 +435,16 @@ pub fn executable_segment(path: &Path) -> Result<(u64, u64, u64), String> {
     Err(format!("{}: no executable LOAD segment", path.display()))
 }
 
+/// The address of a file's first loadable segment (`readelf -lW`), which holds its ELF header.
+pub fn first_load_vaddr(path: &Path) -> Result<u64, String> {
+    let out = run(Command::new("readelf").arg("-lW").arg(path))?;
+    out.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|parts| parts.first() == Some(&"LOAD"))
+        .and_then(|parts| u64::from_str_radix(parts.get(2)?.trim_start_matches("0x"), 16).ok())
+        .ok_or_else(|| format!("{}: no LOAD segment", path.display()))
+}
+
 /// Debian's `debuginfod` serving the ELF files of a directory on a free loopback port.
 pub struct DebuginfodServer {
     child: Option<std::process::Child>,

@@ -227,6 +227,20 @@ impl Subject {
     fn pprof(&self, bias: u64) -> Vec<u8> {
         let (offset, vaddr, memsz) = self.segment;
         let page = |v: u64| v & !0xfff;
+        self.pprof_mapped(bias, page(vaddr) + bias, vaddr + memsz + bias, page(offset))
+    }
+
+    /// [`Self::pprof`] with one mapping for the whole file from offset 0, as several pprof
+    /// converters write it (and non-PIE layouts map it): from the first loadable segment's page
+    /// to the code's end.
+    fn pprof_whole_file(&self, bias: u64) -> Result<Vec<u8>> {
+        let (_, vaddr, memsz) = self.segment;
+        let first = testing::first_load_vaddr(&self.built.stripped).map_err(anyhow::Error::msg)?;
+        Ok(self.pprof_mapped(bias, (first & !0xfff) + bias, vaddr + memsz + bias, 0))
+    }
+
+    /// A pprof of the program's addresses loaded at `bias` in one mapping.
+    fn pprof_mapped(&self, bias: u64, start: u64, limit: u64, offset: u64) -> Vec<u8> {
         let strings = vec![
             String::new(),
             "cpu".into(),
@@ -241,9 +255,9 @@ impl Subject {
             period: 1,
             mapping: vec![pb::Mapping {
                 id: 1,
-                memory_start: page(vaddr) + bias,
-                memory_limit: vaddr + memsz + bias,
-                file_offset: page(offset),
+                memory_start: start,
+                memory_limit: limit,
+                file_offset: offset,
                 filename: 3,
                 build_id: 4,
                 ..Default::default()
@@ -866,6 +880,68 @@ fn debuginfod_names_frames_and_a_dead_server_only_delays_them() -> Result<()> {
         .wait_for(c.gnu.as_deref().unwrap())
         .map_err(anyhow::Error::msg)?;
     eventually(|| Ok(stacks(&kiln, "team-b", &ty, &c.service)?.0 == c.named_stacks()))?;
+    Ok(())
+}
+
+/// A debug-only file (`objcopy --only-keep-debug`), the only one Debian's debuginfod has of
+/// a program, names its pprof profiles of each mapping shape: the code segment's mapping as
+/// `/proc/<pid>/maps` has it, and one mapping of the whole file from offset 0; for a
+/// position-dependent and a position-independent executable (loaded at a bias).
+#[test]
+fn a_served_debug_only_file_names_each_mapping_shape() -> Result<()> {
+    if !testing::have("debuginfod") {
+        kiln_otel::skip::missing("debuginfod");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served)?;
+    let programs = [
+        (subject(Program::C, &served, "c-shapes")?, 0),
+        (
+            subject(Program::CPie, &served, "pie-shapes")?,
+            0x5555_0000_0000,
+        ),
+    ];
+    // Only the stripped executable and the debug-only file are left to serve.
+    for (p, _) in &programs {
+        std::fs::remove_file(&p.built.full)?;
+    }
+    let server =
+        testing::DebuginfodServer::start(&served, dir.path()).map_err(anyhow::Error::msg)?;
+    for (p, _) in &programs {
+        server
+            .wait_for(p.gnu.as_deref().unwrap())
+            .map_err(anyhow::Error::msg)?;
+    }
+    let kiln = Kiln::start(&["--debuginfod-url", &server.url()])?;
+    let cpu = "process_cpu:cpu:nanoseconds:cpu:nanoseconds";
+    for (p, bias) in &programs {
+        for (shape, body) in [
+            ("segment", p.pprof(*bias)),
+            ("whole-file", p.pprof_whole_file(*bias)?),
+        ] {
+            let service = format!("{}-{shape}", p.service);
+            let (s, b) =
+                kiln.ingest("team-a", &format!("name={service}&format=pprof"), body, &[])?;
+            ensure!(s == 200, "{s} {b}");
+            let want = p.named_stacks_of(1);
+            eventually(|| Ok(stacks(&kiln, "team-a", cpu, &service)?.0 == want)).with_context(
+                || {
+                    format!(
+                        "{service}: {:?}",
+                        stacks(&kiln, "team-a", cpu, &service).map(|s| s.0)
+                    )
+                },
+            )?;
+        }
+    }
+    // Another tenant never sees team-a's series.
+    ensure!(
+        stacks(&kiln, "team-b", cpu, "c-shapes-segment")?
+            .0
+            .is_empty()
+    );
     Ok(())
 }
 
