@@ -303,6 +303,11 @@ impl Caches {
         self.fresh.invalidate(key);
     }
 
+    /// Whether a block's fresh object is held in memory.
+    pub fn holds_fresh_object(&self, block: &BlockMeta) -> bool {
+        self.fresh_object(block).is_some()
+    }
+
     /// How many blocks' fresh objects are held in memory.
     pub fn fresh_blocks(&self) -> u64 {
         self.fresh.run_pending_tasks();
