@@ -98,6 +98,11 @@ pub struct StorageMetrics {
     pub log_undecodable_records: Counter,
     /// Log files a replay found damaged before their end, kept under the log's `aside/`.
     pub log_files_set_aside: Counter,
+    /// Records of writes acknowledged from the log whose segment could not be made, kept under
+    /// the log's `aside/`.
+    pub log_records_set_aside: Counter,
+    /// Segment builds a test asks to fail (fault injection; 0 in production).
+    pub fail_segment_builds: std::sync::atomic::AtomicU32,
     /// Write shards that panicked (and were started again, up to five times).
     pub shard_panics: Counter,
     /// Cuts of a shard's buffered writes a query's barrier asked for.
@@ -154,6 +159,8 @@ impl StorageMetrics {
             log_replayed_records: Counter::default(),
             log_undecodable_records: Counter::default(),
             log_files_set_aside: Counter::default(),
+            log_records_set_aside: Counter::default(),
+            fail_segment_builds: std::sync::atomic::AtomicU32::new(0),
             shard_panics: Counter::default(),
             barrier_cuts: Counter::default(),
         }
@@ -218,6 +225,11 @@ impl StorageMetrics {
             "storage_log_undecodable_records",
             "Write-ahead log records replayed at start that did not decode (their writes not replayed; each kept under the log's aside/)",
             self.log_undecodable_records.clone(),
+        );
+        r.register(
+            "storage_log_records_set_aside",
+            "Records of writes acknowledged from the write-ahead log whose segment could not be made (not stored; each kept under the log's aside/)",
+            self.log_records_set_aside.clone(),
         );
         r.register(
             "storage_log_files_set_aside",

@@ -314,6 +314,40 @@ fn an_undecodable_record_is_skipped_and_counted() {
     assert_eq!(wal_files(dir.path()), 0);
 }
 
+/// A segment that cannot be made does not drop the writes it held that were acknowledged from
+/// the log: their records are kept aside, and counted, before a later segment's checkpoint
+/// passes them. The writes after it are stored as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_that_cannot_be_made_keeps_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), NEVER))
+        .await
+        .unwrap();
+    write_logged(&s, "a", "main;unmade", 1, 2).await;
+    s.metrics()
+        .fail_segment_builds
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    // A query of a's writes cuts them; the segment fails.
+    assert!(stacks(&s, "a").await.is_empty());
+    assert_eq!(s.metrics().log_records_set_aside.get(), 2);
+    write_logged(&s, "a", "main;next", 3, 1).await;
+    s.barrier().await;
+    assert_eq!(
+        stacks(&s, "a").await,
+        [(frames("main;next"), 3)].into_iter().collect()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+    let kept = files_named(&dir.path().join("wal"), |p| {
+        p.extension().is_some_and(|x| x == "record")
+    });
+    let read: Vec<Vec<u8>> = kept.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let want: Vec<Vec<u8>> = (1..=2)
+        .map(|i| text_record("a", "api", "main;unmade", i, T0 + i * SEC))
+        .collect();
+    assert_eq!(read, want);
+}
+
 /// Every file under `dir` that `keep` takes, sorted.
 fn files_named(dir: &Path, keep: impl Fn(&Path) -> bool + Copy) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

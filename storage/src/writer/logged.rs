@@ -547,11 +547,41 @@ impl Shard {
                     });
                 }
             }
+            Err(e) if matches!(&e, Error::Task(m) if m.contains("cancelled")) => {
+                // The runtime is shutting down under the build: no checkpoint passes the
+                // records now, so they are replayed at the next start.
+                for ack in acks {
+                    let _ = ack.send(Err((e.kind(), e.to_string())));
+                }
+            }
             Err(e) => {
-                // Not seen: encoding what the builders accepted does not fail. The records stay
-                // in the log until a later segment's checkpoint passes them.
-                error!(shard = self.id, through = self.logged_through, error = %e,
-                    "a segment could not be encoded; its writes are lost");
+                // Not seen: encoding what the builders accepted does not fail. The writes it
+                // held that were acknowledged from the log are not dropped: their records are
+                // kept aside before a later segment's checkpoint passes them. The others are
+                // answered with the error (their clients retry).
+                let from = self.backlog.back().map_or(self.recorded, |u| u.through) + 1;
+                let through = self.logged_through;
+                let log = &self.log;
+                let kept = blocking_in_place(|| log.set_aside_records(from, through));
+                match kept {
+                    Ok(n) => {
+                        self.ctx
+                            .store
+                            .metrics()
+                            .log_records_set_aside
+                            .inc_by(n as u64);
+                        error!(shard = self.id, from, through, records = n, error = %e,
+                            kept = %self.log.dir().join(wal::ASIDE_DIR).display(),
+                            "a segment could not be encoded; its writes acknowledged from the \
+                             log are not stored, and their records are kept (docs/operations.md, \
+                             \"A poison record\")");
+                    }
+                    Err(aside) => {
+                        error!(shard = self.id, from, through, error = %e, aside = %aside,
+                            "a segment could not be encoded, and its records could not be kept: \
+                             its writes acknowledged from the log are lost");
+                    }
+                }
                 for ack in acks {
                     let _ = ack.send(Err((e.kind(), e.to_string())));
                 }

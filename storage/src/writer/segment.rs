@@ -149,6 +149,15 @@ pub(super) async fn build_segment(
     if builders.is_empty() {
         return Ok(None);
     }
+    let failing = &ctx.store.metrics().fail_segment_builds;
+    if failing
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(Error::Task(
+            "a segment build failed (injected by a test)".into(),
+        ));
+    }
     let id =
         ulid::Ulid::from_parts(ctx.clock.now_ms(), ulid::Ulid::generate().random()).to_string();
     let id_for_task = id.clone();

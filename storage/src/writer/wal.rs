@@ -199,6 +199,27 @@ impl Log {
         &self.dir
     }
 
+    /// Keeps the records numbered `from..=through` under [`ASIDE_DIR`] (a segment that held
+    /// their writes could not be made), read back from the log's files; returns how many.
+    /// Blocking file IO.
+    pub fn set_aside_records(&self, from: u64, through: u64) -> Result<usize> {
+        let mut kept = 0;
+        for (first, path) in &self.files {
+            let mut bytes = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(io(path))?;
+            let (records, _) = read_file(&bytes, *first);
+            for (seq, payload) in records {
+                if (from..=through).contains(&seq) {
+                    set_aside_record(&self.dir, seq, payload)?;
+                    kept += 1;
+                }
+            }
+        }
+        Ok(kept)
+    }
+
     /// Appends `records` in order and syncs them; returns the sequence number of the last (of
     /// the one before them when there are none). Once this returns they survive a crash.
     pub fn append<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<u64> {
