@@ -411,16 +411,7 @@ impl Recording {
             } else if !first && before.get(&rule.rule.id) == Some(&rule.rule) {
                 continue;
             }
-            let sums = rule_sums(
-                storage,
-                tenant,
-                rule,
-                s.sealed_through(),
-                i64::MAX / 1_000_000,
-                s.interval_ms(),
-            )
-            .await?;
-            s.replace_open(&rule.rule.id, sums);
+            reread_open(storage, tenant, rule, &mut s).await?;
         }
         if !backfilled.is_empty() {
             self.send(tenants, tenant, &rules, &backfilled).await?;
@@ -633,16 +624,7 @@ impl Recording {
         if t.native_until_ms.load(Ordering::SeqCst) >= sealed.sealed_through() {
             // Native frames arrive unnamed; storage names them from the debug files at hand.
             for rule in rules.iter().filter(|r| r.frames.is_some()) {
-                let sums = rule_sums(
-                    storage,
-                    tenant,
-                    rule,
-                    sealed.sealed_through(),
-                    i64::MAX / 1_000_000,
-                    sealed.interval_ms(),
-                )
-                .await?;
-                sealed.replace_open(&rule.rule.id, sums);
+                reread_open(storage, tenant, rule, &mut sealed).await?;
             }
         }
         let points = sealed.seal(through);
@@ -948,6 +930,27 @@ fn evaluate(
         }
     }
     (contributions, samples)
+}
+
+/// Replaces a rule's open sums in `s` with what the stored profiles hold from its sealed point
+/// on.
+async fn reread_open(
+    storage: &Storage,
+    tenant: &str,
+    rule: &CompiledRule,
+    s: &mut TenantState,
+) -> Result<(), ApiError> {
+    let sums = rule_sums(
+        storage,
+        tenant,
+        rule,
+        s.sealed_through(),
+        i64::MAX / 1_000_000,
+        s.interval_ms(),
+    )
+    .await?;
+    s.replace_open(&rule.rule.id, sums);
+    Ok(())
 }
 
 /// A rule's sums per series and interval (start) over `[start, end)` of the stored profiles.
