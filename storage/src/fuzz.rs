@@ -139,9 +139,12 @@ pub fn wal_file(data: &[u8]) -> usize {
         .map_or(1, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
     let (records, end) = crate::writer::wal::read_file(data, first);
     assert!(end <= data.len(), "a log file read past its end");
-    for (i, (seq, payload)) in records.iter().enumerate() {
-        assert_eq!(*seq, first + i as u64, "records out of sequence");
-        assert!(payload.len() <= data.len(), "a record longer than its file");
+    for (i, f) in records.iter().enumerate() {
+        assert_eq!(f.seq, first + i as u64, "records out of sequence");
+        assert!(
+            f.payload.len() <= data.len(),
+            "a record longer than its file"
+        );
     }
     records.len().min(1)
 }

@@ -266,7 +266,9 @@ pub const LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(15);
 pub trait Metastore: Send + Sync + std::fmt::Debug {
     /// Registers blocks in one transaction (every dataset of one flush, say); they are
     /// queryable once this returns. Refuses the whole batch with [`crate::Error::BlockExists`]
-    /// when one of them is already registered or was compacted away.
+    /// when one of them is already registered or was compacted away. Leaves out, quietly, the
+    /// entries of a tenant deleted after their newest write was received
+    /// ([`Metastore::delete_tenant`]).
     async fn add_blocks(&self, blocks: Vec<BlockMeta>) -> Result<()>;
 
     /// Registers blocks as [`Metastore::add_blocks`] does and, in the same transaction, records
@@ -350,7 +352,11 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
         delete_after_ms: u64,
     ) -> Result<Removed>;
 
-    /// Removes every entry, job and quarantine record of `tenant`.
+    /// Removes every entry, job and quarantine record of `tenant`, and records that it was
+    /// deleted at `now_ms`: from then on, registering an entry of the tenant whose writes were
+    /// all received by `now_ms` ([`BlockMeta::received_ms`]) registers nothing. So a write
+    /// acknowledged before the deletion does not come back from a spool, a retry, a log replay
+    /// or another process's buffer; the tenant's later writes are stored as a new tenant's.
     async fn delete_tenant(
         &self,
         tenant: &str,
@@ -624,6 +630,39 @@ fn entry_weight(b: &BlockMeta) -> usize {
 /// so the cached value is the one a read would have made. A process that answers no queries
 /// keeps none: it would seldom read them, and another process's compaction removes them
 /// without this cache knowing.
+/// Whether entry `b` holds only writes received by `at_ms` (Unix ms), when its tenant was
+/// deleted: its newest write's time, or its object's (a ULID's) when that is not known. An id
+/// that is not a ULID (never one Kiln makes) tells nothing, and the entry is kept.
+pub(crate) fn received_by(b: &BlockMeta, at_ms: u64) -> bool {
+    let received = match b.received_ms {
+        0 => ulid::Ulid::from_string(&b.id).map_or(u64::MAX, |u| u.timestamp_ms()),
+        ms => ms,
+    };
+    received <= at_ms
+}
+
+/// The `blocks` a registration kept (`kept` flags them, in order; the others were a deleted
+/// tenant's), as they are stored: without their time of receipt.
+pub(crate) fn registered(blocks: Vec<BlockMeta>, kept: &[bool]) -> Vec<BlockMeta> {
+    let refused = kept.iter().filter(|&&k| !k).count();
+    if refused > 0 {
+        tracing::info!(
+            entries = refused,
+            "entries of deleted tenants refused: they hold only writes received before the \
+             deletion"
+        );
+    }
+    blocks
+        .into_iter()
+        .zip(kept)
+        .filter(|(_, k)| **k)
+        .map(|(mut b, _)| {
+            b.received_ms = 0;
+            b
+        })
+        .collect()
+}
+
 pub(crate) fn cache_written(cache: &EntryCache, keep: bool, blocks: Vec<BlockMeta>) {
     if !keep {
         return;

@@ -344,10 +344,15 @@ impl Storage {
 
     /// Erases every block of `tenant`: its index entries at once (no query sees them after
     /// this), its objects once no other tenant's entry needs them. Returns entries removed.
+    /// Final for every write received before it, in any process ([`Metastore::delete_tenant`]):
+    /// a write racing the deletion may go either way.
     pub async fn delete_tenant(&self, tenant: &str) -> Result<usize> {
-        // Writes acknowledged from the log are registered first, so they are deleted too.
+        // This process's writes acknowledged from the log are registered first, so the
+        // deletion removes them and no query reads them unregistered after it.
         self.writer.barrier().await;
-        let removed = self.metastore.delete_tenant(tenant, now_ms(), 0).await?;
+        // The writers' clock, which times the writes the deletion is compared with.
+        let at_ms = self.config.writer.clock.now_ms();
+        let removed = self.metastore.delete_tenant(tenant, at_ms, 0).await?;
         self.collect_garbage(now_ms()).await?;
         for doc in self.store.list(&tenant_documents(tenant)).await? {
             self.store.delete(doc.location.as_ref()).await?;

@@ -697,6 +697,7 @@ pub fn synthetic_block(tenant: &str, n: u64, time_nanos: i64) -> crate::format::
         rollups: vec![],
         index: Default::default(),
         logs: Vec::new(),
+        received_ms: 0,
     }
 }
 

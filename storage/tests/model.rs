@@ -75,6 +75,9 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Model {
     samples: Vec<(i64, Sample)>,
+    /// Per tenant, the clock at its last deletion: a write received by then is gone with it
+    /// (the ops' clock may go back, as no real one does for long).
+    deleted_at: BTreeMap<usize, u64>,
 }
 
 type Flame = BTreeMap<Vec<String>, i64>;
@@ -186,7 +189,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for op in ops {
         match op {
             Op::Ingest { at, samples } => {
-                clock.store(((T0 + at * SLOT) / 1_000_000) as u64, Ordering::SeqCst);
+                let now_ms = ((T0 + at * SLOT) / 1_000_000) as u64;
+                clock.store(now_ms, Ordering::SeqCst);
                 let writes = samples.iter().map(|x| {
                     let p = profile(
                         SERVICES[x.service],
@@ -198,7 +202,9 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for r in futures::future::join_all(writes).await {
                     r.unwrap();
                 }
-                model.samples.extend(samples.into_iter().map(|x| (at, x)));
+                let gone = |x: &Sample| model.deleted_at.get(&x.tenant) >= Some(&now_ms);
+                let kept: Vec<Sample> = samples.into_iter().filter(|x| !gone(x)).collect();
+                model.samples.extend(kept.into_iter().map(|x| (at, x)));
             }
             Op::Compact => {
                 s.compactor().compact_all(u64::MAX / 2).await.unwrap();
@@ -217,6 +223,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::DeleteTenant(tenant) => {
                 s.delete_tenant(TENANTS[tenant]).await.unwrap();
                 model.samples.retain(|(_, x)| x.tenant != tenant);
+                let at = model.deleted_at.entry(tenant).or_default();
+                *at = (*at).max(clock.load(Ordering::SeqCst));
             }
             Op::Restart => {
                 s.close().await;

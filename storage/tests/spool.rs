@@ -94,3 +94,50 @@ async fn past_the_budget_writes_are_refused_and_nothing_acknowledged_is_lost() {
     assert!(stacks_around(&s, "b", T0).await.is_empty());
     s.close().await;
 }
+
+/// A tenant deleted while its writes wait in the spool (by another process, say: this one
+/// cannot reach the store) does not come back when they drain; other tenants' writes do, and
+/// the tenant's later writes are stored as a new tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_deleted_while_its_writes_are_spooled_stays_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, store) = faulty_storage(config(dir.path())).await;
+    s.write("a", profile("api", &[(frames("main;up"), 1)], T0))
+        .await
+        .unwrap();
+    store.set_down(true);
+    for i in 1..=3 {
+        s.write(
+            "a",
+            profile("api", &[(frames("main;down"), i)], T0 + i * SEC),
+        )
+        .await
+        .unwrap();
+    }
+    s.write("b", profile("api", &[(frames("main;b_only"), 5)], T0))
+        .await
+        .unwrap();
+    assert!(spooled(&s) > 0);
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    s.metastore()
+        .delete_tenant("a", kiln_storage::clock::now_ms(), 0)
+        .await
+        .unwrap();
+    store.set_down(false);
+    s.drain_spool().await;
+    assert_eq!(spooled(&s), 0);
+    assert!(stacks_around(&s, "a", T0).await.is_empty());
+    assert_eq!(
+        stacks_around(&s, "b", T0).await,
+        [(frames("main;b_only"), 5)].into_iter().collect()
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    s.write("a", profile("api", &[(frames("main;again"), 7)], T0))
+        .await
+        .unwrap();
+    assert_eq!(
+        stacks_around(&s, "a", T0).await,
+        [(frames("main;again"), 7)].into_iter().collect()
+    );
+    s.close().await;
+}

@@ -281,6 +281,102 @@ fn segments_the_store_refuses_are_tried_again_and_a_crash_meanwhile_loses_nothin
     });
 }
 
+/// Deletes `tenant` as another process would: in the metastore, without this process's barrier.
+async fn deleted_elsewhere(s: &Storage, tenant: &str) {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    s.metastore()
+        .delete_tenant(tenant, kiln_storage::clock::now_ms(), 0)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
+/// A tenant deleted while its writes are acknowledged from a log only does not come back when
+/// the log is replayed after a crash; the log is released all the same, other tenants' writes
+/// are stored, and the tenant's later writes are stored as a new tenant's.
+#[test]
+fn a_deleted_tenant_does_not_come_back_from_a_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = logged_config(dir.path(), NEVER);
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        write_logged(&s, "a", "main;logged", 1, 4).await;
+        write_logged(&s, "b", "main;b_only", 1, 3).await;
+        deleted_elsewhere(&s, "a").await;
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(s.metrics().log_replayed_records.get(), 7);
+        assert!(stacks(&s, "a").await.is_empty());
+        assert_eq!(
+            stacks(&s, "b").await,
+            [(frames("main;b_only"), sum(1, 3))].into_iter().collect()
+        );
+        assert_eq!(
+            wal_files(dir.path()),
+            0,
+            "the replayed records are released"
+        );
+        write_logged(&s, "a", "main;again", 5, 2).await;
+        s.close().await;
+    });
+    then_crash(async {
+        let s = Storage::open(config.clone()).await.unwrap();
+        assert_eq!(
+            stacks(&s, "a").await,
+            [(frames("main;again"), sum(5, 2))].into_iter().collect()
+        );
+        s.close().await;
+    });
+}
+
+/// A tenant deleted elsewhere while this process holds its writes, buffered or cut into
+/// segments the store refuses (the retry backlog): they are not registered when the store
+/// answers again; other tenants' writes are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenant_does_not_come_back_from_a_buffer_or_the_retry_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, store) = faulty_storage(logged_config(dir.path(), Duration::from_millis(20))).await;
+    store.set_down(true);
+    write_logged(&s, "a", "main;waiting", 1, 3).await;
+    write_logged(&s, "b", "main;b_only", 1, 2).await;
+    // Cut and refused, more than once: the segments wait in the backlog.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    deleted_elsewhere(&s, "a").await;
+    store.set_down(false);
+    // Buffered only, then registered by the flush.
+    write_logged(&s, "c", "main;c_only", 1, 1).await;
+    // Tried again within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s.flush().await;
+    assert!(stacks(&s, "a").await.is_empty());
+    assert_eq!(
+        stacks(&s, "b").await,
+        [(frames("main;b_only"), sum(1, 2))].into_iter().collect()
+    );
+    assert_eq!(
+        stacks(&s, "c").await,
+        [(frames("main;c_only"), 1)].into_iter().collect()
+    );
+    s.close().await;
+    // Buffered (no segment is cut by time) when the deletion comes.
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), NEVER))
+        .await
+        .unwrap();
+    write_logged(&s, "a", "main;buffered", 1, 2).await;
+    write_logged(&s, "b", "main;b_only", 1, 2).await;
+    deleted_elsewhere(&s, "a").await;
+    s.flush().await;
+    assert!(stacks(&s, "a").await.is_empty());
+    assert_eq!(
+        stacks(&s, "b").await,
+        [(frames("main;b_only"), sum(1, 2))].into_iter().collect()
+    );
+    assert_eq!(wal_files(dir.path()), 0);
+    s.close().await;
+}
+
 /// A record that does not decode is skipped and counted at replay; the others are stored.
 #[test]
 fn an_undecodable_record_is_skipped_and_counted() {

@@ -334,6 +334,7 @@ impl Output {
             rollups,
             index: Default::default(),
             logs: lineage.logs.clone(),
+            received_ms: 0,
             format_version: crate::format::meta::write_version(),
             id: self.id.clone(),
             tenant: template.tenant.clone(),

@@ -100,6 +100,11 @@ pub struct BlockMeta {
     /// (an object's datasets share them); `kiln metastore rebuild` restores the logs'
     /// checkpoints from them.
     pub logs: Vec<LogCheckpoint>,
+    /// When the newest write this entry holds was received (Unix ms), for a segment on its way
+    /// to the metastore; 0 when not known (the object's id then bounds it). Not stored: a
+    /// deleted tenant's entries received before its deletion are refused with it
+    /// ([`crate::metastore::Metastore::delete_tenant`]).
+    pub received_ms: u64,
 }
 
 /// Where a write-ahead log stands: every record up to `seq` of the log named `log` (a process's
@@ -401,6 +406,7 @@ mod tests {
             rollups: vec![],
             index: Default::default(),
             logs: Vec::new(),
+            received_ms: 0,
         }
     }
 

@@ -134,6 +134,7 @@ fn dataset(tenant: &str, id: &str, level: u32) -> BlockMeta {
         rows: 180,
         profiles: 2,
         stack_nodes: 12,
+        received_ms: 0,
         compacted_from: if level > 0 {
             vec![meta::compacted_source(
                 "01HQ0000000000000000000001",
@@ -186,7 +187,7 @@ fn wal_file() -> Vec<Vec<u8>> {
     ));
     let (mut log, _) =
         crate::writer::wal::Log::open(&dir, 6, 1 << 20).expect("a log in a temporary directory");
-    log.append([&b"first"[..], b"", b"the third record"])
+    log.append([&b"first"[..], b"", b"the third record"], 1_700_000_000_000)
         .expect("appends");
     drop(log);
     let file = std::fs::read_dir(&dir)

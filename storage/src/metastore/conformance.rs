@@ -35,6 +35,7 @@ macro_rules! metastore_conformance_suite {
             retention_and_tenant_deletion_leave_others_untouched,
             quarantine_takes_blocks_out_of_lookups,
             log_checkpoints_go_with_their_blocks,
+            a_deleted_tenant_stays_deleted,
         );
     };
     (@tests $open:expr; $($name:ident),* $(,)?) => {
@@ -109,6 +110,7 @@ pub fn entry(
         rollups: vec![],
         index: Default::default(),
         logs: Vec::new(),
+        received_ms: 0,
     }
 }
 
@@ -747,4 +749,66 @@ pub async fn log_checkpoints_go_with_their_blocks(m: &dyn Metastore) {
         .unwrap();
     assert_eq!(m.log_checkpoint("a/1").await.unwrap(), 3);
     assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 12);
+}
+
+/// A deletion refuses the tenant's entries registered after it whose writes were all received
+/// by then (their newest write's time, else their object's), in a batch with other tenants'
+/// and with a log checkpoint that still moves; later writes register as a new tenant's.
+pub async fn a_deleted_tenant_stays_deleted(m: &dyn Metastore) {
+    use crate::metastore::LogCheckpoint;
+    const AT: u64 = 1_700_000_100_000;
+    let received = |mut b: BlockMeta, ms: u64| {
+        b.received_ms = ms;
+        b
+    };
+    m.add_blocks(vec![entry(
+        "t",
+        &block_id(AT - 50, 1),
+        0,
+        0,
+        T0,
+        T0,
+        &[("s", CPU)],
+    )])
+    .await
+    .unwrap();
+    m.delete_tenant("t", AT, 0).await.unwrap();
+    // An older deletion does not move the mark back.
+    m.delete_tenant("t", AT - 1_000, 0).await.unwrap();
+    let (early, late, early_id, late_id, other) = (
+        block_id(AT + 10, 2),
+        block_id(AT + 10, 3),
+        block_id(AT - 5, 4),
+        block_id(AT + 5, 5),
+        block_id(AT + 10, 6),
+    );
+    m.add_blocks_checkpointed(
+        vec![
+            // Built after the deletion from writes received before it (a replay, say).
+            received(entry("t", &early, 0, 0, T0, T0, &[("s", CPU)]), AT),
+            received(entry("t", &late, 0, 0, T0, T0, &[("s", CPU)]), AT + 1),
+            // No time of receipt: the object's id stands for it.
+            entry("t", &early_id, 0, 0, T0, T0, &[("s", CPU)]),
+            entry("t", &late_id, 0, 0, T0, T0, &[("s", CPU)]),
+            received(entry("u", &other, 0, 0, T0, T0, &[("s", CPU)]), AT - 100),
+        ],
+        &LogCheckpoint {
+            log: "a/0".into(),
+            seq: 4,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ids(&m.query_blocks(BlockQuery::all("t")).await.unwrap()),
+        set(&[&late, &late_id])
+    );
+    let kept = m.query_blocks(BlockQuery::all("u")).await.unwrap();
+    assert_eq!(ids(&kept), set(&[&other]), "another tenant's entry");
+    assert_eq!(kept[0].received_ms, 0, "the time of receipt is not stored");
+    assert_eq!(m.log_checkpoint("a/0").await.unwrap(), 4);
+    // The refused objects are no one's: the orphan sweep may take them.
+    let known = m.known_objects().await.unwrap();
+    assert!(!known.contains(&early) && !known.contains(&early_id));
+    assert!(known.contains(&late) && known.contains(&other));
 }

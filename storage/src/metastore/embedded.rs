@@ -14,6 +14,7 @@
 //! | `jobs` | job id | JSON `Job` |
 //! | `claims` | (tenant, id, partition) | job id |
 //! | `quarantine` | (tenant, id, partition) | JSON `Quarantined` |
+//! | `tenant_deletions` | tenant | when it was last deleted (Unix ms) |
 //!
 //! An entry is one tenant's dataset of one object in one partition: (tenant, id, partition).
 //!
@@ -49,6 +50,8 @@ const QUARANTINE: TableDefinition<'_, (&str, &str, i64), &[u8]> =
 const COUNTERS: TableDefinition<'_, &str, u64> = TableDefinition::new("counters");
 /// Write-ahead logs' checkpoints, by log name.
 const LOG_CHECKPOINTS: TableDefinition<'_, &str, u64> = TableDefinition::new("log_checkpoints");
+/// When each tenant was last deleted (Unix ms), by tenant.
+const TENANT_DELETIONS: TableDefinition<'_, &str, u64> = TableDefinition::new("tenant_deletions");
 
 /// Greater than every tenant id and block id (both ASCII).
 const MAX_STR: &str = "\u{10FFFF}";

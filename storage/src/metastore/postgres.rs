@@ -34,6 +34,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (6, include_str!("postgres/0006_compaction_leases.sql")),
     (7, include_str!("postgres/0007_usage.sql")),
     (8, include_str!("postgres/0008_recording.sql")),
+    (9, include_str!("postgres/0009_tenant_deletions.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.
@@ -42,6 +43,10 @@ const REMOVAL_LOCK: i64 = 0x6b69_6c6e_0002;
 /// The class of the per-tenant advisory locks that serialize a tenant's series admissions
 /// (`pg_advisory_xact_lock(class, hashtext(tenant))`).
 const SERIES_LOCK_CLASS: i32 = 0x6b69_0003;
+/// The class of the per-tenant advisory locks between a tenant's deletion (exclusive) and the
+/// registration of its new entries (shared): a registration sees the deletion, or the deletion
+/// sees what it registered.
+const DELETION_LOCK_CLASS: i32 = 0x6b69_0004;
 
 /// How often a transaction aborted by a deadlock or serialization failure is tried again.
 const CONFLICT_RETRIES: usize = 5;

@@ -215,11 +215,16 @@ impl Shard {
             if count == 0 && !file.records.is_empty() {
                 info!(
                     shard = self.id,
-                    first = file.records[0].0,
+                    first = file.records[0].seq,
                     "replaying the write-ahead log"
                 );
             }
-            for (seq, record) in file.records {
+            for wal::Frame {
+                seq,
+                received_ms,
+                payload: record,
+            } in file.records
+            {
                 count += 1;
                 let decoder = Arc::clone(&config.decoder);
                 let (record, decoded) = blocking(move || {
@@ -229,8 +234,14 @@ impl Shard {
                 .await?;
                 match decoded {
                     Ok((tenant, profiles)) => {
-                        self.size +=
-                            buffer(&mut self.pending, &self.hints, tenant, &profiles, None);
+                        self.size += buffer(
+                            &mut self.pending,
+                            &self.hints,
+                            tenant,
+                            &profiles,
+                            None,
+                            received_ms,
+                        );
                     }
                     Err(e) => {
                         let dir = self.log.dir().to_owned();
@@ -416,6 +427,7 @@ impl Shard {
             return;
         }
         let now = tokio::time::Instant::now();
+        let received_ms = self.ctx.clock.now_ms();
         // Before it is acknowledged: a query of its tenant and range cuts it from here on.
         self.buffered.add(&tenant, sample_range(profiles));
         match record {
@@ -426,6 +438,7 @@ impl Shard {
                     tenant.clone(),
                     profiles,
                     None,
+                    received_ms,
                 );
                 self.record_bytes += record.len();
                 if self.records.is_empty() {
@@ -436,7 +449,14 @@ impl Shard {
                 self.cut_at.get_or_insert(now + self.interval);
             }
             None => {
-                self.size += buffer(&mut self.pending, &self.hints, tenant, profiles, Some(ack));
+                self.size += buffer(
+                    &mut self.pending,
+                    &self.hints,
+                    tenant,
+                    profiles,
+                    Some(ack),
+                    received_ms,
+                );
                 let at = now + self.config.flush_interval;
                 self.cut_at = Some(self.cut_at.map_or(at, |c| c.min(at)));
             }
@@ -453,7 +473,8 @@ impl Shard {
         self.record_bytes = 0;
         self.last_group = records.len();
         let log = &mut self.log;
-        let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice)));
+        let now_ms = self.ctx.clock.now_ms();
+        let appended = blocking_in_place(|| log.append(records.iter().map(Vec::as_slice), now_ms));
         let metrics = self.ctx.store.metrics();
         match appended {
             Ok(seq) => {

@@ -28,14 +28,16 @@ pub(super) struct Pending {
 /// A tenant absent from a flush loses its hint.
 pub(super) type Hints = BTreeMap<String, DatasetCapacity>;
 
-/// Adds a write to the shard's buffer, with the acknowledgement that waits for its segment
-/// (none for a write acknowledged from the log); returns the bytes it added.
+/// Adds a write received at `received_ms` (Unix ms) to the shard's buffer, with the
+/// acknowledgement that waits for its segment (none for a write acknowledged from the log);
+/// returns the bytes it added.
 pub(super) fn buffer(
     pending: &mut BTreeMap<String, Pending>,
     hints: &Hints,
     tenant: String,
     profiles: &[NormalizedProfile],
     ack: Option<Ack>,
+    received_ms: u64,
 ) -> usize {
     #[cfg(feature = "testing")]
     if tenant == testing::PANICKING_TENANT {
@@ -53,6 +55,7 @@ pub(super) fn buffer(
     for profile in profiles {
         p.builder.add(profile);
     }
+    p.builder.received(received_ms);
     p.acks.extend(ack);
     p.builder.estimated_bytes().saturating_sub(before)
 }

@@ -39,7 +39,14 @@ pub(super) async fn run_shard(
                 ack,
                 ..
             }) => {
-                size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
+                size += buffer(
+                    &mut pending,
+                    &hints,
+                    tenant,
+                    &profiles,
+                    Some(ack),
+                    ctx.clock.now_ms(),
+                );
                 let now = tokio::time::Instant::now();
                 flush_at.get_or_insert(now + config.flush_interval);
                 quiet_at = arrivals.arrive(now).map(|quiet| now + quiet);
@@ -96,7 +103,14 @@ pub(super) async fn run_shard(
                         ..
                     }) => {
                         arrivals.arrive(tokio::time::Instant::now());
-                        size += buffer(&mut pending, &hints, tenant, &profiles, Some(ack));
+                        size += buffer(
+                            &mut pending,
+                            &hints,
+                            tenant,
+                            &profiles,
+                            Some(ack),
+                            ctx.clock.now_ms(),
+                        );
                         // `try_recv` never yields: under load hundreds of writes queue here,
                         // and the worker's other tasks (queries) would wait for all of them.
                         tokio::task::consume_budget().await;

@@ -9,10 +9,14 @@
 //! (`00000000000000000001.kwal`), each a header and frames:
 //!
 //! ```text
-//!  header:  b"KWAL" | u16 LE version (1) | u16 LE 0 | u64 LE first sequence number
-//!  frame:   u32 LE payload length | u32 LE CRC-32 of the sequence number and payload
-//!           | u64 LE sequence number | payload (a record)
+//!  header:  b"KWAL" | u16 LE version (2) | u16 LE 0 | u64 LE first sequence number
+//!  frame:   u32 LE payload length | u32 LE CRC-32 of the rest | u64 LE sequence number
+//!           | u64 LE received (Unix ms) | payload (a record)
 //! ```
+//!
+//! A frame's time is when its group was appended: a tenant's deletion refuses what was received
+//! before it, replayed or not ([`crate::metastore::Metastore::delete_tenant`]). Version 1 files
+//! (frames without the time) are read with the file's modification time, a bound above it.
 //!
 //! Sequence numbers rise by one from frame to frame and from file to file. A group of records
 //! is written and synced (`fdatasync`) before any of them is acknowledged, so what a crash tears
@@ -34,9 +38,12 @@ use crate::{Error, Result};
 mod tests;
 
 const MAGIC: &[u8; 4] = b"KWAL";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
+/// Files written before frames carried their time.
+const VERSION_UNTIMED: u16 = 1;
 const HEADER_BYTES: usize = 16;
-const FRAME_BYTES: usize = 16;
+const FRAME_BYTES: usize = 24;
+const FRAME_BYTES_UNTIMED: usize = 16;
 const EXTENSION: &str = "kwal";
 
 /// The directory under a log's where what a replay could not use is kept: records that do
@@ -52,12 +59,22 @@ pub struct Replay {
     files: std::collections::VecDeque<(u64, PathBuf)>,
 }
 
+/// A record as a log file holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<P = Vec<u8>> {
+    pub seq: u64,
+    /// When its group was appended (Unix ms); 0 in a version 1 file, which does not say.
+    pub received_ms: u64,
+    pub payload: P,
+}
+
 /// One file's records above the checkpoint.
 #[derive(Debug)]
 pub struct FileReplay {
     pub path: PathBuf,
-    /// Records above the checkpoint, by sequence number, oldest first.
-    pub records: Vec<(u64, Vec<u8>)>,
+    /// Records above the checkpoint, by sequence number, oldest first. A version 1 file's
+    /// carry the file's modification time, after each was received.
+    pub records: Vec<Frame>,
     /// Bytes after the file's last whole frame (a torn group, or damage).
     pub skipped_bytes: u64,
     /// Whether this is the newest file, whose end a crash may tear. Bytes skipped in an older
@@ -72,14 +89,27 @@ impl Replay {
             return Ok(None);
         };
         let mut bytes = Vec::new();
-        std::fs::File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(io(&path))?;
+        let mut file = std::fs::File::open(&path).map_err(io(&path))?;
+        file.read_to_end(&mut bytes).map_err(io(&path))?;
+        let modified_ms = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(u64::MAX, |d| d.as_millis() as u64);
         let (records, whole) = read_file(&bytes, first);
         let records = records
             .into_iter()
-            .filter(|&(seq, _)| seq > self.checkpoint)
-            .map(|(seq, payload)| (seq, payload.to_vec()))
+            .filter(|f| f.seq > self.checkpoint)
+            .map(|f| Frame {
+                seq: f.seq,
+                received_ms: if f.received_ms == 0 {
+                    modified_ms
+                } else {
+                    f.received_ms
+                },
+                payload: f.payload.to_vec(),
+            })
             .collect();
         Ok(Some(FileReplay {
             skipped_bytes: (bytes.len() - whole) as u64,
@@ -167,7 +197,7 @@ impl Log {
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io(path))?;
             let (records, _) = read_file(&bytes, *first);
-            last = last.max(records.last().map_or(*first, |&(seq, _)| seq));
+            last = last.max(records.last().map_or(*first, |f| f.seq));
         }
         // Only a damaged or forged file names the last number there is.
         let next_seq = last.checked_add(1).ok_or_else(|| {
@@ -210,7 +240,7 @@ impl Log {
                 .and_then(|mut f| f.read_to_end(&mut bytes))
                 .map_err(io(path))?;
             let (records, _) = read_file(&bytes, *first);
-            for (seq, payload) in records {
+            for Frame { seq, payload, .. } in records {
                 if (from..=through).contains(&seq) {
                     set_aside_record(&self.dir, seq, payload)?;
                     kept += 1;
@@ -220,9 +250,14 @@ impl Log {
         Ok(kept)
     }
 
-    /// Appends `records` in order and syncs them; returns the sequence number of the last (of
-    /// the one before them when there are none). Once this returns they survive a crash.
-    pub fn append<'a>(&mut self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<u64> {
+    /// Appends `records` in order, received at `received_ms` (Unix ms), and syncs them; returns
+    /// the sequence number of the last (of the one before them when there are none). Once this
+    /// returns they survive a crash.
+    pub fn append<'a>(
+        &mut self,
+        records: impl IntoIterator<Item = &'a [u8]>,
+        received_ms: u64,
+    ) -> Result<u64> {
         // The frames' headers are made in `buf`; the payloads are written from where they are
         // (one `writev` of headers and payloads), not copied after them.
         self.buf.clear();
@@ -234,8 +269,9 @@ impl Log {
             })?;
             self.buf.extend_from_slice(&len.to_le_bytes());
             self.buf
-                .extend_from_slice(&frame_crc(seq, payload).to_le_bytes());
+                .extend_from_slice(&frame_crc(seq, Some(received_ms), payload).to_le_bytes());
             self.buf.extend_from_slice(&seq.to_le_bytes());
+            self.buf.extend_from_slice(&received_ms.to_le_bytes());
             seq += 1;
         }
         if seq == self.next_seq {
@@ -356,38 +392,55 @@ fn write_all_vectored(
     Ok(())
 }
 
-fn frame_crc(seq: u64, payload: &[u8]) -> u32 {
+/// A frame's CRC: of its sequence number, its time (none in a version 1 file) and payload.
+fn frame_crc(seq: u64, received_ms: Option<u64>, payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&seq.to_le_bytes());
+    if let Some(ms) = received_ms {
+        h.update(&ms.to_le_bytes());
+    }
     h.update(payload);
     h.finalize()
 }
 
 /// The records of one file whose first record is `first`, and the bytes they end at (the
 /// header's end when there are none, 0 when the header is bad).
-pub(crate) fn read_file(bytes: &[u8], first: u64) -> (Vec<(u64, &[u8])>, usize) {
+pub(crate) fn read_file(bytes: &[u8], first: u64) -> (Vec<Frame<&[u8]>>, usize) {
+    let version = bytes.get(4..6).map(|v| u16::from_le_bytes([v[0], v[1]]));
+    let timed = version == Some(VERSION);
     let header_ok = bytes.len() >= HEADER_BYTES
         && &bytes[..4] == MAGIC
-        && bytes[4..6] == VERSION.to_le_bytes()
+        && (timed || version == Some(VERSION_UNTIMED))
         && bytes[8..16] == first.to_le_bytes();
     if !header_ok {
         return (Vec::new(), 0);
     }
+    let frame_bytes = if timed {
+        FRAME_BYTES
+    } else {
+        FRAME_BYTES_UNTIMED
+    };
     let mut records = Vec::new();
     let mut at = HEADER_BYTES;
     let mut expect = first;
-    while let Some(frame) = bytes.get(at..at + FRAME_BYTES) {
+    while let Some(frame) = bytes.get(at..at + frame_bytes) {
         let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(frame[4..8].try_into().expect("4 bytes"));
         let seq = u64::from_le_bytes(frame[8..16].try_into().expect("8 bytes"));
-        let start = at + FRAME_BYTES;
+        let received_ms =
+            timed.then(|| u64::from_le_bytes(frame[16..24].try_into().expect("8 bytes")));
+        let start = at + frame_bytes;
         let Some(payload) = bytes.get(start..start.saturating_add(len)) else {
             break;
         };
-        if seq != expect || frame_crc(seq, payload) != crc {
+        if seq != expect || frame_crc(seq, received_ms, payload) != crc {
             break;
         }
-        records.push((seq, payload));
+        records.push(Frame {
+            seq,
+            received_ms: received_ms.unwrap_or(0),
+            payload,
+        });
         at = start + len;
         // No record follows the last number there is.
         let Some(next) = expect.checked_add(1) else {

@@ -42,6 +42,8 @@ pub struct DatasetBuilder {
     rows: Vec<Row>,
     profiles: u64,
     sample_labels: HashMap<String, Arc<str>>,
+    /// When its newest write was received ([`BlockMeta::received_ms`]).
+    received_ms: u64,
 }
 
 /// A finished dataset: its sections and its metadata (offsets relative to the samples section
@@ -73,7 +75,13 @@ impl DatasetBuilder {
             rows: Vec::with_capacity(c.rows),
             profiles: 0,
             sample_labels: HashMap::new(),
+            received_ms: 0,
         }
+    }
+
+    /// Notes that a write this dataset holds was received at `ms` (Unix ms).
+    pub fn received(&mut self, ms: u64) {
+        self.received_ms = self.received_ms.max(ms);
     }
 
     /// What this dataset holds, as [`Self::with_capacity`] takes it.
@@ -305,6 +313,7 @@ impl DatasetBuilder {
             rollups: Vec::new(),
             index: Default::default(),
             logs: Vec::new(),
+            received_ms: self.received_ms,
         };
         Ok(BuiltDataset {
             meta,

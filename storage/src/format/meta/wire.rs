@@ -423,6 +423,7 @@ pub(super) fn decode(data: &[u8]) -> Result<Vec<BlockMeta>, DecodeError> {
             rollups: Vec::new(),
             index: Default::default(),
             logs: logs.clone(),
+            received_ms: 0,
         };
         let mut tenant = 0;
         // The dataset's series share one label table and their profile type ids.

@@ -52,7 +52,16 @@ impl Embedded {
         let written = self
             .0
             .write(move |_, tx| {
+                let deletions = tx.open_table(TENANT_DELETIONS).map_err(db_err)?;
+                let mut kept = Vec::with_capacity(blocks.len());
                 for b in &blocks {
+                    let deleted = deletions.get(b.tenant.as_str()).map_err(db_err)?;
+                    kept.push(
+                        deleted.is_none_or(|at| !crate::metastore::received_by(b, at.value())),
+                    );
+                }
+                drop(deletions);
+                for (b, _) in blocks.iter().zip(&kept).filter(|(_, k)| **k) {
                     EmbeddedMetastore::insert_entry(tx, b)?;
                 }
                 if let Some(c) = &checkpoint {
@@ -63,7 +72,7 @@ impl Embedded {
                         .map_or(0, |v| v.value());
                     t.insert(c.log.as_str(), at.max(c.seq)).map_err(db_err)?;
                 }
-                Ok(blocks)
+                Ok(crate::metastore::registered(blocks, &kept))
             })
             .await?;
         crate::metastore::cache_written(
@@ -417,6 +426,14 @@ impl Metastore for Embedded {
         let tenant = tenant.to_owned();
         self.0
             .write(move |m, tx| {
+                {
+                    let mut t = tx.open_table(TENANT_DELETIONS).map_err(db_err)?;
+                    let at = t
+                        .get(tenant.as_str())
+                        .map_err(db_err)?
+                        .map_or(0, |v| v.value());
+                    t.insert(tenant.as_str(), at.max(now_ms)).map_err(db_err)?;
+                }
                 let partitions = EmbeddedMetastore::tenant_partitions(tx, &tenant)?;
                 EmbeddedMetastore::delete_jobs_of(tx, &tenant, None)?;
                 let due = now_ms.saturating_add(delete_after_ms);

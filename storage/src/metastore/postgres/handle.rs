@@ -407,6 +407,21 @@ impl Metastore for Postgres {
     ) -> Result<Removed> {
         let due = now_ms.saturating_add(delete_after_ms);
         transaction!(self, true, |tx| {
+            // Waits for registrations of the tenant under way; later ones read the mark.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+                &[&DELETION_LOCK_CLASS, &tenant],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.execute(
+                "INSERT INTO kiln_tenant_deletions (tenant, deleted_ms) VALUES ($1, $2)
+                 ON CONFLICT (tenant) DO UPDATE
+                 SET deleted_ms = GREATEST(kiln_tenant_deletions.deleted_ms, EXCLUDED.deleted_ms)",
+                &[&tenant, &big(now_ms)],
+            )
+            .await
+            .map_err(pg_err)?;
             let mut removed = self.remove_tenant_entries(&tx, tenant, None, due).await?;
             // Its series counts, sessions, usage and recording rules' sums and counters go with it.
             for table in [

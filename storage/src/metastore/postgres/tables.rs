@@ -4,7 +4,7 @@
 use crate::metastore::{BlockMeta, LogCheckpoint, RecordedSum, Removed};
 use crate::{Error, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -444,10 +444,39 @@ impl Postgres {
                 b.id.as_str(),
             ))
         });
-        let written = &blocks;
-        transaction!(self, false, |tx| {
-            for b in written {
-                Self::insert_entry(&tx, b).await?;
+        let tenants: Vec<&str> = {
+            let mut t: Vec<&str> = blocks.iter().map(|b| b.tenant.as_str()).collect();
+            t.dedup();
+            t
+        };
+        let kept = transaction!(self, false, |tx| {
+            // Shared locks, in tenant order; a deletion takes its tenant's exclusively.
+            tx.execute(
+                "SELECT pg_advisory_xact_lock_shared($1, hashtext(t))
+                 FROM unnest($2::TEXT[]) WITH ORDINALITY AS u(t, n) ORDER BY n",
+                &[&DELETION_LOCK_CLASS, &tenants],
+            )
+            .await
+            .map_err(pg_err)?;
+            let deleted: HashMap<String, u64> = tx
+                .query(
+                    "SELECT tenant, deleted_ms FROM kiln_tenant_deletions WHERE tenant = ANY ($1)",
+                    &[&tenants],
+                )
+                .await
+                .map_err(pg_err)?
+                .iter()
+                .map(|r| (r.get(0), unbig(r.get(1))))
+                .collect();
+            let mut kept = Vec::with_capacity(blocks.len());
+            for b in &blocks {
+                let refused = deleted
+                    .get(&b.tenant)
+                    .is_some_and(|&at| crate::metastore::received_by(b, at));
+                if !refused {
+                    Self::insert_entry(&tx, b).await?;
+                }
+                kept.push(!refused);
             }
             if let Some(c) = checkpoint {
                 tx.execute(
@@ -459,8 +488,9 @@ impl Postgres {
                 .await
                 .map_err(pg_err)?;
             }
-            Ok(())
+            Ok(kept)
         })?;
+        let blocks = crate::metastore::registered(blocks, &kept);
         crate::metastore::cache_written(&self.cache, self.keeps_written(), blocks);
         Ok(())
     }

@@ -617,3 +617,42 @@ async fn recording_sums_commit_with_their_job_and_seals_are_fenced() {
     assert!(a.recording_tenants().await.unwrap().is_empty());
     assert!(a.recording_outbox(10).await.unwrap().is_empty());
 }
+
+/// Registrations racing a deletion from other connections (processes): every entry left holds
+/// a write received after the deletion. A registration either ends before the deletion,
+/// which then removes what it added, or reads the deletion's mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrations_racing_a_deletion_leave_only_later_writes() {
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = tokio::join!(Postgres::connect(&config), Postgres::connect(&config));
+    let (a, b) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
+    const AT: u64 = 1_700_000_000_000;
+    let mut received = std::collections::HashMap::new();
+    let mut adds = Vec::new();
+    for n in 0..60u64 {
+        let id = block_id(AT + 1, u128::from(n) + 1);
+        // Half received by the deletion, half after.
+        let ms = if n % 2 == 0 { AT - n } else { AT + n };
+        received.insert(id.clone(), ms);
+        let mut e = entry("t", &id, 0, 0, 5, 9, &[("s", CPU)]);
+        e.received_ms = ms;
+        let m = Arc::clone(&a);
+        adds.push(tokio::spawn(async move { m.add_blocks(vec![e]).await }));
+        if n == 30 {
+            b.delete_tenant("t", AT, 0).await.unwrap();
+        }
+    }
+    for add in adds {
+        add.await.unwrap().unwrap();
+    }
+    let left = b.query_blocks(BlockQuery::all("t")).await.unwrap();
+    assert!(!left.is_empty(), "later writes are kept");
+    for e in &left {
+        assert!(
+            received[&e.id] > AT,
+            "{} was received by the deletion",
+            e.id
+        );
+    }
+}

@@ -6,9 +6,12 @@ use super::*;
 /// Every record and skipped byte of an opened log.
 #[derive(Debug)]
 struct All {
-    records: Vec<(u64, Vec<u8>)>,
+    records: Vec<Frame>,
     skipped_bytes: u64,
 }
+
+/// When the tests' groups are appended (Unix ms).
+const AT: u64 = 1_700_000_000_000;
 
 /// [`Log::open`], its replay read whole.
 fn open_all(dir: &Path, checkpoint: u64, max_file_bytes: u64) -> crate::Result<(Log, All)> {
@@ -28,7 +31,7 @@ fn payloads(replay: &All) -> Vec<(u64, String)> {
     replay
         .records
         .iter()
-        .map(|(s, p)| (*s, String::from_utf8(p.clone()).unwrap()))
+        .map(|f| (f.seq, String::from_utf8(f.payload.clone()).unwrap()))
         .collect()
 }
 
@@ -46,12 +49,20 @@ fn a_file_read_stops_after_the_last_sequence_number_there_is() {
     // Two frames numbered u64::MAX: a damaged file, not a reason to overflow.
     for _ in 0..2 {
         bytes.extend_from_slice(&1u32.to_le_bytes());
-        bytes.extend_from_slice(&frame_crc(first, b"x").to_le_bytes());
+        bytes.extend_from_slice(&frame_crc(first, Some(AT), b"x").to_le_bytes());
         bytes.extend_from_slice(&first.to_le_bytes());
+        bytes.extend_from_slice(&AT.to_le_bytes());
         bytes.push(b'x');
     }
     let (records, end) = read_file(&bytes, first);
-    assert_eq!(records, [(u64::MAX, &b"x"[..])]);
+    assert_eq!(
+        records,
+        [Frame {
+            seq: u64::MAX,
+            received_ms: AT,
+            payload: &b"x"[..]
+        }]
+    );
     assert_eq!(end, HEADER_BYTES + FRAME_BYTES + 1);
     // A log holding it cannot number another record: it does not open.
     let dir = tempfile::tempdir().unwrap();
@@ -65,9 +76,9 @@ fn records_read_back_above_the_checkpoint_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
-    assert_eq!(log.append([rec("a"), rec("b")]).unwrap(), 2);
-    assert_eq!(log.append([]).unwrap(), 2, "nothing appended");
-    assert_eq!(log.append([rec("c")]).unwrap(), 3);
+    assert_eq!(log.append([rec("a"), rec("b")], AT).unwrap(), 2);
+    assert_eq!(log.append([], AT).unwrap(), 2, "nothing appended");
+    assert_eq!(log.append([rec("c")], AT).unwrap(), 3);
     drop(log);
     let (mut log, replay) = open_all(dir.path(), 1, 1 << 20).unwrap();
     assert_eq!(
@@ -77,7 +88,7 @@ fn records_read_back_above_the_checkpoint_after_a_restart() {
     );
     assert_eq!(replay.skipped_bytes, 0);
     // The next process goes on from the last record, in a file of its own.
-    assert_eq!(log.append([rec("d")]).unwrap(), 4);
+    assert_eq!(log.append([rec("d")], AT).unwrap(), 4);
     assert_eq!(log.files().count(), 2);
     drop(log);
     let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
@@ -85,17 +96,17 @@ fn records_read_back_above_the_checkpoint_after_a_restart() {
     // A checkpoint past every record (the metastore is ahead of the log's files).
     let (mut log, replay) = open_all(dir.path(), 10, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
-    assert_eq!(log.append([rec("e")]).unwrap(), 11);
+    assert_eq!(log.append([rec("e")], AT).unwrap(), 11);
 }
 
 #[test]
 fn files_a_checkpoint_covers_are_deleted_when_the_log_opens() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    log.append([rec("a"), rec("b")]).unwrap();
+    log.append([rec("a"), rec("b")], AT).unwrap();
     drop(log);
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    log.append([rec("c")]).unwrap();
+    log.append([rec("c")], AT).unwrap();
     drop(log);
     // The first file (records 1 and 2) is covered, the second (3) is not.
     let (log, replay) = open_all(dir.path(), 2, 1 << 20).unwrap();
@@ -119,10 +130,10 @@ fn files_a_checkpoint_covers_are_deleted_when_the_log_opens() {
 fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    log.append([rec("kept")]).unwrap();
+    log.append([rec("kept")], AT).unwrap();
     let path = log.files().next().unwrap().to_owned();
     let whole = std::fs::metadata(&path).unwrap().len();
-    log.append([rec("torn-1"), rec("torn-2")]).unwrap();
+    log.append([rec("torn-1"), rec("torn-2")], AT).unwrap();
     drop(log);
     let full = std::fs::read(&path).unwrap();
     for cut in whole as usize..full.len() {
@@ -136,12 +147,15 @@ fn a_torn_group_is_skipped_wherever_the_file_was_cut() {
         );
         assert_eq!(
             replay.skipped_bytes,
-            (cut - whole as usize - if kept.len() == 2 { 22 } else { 0 }) as u64
+            (cut - whole as usize - if kept.len() == 2 { FRAME_BYTES + 6 } else { 0 }) as u64
         );
         // Appends go on after what was read, never reusing a number a reader saw.
-        assert_eq!(log.append([rec("next")]).unwrap(), kept.len() as u64 + 1);
+        assert_eq!(
+            log.append([rec("next")], AT).unwrap(),
+            kept.len() as u64 + 1
+        );
         let (_, again) = open_all(d.path(), 0, 1 << 20).unwrap();
-        assert_eq!(again.records.last().unwrap().0, kept.len() as u64 + 1);
+        assert_eq!(again.records.last().unwrap().seq, kept.len() as u64 + 1);
     }
 }
 
@@ -153,14 +167,14 @@ fn a_failed_group_is_answered_with_an_error_and_the_next_goes_to_a_new_file() {
     };
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    assert_eq!(log.append([rec("a")]).unwrap(), 1);
+    assert_eq!(log.append([rec("a")], AT).unwrap(), 1);
     // The disk fills up under the open file: writes to /dev/full fail with ENOSPC.
     log.current.as_mut().unwrap().0 = full;
-    let err = log.append([rec("b")]).unwrap_err();
+    let err = log.append([rec("b")], AT).unwrap_err();
     assert!(matches!(err, Error::Io { .. }), "{err}");
     // The failed group's number is not given again; its bytes, had any been written,
     // would end the old file where a reader stops.
-    assert_eq!(log.append([rec("c")]).unwrap(), 3);
+    assert_eq!(log.append([rec("c")], AT).unwrap(), 3);
     assert_eq!(log.files().count(), 2);
     drop(log);
     let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
@@ -172,8 +186,8 @@ fn a_damaged_frame_ends_its_file_and_not_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1).unwrap();
     // Files of one group each (the size limit is 1 byte).
-    log.append([rec("one"), rec("two")]).unwrap();
-    log.append([rec("three")]).unwrap();
+    log.append([rec("one"), rec("two")], AT).unwrap();
+    log.append([rec("three")], AT).unwrap();
     let paths: Vec<PathBuf> = log.files().map(Path::to_owned).collect();
     assert_eq!(paths.len(), 2);
     drop(log);
@@ -198,9 +212,9 @@ fn a_damaged_frame_ends_its_file_and_not_the_next() {
 fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1).unwrap();
-    log.append([rec("1"), rec("2")]).unwrap();
-    log.append([rec("3")]).unwrap();
-    log.append([rec("4"), rec("5")]).unwrap();
+    log.append([rec("1"), rec("2")], AT).unwrap();
+    log.append([rec("3")], AT).unwrap();
+    log.append([rec("4"), rec("5")], AT).unwrap();
     assert_eq!(log.files().count(), 3);
     assert_eq!(
         log.release_through(1).unwrap(),
@@ -217,7 +231,7 @@ fn releasing_deletes_only_files_wholly_at_or_below_the_checkpoint() {
     assert_eq!(log.release_through(5).unwrap(), 0);
     assert_eq!(log.release_through(9).unwrap(), 0);
     // After every file is gone the numbers go on.
-    assert_eq!(log.append([rec("6")]).unwrap(), 6);
+    assert_eq!(log.append([rec("6")], AT).unwrap(), 6);
     drop(log);
     let (_, replay) = open_all(dir.path(), 5, 1).unwrap();
     assert_eq!(payloads(&replay), [(6, "6".into())]);
@@ -228,7 +242,7 @@ fn any_bytes_as_a_log_file_read_without_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
     for i in 0..20u8 {
-        log.append([vec![i; usize::from(i) * 7].as_slice()])
+        log.append([vec![i; usize::from(i) * 7].as_slice()], AT)
             .unwrap();
     }
     let path = log.files().next().unwrap().to_owned();
@@ -258,9 +272,10 @@ fn any_bytes_as_a_log_file_read_without_a_panic() {
         std::fs::write(&path, &bytes).unwrap();
         let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
         // Whatever reads back is a run of the records as written, from the first.
-        for (n, (seq, payload)) in replay.records.iter().enumerate() {
-            assert_eq!(*seq, n as u64 + 1, "round {round}");
-            assert_eq!(*payload, vec![n as u8; n * 7], "round {round}");
+        for (n, f) in replay.records.iter().enumerate() {
+            assert_eq!(f.seq, n as u64 + 1, "round {round}");
+            assert_eq!(f.payload, vec![n as u8; n * 7], "round {round}");
+            assert_eq!(f.received_ms, AT, "round {round}");
         }
     }
 }
@@ -271,7 +286,7 @@ fn any_bytes_as_a_log_file_read_without_a_panic() {
 fn a_newest_file_without_records_keeps_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    log.append([rec("a")]).unwrap();
+    log.append([rec("a")], AT).unwrap();
     drop(log);
     let mut header = MAGIC.to_vec();
     header.extend_from_slice(&VERSION.to_le_bytes());
@@ -280,7 +295,7 @@ fn a_newest_file_without_records_keeps_its_name() {
     std::fs::write(dir.path().join(format!("{:020}.{EXTENSION}", 2)), &header).unwrap();
     let (mut log, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert_eq!(payloads(&replay), [(1, "a".into())]);
-    assert_eq!(log.append([rec("b")]).unwrap(), 3);
+    assert_eq!(log.append([rec("b")], AT).unwrap(), 3);
     drop(log);
     let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert_eq!(payloads(&replay), [(1, "a".into()), (3, "b".into())]);
@@ -292,7 +307,7 @@ fn a_newest_file_without_records_keeps_its_name() {
 fn damaged_files_and_records_are_kept_aside() {
     let dir = tempfile::tempdir().unwrap();
     let (mut log, _) = open_all(dir.path(), 0, 1 << 20).unwrap();
-    log.append([rec("a"), rec("b")]).unwrap();
+    log.append([rec("a"), rec("b")], AT).unwrap();
     let path = log.files().next().unwrap().to_owned();
     drop(log);
     let bytes = std::fs::read(&path).unwrap();
@@ -314,4 +329,40 @@ fn damaged_files_and_records_are_kept_aside() {
     // The log does not read its aside directory as files of its own.
     let (_, replay) = open_all(dir.path(), 0, 1 << 20).unwrap();
     assert!(replay.records.is_empty());
+}
+
+/// Frames keep the time their group was appended; a version 1 file (frames without it) reads
+/// with the file's modification time, which no record of it is younger than.
+#[test]
+fn records_keep_when_they_were_received() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = open_all(dir.path(), 0, 1).unwrap();
+    log.append([rec("a")], AT).unwrap();
+    log.append([rec("b")], AT + 5).unwrap();
+    drop(log);
+    let (_, replay) = open_all(dir.path(), 0, 1).unwrap();
+    let times: Vec<u64> = replay.records.iter().map(|f| f.received_ms).collect();
+    assert_eq!(times, [AT, AT + 5]);
+
+    let old = tempfile::tempdir().unwrap();
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&VERSION_UNTIMED.to_le_bytes());
+    bytes.extend_from_slice(&0u16.to_le_bytes());
+    bytes.extend_from_slice(&1u64.to_le_bytes());
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&frame_crc(1, None, b"x").to_le_bytes());
+    bytes.extend_from_slice(&1u64.to_le_bytes());
+    bytes.push(b'x');
+    let path = old.path().join(format!("{:020}.{EXTENSION}", 1));
+    std::fs::write(&path, &bytes).unwrap();
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let modified_ms = modified
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let (mut log, replay) = open_all(old.path(), 0, 1 << 20).unwrap();
+    assert_eq!(payloads(&replay), [(1, "x".into())]);
+    assert_eq!(replay.records[0].received_ms, modified_ms);
+    // Appends go to a new file of the current version.
+    assert_eq!(log.append([rec("y")], AT).unwrap(), 2);
 }

@@ -222,6 +222,7 @@ fn prost_datasets(msg: &pb::BlockMeta) -> Result<Vec<BlockMeta>, DecodeError> {
                     seq: c.seq,
                 })
                 .collect(),
+            received_ms: 0,
         });
     }
     Ok(out)
@@ -372,6 +373,7 @@ fn dataset(id: String) -> impl Strategy<Value = BlockMeta> {
                     .collect(),
                 index: Default::default(),
                 logs: Vec::new(),
+                received_ms: 0,
             }
         })
 }
@@ -520,6 +522,7 @@ fn tests_meta(id: &str) -> BlockMeta {
         rollups: Vec::new(),
         index: Default::default(),
         logs: Vec::new(),
+        received_ms: 0,
     }
 }
 
