@@ -205,6 +205,9 @@ pub struct QueryRead {
 #[derive(Debug, Clone, Serialize)]
 pub struct KilnResults {
     pub profiles: u64,
+    /// Whether the stacks came from the corpus (else from synthetic pools: another workload,
+    /// whose figures do not compare with a corpus run's).
+    pub stacks_from_corpus: bool,
     pub rows: u64,
     pub pprof_bytes: u64,
     pub ingest_seconds: f64,
@@ -285,7 +288,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let corpus = args
         .corpus
         .clone()
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/pprof"));
+        .unwrap_or_else(|| repository_root().join("../shared/corpus/pprof"));
     let mut workload = Workload::new(shape, corpus.is_dir().then_some(corpus.as_path()));
     eprintln!(
         "kiln bench: {} services × {} pods × {} min = {} profiles, stacks from {}",
@@ -863,6 +866,7 @@ async fn bench_kiln(
     let mb = bytes as f64 / 1e6;
     Ok(KilnResults {
         profiles: shape.profiles(),
+        stacks_from_corpus: workload.from_corpus,
         rows,
         pprof_bytes: bytes,
         ingest_seconds,
@@ -1003,13 +1007,24 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// The repository the binary was built from, while it is there; else the current directory
+/// (a binary built in a worktree since removed, run from a checkout).
+fn repository_root() -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if built.join("bench/peers.py").is_file() {
+        built
+    } else {
+        PathBuf::from(".")
+    }
+}
+
 /// Runs `bench/peers.py` on the rows in `dir`; returns its JSON.
 fn run_peers(
     args: &BenchArgs,
     dir: &Path,
     queries: &[QueryResult],
 ) -> anyhow::Result<serde_json::Value> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = repository_root();
     let script = root.join("bench/peers.py");
     ensure!(script.exists(), "{} is missing", script.display());
     let python = args.python.clone().unwrap_or_else(|| {
@@ -1206,8 +1221,8 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
     println!(
         "\n{} profiles, {} sample rows, {:.1} MB of pprof in {:.1} s ({:.1} s of server CPU); \
          compaction caught up {:.1} s later ({:.1} s of server CPU from the first write): {} \
-         blocks, {} bytes at rest. Flame graphs with max_nodes {MAX_NODES}; totals checked \
-         against what was sent.",
+         blocks, {} bytes at rest. Stacks from {}. Flame graphs with max_nodes {MAX_NODES}; \
+         totals checked against what was sent.",
         k.profiles,
         k.rows,
         k.pprof_bytes as f64 / 1e6,
@@ -1216,7 +1231,12 @@ fn print_table(k: &KilnResults, peers: Option<&serde_json::Value>) {
         k.compaction_seconds,
         k.server_cpu_to_catch_up_seconds,
         k.blocks,
-        k.bytes_at_rest
+        k.bytes_at_rest,
+        if k.stacks_from_corpus {
+            "the corpus"
+        } else {
+            "synthetic pools (no corpus)"
+        }
     );
 }
 
