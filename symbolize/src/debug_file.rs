@@ -239,21 +239,23 @@ impl DebugFile {
         if self.elf_type == ET_REL {
             return address.wrapping_sub(mapping.start);
         }
-        // The segment the address's file offset lies in, executable ones first.
         let file_offset = address
             .wrapping_sub(mapping.start)
             .wrapping_add(mapping.offset);
         let page = |v: u64| v & !0xfff;
-        let known = self
-            .segments
-            .iter()
-            .filter(|s| s.executable)
-            .chain(self.segments.iter().filter(|s| !s.executable))
-            .find_map(|s| {
-                let offset = s.offset?;
-                (page(offset) <= file_offset && file_offset < offset.saturating_add(s.memsz))
-                    .then_some((offset, s.vaddr))
-            });
+        // The segment the mapping maps, as pprof picks it; else the one the address's file
+        // offset lies in, executable ones first.
+        let known = self.segment_of_mapping(mapping, file_offset).or_else(|| {
+            self.segments
+                .iter()
+                .filter(|s| s.executable)
+                .chain(self.segments.iter().filter(|s| !s.executable))
+                .find_map(|s| {
+                    let offset = s.offset?;
+                    (page(offset) <= file_offset && file_offset < offset.saturating_add(s.memsz))
+                        .then_some((offset, s.vaddr))
+                })
+        });
         if let Some((offset, vaddr)) = known {
             let base = mapping
                 .start
@@ -278,6 +280,41 @@ impl DebugFile {
             }
             (Some(s), _) => address.wrapping_sub(mapping.start.wrapping_sub(page(s.vaddr))),
             (None, _) => address,
+        }
+    }
+
+    /// The file offset and address of the loadable segment `mapping` maps, as google/pprof's
+    /// `FindProgHeaderForMapping` picks it (Parca's too): the segments overlapping the mapping's
+    /// file range, but for one the mapping starts below the page of, or one it covers less than
+    /// a page of before going a page past it; of several, the one holding `file_offset`. This
+    /// places a file whose code was cut out (a Go program stripped down to its line table):
+    /// its later segments moved in the file, so an address's file offset lands in the wrong one.
+    fn segment_of_mapping(&self, mapping: MappingRange, file_offset: u64) -> Option<(u64, u64)> {
+        const PAGE: u64 = 0x1000;
+        let map_off = mapping.offset;
+        let map_limit = map_off.saturating_add(mapping.limit - mapping.start);
+        let mut found = self.segments.iter().filter_map(|s| {
+            let offset = s.offset?;
+            let seg_limit = offset.saturating_add(s.memsz);
+            let aligned = offset.saturating_sub(s.vaddr & (PAGE - 1));
+            let overlaps = map_off < seg_limit && offset < map_limit;
+            let other = map_off < aligned
+                || (map_off > offset
+                    && seg_limit < map_off.saturating_add(PAGE)
+                    && map_limit >= seg_limit.saturating_add(PAGE));
+            (overlaps && !other).then_some((offset, s.vaddr, seg_limit))
+        });
+        let first = found.next()?;
+        let Some(second) = found.next() else {
+            return Some((first.0, first.1));
+        };
+        let mut holding = [first, second]
+            .into_iter()
+            .chain(found)
+            .filter(|&(offset, _, limit)| offset <= file_offset && file_offset < limit);
+        match (holding.next(), holding.next()) {
+            (Some((offset, vaddr, _)), None) => Some((offset, vaddr)),
+            _ => None,
         }
     }
 

@@ -159,6 +159,50 @@ fn go_without_dwarf_through_gopclntab() {
     compare(&built.stripped, &addrs, &oracle);
 }
 
+/// A Go program stripped down to its line table (its code and read-only data cut out, as in
+/// Parca's symbolizer test files): its later segments moved in the file, so an address placed
+/// by its file offset alone lands in the wrong segment. Placed through the segment its mapping
+/// maps, each process address names what `go tool addr2line` names in the whole program.
+#[test]
+fn a_go_program_stripped_to_its_line_table_names_process_addresses() {
+    for tool in ["go", "objcopy"] {
+        if !testing::have(tool) {
+            kiln_otel::skip::missing(tool);
+            return;
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let built = testing::build(Program::GoNoDwarf, dir.path()).unwrap();
+    let cut = dir.path().join("line-table-only");
+    let status = std::process::Command::new("objcopy")
+        .args(["--remove-section=.text", "--remove-section=.rodata"])
+        .arg(&built.full)
+        .arg(&cut)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let info = identify_file(&cut).unwrap();
+    assert!(info.has_gopclntab && !info.has_dwarf);
+    let addrs = testing::addresses_in(&built.full, &built.functions, 16);
+    let oracle = testing::go_addr2line(&built.full, &addrs).unwrap();
+    // The code's segment as /proc/<pid>/maps shows it (from offset 0 in a Go program).
+    let (offset, vaddr, memsz) = testing::executable_segment(&built.full).unwrap();
+    let page = |v: u64| v & !0xfff;
+    let mapping = MappingRange {
+        start: page(vaddr),
+        limit: vaddr + memsz,
+        offset: page(offset),
+    };
+    let debug = DebugFile::open(&cut, LIMITS).unwrap();
+    let mut named = 0;
+    for (&a, want) in addrs.iter().zip(&oracle) {
+        let got = debug.resolve(debug.file_address(mapping, a));
+        assert_eq!(&got, want, "{a:#x}");
+        named += usize::from(!got.is_empty());
+    }
+    assert!(named * 2 >= addrs.len(), "{named} of {} named", addrs.len());
+}
+
 /// A program's addresses as a process sees them (the PIE and the library loaded at a bias),
 /// mapped back to the file through the mapping's start and offset, resolve as the file's own.
 #[test]
