@@ -9,7 +9,8 @@
 # through the web UI) under e2e/clients/browser, Microsoft's Azurite and s3rver (object
 # store servers besides moto) under e2e/servers, Debian's chromium for the flame graph render
 # test and graphviz (`dot`) for the DOT render test (the plugin frontend's npm packages are installed
-# by grafana-plugin/build.sh and test.sh).
+# by grafana-plugin/build.sh and test.sh), and Go 1.15 from Debian 11's archive under the build
+# directory (its programs carry Go's 1.2 line table layout, which no current Go writes).
 # Idempotent: a second run only checks.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,4 +59,21 @@ if [ ! -x "$root/e2e/servers/node_modules/.bin/azurite-blob" ] || [ ! -x "$root/
   echo "install-test-deps: npm ci in e2e/servers (Azurite, s3rver)"
   (cd "$root/e2e/servers" && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# Go 1.15 (Debian 11's golang-1.15), unpacked beside the venv: pinned by hash.
+go115="${KILN_TEST_GO115_DIR:-${CARGO_TARGET_DIR:-$root/target}/go1.15}"
+if [ ! -x "$go115/usr/lib/go-1.15/bin/go" ]; then
+  echo "install-test-deps: Go 1.15 from Debian 11 into $go115"
+  mkdir -p "$go115"
+  pool=http://deb.debian.org/debian/pool/main/g/golang-1.15
+  for deb in \
+    "golang-1.15-go_1.15.15-1~deb11u4_amd64.deb 33f6680406698b60370322aa5710be199006b3d66fbb0974b44da012de3aa82a" \
+    "golang-1.15-src_1.15.15-1~deb11u4_amd64.deb e580f570f706d801191f9a17e55156736fc5979a6a878bab9304ca007ae29941"; do
+    set -- $deb
+    curl -sSf --retry 3 -o "$go115/$1" "$pool/$1"
+    echo "$2  $go115/$1" | sha256sum -c --quiet -
+    dpkg-deb -x "$go115/$1" "$go115"
+    rm "$go115/$1"
+  done
+fi
+
 echo "install-test-deps: ready (go $(go version | awk '{print $3}'), $(java -version 2>&1 | head -1), venv $venv)"

@@ -13,6 +13,8 @@ if [ -n "${CI:-}" ] && [ -z "${CARGO_TARGET_DIR:-}" ]; then
 fi
 target="${CARGO_TARGET_DIR:-$root/target}"
 export KILN_TEST_VENV="${KILN_TEST_VENV:-$target/test-venv}"
+export KILN_TEST_GO115_DIR="${KILN_TEST_GO115_DIR:-$target/go1.15}"
+export KILN_TEST_GO115="$KILN_TEST_GO115_DIR/usr/lib/go-1.15/bin/go"
 export CARGO_INCREMENTAL=0
 export CARGO_TERM_COLOR=never
 

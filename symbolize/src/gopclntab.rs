@@ -1,7 +1,7 @@
 //! Go's line table (`.gopclntab`), which every Go binary keeps even when built without DWARF
-//! (`-ldflags=-w`) or stripped: function entries, names, and per-pc file and line tables. The
-//! layouts of Go 1.16, 1.18 and 1.20 onward are read (Go's `debug/gosym` and
-//! `runtime/symtab.go` define them); older tables are refused.
+//! (`-ldflags=-w`) or stripped: function entries, names, and per-pc file and line tables. Every
+//! layout since Go 1.2 is read: Go 1.2 (to 1.15), 1.16, 1.18 and 1.20 onward (Go's `debug/gosym`
+//! and `runtime/symtab.go` define them); Go 1.0 and 1.1 tables are refused.
 //!
 //! A pc inside inlined code gets the function it was inlined into, with the file and line of the
 //! inlined code, as `go tool addr2line` reports it.
@@ -11,6 +11,8 @@ use crate::{Error, Result};
 /// The table layouts Kiln reads, by the magic number that opens the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Version {
+    /// Go 1.2 to 1.15: one table, offsets from its start, files by index.
+    Go12,
     Go116,
     Go118,
     Go120,
@@ -55,10 +57,10 @@ impl GoLineTable {
         }
         let magic = read_u32(&data, 0, little).ok_or_else(|| bad("no header"))?;
         let version = match magic {
+            0xffff_fffb => Version::Go12,
             0xffff_fffa => Version::Go116,
             0xffff_fff0 => Version::Go118,
             0xffff_fff1 => Version::Go120,
-            0xffff_fffb => return Err(bad("a Go 1.2 to 1.15 table, which Kiln does not read")),
             other => return Err(bad(&format!("unknown magic {other:#x}"))),
         };
         let (quantum, ptr) = (u64::from(data[6]), usize::from(data[7]));
@@ -71,28 +73,55 @@ impl GoLineTable {
                 .ok_or_else(|| bad("header past the end"))
         };
         let nfunc = word(0)?;
-        // Go 1.18 added the text start after nfunc and nfiles; the offsets follow.
-        let (header_text, first) = match version {
-            Version::Go116 => (0, 2),
-            Version::Go118 | Version::Go120 => (word(2)? as u64, 3),
-        };
-        let table = Self {
-            little,
-            version,
-            ptr,
-            quantum,
-            nfunc,
-            text_start: if header_text != 0 {
-                header_text
-            } else {
-                text_start
-            },
-            funcnametab: word(first)?,
-            cutab: word(first + 1)?,
-            filetab: word(first + 2)?,
-            pctab: word(first + 3)?,
-            functab: word(first + 4)?,
-            data,
+        let table = if version == Version::Go12 {
+            // The function table follows nfunc: an entry and an offset per function, the end
+            // pc, then the file table's offset. Names and pc tables are at offsets from 0.
+            let functab = 8 + ptr;
+            let fileoff = nfunc
+                .checked_mul(2)
+                .and_then(|n| n.checked_add(1))
+                .and_then(|n| n.checked_mul(ptr))
+                .and_then(|n| n.checked_add(functab))
+                .and_then(|at| read_u32(&data, at, little))
+                .ok_or_else(|| bad("the function table runs past the end"))?;
+            Self {
+                little,
+                version,
+                ptr,
+                quantum,
+                nfunc,
+                text_start,
+                funcnametab: 0,
+                cutab: 0,
+                filetab: fileoff as usize,
+                pctab: 0,
+                functab,
+                data,
+            }
+        } else {
+            // Go 1.18 added the text start after nfunc and nfiles; the offsets follow.
+            let (header_text, first) = match version {
+                Version::Go118 | Version::Go120 => (word(2)? as u64, 3),
+                Version::Go12 | Version::Go116 => (0, 2),
+            };
+            Self {
+                little,
+                version,
+                ptr,
+                quantum,
+                nfunc,
+                text_start: if header_text != 0 {
+                    header_text
+                } else {
+                    text_start
+                },
+                funcnametab: word(first)?,
+                cutab: word(first + 1)?,
+                filetab: word(first + 2)?,
+                pctab: word(first + 3)?,
+                functab: word(first + 4)?,
+                data,
+            }
         };
         for off in [
             table.funcnametab,
@@ -124,7 +153,7 @@ impl GoLineTable {
 
     fn functab_entry_size(&self) -> usize {
         match self.version {
-            Version::Go116 => 2 * self.ptr,
+            Version::Go12 | Version::Go116 => 2 * self.ptr,
             Version::Go118 | Version::Go120 => 8,
         }
     }
@@ -133,10 +162,16 @@ impl GoLineTable {
     fn functab_entry(&self, i: usize) -> Option<(u64, usize)> {
         let at = self.functab + i * self.functab_entry_size();
         match self.version {
-            Version::Go116 => {
+            // Go 1.2's offsets are from the table's start, Go 1.16's from the function table's.
+            Version::Go12 | Version::Go116 => {
                 let entry = read_uint(&self.data, at, self.ptr, self.little)?;
                 let off = read_uint(&self.data, at + self.ptr, self.ptr, self.little)?;
-                Some((entry, self.functab.checked_add(usize::try_from(off).ok()?)?))
+                let from = if self.version == Version::Go12 {
+                    0
+                } else {
+                    self.functab
+                };
+                Some((entry, from.checked_add(usize::try_from(off).ok()?)?))
             }
             Version::Go118 | Version::Go120 => {
                 let entry = u64::from(read_u32(&self.data, at, self.little)?);
@@ -173,21 +208,35 @@ impl GoLineTable {
         // `_func` field offsets: Go 1.16 starts with a pointer-sized entry, later ones with a
         // 32-bit entry offset.
         let base = match self.version {
-            Version::Go116 => func + self.ptr,
+            Version::Go12 | Version::Go116 => func + self.ptr,
             Version::Go118 | Version::Go120 => func + 4,
         };
         let field = |i: usize| read_u32(&self.data, base + 4 * i, self.little);
-        let (name_off, pcfile, pcln, cu) = (field(0)?, field(4)?, field(5)?, field(7)?);
+        let (name_off, pcfile, pcln) = (field(0)?, field(4)?, field(5)?);
+        // Go 1.2's `_func` has no compilation unit (files are numbered for the whole table).
+        let cu = match self.version {
+            Version::Go12 => 0,
+            Version::Go116 | Version::Go118 | Version::Go120 => field(7)?,
+        };
         let function = self.cstr(self.funcnametab.checked_add(name_off as usize)?)?;
         let line = self.pc_value(pcln, entry, pc)?;
         let file = self.pc_value(pcfile, entry, pc).and_then(|fileno| {
             let fileno = u32::try_from(fileno).ok()?;
-            let at = self
-                .cutab
-                .checked_add((cu as usize).checked_add(fileno as usize)? * 4)?;
-            let off = read_u32(&self.data, at, self.little)?;
+            // Go 1.2: the file table's entries (after its count) by number; later, the
+            // compilation unit's entries in `cutab`, into the file names.
+            let (index, strings) = if self.version == Version::Go12 {
+                let files = read_u32(&self.data, self.filetab, self.little)?;
+                if fileno == 0 || fileno >= files {
+                    return None;
+                }
+                (self.filetab.checked_add(fileno as usize * 4)?, 0)
+            } else {
+                let at = (cu as usize).checked_add(fileno as usize)?;
+                (self.cutab.checked_add(at.checked_mul(4)?)?, self.filetab)
+            };
+            let off = read_u32(&self.data, index, self.little)?;
             (off != u32::MAX)
-                .then(|| self.cstr(self.filetab.checked_add(off as usize)?))
+                .then(|| self.cstr(strings.checked_add(off as usize)?))
                 .flatten()
         });
         Some(GoFrame {

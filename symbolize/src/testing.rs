@@ -248,8 +248,27 @@ impl Program {
     }
 }
 
+/// The magic number opening a file's `.gopclntab` (its layout: `0xfffffffb` for Go 1.2 to 1.15).
+pub fn gopclntab_magic(path: &Path) -> Option<u32> {
+    use object::{Object, ObjectSection};
+    let data = std::fs::read(path).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let section = file.section_by_name(".gopclntab")?.data().ok()?;
+    let head: [u8; 4] = section.get(..4)?.try_into().ok()?;
+    Some(if file.is_little_endian() {
+        u32::from_le_bytes(head)
+    } else {
+        u32::from_be_bytes(head)
+    })
+}
+
 /// Builds `program` in `dir` and splits it.
 pub fn build(program: Program, dir: &Path) -> Result<Built, String> {
+    build_with_go(program, dir, Path::new("go"))
+}
+
+/// [`build`], with the Go toolchain `go` for the Go programs (an older release's, say).
+pub fn build_with_go(program: Program, dir: &Path, go: &Path) -> Result<Built, String> {
     let name = format!("{program:?}").to_lowercase();
     let full = dir.join(&name);
     match program {
@@ -288,9 +307,10 @@ pub fn build(program: Program, dir: &Path) -> Result<Built, String> {
             let module = dir.join(format!("{name}-src"));
             std::fs::create_dir_all(&module).map_err(|e| e.to_string())?;
             std::fs::write(module.join("main.go"), GO_SOURCE).map_err(|e| e.to_string())?;
-            std::fs::write(module.join("go.mod"), "module kilntest\n\ngo 1.18\n")
+            // The oldest release the tests build with (Go 1.15) reads this directive.
+            std::fs::write(module.join("go.mod"), "module kilntest\n\ngo 1.15\n")
                 .map_err(|e| e.to_string())?;
-            let mut cmd = Command::new("go");
+            let mut cmd = Command::new(go);
             cmd.current_dir(&module)
                 .env("GOCACHE", dir.join("gocache"))
                 .env("GOPATH", dir.join("gopath"))
@@ -377,8 +397,13 @@ pub fn addr2line(path: &Path, addrs: &[u64]) -> Result<Vec<Vec<Frame>>, String> 
 
 /// What `go tool addr2line` says of each address (one frame: function, file, line).
 pub fn go_addr2line(path: &Path, addrs: &[u64]) -> Result<Vec<Vec<Frame>>, String> {
+    go_addr2line_with(Path::new("go"), path, addrs)
+}
+
+/// [`go_addr2line`] of the Go toolchain `go`.
+pub fn go_addr2line_with(go: &Path, path: &Path, addrs: &[u64]) -> Result<Vec<Vec<Frame>>, String> {
     use std::io::Write;
-    let mut child = Command::new("go")
+    let mut child = Command::new(go)
         .args(["tool", "addr2line"])
         .arg(path)
         .stdin(std::process::Stdio::piped())

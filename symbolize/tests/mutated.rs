@@ -3,6 +3,8 @@
 //! lengths), through the reader's fuzz entry. None may panic, and none may take more of the
 //! heap than the entry's inflation bound allows for its size (counted by the allocator).
 
+use std::path::Path;
+
 use kiln_symbolize::debug_file::MAX_INFLATION_RATIO;
 use kiln_symbolize::testing::{self, Compression, Program};
 use peak_alloc::PeakAlloc;
@@ -36,6 +38,13 @@ fn mutated_elf_files_never_panic_nor_take_more_heap_than_their_bound() {
     }
     if testing::have("go") {
         let built = testing::build(Program::GoNoDwarf, dir.path()).unwrap();
+        seeds.push(std::fs::read(&built.full).unwrap());
+    }
+    // Go 1.15's program carries the Go 1.2 table layout.
+    if let Some(go) = std::env::var_os("KILN_TEST_GO115").filter(|g| Path::new(g).is_file()) {
+        let old = dir.path().join("go1.15");
+        std::fs::create_dir_all(&old).unwrap();
+        let built = testing::build_with_go(Program::GoNoDwarf, &old, Path::new(&go)).unwrap();
         seeds.push(std::fs::read(&built.full).unwrap());
     }
     let iterations: u64 = std::env::var("KILN_FUZZ_ITERATIONS")

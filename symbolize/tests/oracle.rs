@@ -159,6 +159,27 @@ fn go_without_dwarf_through_gopclntab() {
     compare(&built.stripped, &addrs, &oracle);
 }
 
+/// A Go 1.15 program without DWARF: its line table has Go 1.2's layout (one table, offsets from
+/// its start, files numbered for the whole table), which Go has not written since 1.16. Every
+/// address names what Go 1.15's own `go tool addr2line` names, stripped of symbols too.
+#[test]
+fn go_1_15_through_its_go_1_2_line_table() {
+    let go = std::env::var_os("KILN_TEST_GO115").map(std::path::PathBuf::from);
+    let Some(go) = go.filter(|g| g.is_file()) else {
+        kiln_otel::skip::missing("Go 1.15 (KILN_TEST_GO115, installed by the test command)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let built = testing::build_with_go(Program::GoNoDwarf, dir.path(), &go).unwrap();
+    assert_eq!(testing::gopclntab_magic(&built.full), Some(0xffff_fffb));
+    let info = identify_file(&built.full).unwrap();
+    assert!(!info.has_dwarf && info.has_gopclntab);
+    let addrs = testing::addresses_in(&built.full, &built.functions, 16);
+    let oracle = testing::go_addr2line_with(&go, &built.full, &addrs).unwrap();
+    compare(&built.full, &addrs, &oracle);
+    compare(&built.stripped, &addrs, &oracle);
+}
+
 /// A Go program stripped down to its line table (its code and read-only data cut out, as in
 /// Parca's symbolizer test files): its later segments moved in the file, so an address placed
 /// by its file offset alone lands in the wrong segment. Placed through the segment its mapping
