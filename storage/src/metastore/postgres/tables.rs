@@ -427,6 +427,28 @@ impl Postgres {
 }
 
 impl Postgres {
+    /// Takes the deletion locks of `tenants` (sorted, shared; a deletion takes its tenant's
+    /// exclusively) and reads when each was last deleted.
+    async fn deletions(tx: &Tx<'_>, tenants: &[&str]) -> Result<HashMap<String, u64>> {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock_shared($1, hashtext(t))
+             FROM unnest($2::TEXT[]) WITH ORDINALITY AS u(t, n) ORDER BY n",
+            &[&DELETION_LOCK_CLASS, &tenants],
+        )
+        .await
+        .map_err(pg_err)?;
+        Ok(tx
+            .query(
+                "SELECT tenant, deleted_ms FROM kiln_tenant_deletions WHERE tenant = ANY ($1)",
+                &[&tenants],
+            )
+            .await
+            .map_err(pg_err)?
+            .iter()
+            .map(|r| (r.get(0), unbig(r.get(1))))
+            .collect())
+    }
+
     /// Registers `blocks` and records `checkpoint`, in one transaction.
     pub(super) async fn add(
         &self,
@@ -450,24 +472,12 @@ impl Postgres {
             t
         };
         let kept = transaction!(self, false, |tx| {
-            // Shared locks, in tenant order; a deletion takes its tenant's exclusively.
-            tx.execute(
-                "SELECT pg_advisory_xact_lock_shared($1, hashtext(t))
-                 FROM unnest($2::TEXT[]) WITH ORDINALITY AS u(t, n) ORDER BY n",
-                &[&DELETION_LOCK_CLASS, &tenants],
-            )
-            .await
-            .map_err(pg_err)?;
-            let deleted: HashMap<String, u64> = tx
-                .query(
-                    "SELECT tenant, deleted_ms FROM kiln_tenant_deletions WHERE tenant = ANY ($1)",
-                    &[&tenants],
-                )
-                .await
-                .map_err(pg_err)?
-                .iter()
-                .map(|r| (r.get(0), unbig(r.get(1))))
-                .collect();
+            // A checkpoint alone (no blocks) needs neither the locks nor the marks.
+            let deleted = if tenants.is_empty() {
+                HashMap::new()
+            } else {
+                Self::deletions(&tx, &tenants).await?
+            };
             let mut kept = Vec::with_capacity(blocks.len());
             for b in &blocks {
                 let refused = deleted
