@@ -30,11 +30,7 @@ fn a_long_log_replays_a_file_at_a_time() {
     log.max_file_bytes = 1 << 20;
     // Written without a cut: every record stays in the log, about 78 MiB of it.
     config.writer.flush_bytes = 1 << 30;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let s = Storage::open(config.clone()).await.unwrap();
         for i in 0..RECORDS {
@@ -55,11 +51,7 @@ fn a_long_log_replays_a_file_at_a_time() {
     config.writer.flush_bytes = 1 << 20;
     config.symbols_cache_bytes = 4 << 20;
     config.fresh_cache_bytes = 4 << 20;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let before = HEAP.current_usage();
         HEAP.reset_peak_usage();
@@ -78,6 +70,15 @@ fn a_long_log_replays_a_file_at_a_time() {
     });
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Bytes of the files under `dir`.
 fn walk(dir: &std::path::Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;

@@ -73,7 +73,7 @@ impl GoLineTable {
                 .ok_or_else(|| bad("header past the end"))
         };
         let nfunc = word(0)?;
-        let table = if version == Version::Go12 {
+        let (text, funcnametab, cutab, filetab, pctab, functab) = if version == Version::Go12 {
             // The function table follows nfunc: an entry and an offset per function, the end
             // pc, then the file table's offset. Names and pc tables are at offsets from 0.
             let functab = 8 + ptr;
@@ -84,44 +84,35 @@ impl GoLineTable {
                 .and_then(|n| n.checked_add(functab))
                 .and_then(|at| read_u32(&data, at, little))
                 .ok_or_else(|| bad("the function table runs past the end"))?;
-            Self {
-                little,
-                version,
-                ptr,
-                quantum,
-                nfunc,
-                text_start,
-                funcnametab: 0,
-                cutab: 0,
-                filetab: fileoff as usize,
-                pctab: 0,
-                functab,
-                data,
-            }
+            (0, 0, 0, fileoff as usize, 0, functab)
         } else {
             // Go 1.18 added the text start after nfunc and nfiles; the offsets follow.
             let (header_text, first) = match version {
                 Version::Go118 | Version::Go120 => (word(2)? as u64, 3),
                 Version::Go12 | Version::Go116 => (0, 2),
             };
-            Self {
-                little,
-                version,
-                ptr,
-                quantum,
-                nfunc,
-                text_start: if header_text != 0 {
-                    header_text
-                } else {
-                    text_start
-                },
-                funcnametab: word(first)?,
-                cutab: word(first + 1)?,
-                filetab: word(first + 2)?,
-                pctab: word(first + 3)?,
-                functab: word(first + 4)?,
-                data,
-            }
+            (
+                header_text,
+                word(first)?,
+                word(first + 1)?,
+                word(first + 2)?,
+                word(first + 3)?,
+                word(first + 4)?,
+            )
+        };
+        let table = Self {
+            little,
+            version,
+            ptr,
+            quantum,
+            nfunc,
+            text_start: if text != 0 { text } else { text_start },
+            funcnametab,
+            cutab,
+            filetab,
+            pctab,
+            functab,
+            data,
         };
         for off in [
             table.funcnametab,
