@@ -133,11 +133,14 @@ impl App {
     }
 
     /// Records the cluster's live members (membership's answer, or this process alone): the
-    /// limits' shares and the `kiln_cluster_members` gauges follow.
+    /// limits' shares, the segment interval's scale and the `kiln_cluster_members` gauges
+    /// follow.
     pub fn set_members(&self, members: Vec<kiln_storage::metastore::Member>) {
         self.cluster.set_live(members);
         let (ingest, query, compact) = self.cluster.counts_by_role();
         self.tenants.set_peers(ingest, query);
+        self.storage
+            .scale_segment_interval(u32::try_from(ingest).unwrap_or(u32::MAX));
         for (role, n) in [("ingest", ingest), ("query", query), ("compact", compact)] {
             self.metrics
                 .cluster_members

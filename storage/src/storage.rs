@@ -313,6 +313,12 @@ impl Storage {
         self.writer.expect_write()
     }
 
+    /// How many ingest processes share the cluster's writes: logged shards cut segments that
+    /// much less often ([`crate::writer::Writer::scale_segment_interval`]).
+    pub fn scale_segment_interval(&self, processes: u32) {
+        self.writer.scale_segment_interval(processes);
+    }
+
     /// Whether writes are acknowledged from a write-ahead log (and so take a record).
     pub fn logs_writes(&self) -> bool {
         self.writer.logs_writes()

@@ -25,7 +25,7 @@ pub mod wal;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -170,26 +170,16 @@ impl LogConfig {
 /// with: those records would not be replayed).
 pub fn log_id(dir: &Path, shards: u32) -> Result<String> {
     std::fs::create_dir_all(dir).map_err(crate::error::io(dir))?;
-    for entry in std::fs::read_dir(dir).map_err(crate::error::io(dir))? {
-        let path = entry.map_err(crate::error::io(dir))?.path();
-        let shard = path
-            .file_name()
-            .and_then(|n| n.to_str()?.parse::<u32>().ok());
-        let Some(shard) = shard.filter(|s| *s >= shards) else {
-            continue;
-        };
-        let holds = std::fs::read_dir(&path)
-            .map_err(crate::error::io(&path))?
-            .filter_map(|e| e.ok())
-            .any(|e| e.path().extension().is_some_and(|x| x == "kwal"));
-        if holds {
-            return Err(Error::Config(format!(
-                "the write-ahead log in {} holds records of shard {shard}: start with at least \
-                 {} shards to replay them",
-                dir.display(),
-                shard + 1
-            )));
-        }
+    if let Some(shard) = shards_holding_records(dir)?
+        .into_iter()
+        .find(|s| *s >= shards)
+    {
+        return Err(Error::Config(format!(
+            "the write-ahead log in {} holds records of shard {shard}: start with at least {} \
+             shards to replay them",
+            dir.display(),
+            shard + 1
+        )));
     }
     let path = dir.join("id");
     match std::fs::read_to_string(&path) {
@@ -206,6 +196,42 @@ pub fn log_id(dir: &Path, shards: u32) -> Result<String> {
         .and_then(|()| std::fs::File::open(dir)?.sync_all())
         .map_err(crate::error::io(&path))?;
     Ok(id)
+}
+
+/// The shards whose directories in the log `dir` hold records (none where `dir` is absent).
+fn shards_holding_records(dir: &Path) -> Result<Vec<u32>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(crate::error::io(dir)(e)),
+    };
+    let mut shards = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(crate::error::io(dir))?.path();
+        let Some(shard) = path
+            .file_name()
+            .and_then(|n| n.to_str()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let holds = std::fs::read_dir(&path)
+            .map_err(crate::error::io(&path))?
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().extension().is_some_and(|x| x == "kwal"));
+        if holds {
+            shards.push(shard);
+        }
+    }
+    Ok(shards)
+}
+
+/// How many shards the log in `dir` holds records of (the highest shard holding one, plus
+/// one; 0 for an empty or absent log, or one that cannot be read: [`log_id`] says why).
+pub fn log_shards(dir: &Path) -> u32 {
+    shards_holding_records(dir)
+        .ok()
+        .and_then(|shards| shards.into_iter().max())
+        .map_or(0, |s| s.saturating_add(1))
 }
 
 impl Default for WriterConfig {
@@ -301,6 +327,20 @@ struct FlushContext {
     unregistered: Arc<Unregistered>,
     /// Writes on their way to a shard ([`Writer::expect_write`]).
     expected: Arc<Expected>,
+    /// How many ingest processes share the cluster's writes ([`Writer::scale_segment_interval`]).
+    interval_scale: AtomicU32,
+}
+
+/// The longest a scaled segment interval grows to ([`Writer::scale_segment_interval`]), unless
+/// the interval itself is longer: it bounds how late a query process sees a write.
+pub const MAX_SCALED_SEGMENT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A logged shard's segment interval when `processes` ingest processes share the cluster's
+/// writes: `interval` × `processes`, at most [`MAX_SCALED_SEGMENT_INTERVAL`] (or `interval`
+/// where that is longer).
+pub fn scaled_segment_interval(interval: Duration, processes: u32) -> Duration {
+    let scaled = interval.saturating_mul(processes.max(1));
+    scaled.min(MAX_SCALED_SEGMENT_INTERVAL.max(interval))
 }
 
 /// The count of writes on their way to a shard, and a wake-up for the shards when it falls to
@@ -350,6 +390,7 @@ impl Writer {
             warm,
             unregistered: Arc::default(),
             expected: Arc::default(),
+            interval_scale: AtomicU32::new(1),
         });
         let mut tasks = Vec::new();
         let drainer = ctx.spool.as_ref().map(|_| {
@@ -394,6 +435,19 @@ impl Writer {
             query.set_write_barrier(writer.barrier_handle());
         }
         writer
+    }
+
+    /// Tells the logged shards how many ingest processes share the cluster's writes (the
+    /// gateway sets it from membership; 1 alone). Each then cuts a segment every
+    /// [`scaled_segment_interval`]: a process that takes a third of the writes cuts a third as
+    /// often, so the cluster writes about as many segments a second as one process would. Each
+    /// segment costs symbols, a Parquet writer, a PUT, a metastore commit and a share of an L0
+    /// merge whatever its size: three ingest processes at the unscaled interval spent 1.4× the
+    /// CPU a byte of one (docs/performance.md, "Segment cadence in a cluster").
+    pub fn scale_segment_interval(&self, processes: u32) {
+        self.ctx
+            .interval_scale
+            .store(processes.max(1), Ordering::Relaxed);
     }
 
     /// Drains the spool now (tests; the drainer does it every second).

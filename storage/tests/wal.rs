@@ -531,6 +531,58 @@ async fn writes_without_a_record_wait_for_their_segment() {
     s.close().await;
 }
 
+/// With three ingest processes sharing the writes, a shard cuts a segment every three
+/// intervals (capped), so the cluster cuts about as many segments as one process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_cuts_less_often_when_ingest_processes_share_the_writes() {
+    use kiln_storage::writer::{MAX_SCALED_SEGMENT_INTERVAL, scaled_segment_interval};
+    let second = Duration::from_secs(1);
+    assert_eq!(scaled_segment_interval(second, 0), second);
+    assert_eq!(scaled_segment_interval(second, 3), 3 * second);
+    assert_eq!(
+        scaled_segment_interval(second, 50),
+        MAX_SCALED_SEGMENT_INTERVAL
+    );
+    assert_eq!(scaled_segment_interval(9 * second, 3), 9 * second);
+
+    let dir = tempfile::tempdir().unwrap();
+    let s = Storage::open(logged_config(dir.path(), Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let registered = || async {
+        s.metastore()
+            .query_blocks(kiln_storage::metastore::BlockQuery::all("a"))
+            .await
+            .unwrap()
+            .len()
+    };
+    s.scale_segment_interval(10);
+    write_logged(&s, "a", "main;scaled", 1, 1).await;
+    // Unscaled, the segment would be cut at 300 ms; scaled, at 3 s.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(registered().await, 0, "cut at the unscaled interval");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while registered().await == 0 {
+        assert!(std::time::Instant::now() < deadline, "never cut");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back to one process: the next write's segment comes at the interval again.
+    s.scale_segment_interval(1);
+    let started = std::time::Instant::now();
+    write_logged(&s, "a", "main;alone", 2, 1).await;
+    while registered().await < 2 {
+        assert!(started.elapsed() < Duration::from_secs(20), "never cut");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(2900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(stacks(&s, "b").await.is_empty());
+    s.close().await;
+}
+
 /// A group of records waits for the writes announced when their requests started
 /// ([`Storage::expect_write`]), and a write is not acknowledged before its group is appended.
 /// When the last announced write ends without arriving (its request refused), a lone write's
@@ -654,6 +706,12 @@ fn a_log_of_more_shards_than_configured_is_refused() {
         .map(|_| ())
         .unwrap_err();
     assert!(err.to_string().contains("at least 2 shards"), "{err}");
+    // What the gateway's default shard count follows when `--shards` is not given.
+    assert_eq!(kiln_storage::writer::log_shards(&dir.path().join("wal")), 2);
+    assert_eq!(
+        kiln_storage::writer::log_shards(&dir.path().join("none")),
+        0
+    );
     config.writer.shards = 2;
     then_crash(async {
         let s = Storage::open(config.clone()).await.unwrap();

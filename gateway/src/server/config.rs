@@ -483,9 +483,10 @@ pub struct StorageArgs {
     pub spool_max_bytes: u64,
 
     /// Number of write shards. Each shard adds its writes and flushes its segments one at a
-    /// time. Default: 1 on the local file system, where fuller segments cost less to write and
-    /// compact than two half-full ones; 2 on a remote object store, where each flush waits a
-    /// PUT's round trip and two shards keep two flushes in flight.
+    /// time. Default: 1, where fuller segments cost less to write and compact than two
+    /// half-full ones; 2 on a remote object store with `--ack-from store`, where each
+    /// acknowledgement waits a PUT's round trip and two shards keep two flushes in flight; never
+    /// fewer than the write-ahead log holds records of.
     #[arg(long, env = "KILN_SHARDS")]
     pub shards: Option<u32>,
 
@@ -502,7 +503,8 @@ pub struct StorageArgs {
 
     /// With `--ack-from log`: how often, in milliseconds, a shard cuts a segment of the writes
     /// it acknowledged from the log (sooner at `--flush-size`, or when a query in this process
-    /// needs them).
+    /// needs them). With N live ingest processes each cuts every N intervals, at most 5 s, so
+    /// the cluster cuts as often as one process.
     #[arg(
         long = "segment-interval",
         alias = "segment-interval-ms",
@@ -907,9 +909,11 @@ impl ServeArgs {
         c.object_store = s.object_store.clone();
         c.object_store_retry_timeout = Duration::from_secs(s.object_store_retry_timeout_secs);
         c.spool_max_bytes = s.spool_max_bytes;
-        c.writer.shards = s
-            .shards
-            .unwrap_or_else(|| default_shards(s.object_store.as_deref()));
+        c.writer.shards = s.shards.unwrap_or_else(|| {
+            let logged = s.ack_from() == AckFrom::Log;
+            let held = kiln_storage::writer::log_shards(&s.data_dir.join("wal"));
+            default_shards(s.object_store.as_deref(), logged).max(held)
+        });
         c.writer.flush_interval = Duration::from_millis(s.flush_interval_ms);
         c.writer.flush_bytes = s.flush_bytes;
         c.writer.flush_linger = Duration::from_millis(s.flush_linger_ms);
@@ -942,12 +946,6 @@ impl ServeArgs {
     }
 }
 
-/// Write shards when `--shards` is not given: one on the local file system (or in memory),
-/// two on a remote object store (any other URL scheme). A shard flushes one segment at a time;
-/// on the local file system a flush is CPU and an fsync, and one shard's fuller segments cost
-/// less (`kiln bench --preset small`: 0.93× the server CPU of two); against a remote store a
-/// flush waits a PUT and a PostgreSQL commit, and one shard gave 0.76× the profiles a second
-/// of two at 32 requests in flight (`--scaled-out`; docs/performance.md, "Write shards").
 /// Where writes are acknowledged from (`--ack-from`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AckFrom {
@@ -974,8 +972,18 @@ impl StorageArgs {
     }
 }
 
-fn default_shards(object_store: Option<&str>) -> u32 {
-    if object_store.is_some_and(kiln_storage::store::is_remote_url) {
+/// Write shards when `--shards` is not given (and the log holds records of no more): one on
+/// the local file system (or in memory), or wherever writes are acknowledged from the log; two
+/// on a remote object store (any other URL scheme) with acknowledgements from the store. A
+/// shard flushes one segment at a time. On the local file system a flush is CPU and an fsync,
+/// and one shard's fuller segments cost less (`kiln bench --preset small`: 0.93× the server
+/// CPU of two). Against a remote store a flush waits a PUT and a PostgreSQL commit: one shard
+/// gave 0.76× the profiles a second of two at 32 requests in flight when acknowledgements wait
+/// for the flush (`--scaled-out`; docs/performance.md, "Write shards"). Acknowledged from the
+/// log, they do not wait, and one shard's segments cost less (three ingest processes: 0.88×
+/// the embedded process's ingest a busy core with one, 0.74× with two).
+fn default_shards(object_store: Option<&str>, logged: bool) -> u32 {
+    if !logged && object_store.is_some_and(kiln_storage::store::is_remote_url) {
         2
     } else {
         1
@@ -1173,6 +1181,18 @@ mod tests {
         assert_eq!(shards(&["kiln", "--object-store", "file:///srv/kiln"]), 1);
         assert_eq!(shards(&["kiln", "--object-store", "s3://bucket/prefix"]), 2);
         assert_eq!(shards(&["kiln", "--object-store", "gs://bucket"]), 2);
+        let logged = ["kiln", "--object-store", "s3://bucket", "--ack-from", "log"];
+        assert_eq!(shards(&logged), 1);
+        // A log written with more shards keeps them: its records would not be replayed.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("wal/2")).unwrap();
+        std::fs::write(dir.path().join("wal/2/00000000000000000001.kwal"), b"").unwrap();
+        let data_dir = dir.path().to_str().unwrap();
+        assert_eq!(shards(&["kiln", "--data-dir", data_dir]), 3);
+        assert_eq!(
+            shards(&["kiln", "--data-dir", data_dir, "--shards", "4"]),
+            4
+        );
         assert_eq!(
             shards(&["kiln", "--object-store", "s3://bucket", "--shards", "1"]),
             1

@@ -446,7 +446,11 @@ impl Shard {
                 }
                 self.records.push(record);
                 self.waiting.push((tenant, ack));
-                self.cut_at.get_or_insert(now + self.interval);
+                let interval = super::scaled_segment_interval(
+                    self.interval,
+                    self.ctx.interval_scale.load(Ordering::Relaxed),
+                );
+                self.cut_at.get_or_insert(now + interval);
             }
             None => {
                 self.size += buffer(

@@ -104,6 +104,19 @@ impl Deployment {
         &self.ingests[n % self.ingests.len()]
     }
 
+    /// How far behind the newest acknowledged write the query process may answer: none where
+    /// it is the ingesting process (its queries cut what its shards buffer); else a segment
+    /// interval scaled to the ingest processes (`--ack-from log`, at most 5 s) and a second to
+    /// register it.
+    pub fn query_lag(&self) -> std::time::Duration {
+        if self.query == self.ingest {
+            return std::time::Duration::ZERO;
+        }
+        let processes = u32::try_from(self.ingests.len()).unwrap_or(u32::MAX);
+        kiln_storage::writer::scaled_segment_interval(std::time::Duration::from_secs(1), processes)
+            + std::time::Duration::from_secs(1)
+    }
+
     /// CPU seconds all processes have used.
     pub fn cpu_seconds(&self) -> f64 {
         self.servers.iter().map(|(_, s)| s.cpu_seconds()).sum()

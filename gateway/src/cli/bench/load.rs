@@ -69,6 +69,7 @@ pub async fn run(
             server.query
         );
         let (newest, stop) = (Arc::clone(&newest), Arc::clone(&stop));
+        let lag = server.query_lag();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -78,8 +79,15 @@ pub async fn run(
                 .build()?;
             rt.block_on(async move {
                 let mut ms = Vec::new();
+                // The newest data acknowledged, as it was over the last `lag`: a query process
+                // sees a write once its segment is registered, up to `lag` after its ack.
+                let mut seen = std::collections::VecDeque::new();
                 while !stop.load(Ordering::Relaxed) {
-                    let end = newest.load(Ordering::Relaxed);
+                    seen.push_back((Instant::now(), newest.load(Ordering::Relaxed)));
+                    while seen.len() > 1 && seen[1].0.elapsed() >= lag {
+                        seen.pop_front();
+                    }
+                    let end = seen[0].1;
                     let (_, body) = fresh_flame(&shape, end, WINDOW_NANOS).request();
                     let t = Instant::now();
                     let resp = connect(&http, &url, body, false).send().await?;
