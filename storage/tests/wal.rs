@@ -531,8 +531,8 @@ async fn writes_without_a_record_wait_for_their_segment() {
     s.close().await;
 }
 
-/// With three ingest processes sharing the writes, a shard cuts a segment every three
-/// intervals (capped), so the cluster cuts about as many segments as one process.
+/// With N ingest processes sharing the writes, a shard cuts a segment every N intervals
+/// (capped), so the cluster cuts about as many segments as one process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_cuts_less_often_when_ingest_processes_share_the_writes() {
     use kiln_storage::writer::{MAX_SCALED_SEGMENT_INTERVAL, scaled_segment_interval};

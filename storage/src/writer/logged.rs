@@ -446,11 +446,10 @@ impl Shard {
                 }
                 self.records.push(record);
                 self.waiting.push((tenant, ack));
-                let interval = super::scaled_segment_interval(
-                    self.interval,
-                    self.ctx.interval_scale.load(Ordering::Relaxed),
-                );
-                self.cut_at.get_or_insert(now + interval);
+                let (interval, scale) = (self.interval, &self.ctx.interval_scale);
+                self.cut_at.get_or_insert_with(|| {
+                    now + super::scaled_segment_interval(interval, scale.load(Ordering::Relaxed))
+                });
             }
             None => {
                 self.size += buffer(
