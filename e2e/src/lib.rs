@@ -486,6 +486,16 @@ impl Drop for Kiln {
     }
 }
 
+/// A gRPC request of `msg` for `tenant` (its `x-scope-orgid` metadata).
+pub fn with_tenant<T>(msg: T, tenant: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert(
+        "x-scope-orgid",
+        tenant.parse().expect("a tenant id is valid metadata"),
+    );
+    req
+}
+
 /// Per (sample type, unit): the total of values a pprof profile carries, counting only samples
 /// without a negative value (what Pyroscope's normalization keeps).
 pub fn pprof_totals(data: &[u8]) -> Result<Vec<((String, String), i64)>> {

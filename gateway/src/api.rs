@@ -60,6 +60,7 @@ use kiln_proto::push::v1::pusher_service_server::PusherServiceServer;
 use kiln_proto::querier::v1::querier_service_server::QuerierServiceServer;
 use kiln_proto::settings::v1::recording_rules_service_server::RecordingRulesServiceServer;
 use tonic::codec::CompressionEncoding;
+use tower_http::compression::Predicate;
 
 use crate::app::{AppRef, Roles};
 use crate::auth::Scope;
@@ -548,6 +549,7 @@ pub fn router(app: AppRef) -> Router {
         .fallback(no_api)
         // Bodies are limited by each handler with a clear 413 of its own.
         .layer(DefaultBodyLimit::disable())
+        .layer(answer_compression())
         .with_state(app.clone())
         .layer(middleware::from_fn_with_state(
             Steer {
@@ -573,6 +575,27 @@ pub fn router(app: AppRef) -> Router {
             track,
         ))
 }
+
+/// Large answers compressed as the client's `Accept-Encoding` asks (zstd or gzip), at the
+/// fastest level: a flame graph's JSON shrinks about tenfold for little CPU. gRPC and Connect
+/// streams compress per message instead; event streams and images are left alone.
+fn answer_compression() -> tower_http::compression::CompressionLayer<impl Predicate> {
+    use tower_http::compression::predicate::{NotForContentType, SizeAbove};
+    tower_http::compression::CompressionLayer::new()
+        .no_br()
+        .no_deflate()
+        .quality(tower_http::CompressionLevel::Fastest)
+        .compress_when(
+            SizeAbove::new(ANSWER_COMPRESSION_MIN_BYTES)
+                .and(NotForContentType::GRPC)
+                .and(NotForContentType::const_new("application/connect+"))
+                .and(NotForContentType::SSE)
+                .and(NotForContentType::IMAGES),
+        )
+}
+
+/// Answers smaller than this are sent as they are: compressing them saves less than it costs.
+const ANSWER_COMPRESSION_MIN_BYTES: u16 = 1024;
 
 /// A path of no API (the API table's fallback): 404 saying so.
 async fn no_api(uri: axum::http::Uri) -> Response {
@@ -602,26 +625,25 @@ async fn role_missing(State(app): State<AppRef>, uri: axum::http::Uri) -> Respon
 fn grpc_routes(app: AppRef) -> Router {
     let max = app.grpc_max_message_bytes;
     let svc = Grpc::new(app.clone());
-    let querier = QuerierServiceServer::new(svc.clone())
-        .accept_compressed(CompressionEncoding::Gzip)
-        .send_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max)
-        .max_encoding_message_size(usize::MAX);
-    let pusher = PusherServiceServer::new(svc.clone())
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max);
-    let parca = ProfileStoreServiceServer::new(svc.clone())
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max);
-    let parca_debuginfo = ParcaDebuginfoServer::new(svc.clone())
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max);
-    let recording_rules = RecordingRulesServiceServer::new(svc.clone())
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max);
-    let pyroscope_debuginfo = PyroscopeDebuginfoServer::new(svc)
-        .accept_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max);
+    // Every service takes and answers gzip and zstd (`grpc-encoding`), as the client asks
+    // (`grpc-accept-encoding`). tonic bounds an inflated message by the decoding limit.
+    macro_rules! compressed {
+        ($server:expr) => {
+            $server
+                .accept_compressed(CompressionEncoding::Gzip)
+                .accept_compressed(CompressionEncoding::Zstd)
+                .send_compressed(CompressionEncoding::Gzip)
+                .send_compressed(CompressionEncoding::Zstd)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(usize::MAX)
+        };
+    }
+    let querier = compressed!(QuerierServiceServer::new(svc.clone()));
+    let pusher = compressed!(PusherServiceServer::new(svc.clone()));
+    let parca = compressed!(ProfileStoreServiceServer::new(svc.clone()));
+    let parca_debuginfo = compressed!(ParcaDebuginfoServer::new(svc.clone()));
+    let recording_rules = compressed!(RecordingRulesServiceServer::new(svc.clone()));
+    let pyroscope_debuginfo = compressed!(PyroscopeDebuginfoServer::new(svc));
     let mut routes = tonic::service::Routes::default();
     if app.roles.query {
         routes = routes.add_service(querier).add_service(recording_rules);

@@ -114,7 +114,7 @@ fn inputs() -> Vec<(String, Vec<u8>)> {
             continue;
         };
         // Plain protobuf, as the gateway holds a body once it is inflated.
-        let Ok(plain) = kiln_otel::compress::maybe_gunzip(&data, MAX_BYTES) else {
+        let Ok(plain) = kiln_otel::compress::maybe_inflate(&data, MAX_BYTES) else {
             continue;
         };
         out.push((name.to_owned(), plain.into_owned()));

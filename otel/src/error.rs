@@ -24,6 +24,9 @@ pub enum Error {
     /// The gzip stream is corrupt or truncated.
     #[error("invalid gzip data: {0}")]
     Gzip(String),
+    /// The zstd stream is corrupt, truncated, or wants a window past the decoder's cap.
+    #[error("invalid zstd data: {0}")]
+    Zstd(String),
     /// The protobuf does not decode.
     #[error("invalid pprof protobuf: {0}")]
     Protobuf(String),

@@ -90,7 +90,7 @@ pub fn jfr(data: &[u8]) {
     let Some((&rate, recording)) = data.split_first() else {
         return;
     };
-    let Ok(recording) = crate::compress::maybe_gunzip(recording, MAX_INFLATED) else {
+    let Ok(recording) = crate::compress::maybe_inflate(recording, MAX_INFLATED) else {
         return;
     };
     let rate = (rate != 0).then_some(u32::from(rate));

@@ -11,7 +11,7 @@ use prost::Message;
 use prost::bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{DecodeContext, WireType};
 
-use crate::compress::maybe_gunzip;
+use crate::compress::maybe_inflate;
 use crate::{Error, Result};
 
 #[cfg(test)]
@@ -213,7 +213,7 @@ pub fn decode_sized(data: Bytes, max_bytes: usize) -> Result<(Profile, usize)> {
     if data.is_empty() {
         return Err(Error::Invalid("the profile is empty".into()));
     }
-    let raw = match maybe_gunzip(&data, max_bytes)? {
+    let raw = match maybe_inflate(&data, max_bytes)? {
         std::borrow::Cow::Borrowed(_) => data,
         std::borrow::Cow::Owned(inflated) => {
             drop(data);
@@ -319,7 +319,7 @@ pub fn decode_checked(
     max_bytes: usize,
 ) -> Result<(Profile, usize)> {
     let size = checked.bytes().len();
-    if size == 0 || crate::compress::is_gzip(checked.bytes()) {
+    if size == 0 || crate::compress::is_compressed(checked.bytes()) {
         return decode_sized(checked.bytes().clone(), max_bytes);
     }
     // The limits decode_sized holds a plain body to, from the walk already made.

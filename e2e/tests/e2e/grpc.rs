@@ -3,6 +3,7 @@
 
 use anyhow::{Context, Result, ensure};
 use kiln_e2e::Kiln;
+use kiln_e2e::with_tenant;
 use kiln_proto::google::v1 as pprof;
 use kiln_proto::push::v1::pusher_service_client::PusherServiceClient;
 use kiln_proto::push::v1::{PushRequest, RawProfileSeries, RawSample};
@@ -77,13 +78,6 @@ fn profile() -> Vec<u8> {
         ..Default::default()
     };
     prost::Message::encode_to_vec(&p)
-}
-
-fn with_tenant<T>(msg: T, tenant: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("x-scope-orgid", tenant.parse().unwrap());
-    req
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod bad_input;
 mod bench;
 mod clients;
 mod cluster;
+mod compression;
 mod corpus;
 mod crash;
 mod debuginfo_bounds;

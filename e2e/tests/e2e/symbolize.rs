@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
+use kiln_e2e::with_tenant;
 use kiln_e2e::{ALL_TIME, Kiln};
 use kiln_proto::google::v1 as pb;
 use kiln_proto::querier::v1 as q;
@@ -557,13 +558,6 @@ fn uploads_name_otlp_and_pprof_frames_for_their_tenant_only() -> Result<()> {
 
 fn grpc_channel(kiln: &Kiln, rt: &tokio::runtime::Runtime) -> Result<tonic::transport::Channel> {
     Ok(rt.block_on(tonic::transport::Channel::from_shared(kiln.url(""))?.connect())?)
-}
-
-fn with_tenant<T>(msg: T, tenant: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("x-scope-orgid", tenant.parse().unwrap());
-    req
 }
 
 /// The Parca agent's upload (ShouldInitiateUpload, InitiateUpload, the streamed Upload,

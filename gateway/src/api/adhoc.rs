@@ -10,7 +10,7 @@
 //!  Diff{left_id, right_id} ─► both parsed ─► a "double" flamebearer of one shared type
 //! ```
 //!
-//! The format comes from the content: gzip is undone first; then a JFR recording (`FLR\0`),
+//! The format comes from the content: gzip or zstd is undone first; then a JFR recording (`FLR\0`),
 //! JSON (speedscope, or a flamebearer as `/pyroscope/render` and Pyroscope's exports write it),
 //! text (folded: `a;b;c 12` per line), or else pprof. The file is kept as uploaded and parsed
 //! again on every read, as Pyroscope does, so the name and time live in the id alone.
@@ -28,7 +28,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
-use kiln_otel::compress::maybe_gunzip;
+use kiln_otel::compress::maybe_inflate;
 use kiln_otel::labels::AppName;
 use kiln_otel::model::{LABEL_SERVICE_NAME, Labels, NormalizedProfile, ProfileType};
 use kiln_otel::{IngestMeta, folded, jfr, normalize, pprof, speedscope};
@@ -425,7 +425,7 @@ fn parse(name: &str, data: &[u8], limits: &TenantLimits) -> Result<Vec<Drawn>, A
             data.len()
         )));
     }
-    let body = maybe_gunzip(data, max).map_err(ApiError::from)?;
+    let body = maybe_inflate(data, max).map_err(ApiError::from)?;
     let body: &[u8] = &body;
     if body.is_empty() {
         return Err(ApiError::invalid("the profile is empty"));

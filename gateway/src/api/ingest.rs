@@ -361,7 +361,7 @@ async fn unnamed(mut u: Upload) -> Result<Read, ApiError> {
 /// the request's share, its record kept for the write-ahead log, then decoded.
 async fn pprof_profile(mut u: Upload, profile: Bytes, held: usize) -> Result<Read, ApiError> {
     let max_decompressed = u.limits.max_decompressed_bytes;
-    let profile = budget::maybe_gunzip(&mut u.share, profile, max_decompressed, held).await?;
+    let profile = budget::maybe_inflate(&mut u.share, profile, max_decompressed, held).await?;
     let profile = budget::checked(
         profile,
         Some(&kiln_proto::wire::PPROF_PROFILE),
@@ -411,10 +411,10 @@ async fn jfr_body(mut u: Upload) -> Result<Read, ApiError> {
     };
     apply_jfr_app_labels(&mut u.meta, &u.name);
     let max_decompressed = u.limits.max_decompressed_bytes;
-    let recording = budget::maybe_gunzip(&mut u.share, recording, max_decompressed, 0).await?;
+    let recording = budget::maybe_inflate(&mut u.share, recording, max_decompressed, 0).await?;
     let labels = match labels.filter(|l| !l.is_empty()) {
         Some(l) => {
-            Some(budget::maybe_gunzip(&mut u.share, l, max_decompressed, recording.len()).await?)
+            Some(budget::maybe_inflate(&mut u.share, l, max_decompressed, recording.len()).await?)
         }
         None => None,
     };

@@ -352,7 +352,9 @@ where
             let max = app.grpc_max_message_bytes;
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .accept_compressed(tonic::codec::CompressionEncoding::Zstd)
                 .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+                .send_compressed(tonic::codec::CompressionEncoding::Zstd)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(usize::MAX);
             Ok(grpc.unary(ExportMethod(app), req).await)

@@ -45,7 +45,7 @@ pub async fn push(app: &AppRef, tenant: &TenantId, req: PushRequest) -> Result<(
     for sample in req.series.iter_mut().flat_map(|s| s.samples.iter_mut()) {
         let raw = std::mem::take(&mut sample.raw_profile);
         sample.raw_profile =
-            budget::maybe_gunzip(&mut share, raw, limits.max_decompressed_bytes, held).await?;
+            budget::maybe_inflate(&mut share, raw, limits.max_decompressed_bytes, held).await?;
         held += sample.raw_profile.len();
         if held > limits.max_decompressed_bytes {
             return Err(ApiError::too_large(format!(

@@ -2,10 +2,10 @@
 //!
 //! Each ingest request holds a share of the budget from before it inflates and decodes its
 //! profile until what it produced is stored. The share starts at the size the request states
-//! (the gzip trailer's, which a sender writes as it likes) and grows as bytes are actually
-//! produced: gzip is inflated in steps of [`STEP`] ([`gunzip`]), each covered by the share before
-//! it is written, so a forged trailer or a multi-member stream cannot inflate past what the
-//! budget holds. A request that finds the budget spent waits up to [`WAIT`] for others to
+//! (gzip's trailer or zstd's frame header, which a sender writes as it likes) and grows as
+//! bytes are actually produced: a body is inflated in steps of [`STEP`] ([`inflate`]), each
+//! covered by the share before it is written, so a forged size or a stream of many members or
+//! frames cannot inflate past what the budget holds. A request that finds the budget spent waits up to [`WAIT`] for others to
 //! finish, then is answered 503 with `Retry-After`: the server is busy, not the tenant over its
 //! rate (that is 429). A request larger than the whole budget takes all of it, so it still
 //! runs, alone.
@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use kiln_otel::compress::Codec;
 
 use crate::error::{ApiError, ErrorKind};
 
@@ -40,7 +42,7 @@ pub struct Share {
     budget: DecodeBudget,
 }
 
-/// The bytes one step of [`gunzip`] may produce before the share is grown again.
+/// The bytes one step of [`inflate`] may produce before the share is grown again.
 pub const STEP: usize = 1 << 20;
 
 impl DecodeBudget {
@@ -139,27 +141,32 @@ impl Share {
     }
 }
 
-/// Inflates a gzip stream (several members allowed), the share grown before each allocation to
-/// cover `held` (the bytes the request holds besides), `data` and the output: what a request
-/// inflates is in the budget however its trailer lies. The trailer's size, true for a
-/// single-member stream, is one buffer of that size; output past it (a forged trailer, or
-/// several members) comes in steps of [`STEP`] bytes, each covered before it is written, joined
-/// at the end (covered too). Fails 413 past `limit` bytes of output.
-pub async fn gunzip(
+/// Inflates `data` of `codec` (several gzip members or zstd frames allowed), the share grown
+/// before each allocation to cover `held` (the bytes the request holds besides), `data`, the
+/// decoder's working set and the output: what a request inflates is in the budget however its
+/// stated size lies. The stated size (gzip's trailer, zstd's frame header), true for an honest
+/// sender, is one buffer of that size; output past it comes in steps of [`STEP`] bytes, each
+/// covered before it is written, joined at the end (covered too). Fails 413 past `limit` bytes
+/// of output.
+pub async fn inflate(
     share: &mut Share,
+    codec: Codec,
     data: &[u8],
     limit: usize,
     held: usize,
 ) -> Result<Vec<u8>, ApiError> {
-    let mut decoder = flate2::read::MultiGzDecoder::new(data);
-    let base = held.saturating_add(data.len());
+    let mut decoder = codec.decoder(data)?;
+    let base = held
+        .saturating_add(data.len())
+        .saturating_add(codec.working_set(limit));
     let too_large = || ApiError::from(kiln_otel::Error::TooLarge { limit });
-    let hint = kiln_otel::compress::gzip_size_hint(data)
+    let hint = codec
+        .size_hint(data)
         .unwrap_or(0)
         .min(limit.saturating_add(1));
     share.cover(base.saturating_add(hint)).await?;
     let mut out = Vec::with_capacity(hint);
-    let mut total = read_into(&mut decoder, &mut out, hint)?;
+    let mut total = read_into(codec, &mut decoder, &mut out, hint)?;
     let mut steps: Vec<Vec<u8>> = Vec::new();
     loop {
         if total > limit {
@@ -168,18 +175,19 @@ pub async fn gunzip(
         // One byte tells whether there is more, before a step is covered: an honest stream ends
         // here without asking the budget for a step it does not need.
         let mut first = Vec::with_capacity(1);
-        if read_into(&mut decoder, &mut first, 1)? == 0 {
+        if read_into(codec, &mut decoder, &mut first, 1)? == 0 {
             break;
         }
         let holding = out.capacity() + steps.len() * STEP;
         share.cover(base.saturating_add(holding + STEP)).await?;
         let mut step = Vec::with_capacity(STEP);
         step.extend_from_slice(&first);
-        total += 1 + read_into(&mut decoder, &mut step, STEP - 1)?;
+        total += 1 + read_into(codec, &mut decoder, &mut step, STEP - 1)?;
         steps.push(step);
         // A long inflation leaves the worker to other tasks between steps.
         tokio::task::yield_now().await;
     }
+    drop(decoder);
     if steps.is_empty() {
         return Ok(out);
     }
@@ -194,8 +202,19 @@ pub async fn gunzip(
     Ok(all)
 }
 
+/// [`inflate`] of a gzip stream.
+pub async fn gunzip(
+    share: &mut Share,
+    data: &[u8],
+    limit: usize,
+    held: usize,
+) -> Result<Vec<u8>, ApiError> {
+    inflate(share, Codec::Gzip, data, limit, held).await
+}
+
 /// Reads up to `room` more bytes of `decoder` into `buf`; the bytes read.
 fn read_into(
+    codec: Codec,
     decoder: &mut impl std::io::Read,
     buf: &mut Vec<u8>,
     room: usize,
@@ -204,20 +223,20 @@ fn read_into(
     Ok(decoder
         .take(room as u64)
         .read_to_end(buf)
-        .map_err(|e| kiln_otel::Error::Gzip(e.to_string()))?)
+        .map_err(|e| codec.error(&e))?)
 }
 
-/// `data` inflated by [`gunzip`] if it is gzip, or as it is.
-pub async fn maybe_gunzip(
+/// `data` inflated by [`inflate`] if it starts with gzip's or zstd's magic, or as it is.
+pub async fn maybe_inflate(
     share: &mut Share,
     data: bytes::Bytes,
     limit: usize,
     held: usize,
 ) -> Result<bytes::Bytes, ApiError> {
-    if !kiln_otel::compress::is_gzip(&data) {
+    let Some(codec) = Codec::of(&data) else {
         return Ok(data);
-    }
-    Ok(gunzip(share, &data, limit, held).await?.into())
+    };
+    Ok(inflate(share, codec, &data, limit, held).await?.into())
 }
 
 /// What decoding protobuf `body` may hold ([`kiln_proto::wire::decoded_estimate`], walked on a
@@ -268,13 +287,17 @@ pub async fn checked(
 }
 
 /// The bytes decoding `body` produces, as far as can be told before doing it, for a caller
-/// that inflates it outside [`gunzip`] (ad-hoc uploads); [`gunzip`] reads the trailer itself: a gzip body's
-/// trailer gives its inflated size (the last member's, modulo 4 GiB; a hint a sender could
-/// falsify, so it is taken as at least the body and at most `limit`, which inflation enforces).
+/// that inflates it outside [`inflate`] (ad-hoc uploads), which reads the stated size itself.
+/// A compressed body states its inflated size (gzip's trailer, zstd's frame header): a hint a
+/// sender could falsify, so it is taken as at least the body and at most `limit`, which
+/// inflation enforces, plus the decoder's working set.
 pub fn decoded_size(body: &[u8], limit: usize) -> usize {
     let n = body.len();
-    match kiln_otel::compress::gzip_size_hint(body) {
-        Some(stated) => stated.max(n).min(limit.max(n)),
+    match Codec::of(body) {
+        Some(codec) => {
+            let stated = codec.size_hint(body).unwrap_or(n);
+            stated.max(n).min(limit.max(n)) + codec.working_set(limit)
+        }
         None => n,
     }
 }
@@ -366,5 +389,38 @@ mod tests {
         assert_eq!(decoded_size(&gz, 64 << 20), 1 << 20);
         assert_eq!(decoded_size(&gz, 1000), 1000.max(gz.len()));
         assert_eq!(decoded_size(b"plain body", 4), 10);
+    }
+
+    #[tokio::test]
+    async fn zstd_is_inflated_in_the_budget_as_gzip_is() {
+        let budget = DecodeBudget::new(64 << 20);
+        let raw: Vec<u8> = (0..6u32 << 20).map(|i| (i % 251) as u8).collect();
+        // Two frames: the first frame's header states its size only (1 MiB of 6).
+        let mut two = zstd::bulk::compress(&raw[..1 << 20], 3).unwrap();
+        two.extend(zstd::stream::encode_all(&raw[1 << 20..], 3).unwrap());
+        let stated = decoded_size(&two, 64 << 20);
+        assert_eq!(stated, (1 << 20) + Codec::Zstd.working_set(64 << 20));
+        let mut share = budget.take(stated).await.unwrap();
+        let bytes = bytes::Bytes::from(two.clone());
+        let out = maybe_inflate(&mut share, bytes, 64 << 20, 0).await.unwrap();
+        assert_eq!(&out[..], &raw[..]);
+        assert!(share.bytes() >= out.len() + Codec::Zstd.working_set(64 << 20));
+        drop(share);
+        // A bomb: 64 MiB of zeros in a few kB, refused 413 at the limit.
+        let bomb = zstd::stream::encode_all(&vec![0u8; 64 << 20][..], 3).unwrap();
+        assert!(bomb.len() < 64 << 10);
+        let mut share = budget.take(1).await.unwrap();
+        let err = inflate(&mut share, Codec::Zstd, &bomb, 4 << 20, 0)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PayloadTooLarge);
+        assert!(share.bytes() < 16 << 20, "{}", share.bytes());
+        // Corrupt: 400, naming the codec.
+        let mut share = budget.take(1).await.unwrap();
+        let err = inflate(&mut share, Codec::Zstd, &two[..two.len() / 3], 64 << 20, 0)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, ErrorKind::InvalidInput, "{err:?}");
+        assert!(err.message.contains("zstd"), "{}", err.message);
     }
 }

@@ -1,5 +1,5 @@
 //! Plain HTTP, as every API over it shares it: request bodies read within their limit and
-//! undone of `Content-Encoding: gzip` (bounded), the ingest rate's refusal answered only once the
+//! undone of `Content-Encoding: gzip` or `zstd` (bounded), the ingest rate's refusal answered only once the
 //! body is drained, and the headers a query's report travels in.
 
 use axum::body::Body;
@@ -11,6 +11,7 @@ use crate::app::AppRef;
 use crate::app::budget::{self, Share};
 use crate::auth::TenantId;
 use crate::error::ApiError;
+use kiln_otel::compress::Codec;
 
 /// A request's media type (`Content-Type`), `None` when it names none: the one parser of
 /// content types every API uses. Its type, subtype and parameter names are lower case; text
@@ -54,28 +55,32 @@ pub async fn read_body(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     })
 }
 
-/// Undoes `Content-Encoding: gzip` (within `limit` bytes, and in the decode budget: `share` is
-/// grown as bytes are inflated), if the request says so.
+/// Undoes `Content-Encoding: gzip` or `zstd` (within `limit` bytes, and in the decode budget:
+/// `share` is grown as bytes are inflated), if the request says so.
 pub async fn decode_content_encoding(
     headers: &HeaderMap,
     body: Bytes,
     limit: usize,
     share: &mut Share,
 ) -> Result<Bytes, ApiError> {
-    match headers
+    let codec = match headers
         .get(header::CONTENT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim().to_ascii_lowercase())
         .as_deref()
     {
-        None | Some("") | Some("identity") => Ok(body),
-        Some("gzip") | Some("x-gzip") => {
-            Ok(Bytes::from(budget::gunzip(share, &body, limit, 0).await?))
+        None | Some("") | Some("identity") => return Ok(body),
+        Some("gzip") | Some("x-gzip") => Codec::Gzip,
+        Some("zstd") => Codec::Zstd,
+        Some(other) => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "content encoding {other:?} is not supported; use gzip, zstd or none"
+            )));
         }
-        Some(other) => Err(ApiError::unsupported_media_type(format!(
-            "content encoding {other:?} is not supported; use gzip or none"
-        ))),
-    }
+    };
+    Ok(Bytes::from(
+        budget::inflate(share, codec, &body, limit, 0).await?,
+    ))
 }
 
 /// Longest time a refused request's body is read and thrown away.
