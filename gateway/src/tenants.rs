@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use crate::error::{ApiError, ErrorKind};
 
 mod limits;
+pub mod throttled;
 
 pub use limits::{ProvisionedRule, Secs, TenantConfig, TenantLimits};
 
@@ -123,6 +124,8 @@ pub struct Tenants {
     peers: Peers,
     /// Per tenant: series seen since the shared count was last told ([`Tenants::touched`]).
     touched: Mutex<HashMap<String, HashSet<u64>>>,
+    /// The minutes this process refused a tenant's ingest for its rate.
+    throttled: throttled::Throttled,
 }
 
 fn stamp_of(path: &Path) -> Option<(SystemTime, u64)> {
@@ -153,6 +156,7 @@ impl Tenants {
             queries: Mutex::new(HashMap::new()),
             peers: Peers::default(),
             touched: Mutex::new(HashMap::new()),
+            throttled: throttled::Throttled::default(),
         })
     }
 
@@ -160,6 +164,17 @@ impl Tenants {
     pub fn set_peers(&self, ingest: usize, query: usize) {
         self.peers.ingest.store(ingest.max(1), Ordering::Relaxed);
         self.peers.query.store(query.max(1), Ordering::Relaxed);
+    }
+
+    /// Notes a refusal of `tenant`'s ingest for its rate, now.
+    fn throttle(&self, tenant: &str) {
+        self.throttled
+            .record(tenant, crate::time::now_nanos().div_euclid(1_000_000));
+    }
+
+    /// The minutes this process refused tenants' ingest for their rate.
+    pub fn throttled(&self) -> &throttled::Throttled {
+        &self.throttled
     }
 
     /// The processes sharing each limit now.
@@ -237,6 +252,8 @@ impl Tenants {
             return Ok(());
         }
         let wait = ((need - b.tokens) / rate).ceil().max(1.0) as u64;
+        drop(buckets);
+        self.throttle(tenant);
         Err(ApiError::new(
             ErrorKind::ResourceExhausted,
             format!(
@@ -268,6 +285,8 @@ impl Tenants {
             return Ok(());
         }
         let wait = ((-b.tokens + 1.0) / rate).ceil().max(1.0) as u64;
+        drop(buckets);
+        self.throttle(tenant);
         Err(ApiError::new(
             ErrorKind::ResourceExhausted,
             format!(

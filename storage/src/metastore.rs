@@ -220,6 +220,18 @@ pub struct UsageCount {
     pub value: u64,
 }
 
+/// Refusals of a tenant's writes for its ingest rate in one minute ([`Metastore::add_throttled`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThrottledMinute {
+    pub tenant: String,
+    /// The minute's start, Unix milliseconds.
+    pub minute_ms: i64,
+    pub refused: u64,
+}
+
+/// How long a shared metastore keeps throttled minutes.
+pub const THROTTLED_KEPT_MS: i64 = 31 * 24 * 3600 * 1000;
+
 /// A recording rule's sum over one interval of one series ([`Metastore::complete_job_recorded`]).
 /// The gateway names the rule and encodes the series; the metastore only adds them up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,6 +430,26 @@ pub trait Metastore: Send + Sync + std::fmt::Debug {
     async fn add_usage(&self, counts: &[UsageCount]) -> Result<()> {
         let _ = counts;
         Ok(())
+    }
+
+    /// Adds to the minutes in which tenants' writes were refused for their ingest rate, kept
+    /// for the cluster ([`THROTTLED_KEPT_MS`]). An embedded metastore keeps none: its one
+    /// process keeps its own.
+    async fn add_throttled(&self, minutes: &[ThrottledMinute]) -> Result<()> {
+        let _ = minutes;
+        Ok(())
+    }
+
+    /// The throttled minutes of `tenant` from `from_ms` to `to_ms` (inclusive) as every process
+    /// added them, by minute; `None` where the metastore keeps none (embedded).
+    async fn throttled(
+        &self,
+        tenant: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Option<Vec<(i64, u64)>>> {
+        let _ = (tenant, from_ms, to_ms);
+        Ok(None)
     }
 
     /// A tenant's usage counters as every process added them ([`Metastore::add_usage`]);

@@ -175,13 +175,15 @@ impl Parser<'_> {
         if matches!(self.peek(), Some(b'"') | Some(b'\'') | Some(b'`')) {
             return self.string();
         }
+        // Unquoted: the characters ingest allows in a label name (letters and digits of any
+        // script, `_`, `.`, `-`, `/`), so any name Kiln stores can be written bare.
         let start = self.pos;
-        while self
-            .peek()
-            .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-' | b'/'))
-        {
-            self.pos += 1;
-        }
+        let rest = self.input.get(start..).unwrap_or_default();
+        let name_len = rest
+            .char_indices()
+            .find(|(_, c)| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '-' | '/')))
+            .map_or(rest.len(), |(i, _)| i);
+        self.pos += name_len;
         if start == self.pos || self.s[start].is_ascii_digit() {
             return Err(self.err("expected a label name"));
         }
@@ -250,6 +252,22 @@ mod tests {
         assert_eq!(s.matchers[3].name, "service.version");
         assert_eq!(s.matchers[3].value, r"1\..*");
         assert_eq!(s.matchers[3].op, MatchOp::NotRegex);
+    }
+
+    #[test]
+    fn names_of_any_script_are_written_bare_or_quoted() {
+        for input in [
+            r#"{zone.région="eu", 名前="x"}"#,
+            r#"{"zone.région"="eu", '名前'="x"}"#,
+        ] {
+            let s = parse_selector(input).unwrap();
+            let names: Vec<&str> = s.matchers.iter().map(|m| m.name.as_str()).collect();
+            assert_eq!(names, ["zone.région", "名前"], "{input}");
+        }
+        // Still not a name: a leading digit, or a character ingest refuses.
+        assert!(parse_selector(r#"{9a="x"}"#).is_err());
+        assert!(parse_selector(r#"{a b="x"}"#).is_err());
+        assert!(parse_selector(r#"{a€="x"}"#).is_err());
     }
 
     #[test]

@@ -181,6 +181,28 @@ pub(super) fn s3_env() -> (String, Vec<(String, String)>) {
     (s3_url, env)
 }
 
+/// A process of `roles` on the PostgreSQL metastore `pg` and the object store `s3` (an
+/// [`s3_env`]: each call of it is a new prefix), with `flags` besides.
+fn start_on_shared(
+    pg: &str,
+    s3: &(String, Vec<(String, String)>),
+    flags: &[&str],
+    roles: &str,
+) -> Result<Kiln> {
+    let (s3_url, env) = s3;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut all = flags.to_vec();
+    all.extend([
+        "--metastore",
+        pg,
+        "--object-store",
+        s3_url.as_str(),
+        "--roles",
+        roles,
+    ]);
+    Kiln::start_with_env(&all, &env)
+}
+
 /// Each frame's self value in a flame graph (levels of `[offset, total, self, name]`).
 fn self_by_name(fg: &q::FlameGraph) -> HashMap<String, i64> {
     let mut out = HashMap::new();
@@ -651,8 +673,7 @@ fn the_usage_api_counts_every_process() -> Result<()> {
         .enable_all()
         .build()?;
     let pg = rt.block_on(kiln_storage::testing::postgres_database());
-    let (s3_url, env) = s3_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let s3 = s3_env();
     let keys_dir = keys.path().display().to_string();
     let start = |roles: &str| {
         let flags = [
@@ -662,14 +683,8 @@ fn the_usage_api_counts_every_process() -> Result<()> {
             keys_dir.as_str(),
             "--admin-tenant",
             OPERATOR,
-            "--metastore",
-            pg.as_str(),
-            "--object-store",
-            s3_url.as_str(),
-            "--roles",
-            roles,
         ];
-        Kiln::start_with_env(&flags, &env)
+        start_on_shared(&pg, &s3, &flags, roles)
     };
     let mut ingest = [start("ingest")?, start("ingest")?];
     let query = start("query")?;
@@ -732,6 +747,70 @@ fn the_usage_api_counts_every_process() -> Result<()> {
     ensure!(
         status == 403,
         "metered's admin token read other's usage: {status}"
+    );
+    Ok(())
+}
+
+/// A tenant refused for its rate on two ingest processes has its throttled minutes marked on
+/// the series a query process answers (the ingest processes add them to PostgreSQL every
+/// 10 s); a tenant never refused has none.
+#[test]
+fn throttled_minutes_reach_the_query_processes() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let pg = rt.block_on(kiln_storage::testing::postgres_database());
+    let s3 = s3_env();
+    let tenants = tempfile::tempdir()?;
+    let tenants_file = tenants.path().join("tenants.toml");
+    std::fs::write(
+        &tenants_file,
+        "[tenants.noisy]\ningest_rate_bytes = 4096\ningest_burst_bytes = 4096\n",
+    )?;
+    let tenants_file = tenants_file.display().to_string();
+    let start = |roles: &str| {
+        let flags = [
+            "--auth",
+            "trusted-header",
+            "--tenants",
+            tenants_file.as_str(),
+        ];
+        start_on_shared(&pg, &s3, &flags, roles)
+    };
+    let ingest = [start("ingest")?, start("ingest")?];
+    let query = start("query")?;
+    for k in &ingest {
+        super::limits::ingest_until_throttled(k, "noisy", "noisy")?;
+        let (s, text) = k.ingest(
+            "calm",
+            "name=calm.cpu&from=now",
+            b"main;calm 1\n".to_vec(),
+            &[],
+        )?;
+        ensure!(s == 200, "{s} {text}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (points, annotations) = super::limits::throttled_points(&query, "noisy")?;
+        if points > 0 && !annotations.is_empty() {
+            let body = &annotations[0]["body"];
+            // The tenant's rate, not a process's share of it.
+            ensure!(
+                body["periodLimitMb"].as_f64() == Some(4096.0 / 1048576.0),
+                "{body}"
+            );
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no throttling annotation on the query process: {points} points"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (points, annotations) = super::limits::throttled_points(&query, "calm")?;
+    ensure!(
+        points > 0 && annotations.is_empty(),
+        "calm: {points} {annotations:?}"
     );
     Ok(())
 }

@@ -863,3 +863,116 @@ fn tree_bytes_and_cut_pprof_agree_with_the_flame_graph() -> Result<()> {
     kiln.stop()?;
     Ok(())
 }
+
+/// `GetFeatureFlags` says what Kiln serves, as Pyroscope names it, and each flag it turns on
+/// holds: a function recording rule is made and listed, and a UTF-8 label name is written,
+/// listed and matched; another tenant sees neither.
+#[test]
+fn feature_flags_say_what_kiln_serves() -> Result<()> {
+    use kiln_proto::capabilities::v1 as caps;
+    use kiln_proto::settings::v1 as st;
+    use kiln_proto::types::v1 as t;
+    let kiln = Kiln::start(&[])?;
+    let flags: caps::GetFeatureFlagsResponse = kiln.connect(
+        "flags",
+        "/capabilities.v1.FeatureFlagsService/GetFeatureFlags",
+        &caps::GetFeatureFlagsRequest {},
+    )?;
+    let got: Vec<(&str, bool)> = flags
+        .feature_flags
+        .iter()
+        .map(|f| (f.name.as_str(), f.enabled))
+        .collect();
+    ensure!(
+        got == [
+            ("functionProjections", true),
+            ("pyroscopeRuler", true),
+            ("pyroscopeRulerFunctions", true),
+            ("utf8LabelNames", true),
+            ("v2StorageLayer", false),
+        ],
+        "{got:?}"
+    );
+
+    // pyroscopeRuler and pyroscopeRulerFunctions: a rule of one function.
+    let made: st::UpsertRecordingRuleResponse = kiln.connect(
+        "flags",
+        "/settings.v1.RecordingRulesService/UpsertRecordingRule",
+        &st::UpsertRecordingRuleRequest {
+            metric_name: "profiles_recorded_pay_cpu".into(),
+            matchers: vec![format!("{{__profile_type__=\"{CPU}\"}}")],
+            stacktrace_filter: Some(st::StacktraceFilter {
+                function_name: Some(st::StacktraceFilterFunctionName {
+                    function_name: "pay".into(),
+                    ..Default::default()
+                }),
+            }),
+            ..Default::default()
+        },
+    )?;
+    let id = made.rule.context("the rule")?.id;
+    for (tenant, want) in [("flags", 1), ("flags-other", 0)] {
+        let list: st::ListRecordingRulesResponse = kiln.connect(
+            tenant,
+            "/settings.v1.RecordingRulesService/ListRecordingRules",
+            &st::ListRecordingRulesRequest {},
+        )?;
+        let found = list
+            .rules
+            .iter()
+            .filter(|r| r.id == id && r.stacktrace_filter.is_some())
+            .count();
+        ensure!(found == want, "{tenant}: {list:?}");
+    }
+
+    // utf8LabelNames: a name of another script, with a dot.
+    let (s, text) = kiln.ingest(
+        "flags",
+        &format!(
+            "name={}&from={T0}",
+            urlencoding("café.cpu{zone.région=eu-ouest}")
+        ),
+        b"main;pay 3\n".to_vec(),
+        &[],
+    )?;
+    ensure!(s == 200, "{s} {text}");
+    ensure!(
+        kiln.label_names("flags")?
+            .iter()
+            .any(|n| n == "zone.région"),
+        "{:?}",
+        kiln.label_names("flags")?
+    );
+    for selector in [
+        r#"{zone.région="eu-ouest"}"#,
+        r#"{"zone.région"="eu-ouest"}"#,
+    ] {
+        let fg = kiln.flamegraph("flags", CPU, selector)?;
+        ensure!(fg.total == 3 * 10_000_000, "{selector}: {}", fg.total);
+    }
+    let values: t::LabelValuesResponse = kiln.connect(
+        "flags-other",
+        "/querier.v1.QuerierService/LabelValues",
+        &t::LabelValuesRequest {
+            name: "zone.région".into(),
+            matchers: vec![],
+            start: kiln_e2e::ALL_TIME.0,
+            end: kiln_e2e::ALL_TIME.1,
+        },
+    )?;
+    ensure!(values.names.is_empty(), "{values:?}");
+    kiln.assert_tenant_empty("flags-other")?;
+    Ok(())
+}
+
+/// `s` percent-encoded for a query string.
+fn urlencoding(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}

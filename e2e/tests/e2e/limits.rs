@@ -457,3 +457,107 @@ fn slow_clients_time_out_and_connections_are_capped() -> Result<()> {
     kiln.assert_tenant_empty("b")?;
     Ok(())
 }
+
+/// Sends `tenant` profiles stamped now through `kiln` until one is refused 429 for its rate;
+/// how many were stored.
+pub(super) fn ingest_until_throttled(kiln: &Kiln, tenant: &str, service: &str) -> Result<usize> {
+    let body = format!("main;{} 1\n", "throttled_work_".repeat(40)).into_bytes();
+    for stored in 0..200 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs();
+        let (s, text) = kiln.ingest(
+            tenant,
+            &format!("name={service}.cpu&from={now}"),
+            body.clone(),
+            &[],
+        )?;
+        match s {
+            200 => continue,
+            429 => return Ok(stored),
+            _ => anyhow::bail!("{tenant}: {s} {text}"),
+        }
+    }
+    anyhow::bail!("{tenant} was never refused for its rate")
+}
+
+/// The points of `tenant`'s per-minute CPU series over the last 10 minutes, and the
+/// throttling annotations they carry (their parsed values).
+pub(super) fn throttled_points(
+    kiln: &Kiln,
+    tenant: &str,
+) -> Result<(usize, Vec<serde_json::Value>)> {
+    use kiln_proto::querier::v1 as q;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    let r: q::SelectSeriesResponse = kiln.connect(
+        tenant,
+        "/querier.v1.QuerierService/SelectSeries",
+        &q::SelectSeriesRequest {
+            profile_type_id: CPU.into(),
+            label_selector: "{}".into(),
+            start: now_ms - 600_000,
+            end: now_ms + 60_000,
+            step: 60.0,
+            ..Default::default()
+        },
+    )?;
+    let points: Vec<_> = r.series.iter().flat_map(|s| &s.points).collect();
+    let mut annotations = Vec::new();
+    for p in &points {
+        for a in &p.annotations {
+            ensure!(a.key == "pyroscope.ingest.throttled", "{a:?}");
+            annotations.push(serde_json::from_str(&a.value)?);
+        }
+    }
+    Ok((points.len(), annotations))
+}
+
+/// A tenant refused for its rate has the points of those minutes marked with Pyroscope's
+/// throttling annotation (what Grafana draws as "Ingestion limit reached"), giving its rate;
+/// a tenant never refused has none.
+#[test]
+fn throttled_minutes_are_annotated_on_the_series() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        "[tenants.noisy]\ningest_rate_bytes = 2048\ningest_burst_bytes = 4096\n",
+    )?;
+    let kiln = Kiln::start(&["--tenants", &tenants.display().to_string()])?;
+    let stored = ingest_until_throttled(&kiln, "noisy", "noisy")?;
+    ensure!(stored > 0, "nothing stored before the refusal");
+    let (s, text) = kiln.ingest(
+        "quiet",
+        "name=quiet.cpu&from=now",
+        b"main;quiet 1\n".to_vec(),
+        &[],
+    )?;
+    ensure!(s == 200, "{s} {text}");
+    let (points, annotations) = throttled_points(&kiln, "noisy")?;
+    ensure!(
+        points > 0 && !annotations.is_empty(),
+        "{points} points, {annotations:?}"
+    );
+    let body = &annotations[0]["body"];
+    ensure!(body["periodType"] == "second", "{body}");
+    ensure!(
+        body["periodLimitMb"].as_f64() == Some(2048.0 / 1048576.0),
+        "{body}"
+    );
+    let reset = body["limitResetTime"].as_i64().unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs() as i64;
+    ensure!(
+        (now..=now + 60).contains(&reset),
+        "reset {reset}, now {now}"
+    );
+    let (points, annotations) = throttled_points(&kiln, "quiet")?;
+    ensure!(
+        points > 0 && annotations.is_empty(),
+        "quiet: {points} {annotations:?}"
+    );
+    Ok(())
+}

@@ -14,6 +14,7 @@ use kiln_storage::selector::{Selector, parse_selector};
 use crate::app::AppRef;
 use crate::auth::TenantId;
 use crate::error::ApiError;
+use crate::tenants::throttled;
 use crate::time::now_nanos;
 
 mod connect;
@@ -625,6 +626,11 @@ impl Querier {
                 frames,
             )
             .await?;
+        let throttled_at = self
+            .throttled_minutes(tenant, r.start, r.end, step_nanos)
+            .await?;
+        let step_ms = step_nanos / 1_000_000;
+        let rate = self.app.tenants.limits(tenant).ingest_rate_bytes;
         Ok(q::SelectSeriesResponse {
             series: series
                 .into_iter()
@@ -641,17 +647,43 @@ impl Querier {
                         .map(|(i, &(timestamp, value))| t::Point {
                             value,
                             timestamp,
+                            annotations: throttled::last_minute_in_step(
+                                &throttled_at,
+                                timestamp,
+                                step_ms,
+                            )
+                            .map(|m| vec![throttled::annotation(rate, m)])
+                            .unwrap_or_default(),
                             exemplars: s
                                 .exemplars
                                 .get(i)
                                 .map(|e| e.iter().map(exemplar).collect())
                                 .unwrap_or_default(),
-                            ..Default::default()
                         })
                         .collect(),
                 })
                 .collect(),
         })
+    }
+
+    /// The minutes from `start` to `end` (ms, widened by a step) in which `tenant`'s ingest
+    /// was refused for its rate, sorted.
+    async fn throttled_minutes(
+        &self,
+        tenant: &TenantId,
+        start: i64,
+        end: i64,
+        step_nanos: i64,
+    ) -> Result<Vec<i64>, ApiError> {
+        let from = start.saturating_sub(throttled::MINUTE_MS);
+        let to = end.saturating_add(step_nanos / 1_000_000);
+        let metastore = self.app.storage.metastore();
+        Ok(self
+            .app
+            .tenants
+            .throttled()
+            .minutes_of(metastore.as_ref(), tenant, from, to)
+            .await?)
     }
 
     /// A heatmap of the selected profiles' totals (`HEATMAP_QUERY_TYPE_INDIVIDUAL`) or spans'

@@ -140,21 +140,49 @@ pub async fn handler(
     }
 }
 
-/// What this server can do. `functionProjections`: exact function tables, call trees and
-/// sandwiches computed by the server from the whole profile (`crate::api::querier`'s projections), so
-/// the app stops computing them from a truncated flame graph.
+/// What this server can do, as Pyroscope names it (`pkg/featureflags`), sorted by name as
+/// Pyroscope sorts them. Kiln's own: `functionProjections`, exact function tables, call trees
+/// and sandwiches computed by the server from the whole profile (`crate::api::querier`'s
+/// projections), so the app stops computing them from a truncated flame graph.
 fn feature_flags() -> caps::GetFeatureFlagsResponse {
+    let flag = |name: &str, enabled: bool, description: &str| caps::FeatureFlag {
+        name: name.into(),
+        enabled,
+        description: Some(description.into()),
+        documentation_url: None,
+    };
     caps::GetFeatureFlagsResponse {
-        feature_flags: vec![caps::FeatureFlag {
-            name: "functionProjections".into(),
-            enabled: true,
-            description: Some(
+        feature_flags: vec![
+            flag(
+                "functionProjections",
+                true,
                 "PROFILE_FORMAT_FUNCTIONS, FUNCTION_TREE and SANDWICH in SelectMergeStacktraces; \
-                 FUNCTIONS and FUNCTION_TREE in Diff"
-                    .into(),
+                 FUNCTIONS and FUNCTION_TREE in Diff",
             ),
-            documentation_url: None,
-        }],
+            // settings.v1.RecordingRulesService, evaluated as profiles are stored.
+            flag(
+                "pyroscopeRuler",
+                true,
+                "Supports the Pyroscope ruler, which exports Prometheus metrics from profiling data.",
+            ),
+            // A rule's `function_name`: the total of the stacks through that function.
+            flag(
+                "pyroscopeRulerFunctions",
+                true,
+                "Enables function support for the Pyroscope ruler, which allows to export \
+                 resource usage on a per function level.",
+            ),
+            // Label names beyond Prometheus' legacy set (OTLP's `process.pid`), written,
+            // listed and matched (quoted or not) as they are.
+            flag(
+                "utf8LabelNames",
+                true,
+                "Supports UTF-8 label names for Pyroscope read/write APIs: letters and digits \
+                 of any script, '_', '.', '-' and '/'.",
+            ),
+            // Kiln's storage is its own, not Pyroscope's v2 layer.
+            flag("v2StorageLayer", false, "v2 storage layer"),
+        ],
     }
 }
 

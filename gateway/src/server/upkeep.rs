@@ -168,6 +168,32 @@ pub async fn flush_usage(app: &AppRef) -> Result<(), ApiError> {
     for (tenant, delta) in added {
         app.metrics.flushed(&tenant, &delta);
     }
+    flush_throttled(app).await
+}
+
+/// Adds the minutes this process refused tenants' ingest for their rate to a shared
+/// metastore's, where every query process reads the cluster's (an embedded metastore's one
+/// process reads its own: nothing to add). What fails to be added is kept for the next flush.
+async fn flush_throttled(app: &AppRef) -> Result<(), ApiError> {
+    let counted = app.tenants.throttled().unflushed();
+    let metastore = app.storage.metastore();
+    if counted.is_empty() || !metastore.shared() {
+        return Ok(());
+    }
+    let minutes: Vec<_> = counted
+        .iter()
+        .map(
+            |(tenant, minute_ms, refused)| kiln_storage::metastore::ThrottledMinute {
+                tenant: tenant.clone(),
+                minute_ms: *minute_ms,
+                refused: *refused,
+            },
+        )
+        .collect();
+    if let Err(e) = metastore.add_throttled(&minutes).await {
+        app.tenants.throttled().restore(counted);
+        return Err(e.into());
+    }
     Ok(())
 }
 

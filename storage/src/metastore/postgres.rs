@@ -35,6 +35,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (7, include_str!("postgres/0007_usage.sql")),
     (8, include_str!("postgres/0008_recording.sql")),
     (9, include_str!("postgres/0009_tenant_deletions.sql")),
+    (10, include_str!("postgres/0010_throttled.sql")),
 ];
 
 /// Advisory lock keys (arbitrary, fixed): migrations, and changes that remove entries.

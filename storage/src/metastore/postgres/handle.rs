@@ -3,7 +3,8 @@
 
 use crate::metastore::{
     BlockMeta, BlockQuery, Job, LeaseFence, LogCheckpoint, Member, Metastore, OutboxPoint,
-    PartitionStats, Quarantined, QueuedBlock, RecordedSum, Removed, Tombstone, UsageCount,
+    PartitionStats, Quarantined, QueuedBlock, RecordedSum, Removed, ThrottledMinute, Tombstone,
+    UsageCount,
 };
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -428,6 +429,7 @@ impl Metastore for Postgres {
                 "kiln_active_series",
                 "kiln_sessions",
                 "kiln_usage",
+                "kiln_throttled",
                 "kiln_recording_sums",
                 "kiln_recording_state",
                 "kiln_recording_outbox",
@@ -804,6 +806,60 @@ impl Metastore for Postgres {
             .await
             .map_err(pg_err)?;
         Ok(())
+    }
+
+    async fn add_throttled(&self, minutes: &[ThrottledMinute]) -> Result<()> {
+        let Some(newest) = minutes.iter().map(|m| m.minute_ms).max() else {
+            return Ok(());
+        };
+        // In key order, so two processes adding at once take the rows' locks in one order.
+        let mut minutes = minutes.to_vec();
+        minutes.sort_by(|a, b| (&a.tenant, a.minute_ms).cmp(&(&b.tenant, b.minute_ms)));
+        let tenants: Vec<&str> = minutes.iter().map(|m| m.tenant.as_str()).collect();
+        let at: Vec<i64> = minutes.iter().map(|m| m.minute_ms).collect();
+        let refused: Vec<i64> = minutes.iter().map(|m| big(m.refused)).collect();
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO kiln_throttled (tenant, minute_ms, refused)
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                 ON CONFLICT (tenant, minute_ms) DO UPDATE
+                     SET refused = kiln_throttled.refused + EXCLUDED.refused",
+                &[&tenants, &at, &refused],
+            )
+            .await
+            .map_err(pg_err)?;
+        client
+            .execute(
+                "DELETE FROM kiln_throttled WHERE minute_ms < $1",
+                &[&(newest - crate::metastore::THROTTLED_KEPT_MS)],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(())
+    }
+
+    async fn throttled(
+        &self,
+        tenant: &str,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Option<Vec<(i64, u64)>>> {
+        let rows = self
+            .client()
+            .await?
+            .query(
+                "SELECT minute_ms, refused FROM kiln_throttled
+                 WHERE tenant = $1 AND minute_ms BETWEEN $2 AND $3 ORDER BY minute_ms",
+                &[&tenant, &from_ms, &to_ms],
+            )
+            .await
+            .map_err(pg_err)?;
+        Ok(Some(
+            rows.iter()
+                .map(|r| (r.get::<_, i64>(0), unbig(r.get(1))))
+                .collect(),
+        ))
     }
 
     async fn usage(&self, tenant: &str) -> Result<Option<BTreeMap<String, u64>>> {

@@ -161,6 +161,72 @@ async fn usage_is_summed_over_processes() {
     );
 }
 
+/// Throttled minutes are the sum of what every process added, read by range; another tenant's
+/// stay apart, month-old ones go as new ones come, and an erased tenant's are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttled_minutes_are_summed_over_processes() {
+    use crate::metastore::{THROTTLED_KEPT_MS, ThrottledMinute};
+    let url = postgres_database().await;
+    let config = PostgresConfig::new(url);
+    let (a, b) = (
+        Postgres::connect(&config).await.unwrap(),
+        Postgres::connect(&config).await.unwrap(),
+    );
+    let m = |tenant: &str, minute_ms, refused| ThrottledMinute {
+        tenant: tenant.into(),
+        minute_ms,
+        refused,
+    };
+    let t0 = 1_700_000_040_000;
+    let (from_a, from_b) = (
+        [m("t", t0, 2), m("t", t0 + 60_000, 1)],
+        [m("t", t0, 3), m("u", t0, 7)],
+    );
+    let (x, y) = tokio::join!(a.add_throttled(&from_a), b.add_throttled(&from_b));
+    x.unwrap();
+    y.unwrap();
+    assert_eq!(
+        b.throttled("t", t0, t0 + 60_000).await.unwrap().unwrap(),
+        vec![(t0, 5), (t0 + 60_000, 1)]
+    );
+    assert_eq!(
+        a.throttled("t", t0 + 1, t0 + 60_000)
+            .await
+            .unwrap()
+            .unwrap(),
+        vec![(t0 + 60_000, 1)]
+    );
+    assert_eq!(
+        a.throttled("u", 0, i64::MAX).await.unwrap().unwrap(),
+        vec![(t0, 7)]
+    );
+    assert!(
+        a.throttled("v", 0, i64::MAX)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    // A minute a month on drops the old ones.
+    let later = t0 + THROTTLED_KEPT_MS + 120_000;
+    a.add_throttled(&[m("u", later, 1)]).await.unwrap();
+    assert!(
+        a.throttled("t", 0, t0 + 60_000)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+    a.delete_tenant("u", 0, 0).await.unwrap();
+    assert!(
+        b.throttled("u", 0, i64::MAX)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// Sessions shared by processes: one puts, another reads, lists and takes; they expire; a
 /// tenant sees only its own; an erased tenant's are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
