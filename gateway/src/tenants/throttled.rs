@@ -166,8 +166,11 @@ impl State {
             };
             largest.pop_first();
             self.minutes -= 1;
+            if self.minutes <= MAX_MINUTES {
+                // Only past the bound: a refusal otherwise walks no tenant.
+                self.kept.retain(|_, m| !m.is_empty());
+            }
         }
-        self.kept.retain(|_, m| !m.is_empty());
     }
 }
 
