@@ -441,6 +441,20 @@ impl Tenants {
         }
     }
 
+    /// A query slot of each tenant a read spans ([`Tenants::query_slot`]): each tenant's
+    /// concurrency is charged. Taken in the set's order (by name), so two reads never wait on
+    /// each other's slots.
+    pub async fn query_slots(
+        &self,
+        tenants: &crate::auth::TenantSet,
+    ) -> Result<Vec<tokio::sync::OwnedSemaphorePermit>, ApiError> {
+        let mut slots = Vec::with_capacity(tenants.len());
+        for tenant in tenants.iter() {
+            slots.push(self.query_slot(tenant).await?);
+        }
+        Ok(slots)
+    }
+
     /// Tenants with limits of their own.
     pub fn configured(&self) -> Vec<String> {
         let mut t: Vec<String> = self

@@ -61,6 +61,21 @@ impl KilnClient {
         Ok(Self { http, settings })
     }
 
+    /// This client for a query that names its tenants (none: the datasource's).
+    pub fn for_tenants(&self, tenants: &[String]) -> Self {
+        let picked: Vec<&str> = tenants
+            .iter()
+            .map(|t| t.trim())
+            .filter(|t| !t.is_empty())
+            .collect();
+        if picked.is_empty() {
+            return self.clone();
+        }
+        let mut c = self.clone();
+        c.settings.tenant = Some(picked.join("|"));
+        c
+    }
+
     /// The settings this client was made for.
     pub fn settings(&self) -> &Settings {
         &self.settings

@@ -15,6 +15,9 @@ pub struct KilnQuery {
     /// Span ids (16 hex digits) from traces-to-profiles.
     pub span_selector: Vec<String>,
     pub limit: Option<i64>,
+    /// Tenants this query reads, over the datasource's tenant: several are read as one
+    /// (`X-Scope-OrgID: a|b`), their series told apart by grouping on `__tenant__`.
+    pub tenants: Vec<String>,
 }
 
 /// Why a panel query or the datasource settings are refused.
@@ -71,7 +74,8 @@ impl KilnQuery {
 pub struct Options {
     /// Kiln's URL; falls back to the datasource's URL field.
     pub url: Option<String>,
-    /// Sent as `X-Scope-OrgID` (for `--auth trusted-header`, or to pin a token's tenant).
+    /// Sent as `X-Scope-OrgID` (for `--auth trusted-header`, or to pin a token's tenant);
+    /// `a|b` reads several tenants.
     pub tenant: Option<String>,
     pub tls_skip_verify: bool,
 }

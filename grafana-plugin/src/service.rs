@@ -71,6 +71,7 @@ impl KilnPlugin {
         if kq.profile_type_id.is_empty() {
             return Err(ClientError::Settings("choose a profile type".into()));
         }
+        let client = &client.for_tenants(&kq.tenants);
         let (from, to) = dq
             .time_range
             .as_ref()

@@ -12,8 +12,8 @@ use kiln_e2e::{ALL_TIME, Kiln, kiln_bin};
 use kiln_proto::querier::v1 as q;
 use prost::Message;
 
-const ISS: &str = "kiln-e2e";
-const AUD: &str = "kiln";
+pub const ISS: &str = "kiln-e2e";
+pub const AUD: &str = "kiln";
 
 /// Server keys (public and secrets, in `server/`) and signing keys (in `private/`).
 pub struct Keys {

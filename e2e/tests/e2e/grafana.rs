@@ -233,6 +233,19 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
     let (kiln, keys) = kiln_with_data()?;
     let a = hs256_token(&keys, "graf-a", &["read"])?;
     let b = hs256_token(&keys, "graf-b", &["read"])?;
+    let ab = crate::auth::kiln_token(
+        &keys.private("hs1.secret"),
+        "graf-a",
+        "read",
+        &[
+            "--read-tenants",
+            "graf-b",
+            "--issuer",
+            crate::auth::ISS,
+            "--audience",
+            crate::auth::AUD,
+        ],
+    )?;
     let plugin = start_plugin()?;
     let url = kiln.url("");
     let rt = tokio::runtime::Runtime::new()?;
@@ -375,6 +388,40 @@ fn plugin_answers_grafana_like_kiln_does() -> Result<()> {
         let labels = f.batch.column(3).as_string::<i32>();
         let seen: BTreeSet<&str> = (0..f.batch.num_rows()).map(|i| labels.value(i)).collect();
         ensure!(seen.contains("graf_b_secret") && !seen.contains("graf_checkout") && !seen.contains("graf_index"), "{seen:?}");
+
+        // A query naming two tenants reads both as one; grouped by `__tenant__`, apart. A token
+        // of graf-a alone gets 403 naming graf-b.
+        let across = |token: String| {
+            let mut data = data.clone();
+            let url = url.clone();
+            async move {
+                let queries = vec![
+                    query("P", serde_json::json!({ "queryType": "profile", "profileTypeId": CPU, "tenants": ["graf-a", "graf-b"] })),
+                    query("M", serde_json::json!({ "queryType": "metrics", "profileTypeId": CPU, "groupBy": ["__tenant__"], "tenants": ["graf-a", "graf-b"] })),
+                ];
+                let r = data
+                    .query_data(pb::QueryDataRequest { plugin_context: Some(context(&url, &token, None)), queries, ..Default::default() })
+                    .await?
+                    .into_inner();
+                Ok::<_, anyhow::Error>(r)
+            }
+        };
+        let r = across(ab).await?;
+        let p = &r.responses["P"];
+        ensure!(p.status == 200, "{p:?}");
+        let f = decode(&p.frames[0])?;
+        ensure!(f.batch.column(1).as_primitive::<Int64Type>().value(0) == kiln_fg.total + 90_000_000);
+        let m = &r.responses["M"];
+        let mut tenants = BTreeSet::new();
+        for bytes in &m.frames {
+            let f = decode(bytes)?;
+            let labels: serde_json::Value = serde_json::from_str(&f.batch.schema().field(1).metadata()["labels"])?;
+            tenants.insert(labels["__tenant__"].as_str().unwrap_or_default().to_owned());
+        }
+        ensure!(tenants == BTreeSet::from(["graf-a".to_owned(), "graf-b".to_owned()]), "{tenants:?}");
+        let r = across(a.clone()).await?;
+        let p = &r.responses["P"];
+        ensure!(p.status == 403 && p.error.contains("graf-b"), "{p:?}");
 
         // CheckHealth: good, bad URL, bad token, wrong tenant.
         let health = |ctx: pb::PluginContext| {

@@ -30,6 +30,7 @@ mod self_profile;
 mod spans;
 mod spool;
 mod symbolize;
+mod tenancy;
 mod tls;
 mod traces;
 mod ui;

@@ -466,6 +466,42 @@ fn in_jwt_mode_the_page_asks_for_a_token_and_shows_its_tenant_only() -> Result<(
         "{names:?}"
     );
 
+    // A token that also reads team-b, with the page's Tenants field (`?tenants=`): both
+    // tenants' frames in one flame graph, and the request names both.
+    let out = std::process::Command::new(kiln_e2e::kiln_bin())
+        .args(["token", "create", "--tenant", "team-a", "--scope", "read"])
+        .args(["--read-tenants", "team-b", "--key"])
+        .arg(&key)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read_ab = String::from_utf8(out.stdout)?.trim().to_owned();
+    let seen = drive(
+        &format!("{url}?tenants=team-a%7Cteam-b"),
+        "jwt-team-a-and-b",
+        &["--token", &read_ab],
+    )?;
+    let names: Vec<String> = frames(&seen["frames"])
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    ensure!(
+        names.contains(&"team_b_secret".to_owned()) && names.contains(&"checkout".to_owned()),
+        "{names:?}"
+    );
+    // The same page with team-a's own token: 403, the page names team-b.
+    let seen = drive(
+        &format!("{url}?tenants=team-a%7Cteam-b"),
+        "jwt-team-a-not-b",
+        &["--token", &read_a],
+    )?;
+    let status = seen["status"].as_str().unwrap_or("");
+    ensure!(status.contains("team-b"), "{status}");
+    ensure!(frames(&seen["frames"]).is_empty());
+
     // A write-only token is refused with a clear message.
     let write_a = token(&key, "team-a", "write")?;
     let seen = drive(&url, "jwt-write-only", &["--token", &write_a])?;

@@ -41,7 +41,7 @@ use ulid::Ulid;
 use crate::api::querier::Querier;
 use crate::api::render::flamebearer as fb;
 use crate::app::AppRef;
-use crate::auth::TenantId;
+use crate::auth::{TenantId, TenantSet};
 use crate::error::{ApiError, ErrorKind};
 use crate::tenants::TenantLimits;
 use crate::transport::caller::Reads;
@@ -133,7 +133,8 @@ pub async fn upload(
     req: pb::AdHocProfilesUploadRequest,
 ) -> Result<pb::AdHocProfilesGetResponse, ApiError> {
     let limits = app.limits(tenant);
-    let max_nodes = Querier::new(app.clone()).max_nodes(tenant, req.max_nodes)?;
+    let max_nodes =
+        Querier::new(app.clone()).max_nodes(&TenantSet::one(tenant.clone()), req.max_nodes)?;
     let data = decode_base64(&req.profile, limits.max_decompressed_bytes)?;
     // Uploads are the tenant's traffic too: counted in its usage and charged to its ingest rate.
     app.tenants.charge_ingest(tenant, data.len() as u64)?;
@@ -157,7 +158,8 @@ pub async fn get(
     tenant: &TenantId,
     req: pb::AdHocProfilesGetRequest,
 ) -> Result<pb::AdHocProfilesGetResponse, ApiError> {
-    let max_nodes = Querier::new(app.clone()).max_nodes(tenant, req.max_nodes)?;
+    let max_nodes =
+        Querier::new(app.clone()).max_nodes(&TenantSet::one(tenant.clone()), req.max_nodes)?;
     let (name, uploaded_at, parsed) = load(app, tenant, &req.id).await?;
     answer(
         req.id,
@@ -194,7 +196,8 @@ pub async fn diff(
     tenant: &TenantId,
     req: pb::AdHocProfilesDiffRequest,
 ) -> Result<pb::AdHocProfilesDiffResponse, ApiError> {
-    let max_nodes = Querier::new(app.clone()).max_nodes(tenant, req.max_nodes)?;
+    let max_nodes =
+        Querier::new(app.clone()).max_nodes(&TenantSet::one(tenant.clone()), req.max_nodes)?;
     let ((_, _, left), (_, _, right)) = futures::try_join!(
         load(app, tenant, &req.left_id),
         load(app, tenant, &req.right_id)

@@ -36,9 +36,9 @@ use kiln_storage::selector::{MatchOp, Matcher, Selector, parse_selector};
 use super::render::{DOT_SOURCE_NODES, dot_text, flamebearer};
 use crate::api::querier::Querier;
 use crate::app::AppRef;
-use crate::auth::TenantId;
+use crate::auth::TenantSet;
 use crate::error::ApiError;
-use crate::transport::caller::Reads;
+use crate::transport::caller::ReadsAcross;
 use crate::transport::http::{query_options, report_headers};
 
 /// A legacy endpoint: its path, the API method name the telemetry layer gives it, its handler.
@@ -84,18 +84,18 @@ const DEFAULT_SAMPLE_RATE: u32 = 100;
 /// read, put the report in headers.
 async fn serve<F, Fut>(
     app: AppRef,
-    tenant: TenantId,
+    tenant: TenantSet,
     method: &'static str,
     headers: HeaderMap,
     f: F,
 ) -> Response
 where
-    F: FnOnce(Querier, TenantId) -> Fut,
+    F: FnOnce(Querier, TenantSet) -> Fut,
     Fut: Future<Output = Result<Response, ApiError>>,
 {
     let querier = Querier::new(app.clone());
     let (result, report) = kiln_storage::query::with_options(query_options(&headers), async {
-        let _slot = app.tenants.query_slot(&tenant).await?;
+        let _slots = app.tenants.query_slots(&tenant).await?;
         f(querier, tenant.clone()).await
     })
     .await;
@@ -108,7 +108,7 @@ where
 /// `GET /pyroscope/render`.
 async fn render(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenant): ReadsAcross,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
@@ -223,7 +223,7 @@ fn dot_response(
 /// `GET /pyroscope/render-diff`.
 async fn render_diff(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenant): ReadsAcross,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
@@ -261,7 +261,7 @@ async fn render_diff(
 /// `GET /pyroscope/labels`: label names of the series the query selects.
 async fn labels(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenant): ReadsAcross,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
@@ -294,7 +294,7 @@ async fn labels(
 /// `label=__name__` lists their profile types, as Pyroscope answers it.
 async fn label_values(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenant): ReadsAcross,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {

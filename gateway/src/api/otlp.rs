@@ -295,7 +295,7 @@ impl tonic::server::UnaryService<Bytes> for ExportMethod {
                 .extensions()
                 .get::<crate::transport::grpc::Authenticated>()
             {
-                Some(a) => a.0.clone(),
+                Some(a) => a.0.clone().single()?,
                 None => crate::transport::caller::authenticate(
                     &app,
                     &req.metadata().clone().into_headers(),

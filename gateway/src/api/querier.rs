@@ -12,7 +12,7 @@ use kiln_storage::query::{Aggregation, Exemplars, FlameTree, SampleFilter};
 use kiln_storage::selector::{Selector, parse_selector};
 
 use crate::app::AppRef;
-use crate::auth::TenantId;
+use crate::auth::{TenantId, TenantSet};
 use crate::error::ApiError;
 use crate::tenants::throttled;
 use crate::time::now_nanos;
@@ -21,6 +21,10 @@ mod connect;
 mod grpc;
 mod heatmap;
 mod projections;
+mod tenancy;
+
+pub use tenancy::TENANT_LABEL;
+use tenancy::{for_tenant, tenant_selectors};
 
 pub use connect::connect_handler;
 
@@ -243,7 +247,13 @@ impl Querier {
         Self { app }
     }
 
-    fn filter(&self, tenant: &TenantId, r: &MergeRequest<'_>) -> Result<SampleFilter, ApiError> {
+    /// The storage filter of each tenant a request reads: the tenants its `__tenant__`
+    /// matchers keep (none may be left), each within its own limits.
+    fn filters<'t>(
+        &self,
+        tenants: &'t TenantSet,
+        r: &MergeRequest<'_>,
+    ) -> Result<Vec<(&'t TenantId, SampleFilter)>, ApiError> {
         let Some(profile_type) = kiln_otel::model::ProfileType::parse(r.profile_type) else {
             return Err(ApiError::invalid(format!(
                 "invalid profile type {:?}: expected name:sample_type:sample_unit:period_type:period_unit",
@@ -255,18 +265,31 @@ impl Querier {
                 "span_selector and trace_id_selector cannot be used together",
             ));
         }
-        let (start_nanos, end_nanos) = self.range(tenant, r.start, r.end)?;
-        Ok(SampleFilter {
-            tenant: tenant.to_string(),
-            // A sixth `:delta` part is accepted and dropped, as Pyroscope does.
-            profile_type: profile_type.id(),
-            selector: parse_selector(r.label_selector)?,
-            start_nanos,
-            end_nanos,
-            span_ids: span_ids(r.span_selector)?,
-            trace_ids: trace_ids(r.trace_id_selector)?,
-            profile_ids: profile_ids(r.profile_id_selector)?,
-        })
+        let selector = parse_selector(r.label_selector)?;
+        let (span_ids, trace_ids) = (span_ids(r.span_selector)?, trace_ids(r.trace_id_selector)?);
+        let profile_ids = profile_ids(r.profile_id_selector)?;
+        let mut out = Vec::with_capacity(tenants.len());
+        for tenant in tenants.iter() {
+            let Some(selector) = for_tenant(&selector, tenant) else {
+                continue;
+            };
+            let (start_nanos, end_nanos) = self.range(tenant, r.start, r.end)?;
+            out.push((
+                tenant,
+                SampleFilter {
+                    tenant: tenant.to_string(),
+                    // A sixth `:delta` part is accepted and dropped, as Pyroscope does.
+                    profile_type: profile_type.id(),
+                    selector,
+                    start_nanos,
+                    end_nanos,
+                    span_ids: span_ids.clone(),
+                    trace_ids: trace_ids.clone(),
+                    profile_ids: profile_ids.clone(),
+                },
+            ));
+        }
+        Ok(out)
     }
 
     /// The query's time range within the tenant's maximum query range. (Retention works on
@@ -288,16 +311,27 @@ impl Querier {
         Ok((start, end.max(start)))
     }
 
-    /// A flame graph's node budget: the tenant's default for `None` or 0, refused above its
-    /// maximum.
-    pub fn max_nodes(&self, tenant: &TenantId, requested: Option<i64>) -> Result<usize, ApiError> {
-        let limits = self.app.limits(tenant);
+    /// A flame graph's node budget: the tenants' default for `None` or 0, refused above their
+    /// maximum (the smallest of each, over a read spanning tenants).
+    pub fn max_nodes(
+        &self,
+        tenants: &TenantSet,
+        requested: Option<i64>,
+    ) -> Result<usize, ApiError> {
+        let (default, max) = tenants
+            .iter()
+            .map(|t| {
+                let l = self.app.limits(t);
+                (l.max_flamegraph_nodes_default, l.max_flamegraph_nodes_max)
+            })
+            .fold((i64::MAX, i64::MAX), |(d, m), (ld, lm)| {
+                (d.min(ld), m.min(lm))
+            });
         match requested {
-            None | Some(0) => Ok(limits.max_flamegraph_nodes_default as usize),
+            None | Some(0) => Ok(default.max(0) as usize),
             Some(n) if n < 0 => Err(ApiError::invalid("max_nodes must not be negative")),
-            Some(n) if n > limits.max_flamegraph_nodes_max => Err(ApiError::invalid(format!(
-                "max_nodes {n} is above the limit of {}",
-                limits.max_flamegraph_nodes_max
+            Some(n) if n > max => Err(ApiError::invalid(format!(
+                "max_nodes {n} is above the limit of {max}"
             ))),
             Some(n) => Ok(n as usize),
         }
@@ -305,21 +339,25 @@ impl Querier {
 
     pub async fn profile_types(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::ProfileTypesRequest,
     ) -> Result<q::ProfileTypesResponse, ApiError> {
-        let (start, end) = self.range(tenant, r.start, r.end)?;
-        let types = self
-            .app
-            .storage
-            .query()
-            .profile_types(tenant, start, end)
-            .await?;
+        let mut types = std::collections::BTreeMap::new();
+        for tenant in tenants.iter() {
+            let (start, end) = self.range(tenant, r.start, r.end)?;
+            let found = self
+                .app
+                .storage
+                .query()
+                .profile_types(tenant, start, end)
+                .await?;
+            types.extend(found.into_iter().map(|p| (p.id(), p)));
+        }
         Ok(q::ProfileTypesResponse {
             profile_types: types
                 .into_iter()
-                .map(|p| t::ProfileType {
-                    id: p.id(),
+                .map(|(id, p)| t::ProfileType {
+                    id,
                     name: p.name,
                     sample_type: p.sample_type,
                     sample_unit: p.sample_unit,
@@ -330,53 +368,103 @@ impl Querier {
         })
     }
 
+    /// Label names; a read spanning tenants lists [`TENANT_LABEL`] too.
     pub async fn label_names(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: t::LabelNamesRequest,
     ) -> Result<t::LabelNamesResponse, ApiError> {
-        let (start, end) = self.range(tenant, r.start, r.end)?;
-        let names = self
-            .app
-            .storage
-            .query()
-            .label_names(tenant, &selectors(&r.matchers)?, start, end)
-            .await?;
-        Ok(t::LabelNamesResponse { names })
+        let mut names = std::collections::BTreeSet::new();
+        for (tenant, selectors) in tenant_selectors(tenants, &r.matchers)? {
+            let (start, end) = self.range(tenant, r.start, r.end)?;
+            let found = self
+                .app
+                .storage
+                .query()
+                .label_names(tenant, &selectors, start, end)
+                .await?;
+            if tenants.spans_tenants() && !found.is_empty() {
+                names.insert(TENANT_LABEL.to_owned());
+            }
+            names.extend(found);
+        }
+        Ok(t::LabelNamesResponse {
+            names: names.into_iter().collect(),
+        })
     }
 
+    /// Label values; those of [`TENANT_LABEL`] are the tenants read that hold matching data.
     pub async fn label_values(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: t::LabelValuesRequest,
     ) -> Result<t::LabelValuesResponse, ApiError> {
         if r.name.is_empty() {
             return Err(ApiError::invalid("the label name is required"));
         }
-        let (start, end) = self.range(tenant, r.start, r.end)?;
-        let names = self
-            .app
-            .storage
-            .query()
-            .label_values(tenant, &r.name, &selectors(&r.matchers)?, start, end)
-            .await?;
-        Ok(t::LabelValuesResponse { names })
+        let mut values = std::collections::BTreeSet::new();
+        for (tenant, selectors) in tenant_selectors(tenants, &r.matchers)? {
+            let (start, end) = self.range(tenant, r.start, r.end)?;
+            let query = self.app.storage.query();
+            if r.name == TENANT_LABEL {
+                if !query
+                    .label_names(tenant, &selectors, start, end)
+                    .await?
+                    .is_empty()
+                {
+                    values.insert(tenant.to_string());
+                }
+                continue;
+            }
+            values.extend(
+                query
+                    .label_values(tenant, &r.name, &selectors, start, end)
+                    .await?,
+            );
+        }
+        Ok(t::LabelValuesResponse {
+            names: values.into_iter().collect(),
+        })
     }
 
+    /// Series label sets; over several tenants each carries [`TENANT_LABEL`] (when
+    /// `label_names` is empty or names it).
     pub async fn series(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SeriesRequest,
     ) -> Result<q::SeriesResponse, ApiError> {
-        let (start, end) = self.range(tenant, r.start, r.end)?;
-        let series = self
-            .app
-            .storage
-            .query()
-            .series(tenant, &selectors(&r.matchers)?, &r.label_names, start, end)
-            .await?;
+        let label_names: Vec<String> = r
+            .label_names
+            .iter()
+            .filter(|n| *n != TENANT_LABEL)
+            .cloned()
+            .collect();
+        let with_tenant = (tenants.spans_tenants() && r.label_names.is_empty())
+            || r.label_names.len() > label_names.len();
+        let mut sets = std::collections::BTreeSet::new();
+        for (tenant, selectors) in tenant_selectors(tenants, &r.matchers)? {
+            let (start, end) = self.range(tenant, r.start, r.end)?;
+            let series = self
+                .app
+                .storage
+                .query()
+                .series(tenant, &selectors, &label_names, start, end)
+                .await?;
+            // Only `__tenant__` asked for: the storage's empty list would mean every label.
+            let only_tenant = label_names.is_empty() && !r.label_names.is_empty();
+            for mut labels in series {
+                if only_tenant {
+                    labels.clear();
+                }
+                if with_tenant {
+                    tenancy::label_tenant(&mut labels, tenant);
+                }
+                sets.insert(labels);
+            }
+        }
         Ok(q::SeriesResponse {
-            labels_set: series
+            labels_set: sets
                 .into_iter()
                 .map(|labels| t::Labels {
                     labels: labels
@@ -392,24 +480,28 @@ impl Querier {
     /// what the legacy render APIs (`crate::api::legacy`) encode in formats of their own.
     pub async fn merge_tree(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         profile_type: &str,
         label_selector: &str,
         start: i64,
         end: i64,
     ) -> Result<FlameTree, ApiError> {
         let m = MergeRequest::plain(profile_type, label_selector, start, end);
-        self.merged_tree(tenant, &m).await
+        self.merged_tree(tenants, &m).await
     }
 
-    /// The merged tree of a request's stacks (its call site not applied).
+    /// The merged tree of a request's stacks (its call site not applied), summed over the
+    /// tenants read.
     async fn merged_tree(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         m: &MergeRequest<'_>,
     ) -> Result<FlameTree, ApiError> {
-        let filter = self.filter(tenant, m)?;
-        let tree = self.app.storage.query().merge_tree(&filter).await?;
+        let filters = self.filters(tenants, m)?;
+        let query = self.app.storage.query();
+        let trees =
+            futures::future::try_join_all(filters.iter().map(|(_, f)| query.merge_tree(f))).await?;
+        let tree = FlameTree::merged(trees);
         Ok(match &m.frame_filter {
             Some(f) => tree.retain_frames(f),
             None => tree,
@@ -419,63 +511,63 @@ impl Querier {
     /// The merged tree of a request's stacks under its call site.
     async fn focused_tree(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         m: &MergeRequest<'_>,
     ) -> Result<FlameTree, ApiError> {
         let call_site: Vec<&str> = m.call_site.iter().map(String::as_str).collect();
-        Ok(self.merged_tree(tenant, m).await?.focus(&call_site))
+        Ok(self.merged_tree(tenants, m).await?.focus(&call_site))
     }
 
     async fn flamegraph(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: &MergeRequest<'_>,
         max_nodes: Option<i64>,
     ) -> Result<q::FlameGraph, ApiError> {
-        let max_nodes = self.max_nodes(tenant, max_nodes)?;
-        Ok(self.focused_tree(tenant, r).await?.to_flamegraph(max_nodes))
+        let max_nodes = self.max_nodes(tenants, max_nodes)?;
+        Ok(self
+            .focused_tree(tenants, r)
+            .await?
+            .to_flamegraph(max_nodes))
     }
 
     /// The merged tree in Pyroscope's compact encoding (`PROFILE_FORMAT_TREE`), cut to
     /// `max_nodes` as the flame graph is ([`FlameTree::to_tree_bytes`]).
     async fn tree_bytes(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: &MergeRequest<'_>,
         max_nodes: Option<i64>,
     ) -> Result<Vec<u8>, ApiError> {
-        let max_nodes = self.max_nodes(tenant, max_nodes)?;
-        Ok(self.focused_tree(tenant, r).await?.to_tree_bytes(max_nodes))
+        let max_nodes = self.max_nodes(tenants, max_nodes)?;
+        Ok(self
+            .focused_tree(tenants, r)
+            .await?
+            .to_tree_bytes(max_nodes))
     }
 
     pub async fn select_merge_stacktraces(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
         let m = MergeRequest::of_stacktraces(&r)?;
         match q::ProfileFormat::try_from(r.format).unwrap_or(q::ProfileFormat::Unspecified) {
             q::ProfileFormat::Unspecified | q::ProfileFormat::Flamegraph => {
                 Ok(q::SelectMergeStacktracesResponse {
-                    flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
+                    flamegraph: Some(self.flamegraph(tenants, &m, r.max_nodes).await?),
                     ..Default::default()
                 })
             }
             q::ProfileFormat::Functions
             | q::ProfileFormat::FunctionTree
-            | q::ProfileFormat::Sandwich => self.select_projection(tenant, &r).await,
+            | q::ProfileFormat::Sandwich => self.select_projection(tenants, &r).await,
             q::ProfileFormat::Tree => Ok(q::SelectMergeStacktracesResponse {
-                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                tree: self.tree_bytes(tenants, &m, r.max_nodes).await?,
                 ..Default::default()
             }),
             q::ProfileFormat::Pprof => {
-                let filter = self.filter(tenant, &m)?;
-                let profile = self
-                    .app
-                    .storage
-                    .query()
-                    .merge_pprof_selected(&filter, &m.call_site, m.frame_filter.clone())
-                    .await?;
+                let profile = self.merged_pprof(tenants, &m).await?;
                 Ok(q::SelectMergeStacktracesResponse {
                     pprof: Some(q::PprofProfile {
                         profile: Some(profile),
@@ -484,25 +576,30 @@ impl Querier {
                 })
             }
             q::ProfileFormat::Dot => {
-                let filter = self.filter(tenant, &m)?;
+                let filters = self.filters(tenants, &m)?;
                 let max_nodes = match r.max_nodes {
                     Some(n) if n > 0 => usize::try_from(n).unwrap_or(usize::MAX),
                     _ => 100,
                 };
                 let source = self.max_nodes(
-                    tenant,
+                    tenants,
                     Some(
                         i64::try_from(max_nodes.max(crate::api::render::DOT_SOURCE_NODES))
                             .unwrap_or(i64::MAX),
                     ),
                 )?;
-                let tree = self.focused_tree(tenant, &m).await?;
+                let tree = self.focused_tree(tenants, &m).await?;
                 let profile_type = kiln_otel::model::ProfileType::parse(m.profile_type)
                     .ok_or_else(|| ApiError::invalid("invalid profile type"))?;
                 // The legend's range: the one the query covered, in Unix ms.
                 let ms = |nanos: i64| nanos.div_euclid(1_000_000);
-                let end = ms(filter.end_nanos.min(now_nanos()));
-                let start = ms(filter.start_nanos.max(0)).min(end);
+                let (start, end) = filters
+                    .iter()
+                    .map(|(_, f)| (f.start_nanos, f.end_nanos))
+                    .reduce(|(s, e), (fs, fe)| (s.min(fs), e.max(fe)))
+                    .unwrap_or((0, 0));
+                let end = ms(end.min(now_nanos()));
+                let start = ms(start.max(0)).min(end);
                 let dot = if tree.total() == 0 {
                     String::new()
                 } else {
@@ -525,7 +622,7 @@ impl Querier {
 
     pub async fn select_merge_span_profile(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SelectMergeSpanProfileRequest,
     ) -> Result<q::SelectMergeSpanProfileResponse, ApiError> {
         if r.span_selector.is_empty() {
@@ -546,19 +643,19 @@ impl Querier {
         };
         if r.format == q::ProfileFormat::Tree as i32 {
             return Ok(q::SelectMergeSpanProfileResponse {
-                tree: self.tree_bytes(tenant, &m, r.max_nodes).await?,
+                tree: self.tree_bytes(tenants, &m, r.max_nodes).await?,
                 ..Default::default()
             });
         }
         Ok(q::SelectMergeSpanProfileResponse {
-            flamegraph: Some(self.flamegraph(tenant, &m, r.max_nodes).await?),
+            flamegraph: Some(self.flamegraph(tenants, &m, r.max_nodes).await?),
             ..Default::default()
         })
     }
 
     pub async fn select_merge_profile(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SelectMergeProfileRequest,
     ) -> Result<Profile, ApiError> {
         let m = MergeRequest {
@@ -572,13 +669,7 @@ impl Querier {
             call_site: call_site(r.stack_trace_selector.as_ref()),
             frame_filter: frame_filter(r.stack_trace_selector.as_ref())?,
         };
-        let filter = self.filter(tenant, &m)?;
-        let mut profile = self
-            .app
-            .storage
-            .query()
-            .merge_pprof_selected(&filter, &m.call_site, m.frame_filter.clone())
-            .await?;
+        let mut profile = self.merged_pprof(tenants, &m).await?;
         // As Pyroscope: a positive `max_nodes` cuts the profile to its heaviest call-tree
         // nodes; none (or 0) is the whole profile, as the pprof export wants it.
         if let Some(n) = r.max_nodes.filter(|n| *n > 0) {
@@ -590,9 +681,36 @@ impl Querier {
         Ok(profile)
     }
 
+    /// The selected stacks as one pprof profile, merged over the tenants read.
+    async fn merged_pprof(
+        &self,
+        tenants: &TenantSet,
+        m: &MergeRequest<'_>,
+    ) -> Result<Profile, ApiError> {
+        let filters = self.filters(tenants, m)?;
+        let query = self.app.storage.query();
+        let profiles = futures::future::try_join_all(
+            filters
+                .iter()
+                .map(|(_, f)| query.merge_pprof_selected(f, &m.call_site, m.frame_filter.clone())),
+        )
+        .await?;
+        if profiles.len() <= 1 {
+            // One tenant's profile as the storage made it; none when `__tenant__` kept none.
+            return Ok(profiles.into_iter().next().unwrap_or_else(|| {
+                let profile_type = kiln_otel::model::ProfileType::parse(m.profile_type)
+                    .expect("checked by filters");
+                kiln_storage::query::pprof::PprofBuilder::new(&profile_type).finish(0, 0)
+            }));
+        }
+        Ok(kiln_storage::query::pprof::merge(profiles))
+    }
+
+    /// Time series of the selected stacks. Over several tenants, each tenant's series are
+    /// made alike and summed by label set; `group_by` [`TENANT_LABEL`] keeps them apart.
     pub async fn select_series(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SelectSeriesRequest,
     ) -> Result<q::SelectSeriesResponse, ApiError> {
         check_stepped("SelectSeries", r.start, r.end, r.step)?;
@@ -600,11 +718,18 @@ impl Querier {
         // symbols, as recording rules' functions are); a call site does not narrow them.
         let frames = frame_filter(r.stack_trace_selector.as_ref())?;
         let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
-        let filter = self.filter(tenant, &m)?;
+        let filters = self.filters(tenants, &m)?;
         let aggregation = match r.aggregation {
             Some(a) if a == t::TimeSeriesAggregationType::Average as i32 => Aggregation::Average,
             _ => Aggregation::Sum,
         };
+        let (group_by, by_tenant) = tenancy::group_by(&r.group_by);
+        if filters.len() > 1 && aggregation == Aggregation::Average && !by_tenant {
+            return Err(ApiError::invalid(
+                "an average over several tenants needs group_by __tenant__: each tenant's \
+                 average stands alone",
+            ));
+        }
         let step_nanos = ((r.step * 1e9) as i64).max(1_000_000);
         let limit = r.limit.filter(|l| *l > 0).map(|l| l as usize);
         let exemplars = match t::ExemplarType::try_from(r.exemplar_type) {
@@ -612,31 +737,35 @@ impl Querier {
             Ok(t::ExemplarType::Individual) => Exemplars::Profiles,
             _ => Exemplars::None,
         };
-        let series = self
-            .app
-            .storage
-            .query()
-            .select_series_of_stacks(
-                &filter,
-                &r.group_by,
-                step_nanos,
-                aggregation,
-                limit,
-                exemplars,
-                frames,
-            )
-            .await?;
-        let throttled_at = self
-            .throttled_minutes(tenant, r.start, r.end, step_nanos)
-            .await?;
         let step_ms = step_nanos / 1_000_000;
-        let rate = self.app.tenants.limits(tenant).ingest_rate_bytes;
-        Ok(q::SelectSeriesResponse {
-            series: series
-                .into_iter()
-                .map(|s| t::Series {
-                    labels: s
-                        .labels
+        let mut out = Vec::new();
+        for (tenant, filter) in &filters {
+            let series = self
+                .app
+                .storage
+                .query()
+                .select_series_of_stacks(
+                    filter,
+                    &group_by,
+                    step_nanos,
+                    aggregation,
+                    // Over several tenants the limit applies to the sums.
+                    if filters.len() > 1 { None } else { limit },
+                    exemplars,
+                    frames.clone(),
+                )
+                .await?;
+            let throttled_at = self
+                .throttled_minutes(tenant, r.start, r.end, step_nanos)
+                .await?;
+            let rate = self.app.tenants.limits(tenant).ingest_rate_bytes;
+            out.extend(series.into_iter().map(|s| {
+                let mut labels = s.labels;
+                if by_tenant {
+                    tenancy::label_tenant_at(&mut labels, tenant, &r.group_by);
+                }
+                t::Series {
+                    labels: labels
                         .into_iter()
                         .map(|(name, value)| t::LabelPair { name, value })
                         .collect(),
@@ -661,9 +790,13 @@ impl Querier {
                                 .unwrap_or_default(),
                         })
                         .collect(),
-                })
-                .collect(),
-        })
+                }
+            }));
+        }
+        if filters.len() > 1 {
+            out = tenancy::sum_series(out, limit);
+        }
+        Ok(q::SelectSeriesResponse { series: out })
     }
 
     /// The minutes from `start` to `end` (ms, widened by a step) in which `tenant`'s ingest
@@ -692,19 +825,32 @@ impl Querier {
     /// with the largest point of a bucket as its exemplar when exemplars are asked for.
     pub async fn select_heatmap(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::SelectHeatmapRequest,
     ) -> Result<q::SelectHeatmapResponse, ApiError> {
         check_stepped("SelectHeatmap", r.start, r.end, r.step)?;
         let m = MergeRequest::plain(&r.profile_type_id, &r.label_selector, r.start, r.end);
-        let filter = self.filter(tenant, &m)?;
+        let filters = self.filters(tenants, &m)?;
         let spans = r.query_type == q::HeatmapQueryType::Span as i32;
-        let mut groups = self
-            .app
-            .storage
-            .query()
-            .profile_points(&filter, &r.group_by, spans)
-            .await?;
+        let (group_by, by_tenant) = tenancy::group_by(&r.group_by);
+        let mut groups = Vec::new();
+        for (tenant, filter) in &filters {
+            let found = self
+                .app
+                .storage
+                .query()
+                .profile_points(filter, &group_by, spans)
+                .await?;
+            groups.extend(found.into_iter().map(|mut g| {
+                if by_tenant {
+                    tenancy::label_tenant_at(&mut g.labels, tenant, &r.group_by);
+                }
+                g
+            }));
+        }
+        if filters.len() > 1 {
+            groups = tenancy::join_groups(groups);
+        }
         if let Some(limit) = r.limit.filter(|l| *l > 0).map(|l| l as usize)
             && limit < groups.len()
         {
@@ -731,10 +877,10 @@ impl Querier {
     /// FUNCTION_TREE, the two queries' function projections instead ([`projections`]).
     pub async fn diff(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::DiffRequest,
     ) -> Result<q::DiffResponse, ApiError> {
-        if let Some(projection) = self.diff_projection(tenant, &r).await? {
+        if let Some(projection) = self.diff_projection(tenants, &r).await? {
             return Ok(projection);
         }
         let (Some(left), Some(right)) = (r.left, r.right) else {
@@ -752,7 +898,7 @@ impl Querier {
                 left.profile_type_id
             )));
         };
-        let max_nodes = self.max_nodes(tenant, left.max_nodes.or(right.max_nodes))?;
+        let max_nodes = self.max_nodes(tenants, left.max_nodes.or(right.max_nodes))?;
         // Each side is a whole `SelectMergeStacktraces` request: its span, trace and profile id
         // selectors and its call site apply, as they do to a flame graph.
         let (lm, rm) = (
@@ -760,8 +906,8 @@ impl Querier {
             MergeRequest::of_stacktraces(&right)?,
         );
         let (left_tree, right_tree) = futures::try_join!(
-            self.focused_tree(tenant, &lm),
-            self.focused_tree(tenant, &rm)
+            self.focused_tree(tenants, &lm),
+            self.focused_tree(tenants, &rm)
         )?;
         let p = crate::api::render::flamebearer::diff(
             &left_tree,
@@ -792,7 +938,7 @@ impl Querier {
     /// Drilldown app's query-size tooltip.
     pub async fn analyze_query(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: q::AnalyzeQueryRequest,
     ) -> Result<q::AnalyzeQueryResponse, ApiError> {
         let query = r.query.trim();
@@ -801,8 +947,10 @@ impl Querier {
             None => (query, "{}"),
         };
         let m = MergeRequest::plain(profile_type, selector, r.start, r.end);
-        let filter = self.filter(tenant, &m)?;
-        let a = self.app.storage.query().analyze(&filter).await?;
+        let mut a = kiln_storage::query::QueryAnalysis::default();
+        for (_, filter) in self.filters(tenants, &m)? {
+            a.add(&self.app.storage.query().analyze(&filter).await?);
+        }
         Ok(q::AnalyzeQueryResponse {
             query_scopes: vec![q::QueryScope {
                 component_type: "Object store blocks".into(),
@@ -825,15 +973,29 @@ impl Querier {
 
     pub async fn get_profile_stats(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         _r: t::GetProfileStatsRequest,
     ) -> Result<t::GetProfileStatsResponse, ApiError> {
-        let s = self.app.storage.query().profile_stats(tenant).await?;
-        Ok(t::GetProfileStatsResponse {
-            data_ingested: s.data_ingested,
-            oldest_profile_time: s.oldest_nanos.div_euclid(NANOS_PER_MS),
-            newest_profile_time: s.newest_nanos.div_euclid(NANOS_PER_MS),
-        })
+        let mut out = t::GetProfileStatsResponse::default();
+        for tenant in tenants.iter() {
+            let s = self.app.storage.query().profile_stats(tenant).await?;
+            let (oldest, newest) = (
+                s.oldest_nanos.div_euclid(NANOS_PER_MS),
+                s.newest_nanos.div_euclid(NANOS_PER_MS),
+            );
+            if !s.data_ingested && (out.data_ingested || tenant != tenants.first()) {
+                continue;
+            }
+            if out.data_ingested {
+                out.oldest_profile_time = out.oldest_profile_time.min(oldest);
+                out.newest_profile_time = out.newest_profile_time.max(newest);
+            } else {
+                // The first tenant's answer, or the first that holds data.
+                (out.oldest_profile_time, out.newest_profile_time) = (oldest, newest);
+            }
+            out.data_ingested |= s.data_ingested;
+        }
+        Ok(out)
     }
 }
 

@@ -19,7 +19,7 @@ use kiln_proto::settings::v1 as settings;
 use crate::app::AppRef;
 use crate::auth::TenantId;
 use crate::error::{ApiError, ErrorKind};
-use crate::transport::caller::Reads;
+use crate::transport::caller::ReadsAcross;
 use crate::transport::connect::{Call, Codec, Service, connect_error, connect_ok, prepare};
 
 /// The services of this module.
@@ -61,7 +61,7 @@ const SETTINGS_DOCUMENT: &str = "settings.json";
 /// `POST /{service}/{method}` for the services above.
 pub async fn handler(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenants): ReadsAcross,
     Path(method): Path<String>,
     uri: axum::http::Uri,
     headers: HeaderMap,
@@ -83,8 +83,29 @@ pub async fn handler(
             tenant,
             body,
             share: _share,
-        } = prepare(&app, &headers, body, tenant).await?;
+        } = prepare(&app, &headers, body, tenants.first().clone()).await?;
         let out = match (service.as_str(), method.as_str()) {
+            // A read spanning tenants (Grafana's app over `a|b`) gets the defaults and no
+            // rules: one tenant's settings do not apply to the others. The rest acts for one.
+            ("settings.v1.SettingsService", "Get") if tenants.spans_tenants() => {
+                let _: settings::GetSettingsRequest = codec.decode(&body)?;
+                codec.encode(&settings::GetSettingsResponse::default())?
+            }
+            ("settings.v1.RecordingRulesService", "ListRecordingRules")
+                if tenants.spans_tenants() =>
+            {
+                let _: settings::ListRecordingRulesRequest = codec.decode(&body)?;
+                codec.encode(&settings::ListRecordingRulesResponse::default())?
+            }
+            ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
+                let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;
+                codec.encode(&feature_flags())?
+            }
+            _ if tenants.spans_tenants() => {
+                return Err(ApiError::invalid(format!(
+                    "{service}/{method} acts for one tenant; X-Scope-OrgID names {tenants}"
+                )));
+            }
             ("settings.v1.SettingsService", "Get") => {
                 let _: settings::GetSettingsRequest = codec.decode(&body)?;
                 codec.encode(&get_settings(&app, &tenant).await?)?
@@ -119,10 +140,6 @@ pub async fn handler(
                 let req: settings::DeleteRecordingRuleRequest = codec.decode(&body)?;
                 recording::delete(&app, &tenant, &req.id).await?;
                 codec.encode(&settings::DeleteRecordingRuleResponse {})?
-            }
-            ("capabilities.v1.FeatureFlagsService", "GetFeatureFlags") => {
-                let _: caps::GetFeatureFlagsRequest = codec.decode(&body)?;
-                codec.encode(&feature_flags())?
             }
             _ => {
                 return Err(ApiError::new(

@@ -190,3 +190,64 @@ fn two_tenant_headers_are_refused() {
     h.append(ORG_ID_HEADER, "b".parse().unwrap());
     assert!(a.authenticate(&h, Scope::Read).is_err());
 }
+
+fn org(headers: &mut HeaderMap, value: &str) {
+    headers.insert(ORG_ID_HEADER, value.parse().unwrap());
+}
+
+#[test]
+fn a_read_may_span_the_tenants_the_header_names() {
+    let a = Authenticator::trusted_header();
+    let mut h = HeaderMap::new();
+    org(&mut h, "b|a|b");
+    let p = a.authenticate(&h, Scope::Read).unwrap();
+    assert_eq!(p.reads.to_string(), "a|b");
+    assert!(p.reads.spans_tenants());
+    let err = a.authenticate(&h, Scope::Write).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::InvalidInput);
+    assert!(err.message.contains("only reads"), "{}", err.message);
+    org(&mut h, "a|b/c");
+    assert!(a.authenticate(&h, Scope::Read).is_err());
+    org(&mut h, "a||b");
+    assert!(a.authenticate(&h, Scope::Read).is_err());
+}
+
+#[test]
+fn a_token_reads_only_the_tenants_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = auth(store(dir.path()));
+    let key = dir.path().join("k1.secret");
+    let grant = Grant {
+        tenant: "a".into(),
+        reads: vec!["b".into()],
+        scopes: vec![Scope::Read, Scope::Write],
+        ttl_secs: 60,
+        issuer: None,
+        audience: None,
+    };
+    let both = mint_grant(&key, "k1", &grant).unwrap();
+    let only_a = mint(&key, "k1", "a", &[Scope::Read], 60, None, None).unwrap();
+
+    // No header: the token's own tenant.
+    let p = a.authenticate(&bearer(&both), Scope::Read).unwrap();
+    assert_eq!(p.reads.to_string(), "a");
+    let mut h = bearer(&both);
+    org(&mut h, "a|b");
+    assert_eq!(
+        a.authenticate(&h, Scope::Read).unwrap().reads.to_string(),
+        "a|b"
+    );
+    // Another tenant is read, never written.
+    let mut h = bearer(&both);
+    org(&mut h, "b");
+    let p = a.authenticate(&h, Scope::Read).unwrap();
+    assert_eq!(p.reads.to_string(), "b");
+    let err = a.authenticate(&h, Scope::Write).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::PermissionDenied);
+
+    let mut h = bearer(&only_a);
+    org(&mut h, "a|b");
+    let err = a.authenticate(&h, Scope::Read).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::PermissionDenied);
+    assert!(err.message.contains("\"b\""), "{}", err.message);
+}

@@ -8,14 +8,20 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::keys::{VerifyKey, key_err};
-use super::tenant::{ORG_ID_HEADER, validate_tenant};
-use super::{Authenticator, Principal, Scope, TenantId, forbidden, now_secs, unauthenticated};
+use super::tenant::validate_tenant;
+use super::{
+    Authenticator, Principal, Scope, TenantId, TenantSet, forbidden, now_secs, unauthenticated,
+};
 use crate::error::ApiError;
 
 /// The claims Kiln reads and writes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Claims {
+    /// The tenant the token acts for.
     pub tenant: String,
+    /// More tenants the token may read (with `read` scope), named in `X-Scope-OrgID`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scopes: Vec<String>,
     /// OAuth-style space-separated scopes, accepted too.
@@ -56,8 +62,13 @@ pub enum Audience {
 
 impl Authenticator {
     /// The caller of a request in `--auth jwt` mode: its token from `Authorization` (Bearer, or
-    /// Basic with the token as the password).
-    pub(super) fn jwt(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+    /// Basic with the token as the password). `named` are the tenants of `X-Scope-OrgID`: each
+    /// must be the token's tenant or one of its `tenants`.
+    pub(super) fn jwt(
+        &self,
+        headers: &HeaderMap,
+        named: Option<Vec<String>>,
+    ) -> Result<Principal, ApiError> {
         let auth = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthenticated("missing credentials: send Authorization: Bearer <token>, or Basic auth with the token as password"))?
@@ -88,22 +99,36 @@ impl Authenticator {
                 claims.tenant
             )));
         }
-        if let Some(org) = headers.get(ORG_ID_HEADER) {
-            let org = org.to_str().unwrap_or("");
-            if org != claims.tenant {
-                return Err(forbidden(format!(
-                    "a token of tenant {:?} cannot act for tenant {org:?}",
-                    claims.tenant
-                )));
-            }
-        }
-        let scopes = claims
+        let scopes: Vec<Scope> = claims
             .all_scopes()
             .iter()
             .filter_map(|s| Scope::parse(s))
             .collect();
+        let reads = match named {
+            None => vec![claims.tenant.clone()],
+            Some(named) => {
+                for org in &named {
+                    if *org != claims.tenant && !claims.tenants.contains(org) {
+                        return Err(forbidden(format!(
+                            "a token of tenant {:?} cannot act for tenant {org:?}",
+                            claims.tenant
+                        )));
+                    }
+                }
+                named
+            }
+        };
+        // Another tenant's data is only read: a token acts (writes, administers) for its own.
+        let acts_for_self = reads.len() == 1 && reads[0] == claims.tenant;
+        let scopes = if acts_for_self {
+            scopes
+        } else {
+            scopes.into_iter().filter(|s| *s == Scope::Read).collect()
+        };
         Ok(Principal {
             tenant: TenantId::vouched(claims.tenant),
+            reads: TenantSet::vouched(reads.into_iter().map(TenantId::vouched).collect())
+                .expect("one tenant at least"),
             scopes,
         })
     }
@@ -177,8 +202,19 @@ impl Authenticator {
     }
 }
 
-/// Mints a token for `kiln token create`. `key_file` is an HMAC secret or a private key PEM
-/// (RSA → RS256, ECDSA P-256 → ES256, Ed25519 → EdDSA).
+/// What a minted token grants.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub tenant: String,
+    /// More tenants it may read (the `tenants` claim).
+    pub reads: Vec<String>,
+    pub scopes: Vec<Scope>,
+    pub ttl_secs: u64,
+    pub issuer: Option<String>,
+    pub audience: Option<String>,
+}
+
+/// Mints a token for one tenant (see [`mint_grant`]).
 pub fn mint(
     key_file: &Path,
     kid: &str,
@@ -188,8 +224,24 @@ pub fn mint(
     issuer: Option<String>,
     audience: Option<String>,
 ) -> anyhow::Result<String> {
+    let grant = Grant {
+        tenant: tenant.to_owned(),
+        reads: Vec::new(),
+        scopes: scopes.to_vec(),
+        ttl_secs,
+        issuer,
+        audience,
+    };
+    mint_grant(key_file, kid, &grant)
+}
+
+/// Mints a token for `kiln token create`. `key_file` is an HMAC secret or a private key PEM
+/// (RSA → RS256, ECDSA P-256 → ES256, Ed25519 → EdDSA).
+pub fn mint_grant(key_file: &Path, kid: &str, grant: &Grant) -> anyhow::Result<String> {
     use jsonwebtoken::EncodingKey;
-    validate_tenant(tenant).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    for tenant in std::iter::once(&grant.tenant).chain(&grant.reads) {
+        validate_tenant(tenant).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    }
     let data = std::fs::read(key_file).map_err(|e| key_err(key_file, e))?;
     let (alg, key) = if String::from_utf8_lossy(&data).contains("PRIVATE KEY") {
         if let Ok(k) = EncodingKey::from_rsa_pem(&data) {
@@ -215,14 +267,15 @@ pub fn mint(
     };
     let now = now_secs();
     let claims = Claims {
-        tenant: tenant.to_owned(),
-        scopes: scopes.iter().map(|s| s.as_str().to_owned()).collect(),
+        tenant: grant.tenant.clone(),
+        tenants: grant.reads.clone(),
+        scopes: grant.scopes.iter().map(|s| s.as_str().to_owned()).collect(),
         scope: None,
-        exp: now + ttl_secs,
+        exp: now + grant.ttl_secs,
         nbf: Some(now),
         iat: Some(now),
-        iss: issuer,
-        aud: audience.map(Audience::One),
+        iss: grant.issuer.clone(),
+        aud: grant.audience.clone().map(Audience::One),
         sub: None,
     };
     let mut header = jsonwebtoken::Header::new(alg);

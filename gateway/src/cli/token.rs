@@ -23,6 +23,10 @@ pub struct TokenCreate {
     /// The tenant the token acts for.
     #[arg(long)]
     pub tenant: String,
+    /// More tenants the token may read, comma-separated (the `tenants` claim): a read names
+    /// them in `X-Scope-OrgID`, `a|b` for several at once.
+    #[arg(long, value_delimiter = ',')]
+    pub read_tenants: Vec<String>,
     /// Comma-separated scopes: read, write, admin.
     #[arg(long, default_value = "read,write")]
     pub scope: String,
@@ -68,8 +72,15 @@ pub fn run(cmd: TokenCommand) -> anyhow::Result<()> {
                     .ok_or_else(|| anyhow::anyhow!("give --kid"))?
                     .to_owned(),
             };
-            let token =
-                crate::auth::mint(&c.key, &kid, &c.tenant, &scopes, ttl, c.issuer, c.audience)?;
+            let grant = crate::auth::Grant {
+                tenant: c.tenant,
+                reads: c.read_tenants,
+                scopes,
+                ttl_secs: ttl,
+                issuer: c.issuer,
+                audience: c.audience,
+            };
+            let token = crate::auth::mint_grant(&c.key, &kid, &grant)?;
             println!("{token}");
         }
         TokenCommand::Inspect { token } => {

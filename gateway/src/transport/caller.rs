@@ -1,5 +1,6 @@
 //! Who is calling: a request's authentication as the extractors its handler receives
-//! ([`Reads`], [`Writes`], [`Admin`], and [`Credentials`] where the scope depends on the call),
+//! ([`Reads`], [`ReadsAcross`], [`Writes`], [`Admin`], and [`Credentials`] where the scope
+//! depends on the call),
 //! and what the telemetry layer learns of it ([`CallerSlot`]), so that the layer counts every
 //! refusal: by reason before a tenant is known, by tenant and reason after.
 //!
@@ -13,7 +14,7 @@ use axum::http::request::Parts;
 use axum::http::{Extensions, HeaderMap};
 
 use crate::app::AppRef;
-use crate::auth::{Principal, Scope, TenantId};
+use crate::auth::{Principal, Scope, TenantId, TenantSet};
 use crate::error::ApiError;
 
 /// What authentication found for a request: set once by [`authenticate`], read by the telemetry
@@ -44,14 +45,26 @@ impl CallerSlot {
 }
 
 /// Authenticates a request for `scope` and tells the request's [`CallerSlot`] (in
-/// `extensions`, when the telemetry layer put one there) and its span who called.
+/// `extensions`, when the telemetry layer put one there) and its span who called. The tenant
+/// is the one the request reads or writes: a read spanning tenants is refused here.
 pub fn authenticate(
     app: &AppRef,
     headers: &HeaderMap,
     extensions: &Extensions,
     scope: Scope,
 ) -> Result<TenantId, ApiError> {
-    principal(app, headers, extensions.get::<CallerSlot>(), scope).map(|p| p.tenant)
+    authenticate_reads(app, headers, extensions, scope).and_then(TenantSet::single)
+}
+
+/// As [`authenticate`], for an API that reads across tenants (`X-Scope-OrgID: a|b`): every
+/// tenant the request covers.
+pub fn authenticate_reads(
+    app: &AppRef,
+    headers: &HeaderMap,
+    extensions: &Extensions,
+    scope: Scope,
+) -> Result<TenantSet, ApiError> {
+    principal(app, headers, extensions.get::<CallerSlot>(), scope).map(|p| p.reads)
 }
 
 fn principal(
@@ -64,7 +77,7 @@ fn principal(
     let caller = match &result {
         Ok(p) => {
             // The request's span (`transport::telemetry::track`) carries its tenant from here.
-            tracing::Span::current().record("tenant", p.tenant.as_str());
+            tracing::Span::current().record("tenant", p.reads.to_string());
             Caller::Tenant(p.tenant.clone())
         }
         Err(_) => Caller::Refused,
@@ -78,6 +91,19 @@ fn principal(
 /// The tenant of a request authenticated for `read`.
 #[derive(Debug, Clone)]
 pub struct Reads(pub TenantId);
+
+/// The tenants of a request authenticated for `read` on an API that spans tenants (the
+/// querier, the render APIs).
+#[derive(Debug, Clone)]
+pub struct ReadsAcross(pub TenantSet);
+
+impl FromRequestParts<AppRef> for ReadsAcross {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppRef) -> Result<Self, ApiError> {
+        authenticate_reads(app, &parts.headers, &parts.extensions, Scope::Read).map(Self)
+    }
+}
 
 /// The tenant of a request authenticated for `write`.
 #[derive(Debug, Clone)]
@@ -139,7 +165,8 @@ pub struct Credentials {
 impl Credentials {
     /// The tenant, authenticated for `scope`.
     pub fn tenant(&self, scope: Scope) -> Result<TenantId, ApiError> {
-        principal(&self.app, &self.headers, self.slot.as_ref(), scope).map(|p| p.tenant)
+        principal(&self.app, &self.headers, self.slot.as_ref(), scope)
+            .and_then(|p| p.reads.single())
     }
 
     /// The caller, authenticated for `scope`, with its scopes.

@@ -10,7 +10,7 @@ use tower::ServiceExt;
 
 use crate::app::AppRef;
 use crate::auth::Scope;
-use crate::transport::caller::authenticate;
+use crate::transport::caller::authenticate_reads;
 
 /// gRPC services over the shared app.
 #[derive(Debug, Clone)]
@@ -23,17 +23,27 @@ impl Grpc {
         Self { app }
     }
 
+    /// The one tenant a request acts for; a read spanning tenants is refused.
     pub(crate) fn tenant<T>(
         &self,
         req: &Request<T>,
         scope: Scope,
     ) -> Result<crate::auth::TenantId, Status> {
-        if let Some(Authenticated(tenant)) = req.extensions().get() {
-            return Ok(tenant.clone());
+        Ok(self.tenants(req, scope)?.single()?)
+    }
+
+    /// Every tenant a request covers (a read may span several: `X-Scope-OrgID: a|b`).
+    pub(crate) fn tenants<T>(
+        &self,
+        req: &Request<T>,
+        scope: Scope,
+    ) -> Result<crate::auth::TenantSet, Status> {
+        if let Some(Authenticated(tenants)) = req.extensions().get() {
+            return Ok(tenants.clone());
         }
         // Not through `steer` (which always authenticates gRPC): no slot for the layer.
         let headers = req.metadata().clone().into_headers();
-        Ok(crate::transport::caller::authenticate(
+        Ok(crate::transport::caller::authenticate_reads(
             &self.app,
             &headers,
             &Default::default(),
@@ -66,9 +76,10 @@ pub(crate) fn report_metadata<T>(
     }
 }
 
-/// The tenant a gRPC request was authenticated as, before tonic decoded anything.
+/// The tenants a gRPC request was authenticated for, before tonic decoded anything: one, or
+/// several for a read spanning tenants (each service asks for what it takes).
 #[derive(Debug, Clone)]
-pub struct Authenticated(pub crate::auth::TenantId);
+pub struct Authenticated(pub crate::auth::TenantSet);
 
 /// What [`steer`] needs: tonic's routes, the app, and the scope each gRPC path needs (the API
 /// table's knowledge, handed in by `crate::api::router`).
@@ -93,16 +104,16 @@ pub(crate) async fn steer(
 ) -> axum::response::Response {
     if is_grpc(req.headers()) {
         let scope = scope_of(req.uri().path());
-        let tenant = match authenticate(&app, req.headers(), req.extensions(), scope) {
+        let tenants = match authenticate_reads(&app, req.headers(), req.extensions(), scope) {
             Ok(t) => t,
             Err(e) => return grpc_refusal(e),
         };
         if scope == Scope::Write
-            && let Err(e) = app.tenants.check_ingest(&tenant)
+            && let Err(e) = app.tenants.check_ingest(tenants.first())
         {
             return grpc_refusal(e);
         }
-        req.extensions_mut().insert(Authenticated(tenant));
+        req.extensions_mut().insert(Authenticated(tenants));
         let mut resp = match grpc.oneshot(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},

@@ -16,6 +16,8 @@ export interface KilnQuery extends DataQuery {
   groupBy: string[];
   maxNodes?: number;
   spanSelector?: string[];
+  /** Tenants read as one (sent as `X-Scope-OrgID: a|b`); empty: the datasource's tenant. */
+  tenants?: string[];
 }
 
 export const DEFAULT_QUERY: Partial<KilnQuery> = {

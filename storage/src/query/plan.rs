@@ -40,6 +40,19 @@ pub struct QueryAnalysis {
     pub bytes_in_range: u64,
 }
 
+impl QueryAnalysis {
+    /// Adds another query's figures (another tenant's, in a read spanning tenants).
+    pub fn add(&mut self, other: &QueryAnalysis) {
+        self.blocks += other.blocks;
+        self.series += other.series;
+        self.profiles += other.profiles;
+        self.rows += other.rows;
+        self.sample_bytes += other.sample_bytes;
+        self.symbol_bytes += other.symbol_bytes;
+        self.bytes_in_range += other.bytes_in_range;
+    }
+}
+
 impl QueryEngine {
     /// The blocks a query reaches: from the metastore, or among the engine's own blocks
     /// ([`QueryEngine::over_blocks`]).

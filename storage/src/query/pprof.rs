@@ -28,8 +28,8 @@ pub struct PprofBuilder {
 }
 
 impl PprofBuilder {
-    /// An empty profile of one sample type.
-    pub fn new(profile_type: &ProfileType) -> Self {
+    /// A builder of no sample type yet, its string table holding "" alone.
+    fn empty() -> Self {
         let mut b = Self {
             profile: pb::Profile::default(),
             strings: HashMap::new(),
@@ -41,6 +41,12 @@ impl PprofBuilder {
             frame_filter: None,
         };
         b.string("");
+        b
+    }
+
+    /// An empty profile of one sample type.
+    pub fn new(profile_type: &ProfileType) -> Self {
+        let mut b = Self::empty();
         let sample_type = pb::ValueType {
             r#type: b.string(&profile_type.sample_type),
             unit: b.string(&profile_type.sample_unit),
@@ -147,21 +153,7 @@ impl PprofBuilder {
                     self.string(symbols.string(m.filename)),
                     self.string(symbols.string(m.build_id)),
                 );
-                let next = self.profile.mapping.len() as u64 + 1;
-                let id = *self.mappings.entry(key).or_insert(next);
-                if id == next {
-                    self.profile.mapping.push(pb::Mapping {
-                        id,
-                        memory_start: key.0,
-                        memory_limit: key.1,
-                        file_offset: key.2,
-                        filename: key.3,
-                        build_id: key.4,
-                        has_functions: m.has_functions,
-                        ..Default::default()
-                    });
-                }
-                id
+                self.mapping_id(key, m.has_functions)
             }
         };
         let mut lines = Vec::with_capacity(l.line_functions.len());
@@ -173,33 +165,61 @@ impl PprofBuilder {
                 self.string(symbols.string(f.filename)),
                 f.start_line,
             );
-            let next = self.profile.function.len() as u64 + 1;
-            let id = *self.functions.entry(key).or_insert(next);
-            if id == next {
-                self.profile.function.push(pb::Function {
-                    id,
-                    name: key.0,
-                    system_name: key.1,
-                    filename: key.2,
-                    start_line: key.3,
-                });
-            }
-            lines.push((id, line));
+            lines.push((self.function_id(key), line));
         }
-        let key = (mapping_id, l.address, lines);
+        self.location_id((mapping_id, l.address, lines), false)
+    }
+
+    /// The id of a mapping by content (start, limit, offset, file name, build id as strings).
+    fn mapping_id(&mut self, key: (u64, u64, u64, i64, i64), has_functions: bool) -> u64 {
+        let next = self.profile.mapping.len() as u64 + 1;
+        let id = *self.mappings.entry(key).or_insert(next);
+        if id == next {
+            self.profile.mapping.push(pb::Mapping {
+                id,
+                memory_start: key.0,
+                memory_limit: key.1,
+                file_offset: key.2,
+                filename: key.3,
+                build_id: key.4,
+                has_functions,
+                ..Default::default()
+            });
+        }
+        id
+    }
+
+    /// The id of a function by content (name, system name, file name, start line).
+    fn function_id(&mut self, key: (i64, i64, i64, i64)) -> u64 {
+        let next = self.profile.function.len() as u64 + 1;
+        let id = *self.functions.entry(key).or_insert(next);
+        if id == next {
+            self.profile.function.push(pb::Function {
+                id,
+                name: key.0,
+                system_name: key.1,
+                filename: key.2,
+                start_line: key.3,
+            });
+        }
+        id
+    }
+
+    /// The id of a location by content (mapping, address, lines as function ids).
+    fn location_id(&mut self, key: (u64, u64, Vec<(u64, i64)>), is_folded: bool) -> u64 {
         let next = self.profile.location.len() as u64 + 1;
         let id = *self.locations.entry(key.clone()).or_insert(next);
         if id == next {
             self.profile.location.push(pb::Location {
                 id,
-                mapping_id,
+                mapping_id: key.0,
                 address: key.1,
                 line: key
                     .2
                     .iter()
                     .map(|&(function_id, line)| pb::Line { function_id, line })
                     .collect(),
-                is_folded: false,
+                is_folded,
             });
         }
         id
@@ -487,4 +507,152 @@ fn drop_unused(profile: &mut pb::Profile) {
         i += 1;
         keep[i - 1]
     });
+}
+
+/// Profiles of one profile type merged into one (a read across tenants): strings, mappings,
+/// functions and locations deduplicated by content, samples of equal stacks and labels summed.
+/// It covers the union of their time ranges.
+pub fn merge(profiles: Vec<pb::Profile>) -> pb::Profile {
+    let mut profiles = profiles.into_iter();
+    let Some(first) = profiles.next() else {
+        return pb::Profile::default();
+    };
+    let mut m = Merger::new(&first);
+    m.add(&first);
+    for p in profiles {
+        m.add(&p);
+    }
+    m.finish()
+}
+
+/// Sample labels by content: (key, string value, number, unit), strings as the merged ids.
+type LabelKey = Vec<(i64, i64, i64, i64)>;
+
+/// The state of [`merge`]: a builder's tables by content, and the samples by stack and labels.
+struct Merger {
+    b: PprofBuilder,
+    samples: HashMap<(Vec<u64>, LabelKey), usize>,
+    end_nanos: i64,
+}
+
+impl Merger {
+    /// Sample and period types from `first`.
+    fn new(first: &pb::Profile) -> Self {
+        let mut b = PprofBuilder::empty();
+        let s = |i: i64| {
+            first
+                .string_table
+                .get(i as usize)
+                .map_or("", String::as_str)
+        };
+        let mut value_type = |v: &pb::ValueType| pb::ValueType {
+            r#type: b.string(s(v.r#type)),
+            unit: b.string(s(v.unit)),
+        };
+        let sample_type = first.sample_type.iter().map(&mut value_type).collect();
+        let period_type = first.period_type.as_ref().map(&mut value_type);
+        b.profile.sample_type = sample_type;
+        b.profile.period_type = period_type;
+        b.profile.period = first.period;
+        b.profile.time_nanos = first.time_nanos;
+        Self {
+            b,
+            samples: HashMap::new(),
+            end_nanos: i64::MIN,
+        }
+    }
+
+    fn add(&mut self, p: &pb::Profile) {
+        let b = &mut self.b;
+        let s = |i: i64| p.string_table.get(i as usize).map_or("", String::as_str);
+        b.profile.time_nanos = b.profile.time_nanos.min(p.time_nanos);
+        if p.duration_nanos > 0 {
+            self.end_nanos = self
+                .end_nanos
+                .max(p.time_nanos.saturating_add(p.duration_nanos));
+        }
+        let mut mapping_ids: HashMap<u64, u64> = HashMap::new();
+        for mp in &p.mapping {
+            let key = (
+                mp.memory_start,
+                mp.memory_limit,
+                mp.file_offset,
+                b.string(s(mp.filename)),
+                b.string(s(mp.build_id)),
+            );
+            mapping_ids.insert(mp.id, b.mapping_id(key, mp.has_functions));
+        }
+        let mut function_ids: HashMap<u64, u64> = HashMap::new();
+        for f in &p.function {
+            let key = (
+                b.string(s(f.name)),
+                b.string(s(f.system_name)),
+                b.string(s(f.filename)),
+                f.start_line,
+            );
+            function_ids.insert(f.id, b.function_id(key));
+        }
+        let mut location_ids: HashMap<u64, u64> = HashMap::new();
+        for l in &p.location {
+            let mapping_id = mapping_ids.get(&l.mapping_id).copied().unwrap_or(0);
+            let lines: Vec<(u64, i64)> = l
+                .line
+                .iter()
+                .map(|ln| {
+                    let f = function_ids.get(&ln.function_id).copied().unwrap_or(0);
+                    (f, ln.line)
+                })
+                .collect();
+            let id = b.location_id((mapping_id, l.address, lines), l.is_folded);
+            location_ids.insert(l.id, id);
+        }
+        for sample in &p.sample {
+            let ids: Vec<u64> = sample
+                .location_id
+                .iter()
+                .map(|id| location_ids.get(id).copied().unwrap_or(0))
+                .collect();
+            let labels: LabelKey = sample
+                .label
+                .iter()
+                .map(|l| {
+                    let (key, str, unit) = (b.string(s(l.key)), b.string(s(l.str)), l.num_unit);
+                    (key, str, l.num, b.string(s(unit)))
+                })
+                .collect();
+            let samples = &mut b.profile.sample;
+            match self.samples.get(&(ids.clone(), labels.clone())) {
+                Some(&i) => {
+                    for (v, add) in samples[i].value.iter_mut().zip(&sample.value) {
+                        *v = v.saturating_add(*add);
+                    }
+                }
+                None => {
+                    self.samples
+                        .insert((ids.clone(), labels.clone()), samples.len());
+                    samples.push(pb::Sample {
+                        location_id: ids,
+                        value: sample.value.clone(),
+                        label: labels
+                            .into_iter()
+                            .map(|(key, str, num, num_unit)| pb::Label {
+                                key,
+                                str,
+                                num,
+                                num_unit,
+                            })
+                            .collect(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> pb::Profile {
+        let mut out = self.b.profile;
+        if self.end_nanos > out.time_nanos {
+            out.duration_nanos = self.end_nanos - out.time_nanos;
+        }
+        out
+    }
 }

@@ -10,24 +10,26 @@ use bytes::Bytes;
 
 use super::Querier;
 use crate::app::AppRef;
+use crate::auth::TenantSet;
 use crate::error::{ApiError, ErrorKind};
-use crate::transport::caller::Reads;
+use crate::transport::caller::ReadsAcross;
 use crate::transport::connect::{Call, Codec, connect_error, connect_ok, prepare};
 use crate::transport::http::{query_options, report_headers};
 
 /// `POST /querier.v1.QuerierService/{method}`.
 pub async fn connect_handler(
     State(app): State<AppRef>,
-    Reads(tenant): Reads,
+    ReadsAcross(tenants): ReadsAcross,
     Path(method): Path<String>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let querier = Querier::new(app.clone());
     let (result, report) = kiln_storage::query::with_options(query_options(&headers), async {
-        let _slot = app.tenants.query_slot(&tenant).await?;
-        let call = prepare(&app, &headers, body, tenant.clone()).await?;
-        Ok::<_, ApiError>(dispatch(&querier, &method, call).await)
+        let _slots = app.tenants.query_slots(&tenants).await?;
+        // The request body is bounded by the first tenant's limits; each query by its own.
+        let call = prepare(&app, &headers, body, tenants.first().clone()).await?;
+        Ok::<_, ApiError>(dispatch(&querier, &method, &tenants, call).await)
     })
     .await;
     let (name, result) = match result {
@@ -44,9 +46,9 @@ pub async fn connect_handler(
 }
 
 macro_rules! unary {
-    ($querier:expr, $call:expr, $method:ident) => {{
+    ($querier:expr, $tenants:expr, $call:expr, $method:ident) => {{
         let req = $call.codec.decode(&$call.body)?;
-        let resp = $querier.$method(&$call.tenant, req).await?;
+        let resp = $querier.$method($tenants, req).await?;
         Ok(($call.codec, $call.codec.encode(&resp)?))
     }};
 }
@@ -56,12 +58,13 @@ macro_rules! unary {
 async fn dispatch(
     querier: &Querier,
     method: &str,
+    tenants: &TenantSet,
     call: Call,
 ) -> (&'static str, Result<(Codec, Bytes), ApiError>) {
     macro_rules! route {
         ($($name:literal => $fn:ident),* $(,)?) => {
             match method {
-                $($name => ($name, async { unary!(querier, call, $fn) }.await),)*
+                $($name => ($name, async { unary!(querier, tenants, call, $fn) }.await),)*
                 other => (
                     "unknown",
                     Err(ApiError::new(

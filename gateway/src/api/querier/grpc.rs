@@ -13,13 +13,13 @@ use crate::transport::grpc::{Grpc, report_metadata};
 
 macro_rules! grpc_unary {
     ($self:ident, $req:ident, $method:ident, $name:literal) => {{
-        let tenant = $self.tenant(&$req, Scope::Read)?;
+        let tenants = $self.tenants(&$req, Scope::Read)?;
         let options =
             crate::transport::http::query_options(&$req.metadata().clone().into_headers());
         let (result, report) = kiln_storage::query::with_options(options, async {
-            let _slot = $self.app.tenants.query_slot(&tenant).await?;
+            let _slots = $self.app.tenants.query_slots(&tenants).await?;
             Querier::new($self.app.clone())
-                .$method(&tenant, $req.into_inner())
+                .$method(&tenants, $req.into_inner())
                 .await
         })
         .await;

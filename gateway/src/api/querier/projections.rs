@@ -21,7 +21,7 @@ use kiln_storage::query::FlameTree;
 use kiln_storage::query::functions::{self, DiffRanking, FunctionPair, Selection};
 
 use super::{MergeRequest, Querier, call_site};
-use crate::auth::TenantId;
+use crate::auth::TenantSet;
 use crate::error::ApiError;
 
 /// The deepest function tree a client may ask for.
@@ -70,12 +70,12 @@ impl Querier {
     /// `SelectMergeStacktraces` with a projection format (FUNCTIONS, FUNCTION_TREE, SANDWICH).
     pub(super) async fn select_projection(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: &q::SelectMergeStacktracesRequest,
     ) -> Result<q::SelectMergeStacktracesResponse, ApiError> {
-        let projection = self.projection(tenant, r, r.format)?;
+        let projection = self.projection(tenants, r, r.format)?;
         let m = MergeRequest::of_stacktraces(r)?;
-        let tree = self.merged_tree(tenant, &m).await?;
+        let tree = self.merged_tree(tenants, &m).await?;
         let mut out = q::SelectMergeStacktracesResponse::default();
         match project(tree, &m.call_site, &projection) {
             Projected::Functions(table) => out.functions = Some(table),
@@ -89,7 +89,7 @@ impl Querier {
     /// graph diff.
     pub(super) async fn diff_projection(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: &q::DiffRequest,
     ) -> Result<Option<q::DiffResponse>, ApiError> {
         let joined = match q::ProfileFormat::try_from(r.format) {
@@ -122,7 +122,7 @@ impl Querier {
         }
         // The left side's format and options apply to both; each side has its own call site.
         let side = if side_by_side {
-            Some(self.projection(tenant, left, sides_format)?)
+            Some(self.projection(tenants, left, sides_format)?)
         } else {
             None
         };
@@ -135,7 +135,7 @@ impl Querier {
             tree_projection(o, call_site(right.stack_trace_selector.as_ref()).len())?;
         }
         let joined_limit = if joined {
-            self.row_limit(tenant, 0, r.max_nodes)?
+            self.row_limit(tenants, 0, r.max_nodes)?
         } else {
             0
         };
@@ -143,8 +143,10 @@ impl Querier {
             MergeRequest::of_stacktraces(left)?,
             MergeRequest::of_stacktraces(right)?,
         );
-        let (left_tree, right_tree) =
-            futures::try_join!(self.merged_tree(tenant, &lm), self.merged_tree(tenant, &rm))?;
+        let (left_tree, right_tree) = futures::try_join!(
+            self.merged_tree(tenants, &lm),
+            self.merged_tree(tenants, &rm)
+        )?;
         let mut out = q::DiffResponse::default();
         if let Some(Projection::Tree(o)) = &side {
             out.function_tree = Some(q::FunctionTreeDiff {
@@ -175,7 +177,7 @@ impl Querier {
     /// Checks what a request asks `format` (a projection) for.
     fn projection(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         r: &q::SelectMergeStacktracesRequest,
         format: i32,
     ) -> Result<Projection, ApiError> {
@@ -193,7 +195,7 @@ impl Querier {
                     .map(|f| f.limit)
                     .unwrap_or_default();
                 Ok(Projection::Functions {
-                    limit: self.row_limit(tenant, limit, r.max_nodes)?,
+                    limit: self.row_limit(tenants, limit, r.max_nodes)?,
                 })
             }
             Ok(q::ProfileFormat::FunctionTree) => {
@@ -213,7 +215,7 @@ impl Querier {
                 }
                 Ok(Projection::Sandwich {
                     function,
-                    max_nodes: self.max_nodes(tenant, r.max_nodes)?,
+                    max_nodes: self.max_nodes(tenants, r.max_nodes)?,
                 })
             }
             _ => Err(ApiError::invalid(format!(
@@ -226,7 +228,7 @@ impl Querier {
     /// the tenant's flame graph node limit); 0 for neither: every row.
     fn row_limit(
         &self,
-        tenant: &TenantId,
+        tenants: &TenantSet,
         limit: i64,
         max_nodes: Option<i64>,
     ) -> Result<usize, ApiError> {
@@ -238,7 +240,7 @@ impl Querier {
         }
         match max_nodes {
             None | Some(0) => Ok(0),
-            n => self.max_nodes(tenant, n),
+            n => self.max_nodes(tenants, n),
         }
     }
 }

@@ -8,7 +8,7 @@ const TOKEN_KEY = 'kiln-token';
 const MAX_NODES = 2048;
 const ROW = 18;
 
-const state = { type: '', service: '', selector: '', from: 'now-1h', until: 'now', sort: 'self', diff: null };
+const state = { type: '', service: '', selector: '', tenants: '', from: 'now-1h', until: 'now', sort: 'self', diff: null };
 let flame = null; // decoded flame graph
 let zoom = null; // the node zoomed into
 let functions = []; // the top table's rows
@@ -74,6 +74,7 @@ function readUrl() {
   }
   state.from = p.get('from') || 'now-1h';
   state.until = p.get('until') || 'now';
+  state.tenants = tenantList(p.get('tenants') || '');
   if (p.get('leftQuery') || p.get('rightQuery') || location.pathname.endsWith('-diff')) {
     const side = (q, from, until) => {
       const i = (q || '').indexOf('{');
@@ -87,11 +88,17 @@ function readUrl() {
   }
 }
 
+// Tenants typed as `a, b` or `a|b`: what X-Scope-OrgID carries (`a|b`), or '' for the caller's own.
+function tenantList(text) {
+  return text.split(/[|,\s]+/).filter(Boolean).join('|');
+}
+
 function writeUrl() {
   const p = new URLSearchParams();
   p.set('query', state.type + fullSelector());
   p.set('from', state.from);
   p.set('until', state.until);
+  if (state.tenants) p.set('tenants', state.tenants);
   if (state.diff) {
     for (const [k, side] of [['left', state.diff.left], ['right', state.diff.right]]) {
       p.set(k + 'Query', state.type + side.selector);
@@ -108,6 +115,8 @@ async function call(method, body) {
   const headers = { 'Content-Type': 'application/json' };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = 'Bearer ' + token;
+  // Several tenants are read as one: each series carries __tenant__.
+  if (state.tenants) headers['X-Scope-OrgID'] = state.tenants;
   let resp;
   try {
     resp = await fetch('/querier.v1.QuerierService/' + method, {
@@ -166,6 +175,8 @@ async function downloadPprof() {
   const headers = { 'Content-Type': 'application/proto' };
   const token = sessionStorage.getItem(TOKEN_KEY);
   if (token) headers.Authorization = 'Bearer ' + token;
+  // Several tenants are read as one: each series carries __tenant__.
+  if (state.tenants) headers['X-Scope-OrgID'] = state.tenants;
   try {
     const resp = await fetch('/querier.v1.QuerierService/SelectMergeProfile', {
       method: 'POST',
@@ -608,6 +619,8 @@ async function refresh() {
     clearViews();
     if (e.kind === 'auth') {
       showToken(sessionStorage.getItem(TOKEN_KEY) ? 'That token was refused: ' + e.message : '');
+    } else if (e.kind === 'forbidden' && state.tenants && !/ scope$/.test(e.message)) {
+      setStatus(`This token cannot read all of ${escapeXml(state.tenants)}: ` + escapeXml(e.message), true);
     } else if (e.kind === 'forbidden') {
       setStatus('This token cannot read profiles (it needs the read scope): ' + escapeXml(e.message), true);
     } else if (e.kind === 'limit') {
@@ -694,6 +707,12 @@ function init() {
   });
   $('selector').addEventListener('change', () => {
     state.selector = $('selector').value.trim();
+    refresh();
+  });
+  $('tenants').value = state.tenants;
+  $('tenants').addEventListener('change', () => {
+    state.tenants = tenantList($('tenants').value);
+    $('tenants').value = state.tenants;
     refresh();
   });
   $('range').addEventListener('change', () => {

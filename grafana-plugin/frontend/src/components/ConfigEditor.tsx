@@ -88,7 +88,7 @@ export function ConfigEditor(props: ConfigEditorProps) {
         <InlineField
           label="Tenant"
           labelWidth={LABEL_WIDTH}
-          tooltip="Optional tenant id sent with every request (multi-tenant Kiln)"
+          tooltip="Optional tenant id sent with every request (multi-tenant Kiln); a|b reads several as one"
           htmlFor="kiln-config-tenant"
         >
           <Input

@@ -125,6 +125,17 @@ describe('QueryEditor', () => {
     expect(last.maxNodes).toBeUndefined();
   });
 
+  it('commits the tenants a query reads on blur', async () => {
+    const { onChange, onRunQuery } = await setup();
+    const input = screen.getByLabelText('Tenants');
+    fireEvent.blur(input);
+    expect(onChange).not.toHaveBeenCalled();
+    fireEvent.change(input, { target: { value: 'team-a, team-b' } });
+    fireEvent.blur(input);
+    expect(onChange).toHaveBeenLastCalledWith(expect.objectContaining({ tenants: ['team-a', 'team-b'] }));
+    expect(onRunQuery).toHaveBeenCalledTimes(1);
+  });
+
   it('commits the label selector on blur only when it changed', async () => {
     const { onChange, onRunQuery } = await setup();
     const input = screen.getByLabelText('Label selector');

@@ -185,6 +185,15 @@ export function QueryEditor(props: KilnQueryEditorProps) {
     }
   };
 
+  // Tenants typed as `a|b` or `a, b`; committed on blur.
+  const [tenants, setTenants] = useState((query.tenants ?? []).join('|'));
+  const commitTenants = () => {
+    const next = tenants.split(/[|,\s]+/).filter((t) => t !== '');
+    if (next.join('|') !== (query.tenants ?? []).join('|')) {
+      change({ tenants: next.length ? next : undefined }, true);
+    }
+  };
+
   const onMaxNodesChange = (e: ChangeEvent<HTMLInputElement>) => {
     const raw = e.target.value.trim();
     const n = raw === '' ? undefined : Number.parseInt(raw, 10);
@@ -283,6 +292,22 @@ export function QueryEditor(props: KilnQueryEditorProps) {
             onChange={(vs: Array<SelectableValue<string>>) =>
               change({ groupBy: vs.map((v) => v.value).filter((v): v is string => !!v) }, true)
             }
+          />
+        </InlineField>
+        <InlineField
+          label="Tenants"
+          labelWidth={10}
+          tooltip="Tenants read as one, a|b (empty: the datasource's); group by __tenant__ to split them"
+          htmlFor="kiln-tenants"
+        >
+          <Input
+            id="kiln-tenants"
+            aria-label="Tenants"
+            width={20}
+            placeholder="datasource's"
+            value={tenants}
+            onChange={(e: ChangeEvent<HTMLInputElement>) => setTenants(e.target.value)}
+            onBlur={commitTenants}
           />
         </InlineField>
         <InlineField

@@ -179,3 +179,80 @@ proptest! {
         }
     }
 }
+
+/// A profile of one stack (`main` calling `leaf`, root last) and its value; `extra` names a
+/// string the other profile lacks, so the two string tables differ.
+fn one_stack(extra: &str, value: i64) -> pb::Profile {
+    let strings = ["", extra, "cpu", "nanoseconds", "main", "leaf"];
+    pb::Profile {
+        string_table: strings.iter().map(|s| s.to_string()).collect(),
+        sample_type: vec![pb::ValueType { r#type: 2, unit: 3 }],
+        function: vec![
+            pb::Function {
+                id: 7,
+                name: 4,
+                ..Default::default()
+            },
+            pb::Function {
+                id: 9,
+                name: 5,
+                ..Default::default()
+            },
+        ],
+        location: vec![
+            pb::Location {
+                id: 1,
+                line: vec![pb::Line {
+                    function_id: 9,
+                    line: 0,
+                }],
+                ..Default::default()
+            },
+            pb::Location {
+                id: 2,
+                line: vec![pb::Line {
+                    function_id: 7,
+                    line: 0,
+                }],
+                ..Default::default()
+            },
+        ],
+        sample: vec![pb::Sample {
+            location_id: vec![1, 2],
+            value: vec![value],
+            label: vec![],
+        }],
+        time_nanos: 1_000,
+        duration_nanos: 10,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn profiles_merge_by_content() {
+    let merged = merge(vec![one_stack("x", 3), one_stack("y", 4)]);
+    assert_eq!(merged.function.len(), 2);
+    assert_eq!(merged.location.len(), 2);
+    assert_eq!(merged.sample.len(), 1);
+    assert_eq!(merged.sample[0].value, vec![7]);
+    let name = |loc: u64| {
+        let l = merged.location.iter().find(|l| l.id == loc).unwrap();
+        let f = merged
+            .function
+            .iter()
+            .find(|f| f.id == l.line[0].function_id)
+            .unwrap();
+        merged.string_table[f.name as usize].clone()
+    };
+    let stack: Vec<String> = merged.sample[0]
+        .location_id
+        .iter()
+        .map(|&l| name(l))
+        .collect();
+    assert_eq!(stack, ["leaf", "main"]);
+    assert_eq!(
+        merged.string_table[merged.sample_type[0].r#type as usize],
+        "cpu"
+    );
+    assert_eq!((merged.time_nanos, merged.duration_nanos), (1_000, 10));
+}
