@@ -43,7 +43,7 @@ venv="${KILN_TEST_VENV:-${CARGO_TARGET_DIR:-$root/target}/test-venv}"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ] || [ ! -x "$venv/bin/moto_server" ] || [ ! -x "$venv/bin/kubernetes-validate" ] || ! "$venv/bin/python" -c "import duckdb, chdb" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2_grpc" 2>/dev/null || [ ! -x "$venv/bin/py-spy" ] || [ ! -x "$venv/bin/moto_server" ] || [ ! -x "$venv/bin/kubernetes-validate" ] || ! "$venv/bin/python" -c "import duckdb, chdb, mcp" 2>/dev/null; then
   echo "install-test-deps: pip install into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/e2e/clients/python/requirements.txt"
 fi

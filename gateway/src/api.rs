@@ -38,6 +38,7 @@ pub mod admin;
 pub mod debuginfo;
 pub mod ingest;
 pub mod legacy;
+pub mod mcp;
 pub mod ops;
 pub mod otlp;
 pub mod parca;
@@ -354,6 +355,15 @@ pub fn endpoints() -> Vec<Endpoint> {
         Http,
         One("recording_rules.metrics"),
         Some(|| get(settings::recording::metrics_handler)),
+    ));
+    // The Model Context Protocol (streamable HTTP, stateless: GET and DELETE are 405).
+    all.push(Endpoint::new(
+        "/mcp",
+        Post,
+        Query,
+        Http,
+        One("mcp"),
+        Some(|| axum::routing::any(mcp::handler)),
     ));
     for r in &legacy::ROUTES {
         all.push(Endpoint::new(

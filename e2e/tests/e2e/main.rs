@@ -19,6 +19,7 @@ mod grpc;
 mod jfr;
 mod legacy;
 mod limits;
+mod mcp;
 mod memory;
 mod object_stores;
 mod otlp;
