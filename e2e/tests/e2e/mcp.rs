@@ -49,7 +49,7 @@ fn org(tenants: &str) -> Value {
 }
 
 /// The text of the call named `name`, checked not to be an error.
-fn text<'a>(answer: &'a Value, i: usize) -> Result<&'a str> {
+fn text(answer: &Value, i: usize) -> Result<&str> {
     let call = &answer["calls"][i];
     ensure!(call["is_error"] == false, "call {i}: {call}");
     call["text"].as_str().context("text")
