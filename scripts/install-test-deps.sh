@@ -48,7 +48,7 @@ if ! "$venv/bin/python" -c "import pyroscope, pyroscope.otel, grpc, opentelemetr
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/e2e/clients/python/requirements.txt"
 fi
 
-if [ ! -d "$root/e2e/clients/node/node_modules/@pyroscope/nodejs" ]; then
+if [ ! -d "$root/e2e/clients/node/node_modules/@pyroscope/nodejs" ] || [ ! -d "$root/e2e/clients/node/node_modules/@connectrpc/connect-node" ]; then
   echo "install-test-deps: npm ci in e2e/clients/node"
   (cd "$root/e2e/clients/node" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -50,7 +50,7 @@ pub mod ui;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post};
@@ -522,11 +522,13 @@ pub fn api_method(path: &str) -> &'static str {
     method_name(path)
 }
 
-/// The transport a request came by, as the telemetry layer names it: `grpc` (by its content
-/// type), `connect` (Connect's protobuf or JSON over HTTP) or `http` (by its path).
+/// The transport a request came by, as the telemetry layer names it: `grpc` or `grpc-web` (by
+/// its content type), `connect` (Connect's protobuf or JSON over HTTP) or `http` (by its path).
 pub fn transport(path: &str, headers: &HeaderMap) -> &'static str {
     if crate::transport::grpc::is_grpc(headers) {
         "grpc"
+    } else if crate::transport::grpc::is_grpc_web(headers) {
+        "grpc-web"
     } else {
         transport_of(path).label()
     }
@@ -569,6 +571,8 @@ pub fn router(app: AppRef) -> Router {
             },
             steer,
         ))
+        // Browsers of other origins (the Parca UI over gRPC-Web): preflights answered here.
+        .layer(cors(&app.cors_origins))
         // A bug must cost one request a 500, never the connection or the process.
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             crate::transport::http::panic_response,
@@ -584,6 +588,52 @@ pub fn router(app: AppRef) -> Router {
             ),
             track,
         ))
+}
+
+/// The CORS layer for `origins`: none allowed when empty. Requests may carry credentials and
+/// Kiln's tenant header; gRPC-Web's status headers are exposed to the page.
+fn cors(origins: &[HeaderValue]) -> tower_http::cors::CorsLayer {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    let layer = CorsLayer::new();
+    if origins.is_empty() {
+        return layer;
+    }
+    let any = origins.iter().any(|o| o == "*");
+    layer
+        .allow_origin(if any {
+            AllowOrigin::mirror_request()
+        } else {
+            AllowOrigin::list(origins.iter().cloned())
+        })
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+        .allow_headers(tower_http::cors::AllowHeaders::mirror_request())
+        .allow_credentials(true)
+        .expose_headers([
+            HeaderName::from_static("grpc-status"),
+            HeaderName::from_static("grpc-message"),
+            HeaderName::from_static("grpc-status-details-bin"),
+        ])
+        .max_age(std::time::Duration::from_secs(600))
+}
+
+/// `--cors-allowed-origins` checked: each a valid header value; `*` stands alone.
+pub fn cors_origins(flags: &[String]) -> anyhow::Result<Vec<HeaderValue>> {
+    let origins: Vec<&str> = flags
+        .iter()
+        .map(|o| o.trim())
+        .filter(|o| !o.is_empty())
+        .collect();
+    anyhow::ensure!(
+        !origins.contains(&"*") || origins.len() == 1,
+        "--cors-allowed-origins: `*` allows every origin; give it alone"
+    );
+    origins
+        .into_iter()
+        .map(|o| {
+            HeaderValue::from_str(o.trim_end_matches('/'))
+                .map_err(|_| anyhow::anyhow!("--cors-allowed-origins: {o:?} is not an origin"))
+        })
+        .collect()
 }
 
 /// Large answers compressed as the client's `Accept-Encoding` asks (zstd or gzip), at the

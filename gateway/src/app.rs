@@ -52,6 +52,8 @@ pub struct App {
     pub recording: Arc<crate::recording::Recording>,
     /// This process in its cluster: instance id, live members, leaving.
     pub cluster: cluster::Cluster,
+    /// Origins CORS answers for (`--cors-allowed-origins`); empty: none, `*` alone: any.
+    pub cors_origins: Vec<axum::http::HeaderValue>,
 }
 
 impl App {
@@ -121,6 +123,7 @@ impl App {
             debuginfo_uploads,
             recording,
             cluster: cluster::Cluster::new("local", Roles::ALL),
+            cors_origins: Vec::new(),
         };
         app.set_members(vec![app.cluster.me().clone()]);
         Ok(app)

@@ -49,6 +49,11 @@ pub mod querier {
 
 /// Pyroscope's per-tenant settings (the Drilldown app's plugin settings).
 #[allow(clippy::all, missing_docs, unreachable_pub)]
+/// The descriptors of every `.proto` file Kiln serves, imports included (a `FileDescriptorSet`):
+/// what a client reading messages at run time needs (the e2e gRPC-Web test's connect-es).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/kiln_descriptors.bin"));
+
 pub mod settings {
     pub mod v1 {
         include!(concat!(env!("OUT_DIR"), "/settings.v1.rs"));

@@ -16,6 +16,7 @@ mod formats;
 mod fuzz;
 mod grafana;
 mod grpc;
+mod grpc_web;
 mod jfr;
 mod legacy;
 mod limits;

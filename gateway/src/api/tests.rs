@@ -90,6 +90,15 @@ fn transports_come_from_the_table() {
     );
     assert_eq!(transport("/push.v1.PusherService/Push", &none), "connect");
     assert_eq!(transport("/push.v1.PusherService/Push", &grpc), "grpc");
+    let mut web = HeaderMap::new();
+    web.insert(
+        header::CONTENT_TYPE,
+        "application/grpc-web+proto".parse().unwrap(),
+    );
+    assert_eq!(
+        transport("/querier.v1.QuerierService/Series", &web),
+        "grpc-web"
+    );
     assert_eq!(transport("/ingest", &none), "http");
     assert_eq!(transport("/unknown", &none), "http");
 }

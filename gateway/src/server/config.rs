@@ -326,6 +326,11 @@ pub struct NetworkArgs {
     #[arg(long, env = "KILN_LISTEN", default_value = "127.0.0.1:4040")]
     pub listen: SocketAddr,
 
+    /// Browser origins (`https://parca.example.com`, or `*`) that may call Kiln's APIs from
+    /// another site, as the Parca UI does over gRPC-Web: CORS answers for them. Unset: none.
+    #[arg(long, env = "KILN_CORS_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub cors_allowed_origins: Vec<String>,
+
     /// A second address serving only `/metrics` and `/ready`, without credentials, for a
     /// network only operators reach. With `--auth jwt`, `/metrics` on `--listen` needs an admin
     /// token of `--admin-tenant`, as its label values name every tenant.

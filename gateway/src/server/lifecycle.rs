@@ -62,6 +62,7 @@ pub async fn build_app(args: &ServeArgs) -> anyhow::Result<Arc<App>> {
         app.storage.metastore(),
     );
     app.stacks = crate::app::StackCache::new(args.limits.parca_stack_cache_bytes);
+    app.cors_origins = crate::api::cors_origins(&args.network.cors_allowed_origins)?;
     Ok(Arc::new(app))
 }
 

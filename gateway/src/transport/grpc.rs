@@ -6,7 +6,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::middleware::Next;
 use tonic::{Request, Response, Status};
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 
 use crate::app::AppRef;
 use crate::auth::Scope;
@@ -102,19 +102,33 @@ pub(crate) async fn steer(
     mut req: axum::extract::Request,
     next: Next,
 ) -> axum::response::Response {
-    if is_grpc(req.headers()) {
+    let web = is_grpc_web(req.headers());
+    if is_grpc(req.headers()) || web {
         let scope = scope_of(req.uri().path());
-        let tenants = match authenticate_reads(&app, req.headers(), req.extensions(), scope) {
+        let checked =
+            authenticate_reads(&app, req.headers(), req.extensions(), scope).and_then(|tenants| {
+                if scope == Scope::Write {
+                    app.tenants.check_ingest(tenants.first())?;
+                }
+                Ok(tenants)
+            });
+        let tenants = match checked {
             Ok(t) => t,
+            Err(e) if web => return grpc_web_refusal(req.into_body(), e).await,
             Err(e) => return grpc_refusal(e),
         };
-        if scope == Scope::Write
-            && let Err(e) = app.tenants.check_ingest(tenants.first())
-        {
-            return grpc_refusal(e);
-        }
         req.extensions_mut().insert(Authenticated(tenants));
-        let mut resp = match grpc.oneshot(req).await {
+        // gRPC-Web is translated to gRPC and back (tonic-web), so both reach the same services.
+        let result = if web {
+            tonic_web::GrpcWebLayer::new()
+                .layer(grpc)
+                .oneshot(req)
+                .await
+                .map(|r| r.map(axum::body::Body::new))
+        } else {
+            grpc.oneshot(req).await
+        };
+        let mut resp = match result {
             Ok(resp) => resp,
             Err(never) => match never {},
         };
@@ -127,6 +141,28 @@ pub(crate) async fn steer(
 /// A gRPC refusal (trailers-only response) for an error found before tonic runs.
 fn grpc_refusal(e: crate::error::ApiError) -> axum::response::Response {
     tonic::Status::from(e).into_http::<axum::body::Body>()
+}
+
+/// Most of a refused gRPC-Web body read, and for how long.
+const REFUSED_DRAIN_BYTES: usize = 1 << 20;
+const REFUSED_DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A gRPC-Web refusal: the gRPC one, with gRPC-Web's content type (its clients check it). Over
+/// HTTP/1.1 a client still writing its request would see the connection close (`EPIPE`) rather
+/// than the answer, so up to [`REFUSED_DRAIN_BYTES`] of the body are read first.
+async fn grpc_web_refusal(
+    body: axum::body::Body,
+    e: crate::error::ApiError,
+) -> axum::response::Response {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, REFUSED_DRAIN_BYTES);
+    let _ = tokio::time::timeout(REFUSED_DRAIN_TIME, limited.collect()).await;
+    let mut resp = grpc_refusal(e);
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc-web+proto"),
+    );
+    resp
 }
 
 /// tonic answers a message over the size limit with `OutOfRange`; gRPC servers elsewhere (and
@@ -144,6 +180,18 @@ fn oversize_is_resource_exhausted(resp: &mut axum::response::Response) {
     if too_large {
         headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
+}
+
+/// Whether a request (or response) is gRPC-Web: `application/grpc-web`, `…+proto`, or the text
+/// variants (`application/grpc-web-text`, base64 bodies) browser clients send.
+pub(crate) fn is_grpc_web(headers: &axum::http::HeaderMap) -> bool {
+    crate::transport::http::media_type(headers)
+        .ok()
+        .flatten()
+        .is_some_and(|m| {
+            m.type_() == mime::APPLICATION
+                && matches!(m.subtype().as_str(), "grpc-web" | "grpc-web-text")
+        })
 }
 
 /// Whether a request (or response) is gRPC: its content type is `application/grpc`,

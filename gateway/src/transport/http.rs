@@ -196,6 +196,17 @@ mod tests {
         assert!(is_grpc(&with_type(b"application/grpc")));
         assert!(is_grpc(&with_type(b"application/grpc+proto")));
         assert!(!is_grpc(&with_type(b"application/grpc-web+proto")));
+        use crate::transport::grpc::is_grpc_web;
+        for web in [
+            b"application/grpc-web".as_slice(),
+            b"application/grpc-web+proto",
+            b"application/grpc-web-text",
+            b"application/grpc-web-text+proto",
+        ] {
+            assert!(is_grpc_web(&with_type(web)));
+        }
+        assert!(!is_grpc_web(&with_type(b"application/grpc")));
+        assert!(!is_grpc_web(&with_type(b"application/proto")));
         assert!(!is_grpc(&with_type(b"application/proto")));
     }
 }
