@@ -267,7 +267,11 @@ impl Authenticator {
                 "more than one X-Scope-OrgID header: send one, with tenants joined by |",
             ));
         }
-        let named = org_ids(headers)?;
+        // Single-tenant mode has one tenant whatever a client names.
+        let named = match self.mode {
+            AuthMode::None => None,
+            _ => org_ids(headers)?,
+        };
         if named.as_ref().is_some_and(|n| n.len() > 1) && needed != Scope::Read {
             return Err(ApiError::invalid(format!(
                 "X-Scope-OrgID names several tenants; only reads may span tenants, a {} acts \

@@ -251,3 +251,12 @@ fn a_token_reads_only_the_tenants_it_names() {
     assert_eq!(err.kind, ErrorKind::PermissionDenied);
     assert!(err.message.contains("\"b\""), "{}", err.message);
 }
+
+#[test]
+fn single_tenant_mode_ignores_the_tenant_header() {
+    let a = Authenticator::none();
+    let mut h = HeaderMap::new();
+    org(&mut h, "not a tenant|b");
+    let p = a.authenticate(&h, Scope::Write).unwrap();
+    assert_eq!(p.reads.to_string(), ANONYMOUS);
+}
