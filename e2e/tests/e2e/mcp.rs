@@ -124,6 +124,7 @@ fn the_python_sdk_calls_every_tool_and_reads_what_the_querier_answers() -> Resul
         { "name": "series", "arguments": with(json!({ "group_by": ["service_name"], "step_seconds": 3600 })) },
         { "name": "top_functions", "arguments": with(json!({ "limit": 100000 })) },
         { "name": "no_such_tool", "arguments": {} },
+        { "name": "flame_graph", "arguments": with(json!({ "max_lines": 2, "min_percent": 0 })) },
     ]);
     let (answer, ok) = client(&kiln, org("m-a"), calls.clone())?;
     ensure!(ok, "{answer}");
@@ -263,6 +264,14 @@ fn the_python_sdk_calls_every_tool_and_reads_what_the_querier_answers() -> Resul
             ("{service_name=\"batch\"}", (15 * TICK) as f64)
         ]),
         "{series}"
+    );
+
+    // A flame graph cut to its lines says so.
+    let short = text(&answer, 8)?;
+    let shown = rows(short, "total%");
+    ensure!(
+        shown.len() == 3 && shown[2][0].starts_with("(cut at 2 lines"),
+        "{short}"
     );
 
     // Refusals are tool errors the model reads.

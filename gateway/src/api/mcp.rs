@@ -505,12 +505,12 @@ impl KilnTools {
         // Depth first, heaviest child first; a node's children only when it is shown.
         let mut stack: Vec<(u32, usize)> = vec![(0, 0)];
         let mut shown = 0;
-        let mut hidden = 0usize;
+        let mut truncated = false;
         while let Some((node, depth)) = stack.pop() {
             if node != 0 {
                 if shown == max_lines {
-                    hidden += 1;
-                    continue;
+                    truncated = true;
+                    break;
                 }
                 shown += 1;
                 let _ = writeln!(
@@ -531,10 +531,11 @@ impl KilnTools {
             kids.sort_by_key(|&c| tree.node_total(c));
             stack.extend(kids.into_iter().map(|c| (c, depth + 1)));
         }
-        if hidden > 0 {
+        if truncated {
             let _ = writeln!(
                 out,
-                "({hidden} more nodes over {}% not shown)",
+                "(cut at {max_lines} lines: more nodes are over {}% of the total; raise \
+                 max_lines or min_percent)",
                 a.min_percent
             );
         }
